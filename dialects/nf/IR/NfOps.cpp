@@ -1,0 +1,352 @@
+//===- NfOps.cpp - nf dialect operations ----------------------------------===//
+//
+// Verifiers check each op's weights against its hyperparameters. Messages name
+// the operand role and show the shape found next to the shape expected, so an
+// inconsistent model is reported at the offending layer.
+//
+//===----------------------------------------------------------------------===//
+
+#include "nf/IR/NfOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/STLExtras.h"
+
+#include <cmath>
+#include <string>
+
+using namespace mlir;
+using namespace mlir::nf;
+
+namespace {
+
+std::string shapeString(ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  for (auto [i, d] : llvm::enumerate(shape)) {
+    if (i)
+      s += ", ";
+    s += ShapedType::isDynamic(d) ? "?" : std::to_string(d);
+  }
+  return s + "]";
+}
+
+bool isWeightElementType(Type t) {
+  return t.isF32() || t.isBF16() || t.isF16();
+}
+
+/// A weight operand: static shape `expected`, element type f32/bf16/f16.
+LogicalResult checkWeight(Operation *op, StringRef role, Value v,
+                          ArrayRef<int64_t> expected) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (!isWeightElementType(type.getElementType()))
+    return op->emitOpError()
+           << role << " weight has unsupported element type "
+           << type.getElementType() << " (expected f32, bf16 or f16)";
+  if (type.getShape() != expected)
+    return op->emitOpError()
+           << role << " weight has shape " << shapeString(type.getShape())
+           << ", expected " << shapeString(expected);
+  return success();
+}
+
+/// An activation: [tokens, features] with a static feature dimension and a
+/// float element type. Returns the feature count through `features`.
+LogicalResult checkActivation(Operation *op, StringRef role, Type t,
+                              int64_t &features) {
+  auto type = dyn_cast<RankedTensorType>(t);
+  if (!type || type.getRank() != 2 || type.isDynamicDim(1) ||
+      !isa<FloatType>(type.getElementType()))
+    return op->emitOpError()
+           << role << " must be a [tokens, features] float tensor with static "
+           << "features, got " << t;
+  features = type.getDimSize(1);
+  return success();
+}
+
+LogicalResult checkSameTokens(Operation *op, Type in, Type out) {
+  auto a = cast<RankedTensorType>(in), b = cast<RankedTensorType>(out);
+  if (a.getDimSize(0) != b.getDimSize(0))
+    return op->emitOpError() << "result has " << shapeString(b.getShape())
+                             << " tokens-by-features but the input has "
+                             << shapeString(a.getShape());
+  return success();
+}
+
+LogicalResult checkPositive(Operation *op, StringRef name, int64_t value) {
+  if (value <= 0)
+    return op->emitOpError() << name << " must be positive, got " << value;
+  return success();
+}
+
+/// The result of a mixer: same type as its input.
+LogicalResult checkMixerResult(Operation *op) {
+  if (op->getResult(0).getType() != op->getOperand(0).getType())
+    return op->emitOpError()
+           << "result type " << op->getResult(0).getType()
+           << " differs from the input type " << op->getOperand(0).getType();
+  return success();
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// ModelOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult ModelOp::verify() {
+  Block &body = getBody().front();
+  if (body.getNumArguments() != 1)
+    return emitOpError() << "body must take exactly one argument (the token "
+                         << "ids), got " << body.getNumArguments();
+  auto tokens = dyn_cast<RankedTensorType>(body.getArgument(0).getType());
+  if (!tokens || tokens.getRank() != 1 ||
+      !tokens.getElementType().isSignlessInteger())
+    return emitOpError() << "token ids must be a 1-D integer tensor, got "
+                         << body.getArgument(0).getType();
+  if (failed(checkPositive(*this, "vocab_size", getVocabSize())) ||
+      failed(checkPositive(*this, "hidden_size", getHiddenSize())))
+    return failure();
+  auto output = dyn_cast<OutputOp>(body.getTerminator());
+  if (!output)
+    return emitOpError() << "body must end in nf.output";
+  auto logits = dyn_cast<RankedTensorType>(output.getLogits().getType());
+  if (!logits || logits.getRank() != 2 ||
+      logits.getDimSize(1) != getVocabSize())
+    return output.emitOpError() << "logits must be [tokens, " << getVocabSize()
+                                << "], got " << output.getLogits().getType();
+  for (int64_t id : getEosTokenIds())
+    if (id < 0 || id >= getVocabSize())
+      return emitOpError() << "eos token id " << id
+                           << " is outside the vocabulary of "
+                           << getVocabSize();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// WeightOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult WeightOp::verify() {
+  auto type = getResult().getType();
+  auto names = getTensors();
+  if (names.empty())
+    return emitOpError() << "must name at least one checkpoint tensor";
+  StringRef first = cast<StringAttr>(names[0]).getValue();
+  if (!isWeightElementType(type.getElementType()))
+    return emitOpError() << "weight '" << first
+                         << "' has unsupported element type "
+                         << type.getElementType()
+                         << " (expected f32, bf16 or f16)";
+  if (!type.hasStaticShape())
+    return emitOpError() << "weight '" << first
+                         << "' must have a static shape, got " << type;
+  if (!getStacked() && names.size() != 1)
+    return emitOpError() << "an unstacked weight names exactly one tensor, got "
+                         << names.size();
+  if (getStacked() && names.size() > 1 &&
+      (type.getRank() < 1 || type.getDimSize(0) != (int64_t)names.size()))
+    return emitOpError() << "stacked weight '" << first << "' lists "
+                         << names.size() << " tensors but its type " << type
+                         << " stacks "
+                         << (type.getRank() ? type.getDimSize(0) : 0);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Blocks
+//===----------------------------------------------------------------------===//
+
+LogicalResult EmbedOp::verify() {
+  auto tokens = cast<RankedTensorType>(getTokens().getType());
+  if (tokens.getRank() != 1 || !tokens.getElementType().isSignlessInteger())
+    return emitOpError() << "token ids must be a 1-D integer tensor, got "
+                         << tokens;
+  auto table = cast<RankedTensorType>(getTable().getType());
+  if (table.getRank() != 2 || !table.hasStaticShape())
+    return emitOpError() << "embedding table must be a static [vocab, hidden] "
+                         << "tensor, got " << table;
+  int64_t hidden;
+  if (failed(checkWeight(*this, "embedding", getTable(), table.getShape())) ||
+      failed(checkActivation(*this, "result", getType(), hidden)))
+    return failure();
+  if (hidden != table.getDimSize(1))
+    return emitOpError() << "result has " << hidden
+                         << " features but the embedding table has "
+                         << table.getDimSize(1);
+  if (getType().getDimSize(0) != tokens.getDimSize(0))
+    return emitOpError() << "result has " << getType().getDimSize(0)
+                         << " rows for " << tokens.getDimSize(0) << " tokens";
+  return success();
+}
+
+LogicalResult RMSNormOp::verify() {
+  int64_t hidden;
+  if (failed(checkActivation(*this, "input", getInput().getType(), hidden)) ||
+      failed(checkWeight(*this, "norm", getWeight(), {hidden})) ||
+      failed(checkMixerResult(*this)))
+    return failure();
+  if (!(getEpsilon().convertToDouble() > 0.0))
+    return emitOpError() << "epsilon must be positive, got "
+                         << getEpsilon().convertToDouble();
+  return success();
+}
+
+LogicalResult Mamba2Op::verify() {
+  int64_t hidden;
+  if (failed(checkActivation(*this, "input", getInput().getType(), hidden)) ||
+      failed(checkMixerResult(*this)))
+    return failure();
+  const int64_t nh = getNumHeads(), p = getHeadDim(), n = getStateSize(),
+                g = getNGroups(), k = getConvKernel();
+  for (auto [name, v] : {std::pair<StringRef, int64_t>{"num_heads", nh},
+                         {"head_dim", p},
+                         {"state_size", n},
+                         {"n_groups", g},
+                         {"conv_kernel", k},
+                         {"chunk_size", getChunkSize()}})
+    if (failed(checkPositive(*this, name, v)))
+      return failure();
+  if (nh % g != 0)
+    return emitOpError() << "n_groups (" << g << ") must divide num_heads ("
+                         << nh << ")";
+  const int64_t inner = nh * p, convDim = inner + 2 * g * n;
+  const int64_t inProj = inner + convDim + nh;
+  if (failed(checkWeight(*this, "in_proj", getInProj(), {inProj, hidden})) ||
+      failed(checkWeight(*this, "conv", getConvWeight(), {convDim, 1, k})) ||
+      failed(checkWeight(*this, "dt_bias", getDtBias(), {nh})) ||
+      failed(checkWeight(*this, "A_log", getALog(), {nh})) ||
+      failed(checkWeight(*this, "D", getD(), {nh})) ||
+      failed(checkWeight(*this, "gated norm", getNormWeight(), {inner})) ||
+      failed(checkWeight(*this, "out_proj", getOutProj(), {hidden, inner})))
+    return failure();
+  if (getConvBias() &&
+      failed(checkWeight(*this, "conv bias", getConvBias(), {convDim})))
+    return failure();
+  double lo = getTimeStepMin().convertToDouble(),
+         hi = getTimeStepMax().convertToDouble();
+  if (!(lo >= 0.0) || !(hi >= lo))
+    return emitOpError()
+           << "time step limits must satisfy 0 <= min <= max, got [" << lo
+           << ", " << hi << "]";
+  return success();
+}
+
+LogicalResult AttentionOp::verify() {
+  int64_t hidden;
+  if (failed(checkActivation(*this, "input", getInput().getType(), hidden)) ||
+      failed(checkMixerResult(*this)))
+    return failure();
+  const int64_t nq = getNumHeads(), nkv = getNumKvHeads(), hd = getHeadDim();
+  if (failed(checkPositive(*this, "num_heads", nq)) ||
+      failed(checkPositive(*this, "num_kv_heads", nkv)) ||
+      failed(checkPositive(*this, "head_dim", hd)))
+    return failure();
+  if (nq % nkv != 0)
+    return emitOpError() << "num_kv_heads (" << nkv
+                         << ") must divide num_heads (" << nq << ")";
+  if (failed(checkWeight(*this, "q_proj", getQProj(), {nq * hd, hidden})) ||
+      failed(checkWeight(*this, "k_proj", getKProj(), {nkv * hd, hidden})) ||
+      failed(checkWeight(*this, "v_proj", getVProj(), {nkv * hd, hidden})) ||
+      failed(checkWeight(*this, "o_proj", getOProj(), {hidden, nq * hd})))
+    return failure();
+  if (auto theta = getRopeTheta(); theta && !(theta->convertToDouble() > 0))
+    return emitOpError() << "rope_theta must be positive";
+  return success();
+}
+
+static LogicalResult checkActivationName(Operation *op, StringRef act) {
+  if (act != "relu2")
+    return op->emitOpError()
+           << "unsupported activation '" << act << "' (supported: relu2)";
+  return success();
+}
+
+LogicalResult MLPOp::verify() {
+  int64_t hidden;
+  if (failed(checkActivation(*this, "input", getInput().getType(), hidden)) ||
+      failed(checkMixerResult(*this)) ||
+      failed(checkActivationName(*this, getActivation())))
+    return failure();
+  auto up = cast<RankedTensorType>(getUpProj().getType());
+  int64_t inter = up.getRank() == 2 ? up.getDimSize(0) : -1;
+  if (failed(checkWeight(*this, "up_proj", getUpProj(), {inter, hidden})) ||
+      failed(checkWeight(*this, "down_proj", getDownProj(), {hidden, inter})))
+    return failure();
+  return success();
+}
+
+LogicalResult MoEOp::verify() {
+  int64_t hidden;
+  if (failed(checkActivation(*this, "input", getInput().getType(), hidden)) ||
+      failed(checkMixerResult(*this)) ||
+      failed(checkActivationName(*this, getActivation())))
+    return failure();
+  const int64_t e = getNumExperts(), k = getTopK(), ng = getNGroup(),
+                tg = getTopkGroup();
+  if (failed(checkPositive(*this, "num_experts", e)) ||
+      failed(checkPositive(*this, "top_k", k)) ||
+      failed(checkPositive(*this, "n_group", ng)) ||
+      failed(checkPositive(*this, "topk_group", tg)))
+    return failure();
+  if (k > e)
+    return emitOpError() << "top_k (" << k
+                         << ") exceeds the number of experts (" << e << ")";
+  if (e % ng != 0)
+    return emitOpError() << "n_group (" << ng << ") must divide num_experts ("
+                         << e << ")";
+  if (tg > ng)
+    return emitOpError() << "topk_group (" << tg << ") exceeds n_group (" << ng
+                         << ")";
+  if (k > tg * (e / ng))
+    return emitOpError() << "top_k (" << k << ") exceeds the " << tg * (e / ng)
+                         << " experts in the " << tg << " selected groups";
+  if (!getLatent().empty() && getLatent().size() != 2)
+    return emitOpError() << "latent projections come as a pair "
+                         << "(latent_down, latent_up), got "
+                         << getLatent().size();
+
+  int64_t expertIn = hidden;
+  if (hasLatent()) {
+    auto down = cast<RankedTensorType>(getLatent()[0].getType());
+    expertIn = down.getRank() == 2 ? down.getDimSize(0) : -1;
+    if (failed(checkWeight(*this, "latent_down", getLatent()[0],
+                           {expertIn, hidden})) ||
+        failed(checkWeight(*this, "latent_up", getLatent()[1],
+                           {hidden, expertIn})))
+      return failure();
+  }
+  auto up = cast<RankedTensorType>(getExpertsUp().getType());
+  int64_t inter = up.getRank() == 3 ? up.getDimSize(1) : -1;
+  auto shared = cast<RankedTensorType>(getSharedUp().getType());
+  int64_t sharedInter = shared.getRank() == 2 ? shared.getDimSize(0) : -1;
+  if (failed(checkWeight(*this, "router", getRouter(), {e, hidden})) ||
+      failed(checkWeight(*this, "correction_bias", getCorrectionBias(), {e})) ||
+      failed(checkWeight(*this, "experts_up", getExpertsUp(),
+                         {e, inter, expertIn})) ||
+      failed(checkWeight(*this, "experts_down", getExpertsDown(),
+                         {e, expertIn, inter})) ||
+      failed(checkWeight(*this, "shared_up", getSharedUp(),
+                         {sharedInter, hidden})) ||
+      failed(checkWeight(*this, "shared_down", getSharedDown(),
+                         {hidden, sharedInter})))
+    return failure();
+  if (!(getRoutedScalingFactor().convertToDouble() > 0))
+    return emitOpError() << "routed_scaling_factor must be positive";
+  return success();
+}
+
+LogicalResult LMHeadOp::verify() {
+  int64_t hidden, vocab;
+  if (failed(checkActivation(*this, "input", getInput().getType(), hidden)) ||
+      failed(checkActivation(*this, "result", getType(), vocab)) ||
+      failed(checkSameTokens(*this, getInput().getType(), getType())))
+    return failure();
+  if (failed(checkWeight(*this, "lm_head", getWeight(), {vocab, hidden})))
+    return failure();
+  if (!getType().getElementType().isF32())
+    return emitOpError() << "logits must be f32, got " << getType();
+  return success();
+}
+
+#define GET_OP_CLASSES
+#include "nf/IR/NfOps.cpp.inc"
