@@ -9,9 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cerrno>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -41,6 +42,22 @@ std::string brief(const json &j) {
   if (s.size() > 40)
     s = s.substr(0, 37) + "...";
   return s;
+}
+
+// Strings from config.json; keep messages on one line by escaping control
+// characters.
+std::string printable(const std::string &s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
 }
 
 std::string fmtDouble(double v) {
@@ -133,8 +150,8 @@ public:
         found = &*it;
         foundName = k;
       } else if (*found != *it) {
-        fail("conflicting config fields '" + foundName + "' (" +
-             brief(*found) + ") and '" + k + "' (" + brief(*it) + ")");
+        fail("conflicting config fields '" + foundName + "' (" + brief(*found) +
+             ") and '" + k + "' (" + brief(*it) + ")");
       }
     };
     consider(key);
@@ -145,8 +162,8 @@ public:
     return failed_ ? nullptr : found;
   }
 
-  std::optional<int64_t> getInt(const char *key,
-                                std::initializer_list<const char *> aliases = {}) {
+  std::optional<int64_t>
+  getInt(const char *key, std::initializer_list<const char *> aliases = {}) {
     std::string name;
     const json *v = find(key, aliases, &name);
     if (!v)
@@ -285,7 +302,7 @@ void parseLayers(const json &root, FieldReader &r, ModelConfig &c) {
                       "] is not a string (got " + brief(e) + ")");
       std::optional<BlockKind> k = kindFromTypeName(e.get<std::string>());
       if (!k)
-        return r.fail("unknown layer type '" + e.get<std::string>() +
+        return r.fail("unknown layer type '" + printable(e.get<std::string>()) +
                       "' at layer " + std::to_string(i));
       c.layers.push_back(*k);
     }
@@ -298,7 +315,7 @@ void parseLayers(const json &root, FieldReader &r, ModelConfig &c) {
     for (size_t i = 0; i < p.size(); ++i) {
       std::optional<BlockKind> k = kindFromLetter(p[i]);
       if (!k)
-        return r.fail("unknown layer type '" + std::string(1, p[i]) +
+        return r.fail("unknown layer type '" + printable(std::string(1, p[i])) +
                       "' at layer " + std::to_string(i) +
                       " of hybrid_override_pattern (expected M, *, - or E)");
       c.layers.push_back(*k);
@@ -367,8 +384,8 @@ void parseTimeStepLimit(FieldReader &r, ModelConfig &c) {
   if (!v)
     return;
   if (!v->is_array() || v->size() != 2)
-    return r.fail("config field '" + name + "' must be a list [min, max] (got " +
-                  brief(*v) + ")");
+    return r.fail("config field '" + name +
+                  "' must be a list [min, max] (got " + brief(*v) + ")");
   std::optional<double> lo = r.asDouble((*v)[0], name);
   std::optional<double> hi = r.asDouble((*v)[1], name);
   if (!lo || !hi)
@@ -389,8 +406,9 @@ StatusOr<ModelConfig> parseConfigJson(const json &root,
   c.sourcePath = source;
 
   parseLayers(root, r, c);
-  bool hasM = c.hasKind(BlockKind::Mamba), hasA = c.hasKind(BlockKind::Attention),
-       hasD = c.hasKind(BlockKind::Mlp), hasE = c.hasKind(BlockKind::Moe);
+  bool hasM = c.hasKind(BlockKind::Mamba),
+       hasA = c.hasKind(BlockKind::Attention), hasD = c.hasKind(BlockKind::Mlp),
+       hasE = c.hasKind(BlockKind::Moe);
 
   // Model-wide fields.
   std::optional<int64_t> vocab = r.getInt("vocab_size");
@@ -471,7 +489,8 @@ StatusOr<ModelConfig> parseConfigJson(const json &root,
   // Required fields and positive sizes, for the block kinds present.
   requirePositive(r, c.vocabSize, "vocab_size");
   requirePositive(r, c.hiddenSize, "hidden_size");
-  if (!r.failed() && !(c.layerNormEpsilon > 0 && std::isfinite(c.layerNormEpsilon)))
+  if (!r.failed() &&
+      !(c.layerNormEpsilon > 0 && std::isfinite(c.layerNormEpsilon)))
     r.fail("config field 'layer_norm_epsilon' must be positive (got " +
            fmtDouble(c.layerNormEpsilon) + ")");
   if (hasM) {
@@ -491,7 +510,7 @@ StatusOr<ModelConfig> parseConfigJson(const json &root,
              ") is not a multiple of n_groups (" + std::to_string(c.nGroups) +
              ")");
     if (!r.failed() && mambaAct != "silu")
-      r.fail("unsupported mamba_hidden_act '" + mambaAct +
+      r.fail("unsupported mamba_hidden_act '" + printable(mambaAct) +
              "' (only silu is supported)");
     // Not a shape question: nf has no Mamba projection biases, and silently
     // dropping them would compute a different model.
@@ -539,21 +558,21 @@ StatusOr<ModelConfig> parseConfigJson(const json &root,
       r.fail("topk_group (" + std::to_string(c.topkGroup) +
              ") exceeds n_group (" + std::to_string(c.nGroup) + ")");
     // Group-limited routing only offers experts of the topk_group best groups.
-    if (!r.failed() && c.numExpertsPerTok >
-                           c.topkGroup * (c.nRoutedExperts / c.nGroup))
+    if (!r.failed() &&
+        c.numExpertsPerTok > c.topkGroup * (c.nRoutedExperts / c.nGroup))
       r.fail("num_experts_per_tok (" + std::to_string(c.numExpertsPerTok) +
              ") exceeds the " +
              std::to_string(c.topkGroup * (c.nRoutedExperts / c.nGroup)) +
              " experts of the topk_group (" + std::to_string(c.topkGroup) +
              ") selected groups");
-    if (!r.failed() && !(c.routedScalingFactor > 0 &&
-                         std::isfinite(c.routedScalingFactor)))
+    if (!r.failed() &&
+        !(c.routedScalingFactor > 0 && std::isfinite(c.routedScalingFactor)))
       r.fail("config field 'routed_scaling_factor' must be positive (got " +
              fmtDouble(c.routedScalingFactor) + ")");
   }
   if (hasD || hasE) {
     if (!r.failed() && c.activation != "relu2")
-      r.fail("unsupported mlp_hidden_act '" + c.activation +
+      r.fail("unsupported mlp_hidden_act '" + printable(c.activation) +
              "' (only relu2 is supported)");
     if (!r.failed() && mlpBias)
       r.fail("mlp_bias=true (MLP/expert projection biases) is not supported");
@@ -698,10 +717,9 @@ public:
     }
     const TensorInfo *t = findFirst(stackedNames);
     if (!t)
-      return Status::error(where() + ": missing tensor '" +
-                           expertNames(0).front() + "' (" + context(lb) +
-                           "; no stacked '" + stackedNames.front() +
-                           "' either)");
+      return Status::error(
+          where() + ": missing tensor '" + expertNames(0).front() + "' (" +
+          context(lb) + "; no stacked '" + stackedNames.front() + "' either)");
     if (Status s = check(*t, stackedShape); !s)
       return s;
     w.tensors = {t->name};
@@ -748,7 +766,8 @@ public:
     case BlockKind::Attention: {
       const int64_t q = c.numAttentionHeads * c.headDim;
       const int64_t kv = c.numKeyValueHeads * c.headDim;
-      if (Status s = bindLayerWeight(lb, "q_proj", "mixer.q_proj.weight", {q, H});
+      if (Status s =
+              bindLayerWeight(lb, "q_proj", "mixer.q_proj.weight", {q, H});
           !s)
         return s;
       if (Status s =
@@ -773,7 +792,8 @@ public:
       const int64_t E = c.nRoutedExperts, Ie = c.moeIntermediateSize,
                     He = c.expertInputDim(),
                     Is = c.moeSharedExpertIntermediateSize;
-      if (Status s = bindLayerWeight(lb, "gate", "mixer.gate.weight", {E, H}); !s)
+      if (Status s = bindLayerWeight(lb, "gate", "mixer.gate.weight", {E, H});
+          !s)
         return s;
       if (Status s = bindLayerWeight(lb, "correction_bias",
                                      "mixer.gate.e_score_correction_bias", {E});
@@ -783,14 +803,13 @@ public:
         return s;
       if (Status s = bindExperts(lb, "experts_down", "down_proj", {He, Ie}); !s)
         return s;
-      if (Status s = bindLayerWeight(lb, "shared_up",
-                                     "mixer.shared_experts.up_proj.weight",
-                                     {Is, H});
+      if (Status s = bindLayerWeight(
+              lb, "shared_up", "mixer.shared_experts.up_proj.weight", {Is, H});
           !s)
         return s;
-      if (Status s = bindLayerWeight(lb, "shared_down",
-                                     "mixer.shared_experts.down_proj.weight",
-                                     {H, Is});
+      if (Status s =
+              bindLayerWeight(lb, "shared_down",
+                              "mixer.shared_experts.down_proj.weight", {H, Is});
           !s)
         return s;
       if (c.moeLatentSize) {
@@ -821,7 +840,8 @@ public:
       embNames.push_back(p + "embeddings.weight");
       embNames.push_back(p + "embedding.weight");
     }
-    if (Status s = bind(mb.embedding, "embedding", embNames, {V, H}, "embedding");
+    if (Status s =
+            bind(mb.embedding, "embedding", embNames, {V, H}, "embedding");
         !s)
       return s;
 
@@ -962,8 +982,8 @@ StatusOr<ModelBinding> bindCheckpoint(const ModelConfig &config,
   try {
     return Binder(config, ckpt).run();
   } catch (const std::exception &e) {
-    return Status::error(config.sourcePath + ": cannot bind checkpoint: " +
-                         e.what());
+    return Status::error(config.sourcePath +
+                         ": cannot bind checkpoint: " + e.what());
   }
 }
 

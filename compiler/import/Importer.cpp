@@ -75,7 +75,8 @@ private:
     SmallVector<StringRef> names(w.tensors.begin(), w.tensors.end());
     auto op = nfir::WeightOp::create(
         b, NameLoc::get(b.getStringAttr(w.tensors[0])), type,
-        b.getStrArrayAttr(names), w.stacked ? b.getUnitAttr() : UnitAttr());
+        b.getStrArrayAttr(names), w.stacked ? b.getUnitAttr() : UnitAttr(),
+        DenseI64ArrayAttr());
     return weights[key] = op.getResult();
   }
 

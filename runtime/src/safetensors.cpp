@@ -15,7 +15,6 @@
 #include <limits>
 #include <memory>
 #include <set>
-#include <sstream>
 
 namespace nf {
 
@@ -44,6 +43,22 @@ std::string shapeString(const std::vector<int64_t> &shape) {
   return s + "]";
 }
 
+// Names come from untrusted bytes; keep messages on one line by escaping
+// control characters.
+std::string printable(const std::string &s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 Status fail(const std::string &path, const std::string &what) {
   return Status::error(path + ": " + what);
 }
@@ -68,8 +83,7 @@ Status openRegularFile(const std::string &path, FilePtr &file, uint64_t &size) {
   return Status::success();
 }
 
-Status readExactly(std::FILE *f, const std::string &path, void *dst,
-                   size_t n) {
+Status readExactly(std::FILE *f, const std::string &path, void *dst, size_t n) {
   if (n && std::fread(dst, 1, n, f) != n)
     return fail(path, std::string("read error: ") +
                           (std::ferror(f) ? std::strerror(errno)
@@ -95,7 +109,7 @@ bool getUnsigned(const json &j, uint64_t &out) {
 Status parseTensorEntry(const std::string &path, const std::string &name,
                         const json &entry, uint64_t dataOffset,
                         uint64_t dataSize, TensorInfo &info) {
-  std::string where = "tensor '" + name + "'";
+  std::string where = "tensor '" + printable(name) + "'";
   if (!entry.is_object())
     return fail(path, where + " is not a JSON object");
 
@@ -104,8 +118,8 @@ Status parseTensorEntry(const std::string &path, const std::string &name,
     return fail(path, where + " has no 'dtype' string");
   std::optional<DType> dtype = parseDType(dt->get<std::string>());
   if (!dtype)
-    return fail(path,
-                where + " has unknown dtype '" + dt->get<std::string>() + "'");
+    return fail(path, where + " has unknown dtype '" +
+                          printable(dt->get<std::string>()) + "'");
 
   auto sh = entry.find("shape");
   if (sh == entry.end() || !sh->is_array())
@@ -132,18 +146,17 @@ Status parseTensorEntry(const std::string &path, const std::string &name,
     return fail(path, where + " has invalid 'data_offsets' (expected [begin, "
                               "end] non-negative integers)");
   if (end < begin)
-    return fail(path, where + " data_offsets [" + std::to_string(begin) +
-                          ", " + std::to_string(end) + "] end before they begin");
+    return fail(path, where + " data_offsets [" + std::to_string(begin) + ", " +
+                          std::to_string(end) + "] end before they begin");
   if (end - begin != bytes)
     return fail(path, where + " data range [" + std::to_string(begin) + ", " +
                           std::to_string(end) + ") does not match shape " +
                           shapeString(shape) + " x " +
                           std::to_string(dtypeSize(*dtype)) + " bytes");
   if (end > dataSize)
-    return fail(path, where + " data range ends beyond the file (data "
-                              "section is " +
-                          std::to_string(dataSize) + " bytes, range ends at " +
-                          std::to_string(end) + ")");
+    return fail(path, where + " data range ends beyond the file (ends at " +
+                          std::to_string(end) + ", data section has " +
+                          std::to_string(dataSize) + " bytes)");
 
   info.name = name;
   info.dtype = *dtype;
@@ -201,15 +214,15 @@ StatusOr<SafetensorsFile> readHeaderImpl(const std::string &path) {
         return fail(path, "'__metadata__' is not a JSON object");
       for (auto m = it->begin(); m != it->end(); ++m) {
         if (!m->is_string())
-          return fail(path, "'__metadata__' value for '" + m.key() +
+          return fail(path, "'__metadata__' value for '" + printable(m.key()) +
                                 "' is not a string");
         out.metadata[m.key()] = m->get<std::string>();
       }
       continue;
     }
     TensorInfo info;
-    if (Status s = parseTensorEntry(path, name, *it, out.dataOffset, dataSize,
-                                    info);
+    if (Status s =
+            parseTensorEntry(path, name, *it, out.dataOffset, dataSize, info);
         !s)
       return s;
     out.tensors.emplace(name, std::move(info));
@@ -228,14 +241,13 @@ StatusOr<SafetensorsFile> readHeaderImpl(const std::string &path) {
   for (size_t i = 1; i < byStart.size(); ++i) {
     const TensorInfo *a = byStart[i - 1], *b = byStart[i];
     if (b->dataBegin < a->dataEnd)
-      return fail(path, "tensors '" + a->name + "' and '" + b->name +
-                            "' have overlapping data ranges [" +
-                            std::to_string(a->dataBegin - out.dataOffset) +
-                            ", " + std::to_string(a->dataEnd - out.dataOffset) +
-                            ") and [" +
-                            std::to_string(b->dataBegin - out.dataOffset) +
-                            ", " + std::to_string(b->dataEnd - out.dataOffset) +
-                            ")");
+      return fail(path,
+                  "tensors '" + printable(a->name) + "' and '" +
+                      printable(b->name) + "' have overlapping data ranges [" +
+                      std::to_string(a->dataBegin - out.dataOffset) + ", " +
+                      std::to_string(a->dataEnd - out.dataOffset) + ") and [" +
+                      std::to_string(b->dataBegin - out.dataOffset) + ", " +
+                      std::to_string(b->dataEnd - out.dataOffset) + ")");
   }
   return out;
 }
@@ -257,8 +269,8 @@ Status addTensors(Checkpoint &ckpt, SafetensorsFile &file) {
   for (auto &[name, info] : file.tensors) {
     auto [it, inserted] = ckpt.tensors.emplace(name, info);
     if (!inserted)
-      return fail(file.path, "tensor '" + name + "' also appears in '" +
-                                 it->second.file + "'");
+      return fail(file.path, "tensor '" + printable(name) +
+                                 "' also appears in '" + it->second.file + "'");
   }
   ckpt.files.push_back(file.path);
   return Status::success();
@@ -273,8 +285,8 @@ StatusOr<Checkpoint> openShardedCheckpoint(const std::string &dir,
   try {
     index = json::parse(*text);
   } catch (const json::parse_error &e) {
-    return fail(indexPath,
-                "not valid JSON (error at byte " + std::to_string(e.byte) + ")");
+    return fail(indexPath, "not valid JSON (error at byte " +
+                               std::to_string(e.byte) + ")");
   }
   if (!index.is_object())
     return fail(indexPath, "not a JSON object");
@@ -288,8 +300,8 @@ StatusOr<Checkpoint> openShardedCheckpoint(const std::string &dir,
   std::set<std::string> shardNames;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it->is_string() || it->get<std::string>().empty())
-      return fail(indexPath, "weight_map entry for tensor '" + it.key() +
-                                 "' is not a file name");
+      return fail(indexPath, "weight_map entry for tensor '" +
+                                 printable(it.key()) + "' is not a file name");
     shardNames.insert(it->get<std::string>());
   }
 
@@ -308,7 +320,7 @@ StatusOr<Checkpoint> openShardedCheckpoint(const std::string &dir,
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     const SafetensorsFile &f = shards.at(it->get<std::string>());
     if (!f.tensors.count(it.key()))
-      return fail(indexPath, "tensor '" + it.key() +
+      return fail(indexPath, "tensor '" + printable(it.key()) +
                                  "' is listed in weight_map but missing from "
                                  "shard '" +
                                  f.path + "'");
@@ -320,11 +332,11 @@ StatusOr<Checkpoint> openShardedCheckpoint(const std::string &dir,
 
 std::optional<DType> parseDType(const std::string &s) {
   static const std::pair<const char *, DType> kNames[] = {
-      {"F64", DType::F64},       {"F32", DType::F32},
-      {"F16", DType::F16},       {"BF16", DType::BF16},
-      {"I64", DType::I64},       {"I32", DType::I32},
-      {"I16", DType::I16},       {"I8", DType::I8},
-      {"U8", DType::U8},         {"BOOL", DType::Bool},
+      {"F64", DType::F64},        {"F32", DType::F32},
+      {"F16", DType::F16},        {"BF16", DType::BF16},
+      {"I64", DType::I64},        {"I32", DType::I32},
+      {"I16", DType::I16},        {"I8", DType::I8},
+      {"U8", DType::U8},          {"BOOL", DType::Bool},
       {"F8_E4M3", DType::F8E4M3}, {"F8_E5M2", DType::F8E5M2}};
   for (const auto &[name, t] : kNames)
     if (s == name)

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "nf/IR/NfOps.h"
+#include "nf/IR/ShapeChecks.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
@@ -19,64 +20,6 @@ using namespace mlir;
 using namespace mlir::nf;
 
 namespace {
-
-std::string shapeString(ArrayRef<int64_t> shape) {
-  std::string s = "[";
-  for (auto [i, d] : llvm::enumerate(shape)) {
-    if (i)
-      s += ", ";
-    s += ShapedType::isDynamic(d) ? "?" : std::to_string(d);
-  }
-  return s + "]";
-}
-
-bool isWeightElementType(Type t) {
-  return t.isF32() || t.isBF16() || t.isF16();
-}
-
-/// A weight operand: static shape `expected`, element type f32/bf16/f16.
-LogicalResult checkWeight(Operation *op, StringRef role, Value v,
-                          ArrayRef<int64_t> expected) {
-  auto type = cast<RankedTensorType>(v.getType());
-  if (!isWeightElementType(type.getElementType()))
-    return op->emitOpError()
-           << role << " weight has unsupported element type "
-           << type.getElementType() << " (expected f32, bf16 or f16)";
-  if (type.getShape() != expected)
-    return op->emitOpError()
-           << role << " weight has shape " << shapeString(type.getShape())
-           << ", expected " << shapeString(expected);
-  return success();
-}
-
-/// An activation: [tokens, features] with a static feature dimension and a
-/// float element type. Returns the feature count through `features`.
-LogicalResult checkActivation(Operation *op, StringRef role, Type t,
-                              int64_t &features) {
-  auto type = dyn_cast<RankedTensorType>(t);
-  if (!type || type.getRank() != 2 || type.isDynamicDim(1) ||
-      !isa<FloatType>(type.getElementType()))
-    return op->emitOpError()
-           << role << " must be a [tokens, features] float tensor with static "
-           << "features, got " << t;
-  features = type.getDimSize(1);
-  return success();
-}
-
-LogicalResult checkSameTokens(Operation *op, Type in, Type out) {
-  auto a = cast<RankedTensorType>(in), b = cast<RankedTensorType>(out);
-  if (a.getDimSize(0) != b.getDimSize(0))
-    return op->emitOpError() << "result has " << shapeString(b.getShape())
-                             << " tokens-by-features but the input has "
-                             << shapeString(a.getShape());
-  return success();
-}
-
-LogicalResult checkPositive(Operation *op, StringRef name, int64_t value) {
-  if (value <= 0)
-    return op->emitOpError() << name << " must be positive, got " << value;
-  return success();
-}
 
 /// The result of a mixer: same type as its input.
 LogicalResult checkMixerResult(Operation *op) {
@@ -149,6 +92,19 @@ LogicalResult WeightOp::verify() {
                          << names.size() << " tensors but its type " << type
                          << " stacks "
                          << (type.getRank() ? type.getDimSize(0) : 0);
+  if (auto rows = getConcatRows()) {
+    if (getStacked())
+      return emitOpError() << "a weight is either stacked or concatenated, not both";
+    if (rows->size() != names.size())
+      return emitOpError() << "concat_rows has " << rows->size()
+                           << " entries for " << names.size() << " tensors";
+    int64_t total = 0;
+    for (int64_t r : *rows)
+      total += r;
+    if (type.getRank() < 1 || total != type.getDimSize(0))
+      return emitOpError() << "concatenated rows sum to " << total
+                           << " but the weight has " << type.getDimSize(0);
+  }
   return success();
 }
 
@@ -345,6 +301,91 @@ LogicalResult LMHeadOp::verify() {
     return failure();
   if (!getType().getElementType().isF32())
     return emitOpError() << "logits must be f32, got " << getType();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Compute ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult LinearOp::verify() {
+  int64_t in, out;
+  if (failed(checkActivation(*this, "input", getInput().getType(), in)) ||
+      failed(checkActivation(*this, "result", getType(), out)) ||
+      failed(checkSameTokens(*this, getInput().getType(), getType())))
+    return failure();
+  return checkWeight(*this, "linear", getWeight(), {out, in});
+}
+
+LogicalResult SplitOp::verify() {
+  int64_t features;
+  if (failed(checkActivation(*this, "input", getInput().getType(), features)))
+    return failure();
+  if (getSizes().size() != getNumResults())
+    return emitOpError() << "has " << getSizes().size() << " sizes for "
+                         << getNumResults() << " results";
+  int64_t total = 0;
+  for (auto [size, result] : llvm::zip(getSizes(), getResults())) {
+    int64_t f;
+    if (failed(checkActivation(*this, "result", result.getType(), f)) ||
+        failed(checkSameTokens(*this, getInput().getType(), result.getType())))
+      return failure();
+    if (f != size)
+      return emitOpError() << "result of size " << size << " has type "
+                           << result.getType();
+    total += size;
+  }
+  if (total != features)
+    return emitOpError() << "sizes sum to " << total << " but the input has "
+                         << features << " features";
+  return success();
+}
+
+LogicalResult ActivationOp::verify() {
+  if (getKind() != "relu2" && getKind() != "silu")
+    return emitOpError() << "unknown activation '" << getKind()
+                         << "' (expected relu2 or silu)";
+  return success();
+}
+
+LogicalResult GatedRMSNormOp::verify() {
+  int64_t features, gate;
+  if (failed(checkActivation(*this, "input", getInput().getType(), features)) ||
+      failed(checkActivation(*this, "gate", getGate().getType(), gate)) ||
+      failed(checkMixerResult(*this)) ||
+      failed(checkWeight(*this, "norm", getWeight(), {features})) ||
+      failed(checkPositive(*this, "groups", getGroups())))
+    return failure();
+  if (gate != features)
+    return emitOpError() << "gate has " << gate << " features, input has "
+                         << features;
+  if (features % getGroups() != 0)
+    return emitOpError() << "groups (" << getGroups()
+                         << ") must divide the features (" << features << ")";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// KernelOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult KernelOp::verify() {
+  Block &body = getBody().front();
+  if (body.getNumArguments() != getInputs().size())
+    return emitOpError() << "region takes " << body.getNumArguments()
+                         << " arguments for " << getInputs().size() << " inputs";
+  for (auto [arg, in] : llvm::zip(body.getArguments(), getInputs()))
+    if (arg.getType() != in.getType())
+      return emitOpError() << "region argument type " << arg.getType()
+                           << " differs from input type " << in.getType();
+  auto yield = cast<YieldOp>(body.getTerminator());
+  if (yield.getValues().getTypes() != getResultTypes())
+    return emitOpError() << "yields " << yield.getValues().size()
+                         << " values whose types differ from the kernel results";
+  if (auto offsets = getArenaOffsets();
+      offsets && offsets->size() != getNumResults())
+    return emitOpError() << "has " << offsets->size() << " arena offsets for "
+                         << getNumResults() << " results";
   return success();
 }
 

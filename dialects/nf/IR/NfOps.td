@@ -60,7 +60,7 @@ def Nf_OutputOp : Nf_Op<"output", [Terminator, HasParent<"ModelOp">, Pure]> {
   let assemblyFormat = "$logits attr-dict `:` type($logits)";
 }
 
-def Nf_WeightOp : Nf_Op<"weight", [Pure, HasParent<"ModelOp">]> {
+def Nf_WeightOp : Nf_Op<"weight", [Pure]> {
   let summary = "A typed reference to checkpoint tensors";
   let description = [{
     Names the checkpoint tensor(s) that hold a weight; the IR never holds
@@ -74,8 +74,14 @@ def Nf_WeightOp : Nf_Op<"weight", [Pure, HasParent<"ModelOp">]> {
     %up = nf.weight stacked ["...experts.0.up_proj.weight", "...experts.1.up_proj.weight"]
         : tensor<2x128x256xbf16>
     ```
+
+    Layout decisions of the compiler are recorded here too: `concat_rows`
+    says that the listed tensors are concatenated along dimension 0, with
+    these row counts (fused QKV projections); the runtime packs them at load
+    time.
   }];
-  let arguments = (ins StrArrayAttr:$tensors, UnitAttr:$stacked);
+  let arguments = (ins StrArrayAttr:$tensors, UnitAttr:$stacked,
+                       OptionalAttr<DenseI64ArrayAttr>:$concat_rows);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "(`stacked` $stacked^)? $tensors attr-dict `:` type($result)";
   let hasVerifier = 1;
@@ -193,6 +199,78 @@ def Nf_LMHeadOp : Nf_Op<"lm_head", [Pure]> {
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Compute ops: what the mixers lower to, besides nf_moe and nf_kv
+//===----------------------------------------------------------------------===//
+
+def Nf_LinearOp : Nf_Op<"linear", [Pure]> {
+  let summary = "y = x W^T for W [out, in] of any weight dtype, f32 accumulation";
+  let arguments = (ins AnyRankedTensor:$input, AnyRankedTensor:$weight);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Nf_SplitOp : Nf_Op<"split", [Pure]> {
+  let summary = "Splits the feature dimension into consecutive slices";
+  let arguments = (ins AnyRankedTensor:$input, DenseI64ArrayAttr:$sizes);
+  let results = (outs Variadic<AnyRankedTensor>:$results);
+  let assemblyFormat = "$input $sizes attr-dict `:` type($input) `->` type($results)";
+  let hasVerifier = 1;
+}
+
+def Nf_ActivationOp : Nf_Op<"activation", [Pure, SameOperandsAndResultType]> {
+  let summary = "Elementwise activation: relu2 (relu(x)^2) or silu";
+  let arguments = (ins AnyRankedTensor:$input, StrAttr:$kind);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$kind $input attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Nf_GatedRMSNormOp : Nf_Op<"gated_rms_norm", [Pure]> {
+  let summary = "Mamba2 output norm: RMSNorm over groups of y * silu(z), times w";
+  let arguments = (ins AnyRankedTensor:$input, AnyRankedTensor:$gate,
+                       AnyRankedTensor:$weight, I64Attr:$groups,
+                       F64Attr:$epsilon);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Kernels: fusion regions
+//===----------------------------------------------------------------------===//
+
+def Nf_KernelOp : Nf_Op<"kernel", [IsolatedFromAbove,
+    SingleBlockImplicitTerminator<"YieldOp">]> {
+  let summary = "A fused kernel: the ops of its region run as one GPU kernel";
+  let description = [{
+    Made by `nf-fuse-kernels`. The region lists what the kernel computes, op
+    by op, over the kernel's operands (block arguments) and yields its
+    results. The CPU backend executes the region op by op; the CUDA code
+    generator emits one kernel for it. `name` says which fused pattern it is
+    (e.g. `add_rms_norm`, `mamba_decode`); `arena_offsets`, set by
+    `nf-plan-memory`, gives each result's byte offset in the step's arena.
+  }];
+  let arguments = (ins Variadic<AnyType>:$inputs, StrAttr:$name,
+                       OptionalAttr<DenseI64ArrayAttr>:$arena_offsets);
+  let results = (outs Variadic<AnyType>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    $name (`(` $inputs^ `:` type($inputs) `)`)? attr-dict-with-keyword
+    (`->` type($results)^)? $body
+  }];
+  let hasVerifier = 1;
+}
+
+def Nf_YieldOp : Nf_Op<"yield", [Pure, Terminator,
+                                 HasParent<"KernelOp">]> {
+  let summary = "Results of a kernel region";
+  let arguments = (ins Variadic<AnyType>:$values);
+  let assemblyFormat = "($values^ `:` type($values))? attr-dict";
+  let builders = [OpBuilder<(ins), [{ build($_builder, $_state, {}); }]>];
 }
 
 #endif // NF_OPS_TD

@@ -1,0 +1,161 @@
+// Memory-mapped safetensors weights and typed views of them.
+//
+// A WeightStore maps every file of a checkpoint read-only and hands out
+// WeightViews (pointer + dtype + shape) by tensor name. Kernels read the
+// views directly and convert bf16/f16 to f32 on the fly, so weights are never
+// copied or converted up front. Internal to the runtime.
+#pragma once
+
+#include "nf/safetensors.h"
+#include "nf/status.h"
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace nf {
+
+/// A row-major tensor in memory that somebody else owns (a mapping, or a
+/// test's buffer). Views stay valid while their owner lives.
+struct WeightView {
+  const void *data = nullptr;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+
+  bool valid() const { return data != nullptr; }
+  int64_t numElements() const;
+  /// shape[0] (1 for a scalar).
+  int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
+  /// Product of shape[1:]: the row length of a matrix view.
+  int64_t cols() const;
+  /// Bytes per element of `dtype`.
+  size_t elementSize() const { return dtypeSize(dtype); }
+  /// View of rows [begin, begin + count) of the leading dimension (e.g. one
+  /// expert of a stacked [E, N, K] tensor: slice(e, 1) then drop the dim).
+  WeightView slice(int64_t begin, int64_t count) const;
+  /// Sub-tensor `index` of the leading dimension, with that dimension dropped.
+  WeightView at(int64_t index) const;
+};
+
+/// bf16 -> f32 is exact: bf16 is the upper half of an f32.
+inline float bf16ToF32(uint16_t v) {
+  uint32_t u = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/// Exact IEEE binary16 -> binary32 (normals, subnormals, zeros, inf, NaN).
+inline float f16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {
+      // Subnormal: renormalise. value = mant * 2^-24.
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      mant &= 0x3ffu;
+      bits = sign | (static_cast<uint32_t>(112 - e) << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13); // inf / NaN (payload kept)
+  } else {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// Element `i` of an f32/bf16/f16 view as f32 (0 for other dtypes).
+inline float loadF32(const WeightView &w, int64_t i) {
+  switch (w.dtype) {
+  case DType::F32: {
+    float f;
+    std::memcpy(&f, static_cast<const char *>(w.data) + 4 * i, 4);
+    return f;
+  }
+  case DType::BF16: {
+    uint16_t v;
+    std::memcpy(&v, static_cast<const char *>(w.data) + 2 * i, 2);
+    return bf16ToF32(v);
+  }
+  case DType::F16: {
+    uint16_t v;
+    std::memcpy(&v, static_cast<const char *>(w.data) + 2 * i, 2);
+    return f16ToF32(v);
+  }
+  default:
+    return 0.0f;
+  }
+}
+
+/// Elements [begin, begin + n) of an f32/bf16/f16 view, converted into `out`.
+void convertToF32(const WeightView &w, int64_t begin, int64_t n, float *out);
+
+/// A read-only mapping of one whole file. Move-only; unmaps on destruction.
+class MappedFile {
+public:
+  static StatusOr<MappedFile> open(const std::string &path);
+  MappedFile() = default;
+  MappedFile(MappedFile &&other) noexcept;
+  MappedFile &operator=(MappedFile &&other) noexcept;
+  MappedFile(const MappedFile &) = delete;
+  MappedFile &operator=(const MappedFile &) = delete;
+  ~MappedFile();
+
+  const uint8_t *data() const { return static_cast<const uint8_t *>(addr_); }
+  size_t size() const { return size_; }
+  const std::string &path() const { return path_; }
+
+private:
+  void reset() noexcept;
+  std::string path_;
+  void *addr_ = nullptr;
+  size_t size_ = 0;
+  int fd_ = -1;
+};
+
+/// All tensors of one safetensors file or checkpoint directory, mapped.
+class WeightStore {
+public:
+  /// One `.safetensors` file.
+  static StatusOr<WeightStore> openFile(const std::string &path);
+  /// A checkpoint directory (`model.safetensors` or an indexed shard set).
+  static StatusOr<WeightStore> openCheckpoint(const std::string &dir);
+
+  WeightStore() = default;
+  WeightStore(WeightStore &&) noexcept = default;
+  WeightStore &operator=(WeightStore &&) noexcept = default;
+
+  /// The tensor `name`; an error names the files searched.
+  StatusOr<WeightView> find(const std::string &name) const;
+  bool contains(const std::string &name) const {
+    return tensors_.count(name) != 0;
+  }
+  const std::map<std::string, TensorInfo> &tensors() const { return tensors_; }
+
+private:
+  Status addFile(const std::string &path,
+                 const std::map<std::string, TensorInfo> &tensors);
+
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::map<std::string, TensorInfo> tensors_;
+  std::map<std::string, const uint8_t *> data_;
+  // Tensors whose offset is not a multiple of their element size are copied
+  // here so kernels may read them as aligned arrays.
+  std::vector<std::unique_ptr<uint8_t[]>> alignedCopies_;
+  std::string where_;
+};
+
+} // namespace nf
