@@ -161,8 +161,9 @@ Status WeightStore::addFile(const std::string &path,
       const size_t n = info.dataEnd - info.dataBegin;
       std::unique_ptr<uint8_t[]> copy(new (std::nothrow) uint8_t[n ? n : 1]);
       if (!copy)
-        return Status::error(path + ": out of memory copying misaligned "
-                                    "tensor '" +
+        return Status::error(path +
+                             ": out of memory copying misaligned "
+                             "tensor '" +
                              name + "'");
       std::memcpy(copy.get(), p, n);
       p = copy.get();

@@ -5,11 +5,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "nf/IR/NfDialect.h"
-#include "nf_kv/IR/NfKvOps.h"
-#include "nf_moe/IR/NfMoeOps.h"
-
-#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "Pipeline/Pipeline.h"
+#include "Transforms/Passes.h"
 
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
@@ -17,9 +14,9 @@
 
 int main(int argc, char **argv) {
   mlir::registerTransformsPasses();
+  nf::compiler::registerNFPasses();
   mlir::DialectRegistry registry;
-  registry.insert<mlir::nf::NfDialect, mlir::nf_kv::NfKvDialect,
-                  mlir::nf_moe::NfMoeDialect, mlir::func::FuncDialect>();
+  nf::compiler::registerDialects(registry);
   return mlir::asMainReturnCode(
       mlir::MlirOptMain(argc, argv, "nf optimizer driver\n", registry));
 }

@@ -1,6 +1,8 @@
 //===- nfc.cpp - the nf compiler driver -----------------------------------===//
 //
-//   nfc import <hf-dir> [-o model.mlir]   checkpoint -> nf dialect
+//   nfc import <hf-dir> [-o model.mlir]     checkpoint -> nf dialect
+//   nfc compile model.mlir [--compile-to=P]  lowering pipeline (see
+//                                            docs/pipeline.md)
 //
 // Every failure prints one line "nfc: error: <file>: <problem>" and exits 1.
 // Outputs are written to a temporary file and renamed into place, so a failed
@@ -8,11 +10,19 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Pipeline/Pipeline.h"
 #include "import/Importer.h"
-#include "nf/IR/NfDialect.h"
+#include "nf/IR/NfOps.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/AsmState.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <CLI/CLI.hpp>
@@ -76,6 +86,105 @@ int runImport(const std::string &dir, const std::string &output,
   return 0;
 }
 
+/// Collects the first error diagnostic as one line "file:line:col: message".
+class FirstError {
+public:
+  explicit FirstError(mlir::MLIRContext &ctx)
+      : handler(&ctx, [this](mlir::Diagnostic &d) {
+          if (d.getSeverity() == mlir::DiagnosticSeverity::Error &&
+              message.empty()) {
+            std::string loc;
+            llvm::raw_string_ostream os(loc);
+            if (auto file =
+                    llvm::dyn_cast<mlir::FileLineColLoc>(d.getLocation()))
+              os << file.getFilename().getValue() << ":" << file.getLine()
+                 << ":" << file.getColumn() << ": ";
+            else
+              os << d.getLocation() << ": ";
+            message = loc + d.str();
+            for (char &c : message)
+              if (c == '\n')
+                c = ' ';
+          }
+          return mlir::success();
+        }) {}
+  std::string message;
+
+private:
+  mlir::ScopedDiagnosticHandler handler;
+};
+
+struct CompileFlags {
+  std::string input, output = "-", compileTo = "plan";
+  bool printIrAfterAll = false, timing = false, generic = false;
+  nf::compiler::PipelineOptions pipeline;
+};
+
+int runCompile(const CompileFlags &flags) {
+  auto phase = nf::compiler::parsePhase(flags.compileTo);
+  if (!phase)
+    return fail("--compile-to: unknown phase '" + flags.compileTo + "'");
+  mlir::DialectRegistry registry;
+  nf::compiler::registerDialects(registry);
+  mlir::MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+  // IR printing and timing report to stderr; keep their output intact.
+  FirstError firstError(context);
+
+  llvm::SourceMgr sources;
+  std::string error;
+  auto file = mlir::openInputFile(flags.input, &error);
+  if (!file)
+    return fail(flags.input + ": " + error);
+  sources.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
+  auto module = mlir::parseSourceFile<mlir::ModuleOp>(sources, &context);
+  if (!module)
+    return fail(firstError.message.empty() ? flags.input + ": cannot parse"
+                                           : firstError.message);
+  if (module->getOps<mlir::nf::ModelOp>().empty() &&
+      module->getOps<mlir::func::FuncOp>().empty())
+    return fail(flags.input + ": no nf.model to compile");
+
+  mlir::PassManager pm(&context);
+  if (flags.printIrAfterAll) {
+    context.disableMultithreading();
+    pm.enableIRPrinting(
+        /*shouldPrintBeforePass=*/nullptr,
+        /*shouldPrintAfterPass=*/
+        [](mlir::Pass *, mlir::Operation *) { return true; },
+        /*printModuleScope=*/true, /*printAfterOnlyOnChange=*/false);
+  }
+  if (flags.timing)
+    pm.enableTiming();
+  nf::compiler::buildPipeline(pm, *phase, flags.pipeline);
+  if (mlir::failed(pm.run(*module)))
+    return fail(firstError.message.empty()
+                    ? flags.input + ": compilation failed"
+                    : firstError.message);
+
+  for (auto func : module->getOps<mlir::func::FuncOp>())
+    if (auto arena = func->getAttrOfType<mlir::IntegerAttr>("nf.arena_bytes")) {
+      int64_t noReuse =
+          func->getAttrOfType<mlir::IntegerAttr>("nf.no_reuse_bytes").getInt();
+      int64_t tokens =
+          func->getAttrOfType<mlir::IntegerAttr>("nf.max_tokens").getInt();
+      std::cerr << "memory plan @" << func.getName().str() << " (" << tokens
+                << " tokens): arena " << arena.getInt() << " bytes, no reuse "
+                << noReuse << " bytes ("
+                << (noReuse ? 100.0 * arena.getInt() / noReuse : 0.0) << "%)\n";
+    }
+
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  mlir::OpPrintingFlags printing;
+  if (flags.generic)
+    printing.printGenericOpForm();
+  module->print(os, printing);
+  if (auto st = writeOutput(flags.output, text); !st)
+    return fail(st.message());
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -96,6 +205,53 @@ int main(int argc, char **argv) {
   import->add_flag("--mlir-print-op-generic", generic,
                    "Print the generic op form");
 
+  CompileFlags compile;
+  auto *compileCmd = app.add_subcommand(
+      "compile", "Lower an nf model through the compile phases");
+  compileCmd
+      ->add_option("model", compile.input, "Model in the nf dialect (.mlir)")
+      ->required();
+  compileCmd->add_option("-o,--output", compile.output,
+                         "Output file ('-' = stdout)");
+  std::string phases;
+  for (const auto &p : nf::compiler::phaseNames())
+    phases += (phases.empty() ? "" : "|") + p;
+  compileCmd
+      ->add_option("--compile-to", compile.compileTo,
+                   "Stop after this phase and print its IR: " + phases)
+      ->capture_default_str();
+  compileCmd
+      ->add_option("--max-tokens", compile.pipeline.maxTokens,
+                   "Most tokens in one prefill step (memory plan)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  compileCmd
+      ->add_option("--max-sequences", compile.pipeline.maxSequences,
+                   "Most sequences in flight / in one decode step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  compileCmd
+      ->add_option("--page-size", compile.pipeline.pageSize,
+                   "Tokens per KV-cache page")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  compileCmd
+      ->add_option("--kv-pages", compile.pipeline.kvPages,
+                   "KV-cache pages per attention layer")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  compileCmd
+      ->add_option("--expert-policy", compile.pipeline.expertPolicy,
+                   "Expert selection: topk or budget")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"topk", "budget"}));
+  compileCmd->add_flag("--mlir-print-ir-after-all", compile.printIrAfterAll,
+                       "Print the IR after every pass (stderr)");
+  compileCmd->add_flag("--mlir-timing", compile.timing,
+                       "Report the time of every pass (stderr)");
+  compileCmd->add_flag("--mlir-print-op-generic", compile.generic,
+                       "Print the generic op form");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -103,5 +259,7 @@ int main(int argc, char **argv) {
   }
   if (*import)
     return runImport(importDir, importOut, generic);
+  if (*compileCmd)
+    return runCompile(compile);
   return 0;
 }

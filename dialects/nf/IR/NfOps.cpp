@@ -83,7 +83,7 @@ LogicalResult WeightOp::verify() {
   if (!type.hasStaticShape())
     return emitOpError() << "weight '" << first
                          << "' must have a static shape, got " << type;
-  if (!getStacked() && names.size() != 1)
+  if (!getStacked() && !getConcatRows() && names.size() != 1)
     return emitOpError() << "an unstacked weight names exactly one tensor, got "
                          << names.size();
   if (getStacked() && names.size() > 1 &&
@@ -94,7 +94,8 @@ LogicalResult WeightOp::verify() {
                          << (type.getRank() ? type.getDimSize(0) : 0);
   if (auto rows = getConcatRows()) {
     if (getStacked())
-      return emitOpError() << "a weight is either stacked or concatenated, not both";
+      return emitOpError()
+             << "a weight is either stacked or concatenated, not both";
     if (rows->size() != names.size())
       return emitOpError() << "concat_rows has " << rows->size()
                            << " entries for " << names.size() << " tensors";
@@ -373,15 +374,17 @@ LogicalResult KernelOp::verify() {
   Block &body = getBody().front();
   if (body.getNumArguments() != getInputs().size())
     return emitOpError() << "region takes " << body.getNumArguments()
-                         << " arguments for " << getInputs().size() << " inputs";
+                         << " arguments for " << getInputs().size()
+                         << " inputs";
   for (auto [arg, in] : llvm::zip(body.getArguments(), getInputs()))
     if (arg.getType() != in.getType())
       return emitOpError() << "region argument type " << arg.getType()
                            << " differs from input type " << in.getType();
   auto yield = cast<YieldOp>(body.getTerminator());
   if (yield.getValues().getTypes() != getResultTypes())
-    return emitOpError() << "yields " << yield.getValues().size()
-                         << " values whose types differ from the kernel results";
+    return emitOpError()
+           << "yields " << yield.getValues().size()
+           << " values whose types differ from the kernel results";
   if (auto offsets = getArenaOffsets();
       offsets && offsets->size() != getNumResults())
     return emitOpError() << "has " << offsets->size() << " arena offsets for "

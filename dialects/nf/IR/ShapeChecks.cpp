@@ -68,8 +68,8 @@ LogicalResult checkPositive(Operation *op, StringRef name, int64_t value) {
 
 LogicalResult checkMode(Operation *op, StringRef mode) {
   if (mode != "prefill" && mode != "decode")
-    return op->emitOpError() << "mode must be 'prefill' or 'decode', got '"
-                             << mode << "'";
+    return op->emitOpError()
+           << "mode must be 'prefill' or 'decode', got '" << mode << "'";
   return success();
 }
 

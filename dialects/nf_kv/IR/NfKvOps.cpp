@@ -44,8 +44,8 @@ FailureOr<StorageOp> lookupStorage(Operation *op, SymbolTableCollection &tables,
                                    FlatSymbolRefAttr name, StringRef what) {
   auto storage = tables.lookupNearestSymbolFrom<StorageOp>(op, name);
   if (!storage)
-    return op->emitOpError() << "'" << name.getValue() << "' does not name a "
-                             << what;
+    return op->emitOpError()
+           << "'" << name.getValue() << "' does not name a " << what;
   return storage;
 }
 
@@ -55,15 +55,16 @@ LogicalResult checkFeatures(Operation *op, StringRef role, Value v,
   if (failed(checkActivation(op, role, v.getType(), features)))
     return failure();
   if (features != expected)
-    return op->emitOpError() << role << " has " << features
-                             << " features, expected " << expected;
+    return op->emitOpError()
+           << role << " has " << features << " features, expected " << expected;
   return success();
 }
 
 } // namespace
 
 LogicalResult AppendOp::verifySymbolUses(SymbolTableCollection &tables) {
-  auto cache = lookupStorage<KVCacheOp>(*this, tables, getCacheAttr(), "KV cache");
+  auto cache =
+      lookupStorage<KVCacheOp>(*this, tables, getCacheAttr(), "KV cache");
   if (failed(cache))
     return failure();
   KVCacheType type = cache->getType();
@@ -78,7 +79,8 @@ LogicalResult AppendOp::verifySymbolUses(SymbolTableCollection &tables) {
 LogicalResult AttendOp::verifySymbolUses(SymbolTableCollection &tables) {
   if (failed(checkMode(*this, getMode())))
     return failure();
-  auto cache = lookupStorage<KVCacheOp>(*this, tables, getCacheAttr(), "KV cache");
+  auto cache =
+      lookupStorage<KVCacheOp>(*this, tables, getCacheAttr(), "KV cache");
   if (failed(cache))
     return failure();
   KVCacheType type = cache->getType();
@@ -106,31 +108,33 @@ LogicalResult CausalConvOp::verifySymbolUses(SymbolTableCollection &tables) {
   if (failed(checkFeatures(*this, "input", getInput(), channels)) ||
       failed(checkWeight(*this, "conv", getWeight(),
                          {channels, 1, type.getConvWindow() + 1})) ||
-      (getBias() && failed(checkWeight(*this, "conv bias", getBias(), {channels}))))
+      (getBias() &&
+       failed(checkWeight(*this, "conv bias", getBias(), {channels}))))
     return failure();
   if (getType() != getInput().getType())
     return emitOpError() << "result type " << getType()
-                         << " differs from the input type " << getInput().getType();
+                         << " differs from the input type "
+                         << getInput().getType();
   return success();
 }
 
 template <typename SSMOp>
 static LogicalResult verifySSM(SSMOp op, SymbolTableCollection &tables) {
-  auto state = lookupStorage<MambaStateOp>(op, tables, op.getStateAttr(),
-                                           "Mamba state");
+  auto state =
+      lookupStorage<MambaStateOp>(op, tables, op.getStateAttr(), "Mamba state");
   if (failed(state))
     return failure();
   MambaStateType type = state->getType();
   int64_t nh = type.getNumHeads(), g = op.getNGroups();
   if (g <= 0 || nh % g != 0)
-    return op.emitOpError() << "n_groups (" << g << ") must divide num_heads ("
-                            << nh << ")";
+    return op.emitOpError()
+           << "n_groups (" << g << ") must divide num_heads (" << nh << ")";
   int64_t inner = nh * type.getHeadDim();
   int64_t convDim = inner + 2 * g * type.getStateSize();
   if (convDim != type.getConvDim())
-    return op.emitOpError() << "state has " << type.getConvDim()
-                            << " conv channels, expected " << convDim
-                            << " (x, B and C)";
+    return op.emitOpError()
+           << "state has " << type.getConvDim() << " conv channels, expected "
+           << convDim << " (x, B and C)";
   if (failed(checkFeatures(op, "xbc", op.getXbc(), convDim)) ||
       failed(checkFeatures(op, "dt", op.getDt(), nh)) ||
       failed(checkWeight(op, "dt_bias", op.getDtBias(), {nh})) ||

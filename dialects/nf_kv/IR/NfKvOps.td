@@ -118,7 +118,7 @@ def NfKv_CausalConvOp : NfKv_Op<"causal_conv",
                        AnyRankedTensor:$input, AnyRankedTensor:$weight,
                        Optional<AnyRankedTensor>:$bias, StrAttr:$mode);
   let results = (outs AnyRankedTensor:$result);
-  let assemblyFormat = "$state `,` $batch `,` $input `,` $weight (`,` $bias^ `:` type($bias))? attr-dict `:` type($input) `,` type($weight) `->` type($result)";
+  let assemblyFormat = "$state `,` operands attr-dict `:` functional-type(operands, results)";
 }
 
 class NfKv_SSMOp<string mnemonic, string summaryText, dag extraArgs = (ins)>

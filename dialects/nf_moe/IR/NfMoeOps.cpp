@@ -34,20 +34,23 @@ void NfMoeDialect::initialize() {
 
 static LogicalResult checkActivationKind(Operation *op, StringRef act) {
   if (act != "relu2")
-    return op->emitOpError() << "unsupported activation '" << act
-                             << "' (supported: relu2)";
+    return op->emitOpError()
+           << "unsupported activation '" << act << "' (supported: relu2)";
   return success();
 }
 
 LogicalResult RouterOp::verify() {
   int64_t hidden, experts, selection;
   if (failed(checkActivation(*this, "input", getInput().getType(), hidden)) ||
-      failed(checkActivation(*this, "scores", getScores().getType(), experts)) ||
+      failed(
+          checkActivation(*this, "scores", getScores().getType(), experts)) ||
       failed(checkActivation(*this, "selection scores",
                              getSelectionScores().getType(), selection)) ||
       failed(checkWeight(*this, "router", getWeight(), {experts, hidden})) ||
-      failed(checkWeight(*this, "correction_bias", getCorrectionBias(), {experts})) ||
-      failed(checkSameTokens(*this, getInput().getType(), getScores().getType())))
+      failed(checkWeight(*this, "correction_bias", getCorrectionBias(),
+                         {experts})) ||
+      failed(
+          checkSameTokens(*this, getInput().getType(), getScores().getType())))
     return failure();
   if (getScores().getType() != getSelectionScores().getType())
     return emitOpError() << "scores and selection scores differ in type";
@@ -66,10 +69,12 @@ LogicalResult SelectOp::verify() {
       failed(checkPositive(*this, "topk_group", tg)))
     return failure();
   if (k > experts)
-    return emitOpError() << "top_k (" << k << ") exceeds the number of experts ("
-                         << experts << ")";
+    return emitOpError() << "top_k (" << k
+                         << ") exceeds the number of experts (" << experts
+                         << ")";
   if (minK > k)
-    return emitOpError() << "min_k (" << minK << ") exceeds top_k (" << k << ")";
+    return emitOpError() << "min_k (" << minK << ") exceeds top_k (" << k
+                         << ")";
   if (experts % ng != 0 || tg > ng)
     return emitOpError() << "expert groups must satisfy n_group | experts and "
                          << "topk_group <= n_group";
@@ -106,13 +111,13 @@ static LogicalResult checkExpertGemm(Operation *op, Value input,
 LogicalResult ExpertUpOp::verify() {
   if (failed(checkActivationKind(*this, getActivation())))
     return failure();
-  return checkExpertGemm(*this, getInput(), getDispatch().getType(), getWeight(),
-                         getType());
+  return checkExpertGemm(*this, getInput(), getDispatch().getType(),
+                         getWeight(), getType());
 }
 
 LogicalResult ExpertDownOp::verify() {
-  return checkExpertGemm(*this, getInput(), getDispatch().getType(), getWeight(),
-                         getType());
+  return checkExpertGemm(*this, getInput(), getDispatch().getType(),
+                         getWeight(), getType());
 }
 
 LogicalResult SharedExpertOp::verify() {

@@ -1,4 +1,5 @@
-//===- NfMoeOps.h - the nf_moe dialect ----------------------------*- C++ -*-===//
+//===- NfMoeOps.h - the nf_moe dialect ----------------------------*- C++
+//-*-===//
 #pragma once
 
 #include "mlir/Bytecode/BytecodeOpInterface.h"

@@ -41,6 +41,11 @@ struct SeqSpan {
   int32_t slot = 0;
 };
 
+/// Work (multiply-adds or elements) below which kernels stay on the calling
+/// thread; process-wide. 0 parallelises everything (tests of threading).
+void setParallelThreshold(int64_t work);
+int64_t parallelThreshold();
+
 // ---------------------------------------------------------------------------
 // Dense building blocks
 
@@ -71,10 +76,10 @@ void mlpRelu2(const float *x, int64_t T, const WeightView &up,
 // Mamba2
 
 struct MambaShape {
-  int64_t numHeads = 0; // nh
-  int64_t headDim = 0;  // P
-  int64_t stateSize = 0; // N
-  int64_t nGroups = 0;  // G
+  int64_t numHeads = 0;   // nh
+  int64_t headDim = 0;    // P
+  int64_t stateSize = 0;  // N
+  int64_t nGroups = 0;    // G
   int64_t convKernel = 0; // K
   int64_t inner() const { return numHeads * headDim; }
   int64_t convDim() const { return inner() + 2 * nGroups * stateSize; }
@@ -179,8 +184,7 @@ int64_t maxExpertsPerToken(const RouterConfig &c);
 /// (0 <= k <= maxExpertsPerToken).
 void moeRoute(const float *x, int64_t T, int64_t H, const WeightView &gate,
               const WeightView &correctionBias, const RouterConfig &c,
-              int32_t k, std::span<const int32_t> kPerToken,
-              RouterOutput &out);
+              int32_t k, std::span<const int32_t> kPerToken, RouterOutput &out);
 
 /// Routed experts: out[t] = Σ_j w_j · down_e · relu(up_e · xe[t])² over the
 /// token's experts e = experts[t, j], accumulated in f32 in j order.

@@ -1,0 +1,60 @@
+//===- Pipeline.cpp - the nfc compile phases ------------------------------===//
+
+#include "Pipeline/Pipeline.h"
+
+#include "Transforms/Passes.h"
+#include "nf/IR/NfDialect.h"
+#include "nf_kv/IR/NfKvOps.h"
+#include "nf_moe/IR/NfMoeOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
+namespace nf::compiler {
+
+const std::vector<std::string> &phaseNames() {
+  static const std::vector<std::string> names = {"import", "outline", "lower",
+                                                 "pack",   "fuse",    "plan"};
+  return names;
+}
+
+std::optional<Phase> parsePhase(const std::string &name) {
+  const auto &names = phaseNames();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name)
+      return static_cast<Phase>(i);
+  return std::nullopt;
+}
+
+void buildPipeline(mlir::PassManager &pm, Phase last,
+                   const PipelineOptions &options) {
+  if (last >= Phase::Outline)
+    pm.addPass(createOutlineSteps());
+  if (last >= Phase::Lower) {
+    LowerMixersOptions mixers;
+    mixers.maxSequences = options.maxSequences;
+    mixers.pageSize = options.pageSize;
+    mixers.kvPages = options.kvPages;
+    pm.addPass(createLowerMixers(mixers));
+    LowerMoEOptions moe;
+    moe.policy = options.expertPolicy;
+    moe.minK = options.minExperts;
+    pm.addPass(createLowerMoE(moe));
+  }
+  if (last >= Phase::Pack)
+    pm.addPass(createPackWeights());
+  if (last >= Phase::Fuse)
+    pm.addPass(createFuseKernels());
+  if (last >= Phase::Plan) {
+    PlanMemoryOptions memory;
+    memory.maxTokens = options.maxTokens;
+    memory.maxSequences = options.maxSequences;
+    pm.addPass(createPlanMemory(memory));
+  }
+}
+
+void registerDialects(mlir::DialectRegistry &registry) {
+  registry.insert<mlir::nf::NfDialect, mlir::nf_kv::NfKvDialect,
+                  mlir::nf_moe::NfMoeDialect, mlir::func::FuncDialect>();
+}
+
+} // namespace nf::compiler

@@ -1,0 +1,36 @@
+//===- Pipeline.h - the nfc compile phases ----------------------*- C++ -*-===//
+#pragma once
+
+#include "mlir/Pass/PassManager.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace nf::compiler {
+
+/// Phases in pipeline order; `nfc compile --compile-to=<phase>` stops after
+/// one of them.
+enum class Phase { Import, Outline, Lower, Pack, Fuse, Plan };
+
+const std::vector<std::string> &phaseNames();
+std::optional<Phase> parsePhase(const std::string &name);
+
+struct PipelineOptions {
+  int64_t maxTokens = 2048;  // prefill step
+  int64_t maxSequences = 64; // decode step, and recurrent-state slots
+  int64_t pageSize = 16;
+  int64_t kvPages = 4096;
+  std::string expertPolicy = "topk";
+  int64_t minExperts = 1;
+};
+
+/// Adds the passes of every phase up to and including `last`.
+void buildPipeline(mlir::PassManager &pm, Phase last,
+                   const PipelineOptions &options);
+
+/// Registers the dialects every phase produces.
+void registerDialects(mlir::DialectRegistry &registry);
+
+} // namespace nf::compiler

@@ -1,0 +1,204 @@
+//===- FuseKernels.cpp - group compute ops into nf.kernel regions ---------===//
+//
+// Fusion is pattern-driven: each pattern starts at an op and follows its
+// users to the ops that one GPU kernel should compute together. Ops that no
+// pattern claims become single-op kernels, so after this pass every compute op
+// of a step lives in exactly one kernel and the step is a list of launches.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Transforms/Passes.h"
+#include "Transforms/StepUtils.h"
+
+#include "nf/IR/NfOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
+
+namespace nf::compiler {
+#define GEN_PASS_DEF_FUSEKERNELS
+#include "Transforms/Passes.h.inc"
+} // namespace nf::compiler
+
+using namespace mlir;
+namespace nfir = ::mlir::nf;
+namespace kv = ::mlir::nf_kv;
+namespace moe = ::mlir::nf_moe;
+
+namespace nf::compiler {
+namespace {
+
+/// The single user of `v`'s results, if it is an `OpTy`.
+template <typename OpTy> OpTy soleUser(Operation *op) {
+  Operation *user = nullptr;
+  for (Value result : op->getResults())
+    for (Operation *u : result.getUsers()) {
+      if (user && user != u)
+        return {};
+      user = u;
+    }
+  return user ? dyn_cast<OpTy>(user) : OpTy();
+}
+
+/// A user of `op`'s results of type `OpTy`, if there is exactly one such.
+template <typename OpTy> OpTy userOfType(Operation *op) {
+  OpTy found;
+  for (Value result : op->getResults())
+    for (Operation *u : result.getUsers())
+      if (auto t = dyn_cast<OpTy>(u)) {
+        if (found && found != t)
+          return {};
+        found = t;
+      }
+  return found;
+}
+
+bool isComputeOp(Operation *op) {
+  if (isa<nfir::WeightOp, nfir::KernelOp, func::ReturnOp>(op))
+    return false;
+  return isa<nfir::NfDialect, kv::NfKvDialect, moe::NfMoeDialect>(
+      op->getDialect());
+}
+
+std::string kernelName(Operation *op) {
+  std::string name = op->getName().getStringRef().str();
+  for (char &c : name)
+    if (c == '.')
+      c = '_';
+  return name;
+}
+
+struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
+  void runOnOperation() override {
+    for (auto func : getOperation().getOps<func::FuncOp>())
+      if (!stepPhase(func).empty())
+        fuseStep(func);
+  }
+
+  void fuseStep(func::FuncOp func) {
+    Block &entry = func.getBody().front();
+    // Weights first: they are kernel operands, never kernel contents.
+    SmallVector<nfir::WeightOp> weights(entry.getOps<nfir::WeightOp>());
+    for (nfir::WeightOp w : llvm::reverse(weights))
+      w->moveBefore(&entry, entry.begin());
+
+    SmallVector<Operation *> ops;
+    for (Operation &op : entry)
+      if (isComputeOp(&op))
+        ops.push_back(&op);
+    llvm::DenseSet<Operation *> claimed;
+    SmallVector<std::pair<SmallVector<Operation *>, std::string>> groups;
+    for (Operation *op : ops) {
+      if (claimed.contains(op))
+        continue;
+      auto [group, name] = match(op);
+      if (group.empty() || llvm::any_of(group, [&](Operation *o) {
+            return claimed.contains(o);
+          }))
+        group = {op}, name = kernelName(op);
+      claimed.insert(group.begin(), group.end());
+      groups.push_back({group, name});
+    }
+    for (auto &[group, name] : groups)
+      if (!outline(group, name))
+        for (Operation *op : group) // could not fuse: one kernel per op
+          outline({op}, kernelName(op));
+  }
+
+  /// The fused group starting at `op`, with its kernel name, or {}.
+  std::pair<SmallVector<Operation *>, std::string> match(Operation *op) {
+    if (auto add = dyn_cast<nfir::AddOp>(op))
+      if (auto norm = userOfType<nfir::RMSNormOp>(add))
+        return {{add, norm}, "add_rms_norm"};
+    if (auto router = dyn_cast<moe::RouterOp>(op))
+      if (auto select = soleUser<moe::SelectOp>(router))
+        if (auto dispatch = userOfType<moe::DispatchOp>(select))
+          return {{router, select, dispatch}, "moe_route"};
+    if (isa<moe::ExpertUpOp>(op))
+      return {{op}, "moe_expert_up_relu2"};
+    if (auto down = dyn_cast<moe::ExpertDownOp>(op))
+      if (auto combine = soleUser<moe::CombineOp>(down))
+        return {{down, combine}, "moe_expert_down_combine"};
+    if (auto conv = dyn_cast<kv::CausalConvOp>(op);
+        conv && conv.getMode() == "decode")
+      if (auto ssm = soleUser<kv::SSMUpdateOp>(conv))
+        if (auto norm = soleUser<nfir::GatedRMSNormOp>(ssm))
+          return {{conv, ssm, norm}, "mamba_decode"};
+    if (isa<kv::SSMScanOp>(op))
+      return {{op}, "mamba_ssd_scan"};
+    if (auto linear = dyn_cast<nfir::LinearOp>(op)) {
+      if (auto split = soleUser<nfir::SplitOp>(linear)) {
+        if (auto append = userOfType<kv::AppendOp>(split))
+          return {{linear, split, append}, "qkv_proj_append"};
+        return {{linear, split}, "linear_split"};
+      }
+      if (auto act = soleUser<nfir::ActivationOp>(linear))
+        return {{linear, act}, "linear_" + act.getKind().str()};
+    }
+    return {};
+  }
+
+  /// Moves `group` into one nf.kernel; false (IR untouched) when a value the
+  /// group produces is used before the group's last op.
+  bool outline(ArrayRef<Operation *> group, StringRef name) {
+    SmallVector<Operation *> ops(group.begin(), group.end());
+    llvm::sort(
+        ops, [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
+    llvm::SmallPtrSet<Operation *, 4> inGroup(ops.begin(), ops.end());
+    Operation *last = ops.back();
+
+    llvm::SetVector<Value> inputs;
+    SmallVector<Value> outputs;
+    for (Operation *op : ops) {
+      for (Value operand : op->getOperands())
+        if (!inGroup.contains(operand.getDefiningOp()))
+          inputs.insert(operand);
+      for (Value result : op->getResults()) {
+        bool usedOutside = false;
+        for (Operation *user : result.getUsers()) {
+          if (inGroup.contains(user))
+            continue;
+          if (user->getBlock() == last->getBlock() &&
+              user->isBeforeInBlock(last))
+            return false;
+          usedOutside = true;
+        }
+        if (usedOutside)
+          outputs.push_back(result);
+      }
+    }
+
+    OpBuilder b(last);
+    SmallVector<Location> locs;
+    for (Operation *op : ops)
+      locs.push_back(op->getLoc());
+    Location loc = b.getFusedLoc(locs);
+    SmallVector<Type> resultTypes;
+    for (Value v : outputs)
+      resultTypes.push_back(v.getType());
+    auto kernel =
+        nfir::KernelOp::create(b, loc, resultTypes, inputs.getArrayRef(),
+                               b.getStringAttr(name), DenseI64ArrayAttr());
+    Block *body = new Block();
+    kernel.getBody().push_back(body);
+    IRMapping map;
+    for (Value in : inputs)
+      map.map(in, body->addArgument(in.getType(), in.getLoc()));
+    OpBuilder kb = OpBuilder::atBlockEnd(body);
+    for (Operation *op : ops)
+      kb.clone(*op, map);
+    SmallVector<Value> yielded;
+    for (Value v : outputs)
+      yielded.push_back(map.lookup(v));
+    nfir::YieldOp::create(kb, loc, yielded);
+    for (auto [v, r] : llvm::zip(outputs, kernel.getResults()))
+      v.replaceAllUsesWith(r);
+    for (Operation *op : llvm::reverse(ops))
+      op->erase();
+    return true;
+  }
+};
+
+} // namespace
+} // namespace nf::compiler

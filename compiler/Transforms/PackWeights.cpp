@@ -1,0 +1,95 @@
+//===- PackWeights.cpp - fuse linears over concatenated weights -----------===//
+
+#include "Transforms/Passes.h"
+
+#include "nf/IR/NfOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/MapVector.h"
+
+namespace nf::compiler {
+#define GEN_PASS_DEF_PACKWEIGHTS
+#include "Transforms/Passes.h.inc"
+} // namespace nf::compiler
+
+using namespace mlir;
+namespace nfir = ::mlir::nf;
+
+namespace nf::compiler {
+namespace {
+
+/// A plain (unstacked, unpacked) weight that can be concatenated.
+nfir::WeightOp plainWeight(Value v) {
+  auto w = v.getDefiningOp<nfir::WeightOp>();
+  if (!w || w.getStacked() || w.getConcatRows() ||
+      w.getResult().getType().getRank() != 2)
+    return {};
+  return w;
+}
+
+struct PackWeightsPass : impl::PackWeightsBase<PackWeightsPass> {
+  void runOnOperation() override {
+    SmallVector<Block *> blocks;
+    getOperation().walk([&](Block *block) { blocks.push_back(block); });
+    for (Block *block : blocks) {
+      // Linears grouped by input, in program order.
+      llvm::MapVector<Value, SmallVector<nfir::LinearOp>> byInput;
+      for (auto linear : block->getOps<nfir::LinearOp>())
+        if (plainWeight(linear.getWeight()))
+          byInput[linear.getInput()].push_back(linear);
+      for (auto &[input, group] : byInput)
+        if (group.size() > 1 && compatible(group))
+          fuse(group);
+    }
+  }
+
+  static bool compatible(MutableArrayRef<nfir::LinearOp> group) {
+    auto first = plainWeight(group[0].getWeight()).getResult().getType();
+    return llvm::all_of(group, [&](nfir::LinearOp op) {
+      auto t = plainWeight(op.getWeight()).getResult().getType();
+      return t.getElementType() == first.getElementType() &&
+             t.getDimSize(1) == first.getDimSize(1);
+    });
+  }
+
+  void fuse(MutableArrayRef<nfir::LinearOp> group) {
+    OpBuilder b(group.front());
+    SmallVector<Attribute> names;
+    SmallVector<int64_t> weightRows;
+    for (nfir::LinearOp op : group) {
+      auto w = plainWeight(op.getWeight());
+      names.push_back(w.getTensors()[0]);
+      weightRows.push_back(w.getResult().getType().getDimSize(0));
+    }
+    int64_t total = 0;
+    for (int64_t r : weightRows)
+      total += r;
+    auto first = plainWeight(group[0].getWeight()).getResult().getType();
+    auto packedType = RankedTensorType::get({total, first.getDimSize(1)},
+                                            first.getElementType());
+    Location loc = b.getFusedLoc(llvm::to_vector(
+        llvm::map_range(group, [](nfir::LinearOp op) { return op.getLoc(); })));
+    auto packed =
+        nfir::WeightOp::create(b, loc, packedType, b.getArrayAttr(names),
+                               UnitAttr(), b.getDenseI64ArrayAttr(weightRows));
+    auto resultType =
+        RankedTensorType::get({ShapedType::kDynamic, total}, b.getF32Type());
+    Value fused =
+        nfir::LinearOp::create(b, loc, resultType, group[0].getInput(), packed);
+    SmallVector<Type> types;
+    for (nfir::LinearOp op : group)
+      types.push_back(op.getType());
+    auto split = nfir::SplitOp::create(b, loc, types, fused,
+                                       b.getDenseI64ArrayAttr(weightRows));
+    for (auto [op, result] : llvm::zip(group, split.getResults())) {
+      Operation *weight = op.getWeight().getDefiningOp();
+      op.getResult().replaceAllUsesWith(result);
+      op.erase();
+      if (weight->use_empty())
+        weight->erase();
+    }
+  }
+};
+
+} // namespace
+} // namespace nf::compiler

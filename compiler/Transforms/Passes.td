@@ -1,0 +1,96 @@
+//===- Passes.td - nf compiler passes ----------------------*- tablegen -*-===//
+//
+// The lowering pipeline, in order: outline steps, lower mixers, lower MoE,
+// pack weights, fuse kernels, plan memory. Each pass keeps the IR verifying.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef NF_TRANSFORMS_PASSES_TD
+#define NF_TRANSFORMS_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def OutlineSteps : Pass<"nf-outline-steps", "mlir::ModuleOp"> {
+  let summary = "Turns each nf.model into prefill and decode step functions";
+  let description = [{
+    A model describes one whole sequence; the runtime executes steps over a
+    batch of sequences. Each `nf.model` becomes `func.func @prefill` and
+    `func.func @decode` taking the step's token ids, its `!nf_kv.batch` and
+    the per-token expert budget, and returning logits. The model's
+    attributes move to the module as `nf.model`.
+  }];
+  let dependentDialects = ["mlir::func::FuncDialect", "mlir::nf_kv::NfKvDialect"];
+}
+
+def LowerMixers : Pass<"nf-lower-mixers", "mlir::ModuleOp"> {
+  let summary = "Lowers Mamba2, attention and MLP mixers to nf_kv and compute ops";
+  let description = [{
+    Declares the per-layer storage (`nf_kv.mamba_state`, `nf_kv.kv_cache`)
+    and rewrites each mixer of a step function for its phase: Mamba2 into
+    in_proj, split, causal conv, SSM update (decode) or chunked scan
+    (prefill), gated norm and out_proj; attention into projections, K/V
+    append, attend and o_proj; the MLP into linear, relu2, linear.
+  }];
+  let options = [
+    Option<"maxSequences", "max-sequences", "int64_t", /*default=*/"64",
+           "Recurrent-state slots (sequences in flight)">,
+    Option<"pageSize", "page-size", "int64_t", /*default=*/"16",
+           "Tokens per KV-cache page">,
+    Option<"kvPages", "kv-pages", "int64_t", /*default=*/"4096",
+           "KV-cache pages per attention layer">,
+  ];
+  let dependentDialects = ["mlir::nf_kv::NfKvDialect"];
+}
+
+def LowerMoE : Pass<"nf-lower-moe", "mlir::ModuleOp"> {
+  let summary = "Lowers nf.moe to router, run-time selection, dispatch, grouped experts and combine";
+  let options = [
+    Option<"policy", "policy", "std::string", /*default=*/"\"topk\"",
+           "Expert selection policy: topk or budget">,
+    Option<"minK", "min-k", "int64_t", /*default=*/"1",
+           "Fewest experts per token the budget policy may use">,
+  ];
+  let dependentDialects = ["mlir::nf_moe::NfMoeDialect"];
+}
+
+def PackWeights : Pass<"nf-pack-weights", "mlir::ModuleOp"> {
+  let summary = "Fuses linears that share an input into one over concatenated weights";
+  let description = [{
+    A weight layout decision: q/k/v projections reading the same input
+    become one GEMM over a `concat_rows` weight followed by a split. The
+    runtime packs the concatenated weight at load time.
+  }];
+}
+
+def FuseKernels : Pass<"nf-fuse-kernels", "mlir::ModuleOp"> {
+  let summary = "Groups the compute ops of each step into nf.kernel regions";
+  let description = [{
+    One region per future GPU kernel: residual add + RMSNorm; router +
+    selection + dispatch; expert up-projection + relu2; down-projection +
+    weighted combine; Mamba2 conv + SSM update + gated norm (decode); the
+    chunked SSD scan (prefill); QKV projection + split + K/V append. Every
+    other compute op gets a kernel of its own. Weights stay outside as
+    kernel operands.
+  }];
+}
+
+def PlanMemory : Pass<"nf-plan-memory", "mlir::ModuleOp"> {
+  let summary = "Assigns every kernel result an offset in one arena by liveness";
+  let description = [{
+    Bounds each dynamic dimension by the step's maximum tokens (expert
+    assignments: tokens times top-k), then places buffers first-fit in
+    decreasing size order so that buffers with overlapping live ranges never
+    overlap. Records `arena_offsets` on each kernel and `nf.arena_bytes`,
+    `nf.no_reuse_bytes` and `nf.max_tokens` on each step function.
+  }];
+  let options = [
+    Option<"maxTokens", "max-tokens", "int64_t", /*default=*/"2048",
+           "Most tokens in one prefill step">,
+    Option<"maxSequences", "max-sequences", "int64_t", /*default=*/"64",
+           "Most sequences (tokens) in one decode step">,
+    Option<"alignment", "alignment", "int64_t", /*default=*/"256",
+           "Byte alignment of every buffer">,
+  ];
+}
+
+#endif // NF_TRANSFORMS_PASSES_TD

@@ -1,0 +1,164 @@
+//===- PlanMemory.cpp - liveness-based arena offsets ----------------------===//
+//
+// Every kernel result of a step is a buffer in one arena. A buffer lives from
+// the kernel that writes it to the last kernel (or return) that reads it.
+// Buffers are placed first-fit in decreasing size order; two buffers share
+// bytes only if their live ranges are disjoint.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Transforms/Passes.h"
+#include "Transforms/StepUtils.h"
+
+#include "nf/IR/NfOps.h"
+
+#include "mlir/IR/Builders.h"
+
+#include <algorithm>
+
+namespace nf::compiler {
+#define GEN_PASS_DEF_PLANMEMORY
+#include "Transforms/Passes.h.inc"
+} // namespace nf::compiler
+
+using namespace mlir;
+namespace nfir = ::mlir::nf;
+namespace moe = ::mlir::nf_moe;
+
+namespace nf::compiler {
+namespace {
+
+struct Buffer {
+  nfir::KernelOp kernel;
+  unsigned result;
+  int64_t bytes;
+  int64_t begin, end; // live range in kernel indices, inclusive
+  int64_t offset = -1;
+};
+
+int64_t alignTo(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    if (alignment <= 0 || (alignment & (alignment - 1))) {
+      getOperation().emitError()
+          << "nf-plan-memory: alignment must be a power of two";
+      return signalPassFailure();
+    }
+    for (auto func : getOperation().getOps<func::FuncOp>()) {
+      StringRef phase = stepPhase(func);
+      if (phase.empty())
+        continue;
+      int64_t rows = phase == "decode" ? maxSequences : maxTokens;
+      if (rows <= 0) {
+        func.emitOpError() << "max tokens must be positive, got " << rows;
+        return signalPassFailure();
+      }
+      if (failed(plan(func, rows)))
+        return signalPassFailure();
+    }
+  }
+
+  /// Bytes of `v`, the `index`-th result of `kernel`, with `rows` tokens.
+  FailureOr<int64_t> bufferBytes(nfir::KernelOp kernel, unsigned index,
+                                 int64_t rows) {
+    Value v = kernel.getResult(index);
+    // Expert FFN rows are (token, expert) assignments: tokens * top-k.
+    auto yield = cast<nfir::YieldOp>(kernel.getBody().front().getTerminator());
+    Operation *def = yield.getValues()[index].getDefiningOp();
+    if (auto d = dyn_cast<moe::DispatchType>(v.getType())) {
+      // permutation + token of each assignment + per-expert offsets (i32).
+      int64_t assignments = rows * d.getMaxPerToken();
+      return 4 * (2 * assignments + d.getNumExperts() + 1);
+    }
+    auto type = dyn_cast<RankedTensorType>(v.getType());
+    if (!type || !type.getElementType().isIntOrFloat())
+      return kernel.emitOpError() << "result " << index << " of type "
+                                  << v.getType() << " has no known size";
+    int64_t dynamicRows = rows;
+    if (isa_and_nonnull<moe::ExpertUpOp, moe::ExpertDownOp>(def))
+      dynamicRows *= cast<moe::DispatchType>(def->getOperand(1).getType())
+                         .getMaxPerToken();
+    int64_t elements = 1;
+    for (int64_t d : type.getShape())
+      elements *= ShapedType::isDynamic(d) ? dynamicRows : d;
+    return elements * ((type.getElementTypeBitWidth() + 7) / 8);
+  }
+
+  LogicalResult plan(func::FuncOp func, int64_t rows) {
+    SmallVector<nfir::KernelOp> kernels(
+        func.getBody().front().getOps<nfir::KernelOp>());
+    llvm::DenseMap<Operation *, int64_t> index;
+    for (auto [i, k] : llvm::enumerate(kernels))
+      index[k] = i;
+    const int64_t returnIndex = kernels.size();
+
+    std::vector<Buffer> buffers;
+    for (auto [i, kernel] : llvm::enumerate(kernels))
+      for (unsigned r = 0; r < kernel.getNumResults(); ++r) {
+        auto bytes = bufferBytes(kernel, r, rows);
+        if (failed(bytes))
+          return failure();
+        int64_t end = i;
+        for (Operation *user : kernel.getResult(r).getUsers()) {
+          auto it = index.find(user);
+          end = std::max(end, it == index.end() ? returnIndex : it->second);
+        }
+        buffers.push_back(
+            {kernel, r, alignTo(*bytes, alignment), (int64_t)i, end});
+      }
+
+    // First fit, largest first; ties by start so the result is deterministic.
+    std::vector<Buffer *> order;
+    for (Buffer &b : buffers)
+      order.push_back(&b);
+    std::stable_sort(order.begin(), order.end(), [](Buffer *a, Buffer *b) {
+      return a->bytes != b->bytes ? a->bytes > b->bytes : a->begin < b->begin;
+    });
+    std::vector<Buffer *> placed;
+    int64_t arena = 0, noReuse = 0;
+    for (Buffer *buf : order) {
+      std::vector<std::pair<int64_t, int64_t>> busy;
+      for (Buffer *p : placed)
+        if (p->begin <= buf->end && buf->begin <= p->end)
+          busy.push_back({p->offset, p->offset + p->bytes});
+      std::sort(busy.begin(), busy.end());
+      int64_t offset = 0;
+      for (auto [lo, hi] : busy) {
+        if (offset + buf->bytes <= lo)
+          break;
+        offset = std::max(offset, hi);
+      }
+      buf->offset = offset;
+      placed.push_back(buf);
+      arena = std::max(arena, offset + buf->bytes);
+      noReuse += buf->bytes;
+    }
+
+    // The invariant the runtime relies on, checked rather than assumed.
+    for (const Buffer &x : buffers)
+      for (const Buffer &y : buffers)
+        if (&x < &y && x.begin <= y.end && y.begin <= x.end &&
+            x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes)
+          return nfir::KernelOp(x.kernel).emitOpError()
+                 << "memory plan overlaps two live buffers (internal error)";
+
+    Builder b(func.getContext());
+    for (nfir::KernelOp kernel : kernels) {
+      SmallVector<int64_t> offsets;
+      for (const Buffer &buf : buffers)
+        if (buf.kernel == kernel)
+          offsets.push_back(buf.offset);
+      kernel.setArenaOffsetsAttr(b.getDenseI64ArrayAttr(offsets));
+    }
+    func->setAttr("nf.arena_bytes", b.getI64IntegerAttr(arena));
+    func->setAttr("nf.no_reuse_bytes", b.getI64IntegerAttr(noReuse));
+    func->setAttr("nf.max_tokens", b.getI64IntegerAttr(rows));
+    return success();
+  }
+};
+
+} // namespace
+} // namespace nf::compiler

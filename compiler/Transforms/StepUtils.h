@@ -1,0 +1,23 @@
+//===- StepUtils.h - step functions made by nf-outline-steps ----*- C++ -*-===//
+//
+// A step function is a func.func with `nf.phase` ("prefill" or "decode") whose
+// arguments carry `nf.arg` roles: "tokens", "batch", "expert_budget".
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
+namespace nf::compiler {
+
+inline constexpr llvm::StringLiteral kPhaseAttr = "nf.phase";
+inline constexpr llvm::StringLiteral kArgRoleAttr = "nf.arg";
+
+/// The phase of a step function, or "" for any other function.
+llvm::StringRef stepPhase(mlir::func::FuncOp func);
+/// The argument of `func` with role `role`, or null.
+mlir::Value stepArgument(mlir::func::FuncOp func, llvm::StringRef role);
+/// The step function enclosing `op`, or null.
+mlir::func::FuncOp enclosingStep(mlir::Operation *op);
+
+} // namespace nf::compiler

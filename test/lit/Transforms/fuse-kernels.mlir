@@ -1,0 +1,54 @@
+// RUN: nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers --nf-lower-moe --nf-pack-weights --nf-fuse-kernels | FileCheck %s
+// RUN: nf-opt %s --nf-fuse-kernels | FileCheck %s --check-prefix=PLAIN
+
+// Every compute op of a step ends up in exactly one kernel; weights stay
+// outside as operands.
+// CHECK-LABEL: func.func @prefill
+// CHECK-COUNT-27: nf.weight
+// CHECK: nf.kernel "nf_embed"
+// CHECK: nf.kernel "nf_rms_norm"
+// CHECK: nf.kernel "linear_split"
+// CHECK: nf.kernel "nf_kv_causal_conv"
+// CHECK: nf.kernel "mamba_ssd_scan"
+// CHECK: nf.kernel "nf_gated_rms_norm"
+// CHECK: nf.kernel "nf_linear"
+// CHECK: %[[AN:.*]]:2 = nf.kernel "add_rms_norm"
+// CHECK-NEXT: ^bb0(%[[A0:.*]]: tensor<?x16xf32>, %[[A1:.*]]: tensor<?x16xf32>, %[[A2:.*]]: tensor<16xf32>):
+// CHECK-NEXT: %[[SUM:.*]] = nf.add %[[A0]], %[[A1]]
+// CHECK-NEXT: %[[NORM:.*]] = nf.rms_norm %[[SUM]], %[[A2]]
+// CHECK-NEXT: nf.yield %[[SUM]], %[[NORM]]
+// CHECK: nf.kernel "qkv_proj_append"(%[[AN]]#1,
+// CHECK: nf.linear
+// CHECK-NEXT: nf.split
+// CHECK-NEXT: nf_kv.append
+// CHECK: nf.kernel "nf_kv_attend"
+// CHECK: nf.kernel "linear_relu2"
+// CHECK: nf.kernel "moe_route"
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: nf_moe.router
+// CHECK-NEXT: nf_moe.select
+// CHECK-NEXT: nf_moe.dispatch
+// CHECK: nf.kernel "moe_expert_up_relu2"
+// CHECK: nf.kernel "moe_expert_down_combine"
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: nf_moe.expert_down
+// CHECK-NEXT: nf_moe.combine
+// CHECK: nf.kernel "nf_lm_head"
+// CHECK: return
+
+// Decode fuses conv, state update and gated norm into one kernel.
+// CHECK-LABEL: func.func @decode
+// CHECK: nf.kernel "mamba_decode"
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: nf_kv.causal_conv {{.*}}mode = "decode"
+// CHECK-NEXT: nf_kv.ssm_update
+// CHECK-NEXT: nf.gated_rms_norm
+// CHECK-NEXT: nf.yield
+
+// Functions that are not steps are left alone.
+// PLAIN-LABEL: func.func @not_a_step
+// PLAIN-NOT: nf.kernel
+func.func @not_a_step(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
+  %0 = nf.add %x, %x : tensor<?x4xf32>
+  return %0 : tensor<?x4xf32>
+}
