@@ -7,8 +7,8 @@
 //     GPT-2 pattern), "Split" (Regex or String pattern, every behavior,
 //     invert), "Digits", and "Sequence" of those. Split patterns run on a
 //     small backtracking engine with Oniguruma's meaning of \s, \d, \w,
-//     \p{..} (Unicode general categories), lookahead and (?i:..) (simple case
-//     folding only);
+//     \p{..} (Unicode 16.0 general categories, as in `tokenizers` 0.23),
+//     lookahead and (?i:..) (simple case folding only);
 //   - model: "BPE" with vocab, merges ("a b" strings or [a, b] pairs),
 //     unk_token, fuse_unk, byte_fallback, ignore_merges,
 //     continuing_subword_prefix, end_of_word_suffix (dropout must be null/0);
@@ -79,7 +79,7 @@ public:
   /// The path (or source name) the tokenizer was loaded from.
   const std::string &source() const;
 
-  struct Impl;
+  struct Impl; // implementation detail (runtime/src/tokenizer.cpp)
 
 private:
   explicit Tokenizer(std::shared_ptr<const Impl> impl)

@@ -1,0 +1,12 @@
+// Version of the plan format (runtime/schema/plan.fbs) that this build writes
+// and reads. A reader accepts plans of its major version and of a minor
+// version up to its own.
+#pragma once
+
+#include <cstdint>
+
+namespace nf {
+inline constexpr uint32_t kPlanVersionMajor = 1;
+inline constexpr uint32_t kPlanVersionMinor = 0;
+inline constexpr char kPlanFileIdentifier[] = "NFPL";
+} // namespace nf
