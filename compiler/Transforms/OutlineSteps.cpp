@@ -39,6 +39,18 @@ struct OutlineStepsPass : impl::OutlineStepsBase<OutlineStepsPass> {
 
     // Model-level facts the runtime needs move to the module.
     NamedAttrList info(model->getAttrDictionary());
+    // One letter per layer, in order: what the plan reports and checks.
+    std::string kinds;
+    for (Operation &op : body)
+      if (isa<mlir::nf::Mamba2Op>(op))
+        kinds += 'M';
+      else if (isa<mlir::nf::AttentionOp>(op))
+        kinds += '*';
+      else if (isa<mlir::nf::MLPOp>(op))
+        kinds += '-';
+      else if (isa<mlir::nf::MoEOp>(op))
+        kinds += 'E';
+    info.set("layer_kinds", b.getStringAttr(kinds));
     module->setAttr("nf.model", info.getDictionary(ctx));
 
     auto tokens = body.getArgument(0).getType();

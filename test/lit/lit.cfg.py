@@ -18,3 +18,4 @@ config.substitutions.append(("%fixtures", os.path.join(config.nf_test_data, "fix
 config.substitutions.append(("%broken", os.path.join(config.nf_test_data, "broken")))
 config.substitutions.append(("%examples", config.nf_examples))
 config.substitutions.append(("%python", sys.executable))
+config.substitutions.append(("%flatbuffers_schema", os.path.join(config.nf_src_root, "runtime", "schema", "plan.fbs")))

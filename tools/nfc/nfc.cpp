@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Pipeline/Pipeline.h"
+#include "Plan/PlanWriter.h"
 #include "import/Importer.h"
 #include "nf/IR/NfOps.h"
 
@@ -115,15 +116,21 @@ private:
 };
 
 struct CompileFlags {
-  std::string input, output = "-", compileTo = "plan";
+  std::string input, output = "-", compileTo;
   bool printIrAfterAll = false, timing = false, generic = false;
   nf::compiler::PipelineOptions pipeline;
 };
 
 int runCompile(const CompileFlags &flags) {
-  auto phase = nf::compiler::parsePhase(flags.compileTo);
+  // Without --compile-to the whole pipeline runs and a plan is written.
+  const bool emitPlan = flags.compileTo.empty();
+  auto phase = emitPlan ? nf::compiler::Phase::Plan
+                        : nf::compiler::parsePhase(flags.compileTo);
   if (!phase)
     return fail("--compile-to: unknown phase '" + flags.compileTo + "'");
+  if (emitPlan && flags.output == "-")
+    return fail("a plan is binary: write it to a file with -o plan.nfb "
+                "(or print IR with --compile-to=<phase>)");
   mlir::DialectRegistry registry;
   nf::compiler::registerDialects(registry);
   mlir::MLIRContext context(registry);
@@ -173,6 +180,17 @@ int runCompile(const CompileFlags &flags) {
                 << noReuse << " bytes ("
                 << (noReuse ? 100.0 * arena.getInt() / noReuse : 0.0) << "%)\n";
     }
+
+  if (emitPlan) {
+    auto plan =
+        nf::compiler::writePlan(*module, std::string("nfc ") + NF_VERSION);
+    if (!plan)
+      return fail(flags.input + ": " + plan.message());
+    std::string bytes(plan->begin(), plan->end());
+    if (auto st = writeOutput(flags.output, bytes); !st)
+      return fail(st.message());
+    return 0;
+  }
 
   std::string text;
   llvm::raw_string_ostream os(text);
