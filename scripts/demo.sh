@@ -1,12 +1,44 @@
 #!/usr/bin/env bash
 # The main job: install dependencies, build, import the bundled demo model
-# (examples/pydoc-moe) and print it in the nf dialect.
+# (examples/pydoc-moe), compile it into an execution plan and generate text
+# from a few prompts with nfrun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
 mkdir -p build/demo
+
+echo "== nfc import examples/pydoc-moe -> build/demo/pydoc-moe.mlir =="
 build/bin/nfc import examples/pydoc-moe -o build/demo/pydoc-moe.mlir
-echo "== build/demo/pydoc-moe.mlir (first lines) =="
-grep -v 'nf.weight stacked' build/demo/pydoc-moe.mlir | head -n 40
+grep -v 'nf.weight stacked' build/demo/pydoc-moe.mlir | head -n 20
 echo "== $(grep -c '^ *%' build/demo/pydoc-moe.mlir) ops; full model in build/demo/pydoc-moe.mlir =="
+
+echo "== nfc compile build/demo/pydoc-moe.mlir -> build/demo/pydoc-moe.nfb =="
+build/bin/nfc compile build/demo/pydoc-moe.mlir -o build/demo/pydoc-moe.nfb
+
+if [ ! -x build/bin/nfrun ]; then
+  echo "== build/bin/nfrun was not built: skipping generation =="
+  exit 0
+fi
+echo "== nfrun inspect build/demo/pydoc-moe.nfb =="
+build/bin/nfrun inspect build/demo/pydoc-moe.nfb
+
+# Greedy continuations (the prompt, then the generated text); the tok/s
+# line goes to stderr.
+prompts=(
+  "The Python tutorial"
+  "A list comprehension"
+  $'def main():\n    '
+)
+for prompt in "${prompts[@]}"; do
+  echo "== nfrun generate --prompt $(printf '%q' "$prompt") --max-tokens 48 =="
+  printf '%s' "$prompt"
+  build/bin/nfrun generate build/demo/pydoc-moe.nfb --weights examples/pydoc-moe \
+    --prompt "$prompt" --max-tokens 48
+done
+
+echo "== sampled: --temperature 0.8 --top-p 0.95 --seed 7 =="
+printf '%s' "To install a package,"
+build/bin/nfrun generate build/demo/pydoc-moe.nfb --weights examples/pydoc-moe \
+  --prompt "To install a package," --max-tokens 48 \
+  --temperature 0.8 --top-p 0.95 --seed 7

@@ -125,7 +125,8 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
   auto bufferValue = [&](Value v, Operation *def, int64_t offset,
                          int64_t &bytes) -> StatusOr<fb::Offset<pl::Value>> {
     if (auto d = dyn_cast<moe::DispatchType>(v.getType())) {
-      bytes = 4 * (2 * rows * d.getMaxPerToken() + d.getNumExperts() + 1);
+      bytes =
+          alignTo(4 * (2 * rows * d.getMaxPerToken() + d.getNumExperts() + 1));
       return pl::CreateValue(b, pl::ValueKind::Dispatch, pl::DType::I32,
                              pl::Rows::Assignments, 0, offset, bytes, -1,
                              d.getNumExperts(), d.getMaxPerToken());
@@ -180,8 +181,11 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
     auto idx = weightIndex(w);
     if (!idx)
       return idx.status();
-    add(w.getResult(), pl::CreateValue(b, pl::ValueKind::Weight, pl::DType::F32,
-                                       pl::Rows::None, 0, -1, 0, *idx));
+    auto dtype = dtypeOf(w.getResult().getType().getElementType());
+    add(w.getResult(),
+        pl::CreateValue(b, pl::ValueKind::Weight,
+                        succeeded(dtype) ? *dtype : pl::DType::F32,
+                        pl::Rows::None, 0, -1, 0, *idx));
   }
 
   std::vector<fb::Offset<pl::Kernel>> kernels;

@@ -210,14 +210,20 @@ std::vector<WeightView> splitExperts(const WeightView &stacked) {
 // StateCache
 
 StatusOr<StateCache> StateCache::create(const ModelDesc &m, int32_t numSlots) {
+  std::vector<MambaShape> shapes;
+  for (const LayerDesc &l : m.layers)
+    if (l.kind == LayerKind::Mamba)
+      shapes.push_back(l.mamba.shape);
+  return create(shapes, numSlots);
+}
+
+StatusOr<StateCache> StateCache::create(std::span<const MambaShape> layers,
+                                        int32_t numSlots) {
   if (numSlots <= 0)
     return Status::error("state cache: numSlots must be positive");
   try {
     StateCache c;
-    for (const LayerDesc &l : m.layers) {
-      if (l.kind != LayerKind::Mamba)
-        continue;
-      const MambaShape &s = l.mamba.shape;
+    for (const MambaShape &s : layers) {
       c.shapes_.push_back(s);
       c.conv_.emplace_back(static_cast<size_t>(s.convStateSize() * numSlots),
                            0.0f);
@@ -278,17 +284,24 @@ float *StateCache::ssm(int32_t l, int32_t slot) {
 
 StatusOr<KvCache> KvCache::create(const ModelDesc &m, int32_t numPages,
                                   int32_t pageSize) {
+  std::vector<KvLayerShape> shapes;
+  for (const LayerDesc &l : m.layers)
+    if (l.kind == LayerKind::Attention)
+      shapes.push_back({l.attention.numKvHeads, l.attention.headDim});
+  return create(shapes, numPages, pageSize);
+}
+
+StatusOr<KvCache> KvCache::create(std::span<const KvLayerShape> layers,
+                                  int32_t numPages, int32_t pageSize) {
   if (numPages <= 0 || pageSize <= 0)
     return Status::error("kv cache: numPages and pageSize must be positive");
   try {
     KvCache c;
     c.pageSize_ = pageSize;
-    for (const LayerDesc &l : m.layers) {
-      if (l.kind != LayerKind::Attention)
-        continue;
+    for (const KvLayerShape &shape : layers) {
       Storage s;
-      s.numKvHeads = l.attention.numKvHeads;
-      s.headDim = l.attention.headDim;
+      s.numKvHeads = shape.numKvHeads;
+      s.headDim = shape.headDim;
       const size_t n = static_cast<size_t>(numPages) * pageSize *
                        static_cast<size_t>(s.numKvHeads * s.headDim);
       s.k.assign(n, 0.0f);
@@ -359,10 +372,25 @@ PagedKvLayer KvCache::layer(int32_t l) {
 // Caches
 
 StatusOr<Caches> Caches::create(const ModelDesc &m, const CacheConfig &cfg) {
-  StatusOr<StateCache> st = StateCache::create(m, cfg.numSlots);
+  std::vector<MambaShape> mamba;
+  std::vector<KvLayerShape> attention;
+  for (const LayerDesc &l : m.layers) {
+    if (l.kind == LayerKind::Mamba)
+      mamba.push_back(l.mamba.shape);
+    else if (l.kind == LayerKind::Attention)
+      attention.push_back({l.attention.numKvHeads, l.attention.headDim});
+  }
+  return create(mamba, attention, cfg);
+}
+
+StatusOr<Caches> Caches::create(std::span<const MambaShape> mambaLayers,
+                                std::span<const KvLayerShape> attentionLayers,
+                                const CacheConfig &cfg) {
+  StatusOr<StateCache> st = StateCache::create(mambaLayers, cfg.numSlots);
   if (!st)
     return st.status();
-  StatusOr<KvCache> kv = KvCache::create(m, cfg.numPages, cfg.pageSize);
+  StatusOr<KvCache> kv =
+      KvCache::create(attentionLayers, cfg.numPages, cfg.pageSize);
   if (!kv)
     return kv.status();
   try {
@@ -410,6 +438,23 @@ Status Caches::reserve(int32_t slot, int64_t numTokens) {
   if (kv_.numAttentionLayers() == 0)
     return Status::success(); // no attention: pages would never be read
   return kv_.reserve(pageTables_[slot], numTokens);
+}
+
+int64_t Caches::pagesNeeded(int32_t slot, int64_t numTokens) const {
+  if (!isLive(slot) || kv_.numAttentionLayers() == 0)
+    return 0;
+  const int64_t ps = kv_.pageSize();
+  const int64_t need = (numTokens + ps - 1) / ps;
+  return std::max<int64_t>(
+      0, need - static_cast<int64_t>(pageTables_[slot].size()));
+}
+
+Status Caches::advance(int32_t slot, int64_t count) {
+  if (!isLive(slot))
+    return Status::error("caches: slot " + std::to_string(slot) +
+                         " is not in use");
+  lengths_[slot] += count;
+  return Status::success();
 }
 
 // ---------------------------------------------------------------------------

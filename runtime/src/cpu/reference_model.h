@@ -101,6 +101,9 @@ std::vector<WeightView> splitExperts(const WeightView &stacked);
 class StateCache {
 public:
   static StatusOr<StateCache> create(const ModelDesc &m, int32_t numSlots);
+  /// One state per entry of `mambaLayers` (e.g. from a plan's Storage table).
+  static StatusOr<StateCache> create(std::span<const MambaShape> mambaLayers,
+                                     int32_t numSlots);
   StateCache() = default;
 
   /// The lowest free slot, its state zeroed.
@@ -122,11 +125,20 @@ private:
   std::vector<bool> live_;
 };
 
+/// K/V row layout of one attention layer's cache.
+struct KvLayerShape {
+  int64_t numKvHeads = 0;
+  int64_t headDim = 0;
+};
+
 /// Paged K/V storage of every attention layer and its page allocator.
 class KvCache {
 public:
   static StatusOr<KvCache> create(const ModelDesc &m, int32_t numPages,
                                   int32_t pageSize);
+  /// One layer per entry of `attentionLayers`, all sharing the page ids.
+  static StatusOr<KvCache> create(std::span<const KvLayerShape> attentionLayers,
+                                  int32_t numPages, int32_t pageSize);
   KvCache() = default;
 
   /// The lowest free page.
@@ -168,6 +180,11 @@ struct CacheConfig {
 class Caches {
 public:
   static StatusOr<Caches> create(const ModelDesc &m, const CacheConfig &c);
+  /// Caches for explicit layer shapes (a plan's Storage table) rather than a
+  /// ModelDesc.
+  static StatusOr<Caches> create(std::span<const MambaShape> mambaLayers,
+                                 std::span<const KvLayerShape> attentionLayers,
+                                 const CacheConfig &c);
   Caches() = default;
 
   /// A new, empty sequence: a slot with zeroed state and no pages.
@@ -180,6 +197,11 @@ public:
   const std::vector<int32_t> &pageTable(int32_t slot) const;
   /// Pages for positions [0, numTokens) of the sequence.
   Status reserve(int32_t slot, int64_t numTokens);
+  /// Pages that reserve(slot, numTokens) would still have to allocate.
+  int64_t pagesNeeded(int32_t slot, int64_t numTokens) const;
+  /// Records that `count` more tokens of the sequence were processed (for
+  /// executors other than Executor, which advances lengths itself).
+  Status advance(int32_t slot, int64_t count);
 
   StateCache &state() { return state_; }
   KvCache &kv() { return kv_; }

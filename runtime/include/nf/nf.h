@@ -1,0 +1,295 @@
+/* nf.h: the public C API of libnf.
+ *
+ * Loads an execution plan written by `nfc compile` (plan.nfb) with its
+ * safetensors weights, runs sequences through it step by step (continuous
+ * batching), samples tokens and tokenizes text. C99; every entry point is
+ * noexcept in effect: failures are reported as nf_status codes, never as C++
+ * exceptions, and the message of the last failure on the calling thread is
+ * available from nf_last_error().
+ *
+ * Conventions
+ *  - Handles are opaque (nf_model, nf_sampler); *_free(NULL) is a no-op.
+ *  - Functions that write into caller buffers take a capacity; when it is too
+ *    small they return NF_ERR_BUFFER_TOO_SMALL, store the size they need in
+ *    *n_out (where they have one) and change nothing else.
+ *  - Parameter structs are filled from their nf_*_default_params() function
+ *    and then changed field by field; a NULL parameter pointer means the
+ *    defaults.
+ *  - Threads: an nf_model may be shared by threads for read-only calls
+ *    (getters, nf_tokenize, nf_detokenize); calls that change it (nf_seq_*,
+ *    nf_decode, nf_generate) must not run concurrently on one model. An
+ *    nf_sampler belongs to one thread at a time.
+ *
+ * Minimal use (greedy generation, error checks omitted):
+ *
+ *   nf_model *m;
+ *   nf_model_load("model.nfb", NULL, &m);
+ *   int32_t prompt[256], out[64];
+ *   size_t n_prompt, n_out;
+ *   nf_tokenize(m, "def ", 4, 0, prompt, 256, &n_prompt);
+ *   nf_generate_params gp = nf_generate_default_params();
+ *   gp.max_tokens = 64;
+ *   nf_generate(m, prompt, n_prompt, &gp, NULL, NULL, out, 64, &n_out);
+ *   nf_model_free(m);
+ */
+#ifndef NF_NF_H
+#define NF_NF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#if defined(NF_BUILDING_LIBRARY)
+#define NF_API __declspec(dllexport)
+#else
+#define NF_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__)
+#define NF_API __attribute__((visibility("default")))
+#else
+#define NF_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Status codes and errors                                                  */
+
+typedef enum nf_status {
+  NF_OK = 0,
+  /* A NULL handle or pointer, a value out of range, an unknown or repeated
+     sequence id, a token id outside the vocabulary. */
+  NF_ERR_INVALID_ARGUMENT = 1,
+  /* The plan, its weights or the tokenizer could not be loaded (missing or
+     malformed file, version mismatch, weight shape mismatch, ...). */
+  NF_ERR_LOAD = 2,
+  /* The model lacks the feature (e.g. no tokenizer.json next to the weights).
+   */
+  NF_ERR_UNSUPPORTED = 3,
+  /* A caller buffer is too small; *n_out holds the size needed. */
+  NF_ERR_BUFFER_TOO_SMALL = 4,
+  /* No free sequence slot, KV page or context left. */
+  NF_ERR_CAPACITY = 5,
+  /* A step failed while running. */
+  NF_ERR_RUNTIME = 6,
+  NF_ERR_OUT_OF_MEMORY = 7,
+  /* A bug in nf: please report the message. */
+  NF_ERR_INTERNAL = 8
+} nf_status;
+
+/* A constant name for a status code, e.g. "NF_ERR_LOAD". */
+NF_API const char *nf_status_string(nf_status status);
+
+/* The message of the last call that failed on this thread: one line naming
+   the file or object at fault and the problem. "" when no call has failed.
+   Not cleared by successful calls. Valid until the next failing call on this
+   thread. */
+NF_API const char *nf_last_error(void);
+
+/* The library version, e.g. "0.1.0". */
+NF_API const char *nf_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Models                                                                   */
+
+typedef struct nf_model nf_model;
+
+typedef struct nf_model_params {
+  /* Directory holding the safetensors files; NULL or "": the checkpoint
+     directory recorded in the plan. */
+  const char *weights_dir;
+  /* tokenizer.json to use; NULL or "": <weights dir>/tokenizer.json when it
+     exists (a model without one can still run on token ids). */
+  const char *tokenizer_path;
+  /* CPU threads for one step; 0: the OpenMP default. */
+  int32_t n_threads;
+  /* Sequences that may be alive at once; 0: the plan's state slots. */
+  int32_t max_sequences;
+  /* KV-cache pages per attention layer; 0: the plan's default. */
+  int32_t kv_pages;
+} nf_model_params;
+
+NF_API nf_model_params nf_model_default_params(void);
+
+/* Loads a plan and maps and checks its weights. `params` may be NULL. On
+   failure *out is set to NULL. */
+NF_API nf_status nf_model_load(const char *plan_path,
+                               const nf_model_params *params, nf_model **out);
+NF_API void nf_model_free(nf_model *model);
+
+/* Getters; on a NULL model they return 0 / -1 / "". */
+NF_API int32_t nf_model_vocab_size(const nf_model *model);
+/* The BOS token id, or -1 when the model has none. */
+NF_API int32_t nf_model_bos(const nf_model *model);
+/* The first EOS token id, or -1 when the model has none. */
+NF_API int32_t nf_model_eos(const nf_model *model);
+/* Nonzero when `token` is one of the model's EOS tokens. */
+NF_API int nf_model_is_eos(const nf_model *model, int32_t token);
+/* The model's name as recorded in the plan. */
+NF_API const char *nf_model_name(const nf_model *model);
+/* One letter per layer: M (Mamba2), * (attention), - (MLP), E (MoE). */
+NF_API const char *nf_model_layer_pattern(const nf_model *model);
+/* Routed experts per token of the model's own top-k; 0 without MoE. */
+NF_API int32_t nf_model_experts_per_token(const nf_model *model);
+/* Sequences that may be alive at once. */
+NF_API int32_t nf_model_max_sequences(const nf_model *model);
+/* Tokens one sequence may hold; -1: unlimited (attention-free models). */
+NF_API int64_t nf_model_max_context(const nf_model *model);
+/* Nonzero when a tokenizer was loaded with the model. */
+NF_API int nf_model_has_tokenizer(const nf_model *model);
+/* A readable multi-line summary ("key: value" lines). Valid until the model
+   is freed. */
+NF_API const char *nf_model_info(const nf_model *model);
+
+/* ------------------------------------------------------------------------ */
+/* Tokenizer (byte-level BPE from tokenizer.json)                           */
+
+/* Token ids of the UTF-8 text text[0..len). `add_special` applies the
+   tokenizer's post-processor (e.g. a BOS template). Writes at most `cap` ids
+   to `out` and their count to *n_out. NF_ERR_UNSUPPORTED when the model has
+   no tokenizer. */
+NF_API nf_status nf_tokenize(const nf_model *model, const char *text,
+                             size_t len, int add_special, int32_t *out,
+                             size_t cap, size_t *n_out);
+
+enum {
+  /* Leave special tokens (BOS, EOS, ...) out of the text. */
+  NF_DETOKENIZE_SKIP_SPECIAL = 1,
+  /* Raw bytes without UTF-8 repair (for streaming, where a character may be
+     split between calls); otherwise invalid sequences become U+FFFD. */
+  NF_DETOKENIZE_RAW_BYTES = 2
+};
+
+/* The text of tokens[0..n) (`flags`: NF_DETOKENIZE_*). Writes the bytes to
+   `out` and their count to *n_out, plus a terminating NUL when cap > *n_out.
+   Unknown ids are skipped. */
+NF_API nf_status nf_detokenize(const nf_model *model, const int32_t *tokens,
+                               size_t n, int flags, char *out, size_t cap,
+                               size_t *n_out);
+
+/* ------------------------------------------------------------------------ */
+/* Sequences and steps                                                      */
+
+/* A new empty sequence (fresh recurrent state, empty KV cache).
+   NF_ERR_CAPACITY when all sequence slots are in use. */
+NF_API nf_status nf_seq_add(nf_model *model, int32_t *seq_id);
+/* Frees the sequence's state. */
+NF_API nf_status nf_seq_remove(nf_model *model, int32_t seq_id);
+/* Tokens the sequence holds so far; -1 for an unknown id. */
+NF_API int64_t nf_seq_length(const nf_model *model, int32_t seq_id);
+
+/* The tokens one sequence contributes to a step. */
+typedef struct nf_seq_input {
+  int32_t seq_id;
+  /* Appended at the sequence's current length; n_tokens >= 1. */
+  const int32_t *tokens;
+  int32_t n_tokens;
+  /* Fraction of the static top-k expert FLOPs to spend on these tokens
+     (plans compiled with the "budget" expert policy); <= 0: the plan's
+     default budget. */
+  float expert_budget;
+  /* > 0: run exactly this many routed experts per token (static top-k
+     override, e.g. for evaluation); 0: the plan's policy. */
+  int32_t experts_per_token;
+} nf_seq_input;
+
+typedef struct nf_batch {
+  const nf_seq_input *seqs; /* each sequence at most once */
+  int32_t n_seqs;
+  /* Optional output, NULL or n_seqs entries: routed-expert calls of each
+     sequence in this step, summed over MoE layers. */
+  int64_t *expert_calls;
+} nf_batch;
+
+/* Runs one step over the batch. Logits (f32) are written row-major to
+   `logits_out`: with `logits_all` one row of nf_model_vocab_size() floats per
+   token of the step (sequences in batch order, tokens in order), otherwise
+   one row per sequence (its last token). `logits_out` may be NULL (no logits
+   wanted); otherwise `logits_cap` (in floats) must hold every row, checked
+   before anything runs. On failure the sequences' state is unspecified:
+   remove them. */
+NF_API nf_status nf_decode(nf_model *model, const nf_batch *batch,
+                           float *logits_out, size_t logits_cap,
+                           int logits_all);
+
+/* ------------------------------------------------------------------------ */
+/* Sampling                                                                 */
+
+/* The logits are divided by `temperature` and turned into probabilities;
+   then top-k, top-p and min-p keep a subset (in that order) and the token is
+   drawn from the renormalised kept probabilities. */
+typedef struct nf_sampler_params {
+  /* 0: greedy (argmax, lowest id on ties; no random draw). > 0 otherwise. */
+  float temperature;
+  /* Keep the k most probable tokens (ties: lower ids first); 0: off. */
+  int32_t top_k;
+  /* Keep the smallest set of most probable tokens whose probability sums to
+     at least top_p; in (0, 1], 1: off. */
+  float top_p;
+  /* Keep tokens whose probability is at least min_p times the largest
+     probability; in [0, 1], 0: off. */
+  float min_p;
+  /* Seed of the sampler's std::mt19937_64: equal seeds, parameters and
+     logits give equal tokens. */
+  uint64_t seed;
+} nf_sampler_params;
+
+typedef struct nf_sampler nf_sampler;
+
+/* Greedy: temperature 0, top_k 0, top_p 1, min_p 0, seed 0. */
+NF_API nf_sampler_params nf_sampler_default_params(void);
+/* NF_ERR_INVALID_ARGUMENT for parameters out of range. */
+NF_API nf_status nf_sampler_create(const nf_sampler_params *params,
+                                   nf_sampler **out);
+NF_API void nf_sampler_free(nf_sampler *sampler);
+/* Restarts the random stream from `seed`. */
+NF_API void nf_sampler_reseed(nf_sampler *sampler, uint64_t seed);
+/* The next token drawn from logits[0..n_vocab); NaN logits count as -inf.
+   -1 on failure (NULL pointers, n_vocab <= 0, no finite logit): see
+   nf_last_error(). */
+NF_API int32_t nf_sample(nf_sampler *sampler, const float *logits,
+                         int32_t n_vocab);
+
+/* ------------------------------------------------------------------------ */
+/* Generation                                                               */
+
+typedef struct nf_generate_params {
+  /* Most tokens to generate (stop token included). */
+  int32_t max_tokens;
+  nf_sampler_params sampler;
+  /* Generation stops after producing one of these tokens (it is kept in the
+     output), ... */
+  const int32_t *stop_tokens;
+  size_t n_stop_tokens;
+  /* ... or one of the model's EOS tokens, unless ignore_eos is nonzero. */
+  int ignore_eos;
+  /* As nf_seq_input.expert_budget; <= 0: the plan's default. */
+  float expert_budget;
+} nf_generate_params;
+
+/* max_tokens 128, greedy sampling, no extra stop tokens, stop at EOS. */
+NF_API nf_generate_params nf_generate_default_params(void);
+
+/* Called once per generated token, in order. `piece`/`piece_len`: the new
+   bytes of the generated text (raw, so a UTF-8 character may be split
+   between calls; special tokens add nothing); NULL/0 without a tokenizer.
+   Return nonzero to stop after this token. */
+typedef int (*nf_token_callback)(int32_t token, const char *piece,
+                                 size_t piece_len, void *user_data);
+
+/* Generates a continuation of prompt[0..n_prompt) in a sequence of its own
+   (added and removed here; other sequences are untouched). Writes the
+   generated tokens to `out` (at most `cap`; generation stops when it is full)
+   and their count to *n_out. `params` and `callback` may be NULL. */
+NF_API nf_status nf_generate(nf_model *model, const int32_t *prompt,
+                             size_t n_prompt, const nf_generate_params *params,
+                             nf_token_callback callback, void *user_data,
+                             int32_t *out, size_t cap, size_t *n_out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* NF_NF_H */

@@ -1,0 +1,260 @@
+// nf.hpp: header-only C++ wrappers over the C API (nf/nf.h).
+//
+// RAII handles (nf::Model, nf::Sampler) that free themselves, and results as
+// nf::Status / nf::StatusOr values: nothing here throws (except std::bad_alloc
+// from the standard containers). C++17.
+//
+//   auto model = nf::Model::load("model.nfb");
+//   if (!model) { std::cerr << model.message() << "\n"; return 1; }
+//   auto prompt = model->tokenize("def ");
+//   nf::GenerateParams gp;
+//   gp.maxTokens = 32;
+//   auto tokens = model->generate(*prompt, gp);
+//   std::cout << *model->detokenize(*tokens) << "\n";
+#pragma once
+
+#include "nf/nf.h"
+#include "nf/status.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace nf {
+
+/// The calling thread's last C API error as a Status.
+inline Status lastError() { return Status::error(nf_last_error()); }
+
+struct ModelParams {
+  std::string weightsDir;    // empty: the checkpoint recorded in the plan
+  std::string tokenizerPath; // empty: <weights dir>/tokenizer.json if present
+  int32_t threads = 0;       // 0: OpenMP default
+  int32_t maxSequences = 0;  // 0: the plan's state slots
+  int32_t kvPages = 0;       // 0: the plan's default
+};
+
+struct SamplerParams {
+  float temperature = 0.0f; // 0: greedy
+  int32_t topK = 0;         // 0: off
+  float topP = 1.0f;        // 1: off
+  float minP = 0.0f;        // 0: off
+  uint64_t seed = 0;
+
+  nf_sampler_params c() const {
+    nf_sampler_params p = nf_sampler_default_params();
+    p.temperature = temperature;
+    p.top_k = topK;
+    p.top_p = topP;
+    p.min_p = minP;
+    p.seed = seed;
+    return p;
+  }
+};
+
+struct GenerateParams {
+  int32_t maxTokens = 128;
+  SamplerParams sampler;
+  std::vector<int32_t> stopTokens;
+  bool ignoreEos = false;
+  float expertBudget = 0.0f; // <= 0: the plan's default
+};
+
+/// One sequence's part of a step (see nf_seq_input).
+struct SeqInput {
+  int32_t seq = 0;
+  std::vector<int32_t> tokens;
+  float expertBudget = 0.0f;   // <= 0: the plan's default
+  int32_t expertsPerToken = 0; // > 0: static top-k override
+};
+
+class Sampler {
+public:
+  static StatusOr<Sampler> create(const SamplerParams &params = {}) {
+    nf_sampler_params p = params.c();
+    nf_sampler *s = nullptr;
+    if (nf_sampler_create(&p, &s) != NF_OK)
+      return lastError();
+    return Sampler(s);
+  }
+  Sampler(Sampler &&o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  Sampler &operator=(Sampler &&o) noexcept {
+    std::swap(s_, o.s_);
+    return *this;
+  }
+  Sampler(const Sampler &) = delete;
+  Sampler &operator=(const Sampler &) = delete;
+  ~Sampler() { nf_sampler_free(s_); }
+
+  /// The next token from `n` logits.
+  StatusOr<int32_t> sample(const float *logits, size_t n) {
+    int32_t t = nf_sample(s_, logits, static_cast<int32_t>(n));
+    if (t < 0)
+      return lastError();
+    return t;
+  }
+  StatusOr<int32_t> sample(const std::vector<float> &logits) {
+    return sample(logits.data(), logits.size());
+  }
+  void reseed(uint64_t seed) { nf_sampler_reseed(s_, seed); }
+  nf_sampler *get() const { return s_; }
+
+private:
+  explicit Sampler(nf_sampler *s) : s_(s) {}
+  nf_sampler *s_ = nullptr;
+};
+
+class Model {
+public:
+  static StatusOr<Model> load(const std::string &planPath,
+                              const ModelParams &params = {}) {
+    nf_model_params p = nf_model_default_params();
+    p.weights_dir = params.weightsDir.c_str();
+    p.tokenizer_path = params.tokenizerPath.c_str();
+    p.n_threads = params.threads;
+    p.max_sequences = params.maxSequences;
+    p.kv_pages = params.kvPages;
+    nf_model *m = nullptr;
+    if (nf_model_load(planPath.c_str(), &p, &m) != NF_OK)
+      return lastError();
+    return Model(m);
+  }
+  Model(Model &&o) noexcept : m_(std::exchange(o.m_, nullptr)) {}
+  Model &operator=(Model &&o) noexcept {
+    std::swap(m_, o.m_);
+    return *this;
+  }
+  Model(const Model &) = delete;
+  Model &operator=(const Model &) = delete;
+  ~Model() { nf_model_free(m_); }
+
+  nf_model *get() const { return m_; }
+
+  int32_t vocabSize() const { return nf_model_vocab_size(m_); }
+  int32_t bos() const { return nf_model_bos(m_); }
+  int32_t eos() const { return nf_model_eos(m_); }
+  bool isEos(int32_t token) const { return nf_model_is_eos(m_, token) != 0; }
+  std::string name() const { return nf_model_name(m_); }
+  std::string layerPattern() const { return nf_model_layer_pattern(m_); }
+  int32_t expertsPerToken() const { return nf_model_experts_per_token(m_); }
+  int32_t maxSequences() const { return nf_model_max_sequences(m_); }
+  int64_t maxContext() const { return nf_model_max_context(m_); }
+  bool hasTokenizer() const { return nf_model_has_tokenizer(m_) != 0; }
+  std::string info() const { return nf_model_info(m_); }
+
+  StatusOr<std::vector<int32_t>> tokenize(std::string_view text,
+                                          bool addSpecial = false) const {
+    std::vector<int32_t> ids(text.size() + 8);
+    size_t n = 0;
+    nf_status s = nf_tokenize(m_, text.data(), text.size(), addSpecial,
+                              ids.data(), ids.size(), &n);
+    if (s == NF_ERR_BUFFER_TOO_SMALL) {
+      ids.resize(n);
+      s = nf_tokenize(m_, text.data(), text.size(), addSpecial, ids.data(),
+                      ids.size(), &n);
+    }
+    if (s != NF_OK)
+      return lastError();
+    ids.resize(n);
+    return ids;
+  }
+
+  /// Text of `tokens`; `flags`: NF_DETOKENIZE_* (default: skip special).
+  StatusOr<std::string>
+  detokenize(const std::vector<int32_t> &tokens,
+             int flags = NF_DETOKENIZE_SKIP_SPECIAL) const {
+    std::string text(tokens.size() * 8 + 16, '\0');
+    size_t n = 0;
+    nf_status s = nf_detokenize(m_, tokens.data(), tokens.size(), flags,
+                                text.data(), text.size(), &n);
+    if (s == NF_ERR_BUFFER_TOO_SMALL) {
+      text.resize(n);
+      s = nf_detokenize(m_, tokens.data(), tokens.size(), flags, text.data(),
+                        text.size(), &n);
+    }
+    if (s != NF_OK)
+      return lastError();
+    text.resize(n);
+    return text;
+  }
+
+  StatusOr<int32_t> addSequence() {
+    int32_t id = -1;
+    if (nf_seq_add(m_, &id) != NF_OK)
+      return lastError();
+    return id;
+  }
+  Status removeSequence(int32_t seq) {
+    return nf_seq_remove(m_, seq) == NF_OK ? Status::success() : lastError();
+  }
+  /// -1 for an unknown sequence.
+  int64_t sequenceLength(int32_t seq) const { return nf_seq_length(m_, seq); }
+
+  /// One step; `logits` receives [rows, vocabSize()] (one row per token with
+  /// `allLogits`, else one per sequence). `expertCalls`, when given, receives
+  /// the routed-expert calls of each sequence.
+  Status decode(const std::vector<SeqInput> &batch, bool allLogits,
+                std::vector<float> &logits,
+                std::vector<int64_t> *expertCalls = nullptr) {
+    std::vector<nf_seq_input> seqs(batch.size());
+    size_t rows = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      seqs[i].seq_id = batch[i].seq;
+      seqs[i].tokens = batch[i].tokens.data();
+      seqs[i].n_tokens = static_cast<int32_t>(batch[i].tokens.size());
+      seqs[i].expert_budget = batch[i].expertBudget;
+      seqs[i].experts_per_token = batch[i].expertsPerToken;
+      rows += allLogits ? batch[i].tokens.size() : 1;
+    }
+    if (expertCalls)
+      expertCalls->assign(batch.size(), 0);
+    nf_batch b;
+    b.seqs = seqs.data();
+    b.n_seqs = static_cast<int32_t>(seqs.size());
+    b.expert_calls = expertCalls ? expertCalls->data() : nullptr;
+    logits.resize(rows * static_cast<size_t>(vocabSize()));
+    nf_status s =
+        nf_decode(m_, &b, logits.data(), logits.size(), allLogits ? 1 : 0);
+    return s == NF_OK ? Status::success() : lastError();
+  }
+
+  /// Generated tokens (see nf_generate). `onToken(token, piece)` is called
+  /// for each one; returning false stops generation.
+  StatusOr<std::vector<int32_t>>
+  generate(const std::vector<int32_t> &prompt, const GenerateParams &params,
+           const std::function<bool(int32_t, std::string_view)> &onToken = {}) {
+    nf_generate_params p = nf_generate_default_params();
+    p.max_tokens = params.maxTokens;
+    p.sampler = params.sampler.c();
+    p.stop_tokens = params.stopTokens.data();
+    p.n_stop_tokens = params.stopTokens.size();
+    p.ignore_eos = params.ignoreEos ? 1 : 0;
+    p.expert_budget = params.expertBudget;
+    std::vector<int32_t> out(
+        static_cast<size_t>(params.maxTokens > 0 ? params.maxTokens : 0));
+    size_t n = 0;
+    nf_token_callback cb = nullptr;
+    void *user = nullptr;
+    if (onToken) {
+      cb = [](int32_t token, const char *piece, size_t len, void *u) -> int {
+        const auto &f = *static_cast<
+            const std::function<bool(int32_t, std::string_view)> *>(u);
+        return f(token, std::string_view(piece ? piece : "", len)) ? 0 : 1;
+      };
+      user = const_cast<void *>(static_cast<const void *>(&onToken));
+    }
+    if (nf_generate(m_, prompt.data(), prompt.size(), &p, cb, user, out.data(),
+                    out.size(), &n) != NF_OK)
+      return lastError();
+    out.resize(n);
+    return out;
+  }
+
+private:
+  explicit Model(nf_model *m) : m_(m) {}
+  nf_model *m_ = nullptr;
+};
+
+} // namespace nf

@@ -1,0 +1,97 @@
+// Internals of the C API (include/nf/nf.h): the handle types and the
+// exception barrier every entry point goes through.
+#pragma once
+
+#include "engine/engine.h"
+#include "nf/nf.h"
+#include "nf/status.h"
+#include "nf/tokenizer.h"
+#include "sampling/sampler.h"
+
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+struct nf_model {
+  std::unique_ptr<nf::Engine> engine;
+  std::optional<nf::Tokenizer> tokenizer;
+  /// Why there is no tokenizer (for NF_ERR_UNSUPPORTED messages).
+  std::string noTokenizerReason;
+  std::string planPath;
+  std::string infoText;
+  std::vector<int32_t> eos;
+  std::set<int32_t> liveSequences;
+  // Scratch reused across steps.
+  std::vector<nf::SequenceInput> inputs;
+  std::vector<float> logits;
+};
+
+struct nf_sampler {
+  nf::sampling::Sampler sampler;
+};
+
+namespace nf::capi {
+
+/// Records `message` as this thread's last error and returns `code`.
+nf_status fail(nf_status code, const std::string &message) noexcept;
+/// fail() with a Status's message.
+inline nf_status fail(nf_status code, const Status &status) noexcept {
+  return fail(code, status.message());
+}
+
+/// Runs `body` (returning nf_status) and turns any exception into a status.
+template <typename F> nf_status guard(F &&body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc &) {
+    return fail(NF_ERR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception &e) {
+    try {
+      return fail(NF_ERR_INTERNAL, std::string("internal error: ") + e.what());
+    } catch (...) {
+      return fail(NF_ERR_INTERNAL, "internal error");
+    }
+  } catch (...) {
+    return fail(NF_ERR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+/// Like guard() for entry points returning a value: `fallback` on failure.
+template <typename T, typename F> T guardValue(T fallback, F &&body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc &) {
+    fail(NF_ERR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception &e) {
+    try {
+      fail(NF_ERR_INTERNAL, std::string("internal error: ") + e.what());
+    } catch (...) {
+      fail(NF_ERR_INTERNAL, "internal error");
+    }
+  } catch (...) {
+    fail(NF_ERR_INTERNAL, "internal error: unknown exception");
+  }
+  return fallback;
+}
+
+/// Sampler parameters of the C API as the sampling library spells them.
+inline sampling::SamplerParams toSamplerParams(const nf_sampler_params &p) {
+  sampling::SamplerParams s;
+  s.temperature = p.temperature;
+  s.topK = p.top_k;
+  s.topP = p.top_p;
+  s.minP = p.min_p;
+  s.seed = p.seed;
+  return s;
+}
+
+/// Checks `model` and the sequence inputs and runs one engine step; the
+/// logits end up in model->logits.
+nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
+                  bool allLogits, int64_t *expertCalls);
+
+} // namespace nf::capi

@@ -1,0 +1,375 @@
+// C API: errors, version, model loading and getters, sequences, steps.
+#include "capi/capi.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#ifndef NF_VERSION
+#define NF_VERSION "unknown"
+#endif
+
+namespace {
+thread_local std::string lastError;
+} // namespace
+
+namespace nf::capi {
+
+nf_status fail(nf_status code, const std::string &message) noexcept {
+  try {
+    lastError = message;
+  } catch (...) {
+    lastError.clear(); // keeps its capacity: the assignment below fits
+    lastError = "out of memory";
+  }
+  return code;
+}
+
+namespace {
+
+std::string describe(const nf_model &m, const std::string &tokenizerLine) {
+  const ModelInfo &info = m.engine->info();
+  std::ostringstream os;
+  os << "name: " << info.name << "\n";
+  os << "plan: " << m.planPath << "\n";
+  os << "weights: " << info.weightsDir << "\n";
+  os << "vocab: " << info.vocabSize << "\n";
+  os << "hidden: " << info.hiddenSize << "\n";
+  os << "layers: " << info.layerKinds << " (" << info.layerKinds.size()
+     << ")\n";
+  if (info.topK > 0)
+    os << "experts per token: " << info.topK << " (policy " << info.expertPolicy
+       << ", default budget " << info.defaultExpertBudget << ")\n";
+  os << "bos: " << info.bosTokenId << "\n";
+  os << "eos:";
+  if (m.eos.empty())
+    os << " -1";
+  for (int32_t e : m.eos)
+    os << " " << e;
+  os << "\n";
+  os << "max sequences: " << info.maxSequences << "\n";
+  os << "max context: ";
+  if (info.maxContext < 0)
+    os << "unlimited\n";
+  else
+    os << info.maxContext << "\n";
+  os << "prefill tokens per step: " << info.maxPrefillTokens << "\n";
+  os << "decode sequences per step: " << info.maxDecodeTokens << "\n";
+  os << "tokenizer: " << tokenizerLine << "\n";
+  return os.str();
+}
+
+} // namespace
+
+nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
+                  bool allLogits, int64_t *expertCalls) {
+  if (nSeqs <= 0 || !seqs)
+    return fail(NF_ERR_INVALID_ARGUMENT,
+                "nf_decode: the batch needs at least one sequence");
+  const ModelInfo &info = model->engine->info();
+  const int64_t vocab = info.vocabSize;
+  model->inputs.clear();
+  std::vector<int32_t> ids;
+  ids.reserve(nSeqs);
+  for (int32_t i = 0; i < nSeqs; ++i) {
+    const nf_seq_input &s = seqs[i];
+    std::string where = "nf_decode: batch entry " + std::to_string(i) +
+                        " (sequence " + std::to_string(s.seq_id) + ")";
+    if (!model->liveSequences.count(s.seq_id))
+      return fail(NF_ERR_INVALID_ARGUMENT, where + ": unknown sequence id");
+    ids.push_back(s.seq_id);
+    if (s.n_tokens <= 0 || !s.tokens)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  where + ": needs at least one token");
+    for (int32_t t = 0; t < s.n_tokens; ++t)
+      if (s.tokens[t] < 0 || s.tokens[t] >= vocab)
+        return fail(NF_ERR_INVALID_ARGUMENT,
+                    where + ": token " + std::to_string(s.tokens[t]) +
+                        " at index " + std::to_string(t) +
+                        " is outside the vocabulary [0, " +
+                        std::to_string(vocab) + ")");
+    if (!std::isfinite(s.expert_budget))
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  where + ": expert budget must be finite");
+    if (s.experts_per_token < 0)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  where + ": experts_per_token must be >= 0");
+    SequenceInput in;
+    in.sequence = s.seq_id;
+    in.tokens = std::span<const int32_t>(s.tokens, s.n_tokens);
+    in.expertBudget =
+        s.expert_budget > 0.0f ? s.expert_budget : info.defaultExpertBudget;
+    in.expertsPerToken = s.experts_per_token;
+    model->inputs.push_back(in);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end())
+    return fail(NF_ERR_INVALID_ARGUMENT,
+                "nf_decode: sequence " + std::to_string(*dup) +
+                    " appears more than once in the batch");
+
+  StepStats stats;
+  Status st = model->engine->step(
+      model->inputs,
+      allLogits ? LogitsFor::AllTokens : LogitsFor::LastTokenPerSequence,
+      model->logits, expertCalls ? &stats : nullptr);
+  if (!st)
+    return fail(NF_ERR_RUNTIME, st);
+  if (expertCalls)
+    for (int32_t i = 0; i < nSeqs; ++i)
+      expertCalls[i] = static_cast<size_t>(i) < stats.expertCalls.size()
+                           ? stats.expertCalls[i]
+                           : 0;
+  return NF_OK;
+}
+
+} // namespace nf::capi
+
+using namespace nf;
+using nf::capi::fail;
+using nf::capi::guard;
+using nf::capi::guardValue;
+
+extern "C" {
+
+const char *nf_status_string(nf_status status) {
+  switch (status) {
+  case NF_OK:
+    return "NF_OK";
+  case NF_ERR_INVALID_ARGUMENT:
+    return "NF_ERR_INVALID_ARGUMENT";
+  case NF_ERR_LOAD:
+    return "NF_ERR_LOAD";
+  case NF_ERR_UNSUPPORTED:
+    return "NF_ERR_UNSUPPORTED";
+  case NF_ERR_BUFFER_TOO_SMALL:
+    return "NF_ERR_BUFFER_TOO_SMALL";
+  case NF_ERR_CAPACITY:
+    return "NF_ERR_CAPACITY";
+  case NF_ERR_RUNTIME:
+    return "NF_ERR_RUNTIME";
+  case NF_ERR_OUT_OF_MEMORY:
+    return "NF_ERR_OUT_OF_MEMORY";
+  case NF_ERR_INTERNAL:
+    return "NF_ERR_INTERNAL";
+  }
+  return "NF_ERR_UNKNOWN";
+}
+
+const char *nf_last_error(void) { return lastError.c_str(); }
+
+const char *nf_version(void) { return NF_VERSION; }
+
+nf_model_params nf_model_default_params(void) {
+  nf_model_params p;
+  p.weights_dir = nullptr;
+  p.tokenizer_path = nullptr;
+  p.n_threads = 0;
+  p.max_sequences = 0;
+  p.kv_pages = 0;
+  return p;
+}
+
+nf_status nf_model_load(const char *plan_path, const nf_model_params *params,
+                        nf_model **out) {
+  return guard([&]() -> nf_status {
+    if (out)
+      *out = nullptr;
+    if (!plan_path || !out)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_model_load: plan_path and out must not be NULL");
+    nf_model_params p = params ? *params : nf_model_default_params();
+    if (p.n_threads < 0 || p.max_sequences < 0 || p.kv_pages < 0)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  std::string(plan_path) +
+                      ": n_threads, max_sequences and kv_pages must be >= 0");
+    EngineOptions options;
+    options.weightsDir = p.weights_dir ? p.weights_dir : "";
+    options.numThreads = p.n_threads;
+    options.maxSequences = p.max_sequences;
+    options.kvPages = p.kv_pages;
+    StatusOr<std::unique_ptr<Engine>> engine = Engine::load(plan_path, options);
+    if (!engine)
+      return fail(NF_ERR_LOAD, engine.status());
+
+    auto model = std::make_unique<nf_model>();
+    model->engine = std::move(*engine);
+    model->planPath = plan_path;
+    const ModelInfo &info = model->engine->info();
+
+    std::string tokenizerLine;
+    std::string tokenizerPath;
+    bool required = false;
+    if (p.tokenizer_path && *p.tokenizer_path) {
+      tokenizerPath = p.tokenizer_path;
+      required = true;
+    } else {
+      std::string dir =
+          !options.weightsDir.empty() ? options.weightsDir : info.weightsDir;
+      tokenizerPath =
+          (std::filesystem::path(dir.empty() ? "." : dir) / "tokenizer.json")
+              .string();
+    }
+    std::error_code ec;
+    if (required || std::filesystem::exists(tokenizerPath, ec)) {
+      StatusOr<Tokenizer> tok = Tokenizer::fromFile(tokenizerPath);
+      if (!tok)
+        return fail(NF_ERR_LOAD, tok.status());
+      model->tokenizer = std::move(*tok);
+      tokenizerLine = tokenizerPath + " (vocab " +
+                      std::to_string(model->tokenizer->vocabSize()) + ")";
+    } else {
+      model->noTokenizerReason =
+          tokenizerPath + ": not found: the model has no tokenizer";
+      tokenizerLine = "none (" + tokenizerPath + " not found)";
+    }
+
+    for (int64_t e : info.eosTokenIds)
+      if (e >= 0 && e < info.vocabSize)
+        model->eos.push_back(static_cast<int32_t>(e));
+    if (model->eos.empty() && model->tokenizer)
+      if (auto e = model->tokenizer->eosId(); e && *e < info.vocabSize)
+        model->eos.push_back(*e);
+    model->infoText = capi::describe(*model, tokenizerLine);
+    *out = model.release();
+    return NF_OK;
+  });
+}
+
+void nf_model_free(nf_model *model) {
+  try {
+    delete model;
+  } catch (...) {
+  }
+}
+
+int32_t nf_model_vocab_size(const nf_model *model) {
+  return model ? static_cast<int32_t>(model->engine->info().vocabSize) : 0;
+}
+
+int32_t nf_model_bos(const nf_model *model) {
+  if (!model)
+    return -1;
+  const ModelInfo &info = model->engine->info();
+  if (info.bosTokenId >= 0 && info.bosTokenId < info.vocabSize)
+    return static_cast<int32_t>(info.bosTokenId);
+  if (model->tokenizer)
+    if (auto b = model->tokenizer->bosId(); b && *b < info.vocabSize)
+      return *b;
+  return -1;
+}
+
+int32_t nf_model_eos(const nf_model *model) {
+  return model && !model->eos.empty() ? model->eos.front() : -1;
+}
+
+int nf_model_is_eos(const nf_model *model, int32_t token) {
+  return model && std::find(model->eos.begin(), model->eos.end(), token) !=
+                      model->eos.end();
+}
+
+const char *nf_model_name(const nf_model *model) {
+  return model ? model->engine->info().name.c_str() : "";
+}
+
+const char *nf_model_layer_pattern(const nf_model *model) {
+  return model ? model->engine->info().layerKinds.c_str() : "";
+}
+
+int32_t nf_model_experts_per_token(const nf_model *model) {
+  return model ? model->engine->info().topK : 0;
+}
+
+int32_t nf_model_max_sequences(const nf_model *model) {
+  return model ? model->engine->info().maxSequences : 0;
+}
+
+int64_t nf_model_max_context(const nf_model *model) {
+  return model ? model->engine->info().maxContext : 0;
+}
+
+int nf_model_has_tokenizer(const nf_model *model) {
+  return model && model->tokenizer.has_value();
+}
+
+const char *nf_model_info(const nf_model *model) {
+  return model ? model->infoText.c_str() : "";
+}
+
+nf_status nf_seq_add(nf_model *model, int32_t *seq_id) {
+  return guard([&]() -> nf_status {
+    if (!model || !seq_id)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_seq_add: model and seq_id must not be NULL");
+    StatusOr<int32_t> id = model->engine->addSequence();
+    if (!id)
+      return fail(NF_ERR_CAPACITY, id.status());
+    model->liveSequences.insert(*id);
+    *seq_id = *id;
+    return NF_OK;
+  });
+}
+
+nf_status nf_seq_remove(nf_model *model, int32_t seq_id) {
+  return guard([&]() -> nf_status {
+    if (!model)
+      return fail(NF_ERR_INVALID_ARGUMENT, "nf_seq_remove: model is NULL");
+    if (!model->liveSequences.count(seq_id))
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_seq_remove: unknown sequence id " +
+                      std::to_string(seq_id));
+    model->liveSequences.erase(seq_id);
+    if (Status st = model->engine->removeSequence(seq_id); !st)
+      return fail(NF_ERR_RUNTIME, st);
+    return NF_OK;
+  });
+}
+
+int64_t nf_seq_length(const nf_model *model, int32_t seq_id) {
+  return guardValue<int64_t>(-1, [&]() -> int64_t {
+    if (!model || !model->liveSequences.count(seq_id))
+      return -1;
+    return model->engine->sequenceLength(seq_id);
+  });
+}
+
+nf_status nf_decode(nf_model *model, const nf_batch *batch, float *logits_out,
+                    size_t logits_cap, int logits_all) {
+  return guard([&]() -> nf_status {
+    if (!model || !batch)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_decode: model and batch must not be NULL");
+    if (batch->n_seqs <= 0 || !batch->seqs)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_decode: the batch needs at least one sequence");
+    const size_t vocab = static_cast<size_t>(model->engine->info().vocabSize);
+    size_t rows = 0;
+    for (int32_t i = 0; i < batch->n_seqs; ++i)
+      rows += logits_all ? static_cast<size_t>(
+                               std::max<int32_t>(batch->seqs[i].n_tokens, 0))
+                         : 1;
+    if (logits_out && logits_cap < rows * vocab)
+      return fail(
+          NF_ERR_BUFFER_TOO_SMALL,
+          "nf_decode: logits buffer holds " + std::to_string(logits_cap) +
+              " floats, the step needs " + std::to_string(rows * vocab) + " (" +
+              std::to_string(rows) + " rows of " + std::to_string(vocab) + ")");
+    if (nf_status s = capi::runStep(model, batch->seqs, batch->n_seqs,
+                                    logits_all != 0, batch->expert_calls);
+        s != NF_OK)
+      return s;
+    if (model->logits.size() != rows * vocab)
+      return fail(NF_ERR_INTERNAL, "nf_decode: the engine returned " +
+                                       std::to_string(model->logits.size()) +
+                                       " logits, expected " +
+                                       std::to_string(rows * vocab));
+    if (logits_out)
+      std::memcpy(logits_out, model->logits.data(),
+                  rows * vocab * sizeof(float));
+    return NF_OK;
+  });
+}
+
+} // extern "C"

@@ -1,0 +1,198 @@
+// C API: samplers and generation.
+#include "capi/capi.h"
+
+#include <algorithm>
+#include <cmath>
+
+using namespace nf;
+using nf::capi::fail;
+using nf::capi::guard;
+using nf::capi::guardValue;
+
+namespace {
+
+/// Removes a sequence when it goes out of scope.
+class SequenceGuard {
+public:
+  SequenceGuard(nf_model *model, int32_t id) : model_(model), id_(id) {}
+  ~SequenceGuard() {
+    model_->liveSequences.erase(id_);
+    (void)model_->engine->removeSequence(id_);
+  }
+  SequenceGuard(const SequenceGuard &) = delete;
+  SequenceGuard &operator=(const SequenceGuard &) = delete;
+
+private:
+  nf_model *model_;
+  int32_t id_;
+};
+
+/// The bytes that `token` adds to the text of `history` (the tokens before
+/// it): the decode of a short tail with and without the token, so that
+/// decoders that join or merge tokens stream correctly.
+std::string newBytes(const Tokenizer &tok, const std::vector<int32_t> &history,
+                     int32_t token) {
+  constexpr size_t kTail = 8;
+  size_t begin = history.size() > kTail ? history.size() - kTail : 0;
+  std::vector<int32_t> tail(history.begin() + begin, history.end());
+  std::string before = tok.decodeBytes(tail, /*skipSpecial=*/true);
+  tail.push_back(token);
+  std::string after = tok.decodeBytes(tail, /*skipSpecial=*/true);
+  if (after.size() >= before.size() &&
+      after.compare(0, before.size(), before) == 0)
+    return after.substr(before.size());
+  return tok.decodeBytes({token}, /*skipSpecial=*/true);
+}
+
+} // namespace
+
+extern "C" {
+
+nf_sampler_params nf_sampler_default_params(void) {
+  nf_sampler_params p;
+  p.temperature = 0.0f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.seed = 0;
+  return p;
+}
+
+nf_status nf_sampler_create(const nf_sampler_params *params, nf_sampler **out) {
+  return guard([&]() -> nf_status {
+    if (out)
+      *out = nullptr;
+    if (!out)
+      return fail(NF_ERR_INVALID_ARGUMENT, "nf_sampler_create: out is NULL");
+    nf_sampler_params p = params ? *params : nf_sampler_default_params();
+    StatusOr<sampling::Sampler> s =
+        sampling::Sampler::create(capi::toSamplerParams(p));
+    if (!s)
+      return fail(NF_ERR_INVALID_ARGUMENT, s.status());
+    *out = new nf_sampler{std::move(*s)};
+    return NF_OK;
+  });
+}
+
+void nf_sampler_free(nf_sampler *sampler) { delete sampler; }
+
+void nf_sampler_reseed(nf_sampler *sampler, uint64_t seed) {
+  if (sampler)
+    sampler->sampler.reseed(seed);
+}
+
+int32_t nf_sample(nf_sampler *sampler, const float *logits, int32_t n_vocab) {
+  return guardValue<int32_t>(-1, [&]() -> int32_t {
+    if (!sampler || !logits || n_vocab <= 0) {
+      fail(NF_ERR_INVALID_ARGUMENT,
+           "nf_sample: NULL sampler or logits, or n_vocab <= 0");
+      return -1;
+    }
+    StatusOr<int32_t> t = sampler->sampler.sample(
+        std::span<const float>(logits, static_cast<size_t>(n_vocab)));
+    if (!t) {
+      fail(NF_ERR_INVALID_ARGUMENT, t.status());
+      return -1;
+    }
+    return *t;
+  });
+}
+
+nf_generate_params nf_generate_default_params(void) {
+  nf_generate_params p;
+  p.max_tokens = 128;
+  p.sampler = nf_sampler_default_params();
+  p.stop_tokens = nullptr;
+  p.n_stop_tokens = 0;
+  p.ignore_eos = 0;
+  p.expert_budget = 0.0f;
+  return p;
+}
+
+nf_status nf_generate(nf_model *model, const int32_t *prompt, size_t n_prompt,
+                      const nf_generate_params *params,
+                      nf_token_callback callback, void *user_data, int32_t *out,
+                      size_t cap, size_t *n_out) {
+  return guard([&]() -> nf_status {
+    if (n_out)
+      *n_out = 0;
+    if (!model || !n_out || (!out && cap > 0))
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_generate: NULL model, out or n_out");
+    if (!prompt || n_prompt == 0)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_generate: the prompt needs at least one token");
+    if (n_prompt > static_cast<size_t>(INT32_MAX))
+      return fail(NF_ERR_INVALID_ARGUMENT, "nf_generate: prompt too long");
+    nf_generate_params p = params ? *params : nf_generate_default_params();
+    if (p.max_tokens < 0)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_generate: max_tokens must be >= 0");
+    if (p.n_stop_tokens > 0 && !p.stop_tokens)
+      return fail(NF_ERR_INVALID_ARGUMENT, "nf_generate: stop_tokens is NULL");
+    if (!std::isfinite(p.expert_budget))
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_generate: expert budget must be finite");
+    StatusOr<sampling::Sampler> sampler =
+        sampling::Sampler::create(capi::toSamplerParams(p.sampler));
+    if (!sampler)
+      return fail(NF_ERR_INVALID_ARGUMENT, sampler.status());
+    const size_t limit = std::min(static_cast<size_t>(p.max_tokens), cap);
+    if (limit == 0)
+      return NF_OK;
+    std::vector<int32_t> stops(p.stop_tokens, p.stop_tokens + p.n_stop_tokens);
+    if (!p.ignore_eos)
+      stops.insert(stops.end(), model->eos.begin(), model->eos.end());
+
+    int32_t seq = -1;
+    if (nf_status s = nf_seq_add(model, &seq); s != NF_OK)
+      return s;
+    SequenceGuard removeAtEnd(model, seq);
+
+    nf_seq_input in;
+    in.seq_id = seq;
+    in.tokens = prompt;
+    in.n_tokens = static_cast<int32_t>(n_prompt);
+    in.expert_budget = p.expert_budget;
+    in.experts_per_token = 0;
+    if (nf_status s = capi::runStep(model, &in, 1, /*allLogits=*/false,
+                                    /*expertCalls=*/nullptr);
+        s != NF_OK)
+      return s;
+
+    const size_t vocab = static_cast<size_t>(model->engine->info().vocabSize);
+    std::vector<int32_t> generated;
+    while (true) {
+      if (model->logits.size() < vocab)
+        return fail(NF_ERR_INTERNAL, "nf_generate: the engine returned " +
+                                         std::to_string(model->logits.size()) +
+                                         " logits");
+      std::span<const float> last(
+          model->logits.data() + (model->logits.size() - vocab), vocab);
+      StatusOr<int32_t> token = sampler->sample(last);
+      if (!token)
+        return fail(NF_ERR_RUNTIME, "nf_generate: " + token.message());
+      out[generated.size()] = *token;
+      *n_out = generated.size() + 1;
+      bool stop = false;
+      if (callback) {
+        std::string piece;
+        if (model->tokenizer)
+          piece = newBytes(*model->tokenizer, generated, *token);
+        stop = callback(*token, model->tokenizer ? piece.data() : nullptr,
+                        piece.size(), user_data) != 0;
+      }
+      generated.push_back(*token);
+      if (stop || generated.size() >= limit ||
+          std::find(stops.begin(), stops.end(), *token) != stops.end())
+        return NF_OK;
+      in.tokens = &out[generated.size() - 1];
+      in.n_tokens = 1;
+      if (nf_status s = capi::runStep(model, &in, 1, false, nullptr);
+          s != NF_OK)
+        return s;
+    }
+  });
+}
+
+} // extern "C"

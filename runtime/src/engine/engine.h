@@ -1,0 +1,113 @@
+// nf::Engine: a loaded plan with its weights and state, executing steps.
+//
+// This is the internal C++ interface between the plan interpreter (backends)
+// and the public APIs (include/nf/nf.h, nfrun). One Engine owns the mapped
+// weights, the arena, the KV cache and the recurrent-state slots of one
+// model; sequences are added and removed between steps (continuous batching).
+// Not thread-safe: one step at a time.
+#pragma once
+
+#include "nf/status.h"
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace nf {
+
+struct EngineOptions {
+  /// Directory holding the safetensors files; empty: the plan's checkpoint.
+  std::string weightsDir;
+  /// CPU threads for one step; 0: OpenMP default.
+  int numThreads = 0;
+  /// Sequences that may be alive at once; 0: the plan's state slots. May
+  /// exceed the plan's decode batch: larger decode steps run in several
+  /// passes of the decode program.
+  int32_t maxSequences = 0;
+  /// KV pages per attention layer (page ids are shared by all layers; a
+  /// sequence holds ceil(length / page size) of them); 0: the plan's
+  /// default.
+  int32_t kvPages = 0;
+};
+
+/// Facts about the loaded model, from the plan.
+struct ModelInfo {
+  std::string name;
+  int64_t vocabSize = 0;
+  int64_t hiddenSize = 0;
+  int64_t bosTokenId = -1;
+  std::vector<int64_t> eosTokenIds;
+  std::string layerKinds;       // "MEMEM*EM-EM*E"
+  int64_t maxPrefillTokens = 0; // tokens per prefill step (arena size)
+  int64_t maxDecodeTokens = 0;  // sequences per decode step
+  int32_t maxSequences = 0;
+  // Tokens a sequence may hold: KV pages * page size, or -1 (unlimited) for
+  // attention-free models.
+  int64_t maxContext = 0;
+  int32_t topK = 0;         // the model's experts per token (0: no MoE)
+  std::string expertPolicy; // "topk" or "budget"
+  float defaultExpertBudget = 1.0f;
+  std::string weightsDir;
+};
+
+/// The tokens one sequence contributes to a step.
+struct SequenceInput {
+  int32_t sequence = 0;            // id returned by addSequence
+  std::span<const int32_t> tokens; // appended at the sequence's current length
+  /// Fraction of static top-k (1.0 = the model's k); finite, >= 0. Read by
+  /// the "budget" policy (until its scheduler lands, issue 6, both policies
+  /// run static top-k).
+  float expertBudget = 1.0f;
+  /// > 0: run exactly this many of the best experts, renormalised over them
+  /// (static top-k override, evaluation); at most ModelInfo::topK.
+  int32_t expertsPerToken = 0;
+};
+
+enum class LogitsFor { AllTokens, LastTokenPerSequence };
+
+/// Per-step observability (MoE).
+struct StepStats {
+  /// Expert calls per sequence (index as in the step's inputs): routed
+  /// experts run, summed over the sequence's tokens and the MoE layers.
+  std::vector<int64_t> expertCalls;
+};
+
+class Engine {
+public:
+  virtual ~Engine() = default;
+
+  /// Loads `planPath` (flatbuffers verifier, version check) and maps and
+  /// checks every weight (name, dtype, shape). Errors name the file.
+  static StatusOr<std::unique_ptr<Engine>> load(const std::string &planPath,
+                                                const EngineOptions &options);
+
+  virtual const ModelInfo &info() const = 0;
+
+  /// A new empty sequence (fresh recurrent state, no KV pages). Ids are
+  /// never reused within an Engine. Fails when all maxSequences slots are
+  /// in use.
+  virtual StatusOr<int32_t> addSequence() = 0;
+  /// Frees the sequence's state slot and KV pages; an unknown id is an error.
+  virtual Status removeSequence(int32_t sequence) = 0;
+  /// Tokens the sequence holds (processed so far); -1 for an unknown id.
+  virtual int64_t sequenceLength(int32_t sequence) const = 0;
+
+  /// Runs one step over the given sequences (each appears at most once,
+  /// with at least one token). Uses the decode program when every sequence
+  /// contributes exactly one token, else the prefill program; steps with
+  /// more rows than the program's max tokens run in several passes (a
+  /// sequence split across passes continues from its state). `logits`
+  /// receives [rows, vocab] f32, rows = all tokens of the step in input
+  /// order, or the last token of each sequence in input order. `stats`, when
+  /// given, is overwritten. Errors (unknown or repeated sequence, no tokens,
+  /// token id outside the vocabulary, expertsPerToken > topK, bad budget,
+  /// context or KV pages exhausted) are detected before anything runs: the
+  /// sequences are left unchanged. An empty step succeeds with no logits.
+  virtual Status step(std::span<const SequenceInput> inputs, LogitsFor which,
+                      std::vector<float> &logits,
+                      StepStats *stats = nullptr) = 0;
+};
+
+} // namespace nf

@@ -1,0 +1,306 @@
+#include "engine/plan_loader.h"
+
+#include "nf/plan_version.h"
+
+#include <flatbuffers/flatbuffers.h>
+
+#include <cstring>
+#include <filesystem>
+#include <new>
+
+namespace nf::engine {
+
+namespace fb = flatbuffers;
+namespace pl = nf::plan;
+
+std::string shapeString(const std::vector<int64_t> &s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+nf::DType toDType(pl::DType t) {
+  switch (t) {
+  case pl::DType::F32:
+    return nf::DType::F32;
+  case pl::DType::BF16:
+    return nf::DType::BF16;
+  case pl::DType::F16:
+    return nf::DType::F16;
+  case pl::DType::I32:
+    return nf::DType::I32;
+  case pl::DType::I64:
+    return nf::DType::I64;
+  }
+  return nf::DType::F32;
+}
+
+// ---------------------------------------------------------------------------
+// The plan file
+
+StatusOr<std::unique_ptr<PlanFile>> openPlan(const std::string &path) {
+  StatusOr<MappedFile> mf = MappedFile::open(path);
+  if (!mf)
+    return mf.status(); // "<path>: cannot open: ..." / "file is empty"
+  auto pf = std::make_unique<PlanFile>();
+  pf->path = path;
+  pf->file = std::move(*mf);
+  const uint8_t *buf = pf->file.data();
+  const size_t size = pf->file.size();
+
+  // Root offset (4 bytes) + file identifier (4 bytes).
+  constexpr size_t kHeader = sizeof(fb::uoffset_t) + fb::kFileIdentifierLength;
+  if (size < kHeader)
+    return Status::error(path + ": " + std::to_string(size) +
+                         " bytes is too small to be an nf plan");
+  if (!pl::PlanBufferHasIdentifier(buf)) {
+    std::string id(reinterpret_cast<const char *>(buf) + sizeof(fb::uoffset_t),
+                   fb::kFileIdentifierLength);
+    for (char &c : id)
+      if (c < 0x20 || c > 0x7e)
+        c = '?';
+    return Status::error(path + ": not an nf plan (file identifier '" + id +
+                         "', expected '" + kPlanFileIdentifier + "')");
+  }
+  const fb::uoffset_t root = fb::ReadScalar<fb::uoffset_t>(buf);
+  if (root < kHeader || static_cast<size_t>(root) + 4 > size)
+    return Status::error(path + ": truncated plan (root table at byte " +
+                         std::to_string(root) + " of " + std::to_string(size) +
+                         ")");
+
+  // The version fields first, verified on their own: a plan of another major
+  // version may not match this schema anywhere else.
+  {
+    fb::Verifier v(buf, size);
+    const fb::Table *t = fb::GetRoot<fb::Table>(buf);
+    if (!t->VerifyTableStart(v) ||
+        !t->VerifyField<uint32_t>(v, pl::Plan::VT_VERSION_MAJOR, 4) ||
+        !t->VerifyField<uint32_t>(v, pl::Plan::VT_VERSION_MINOR, 4))
+      return Status::error(path + ": truncated or corrupted plan (bad root "
+                                  "table)");
+    const uint32_t major = t->GetField<uint32_t>(pl::Plan::VT_VERSION_MAJOR, 0);
+    const uint32_t minor = t->GetField<uint32_t>(pl::Plan::VT_VERSION_MINOR, 0);
+    const std::string version =
+        std::to_string(major) + "." + std::to_string(minor);
+    if (major != kPlanVersionMajor)
+      return Status::error(path + ": plan format version " + version +
+                           " is not supported by this runtime (reads " +
+                           std::to_string(kPlanVersionMajor) + ".x)");
+    if (minor > kPlanVersionMinor)
+      return Status::error(path + ": plan format version " + version +
+                           " is not supported by this runtime (reads " +
+                           std::to_string(kPlanVersionMajor) + ".x up to " +
+                           std::to_string(kPlanVersionMajor) + "." +
+                           std::to_string(kPlanVersionMinor) + ")");
+  }
+
+  {
+    // Plans hold many small tables; raise the verifier's table limit well
+    // above the default (1M) so large models verify.
+    fb::Verifier v(buf, size, /*max_depth=*/64, /*max_tables=*/1u << 30);
+    if (!pl::VerifyPlanBuffer(v))
+      return Status::error(path + ": corrupted or truncated plan (flatbuffers "
+                                  "verification failed)");
+  }
+  pf->plan = pl::GetPlan(buf);
+  const pl::Plan *p = pf->plan;
+  if (!p->config())
+    return Status::error(path + ": plan has no model config");
+  if (!p->prefill() || !p->decode())
+    return Status::error(path + ": plan needs both a prefill and a decode "
+                                "step");
+  if (!p->weights())
+    return Status::error(path + ": plan has no weights table");
+  return pf;
+}
+
+// ---------------------------------------------------------------------------
+// Weights
+
+namespace {
+
+std::vector<int64_t> toVector(const fb::Vector<int64_t> *v) {
+  std::vector<int64_t> out;
+  if (v)
+    out.assign(v->begin(), v->end());
+  return out;
+}
+
+struct Finder {
+  const BoundWeights &bw;
+
+  /// The tensor `name` and the file holding it.
+  StatusOr<std::pair<WeightView, std::string>>
+  find(const std::string &name) const {
+    for (size_t i = 0; i < bw.stores.size(); ++i)
+      if (bw.stores[i].contains(name)) {
+        StatusOr<WeightView> v = bw.stores[i].find(name);
+        if (!v)
+          return v.status();
+        return std::make_pair(std::move(*v), bw.files[i]);
+      }
+    if (bw.files.size() == 1)
+      return Status::error(bw.files[0] + ": no tensor '" + name + "'");
+    std::string list;
+    for (const std::string &f : bw.files)
+      list += (list.empty() ? "" : ", ") +
+              std::filesystem::path(f).filename().string();
+    return Status::error(bw.dir + ": no tensor '" + name + "' in " + list);
+  }
+
+  /// The tensor `name`, checked to have `dtype` and `shape`.
+  StatusOr<WeightView> get(const std::string &name, nf::DType dtype,
+                           const std::vector<int64_t> &shape) const {
+    auto found = find(name);
+    if (!found)
+      return found.status();
+    const auto &[view, file] = *found;
+    if (view.dtype != dtype)
+      return Status::error(file + ": tensor '" + name + "' has dtype " +
+                           dtypeName(view.dtype) + ", expected " +
+                           dtypeName(dtype));
+    if (view.shape != shape)
+      return Status::error(file + ": tensor '" + name + "' has shape " +
+                           shapeString(view.shape) + ", expected " +
+                           shapeString(shape));
+    return view;
+  }
+};
+
+} // namespace
+
+StatusOr<std::unique_ptr<BoundWeights>>
+bindWeights(const PlanFile &pf, const std::string &weightsDir) {
+  const pl::Plan &plan = *pf.plan;
+  const pl::ModelConfig &cfg = *plan.config();
+  auto bw = std::make_unique<BoundWeights>();
+  bw->dir = weightsDir;
+  if (bw->dir.empty()) {
+    if (!cfg.checkpoint() || cfg.checkpoint()->size() == 0)
+      return Status::error(pf.path + ": the plan names no checkpoint "
+                                     "directory; give the weights directory");
+    bw->dir = cfg.checkpoint()->str();
+  }
+  if (!cfg.weight_files() || cfg.weight_files()->size() == 0)
+    return Status::error(pf.path + ": the plan lists no weight files");
+  namespace fs = std::filesystem;
+  try {
+    for (const fb::String *f : *cfg.weight_files()) {
+      const std::string rel = f->str();
+      const std::string full = (fs::path(bw->dir) / rel).string();
+      std::error_code ec;
+      if (!fs::is_regular_file(full, ec))
+        return Status::error(bw->dir + ": missing weights file " + rel);
+      StatusOr<WeightStore> ws = WeightStore::openFile(full);
+      if (!ws)
+        return ws.status();
+      bw->stores.push_back(std::move(*ws));
+      bw->files.push_back(full);
+    }
+
+    Finder finder{*bw};
+    const auto &weights = *plan.weights();
+    for (fb::uoffset_t wi = 0; wi < weights.size(); ++wi) {
+      const pl::Weight &w = *weights.Get(wi);
+      const std::string ctx = pf.path + ": weight " + std::to_string(wi);
+      if (!w.tensors() || w.tensors()->size() == 0)
+        return Status::error(ctx + " names no tensors");
+      const pl::DType pdt = w.dtype();
+      if (pdt != pl::DType::F32 && pdt != pl::DType::BF16 &&
+          pdt != pl::DType::F16)
+        return Status::error(ctx + " has unsupported dtype " +
+                             pl::EnumNameDType(pdt));
+      const nf::DType dt = toDType(pdt);
+      const std::vector<int64_t> shape = toVector(w.shape());
+      for (int64_t d : shape)
+        if (d <= 0)
+          return Status::error(ctx + " has shape " + shapeString(shape));
+      const std::vector<int64_t> rows = toVector(w.concat_rows());
+      const auto &names = *w.tensors();
+      const size_t n = names.size();
+      BoundWeight b;
+      b.shape = shape;
+
+      if (w.stacked()) {
+        if (shape.empty())
+          return Status::error(ctx + ": stacked weight without dimensions");
+        if (n == 1) {
+          auto v = finder.get(names.Get(0)->str(), dt, shape);
+          if (!v)
+            return v.status();
+          b.view = *v;
+          for (int64_t e = 0; e < shape[0]; ++e)
+            b.experts.push_back(b.view.at(e));
+        } else {
+          if (static_cast<int64_t>(n) != shape[0])
+            return Status::error(ctx + ": " + std::to_string(n) +
+                                 " tensors stacked into shape " +
+                                 shapeString(shape));
+          const std::vector<int64_t> each(shape.begin() + 1, shape.end());
+          for (size_t i = 0; i < n; ++i) {
+            auto v = finder.get(names.Get(i)->str(), dt, each);
+            if (!v)
+              return v.status();
+            b.experts.push_back(*v);
+          }
+        }
+      } else if (!rows.empty()) {
+        if (rows.size() != n)
+          return Status::error(ctx + ": " + std::to_string(rows.size()) +
+                               " concat_rows for " + std::to_string(n) +
+                               " tensors");
+        int64_t total = 0;
+        for (int64_t r : rows)
+          total += r;
+        if (shape.empty() || total != shape[0])
+          return Status::error(ctx + ": concat_rows sum to " +
+                               std::to_string(total) + ", shape is " +
+                               shapeString(shape));
+        std::vector<WeightView> parts;
+        size_t bytes = 0;
+        for (size_t i = 0; i < n; ++i) {
+          std::vector<int64_t> s = shape;
+          s[0] = rows[i];
+          auto v = finder.get(names.Get(i)->str(), dt, s);
+          if (!v)
+            return v.status();
+          bytes += static_cast<size_t>(v->numElements()) * v->elementSize();
+          parts.push_back(*v);
+        }
+        std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[bytes]);
+        if (!buf)
+          return Status::error(ctx + ": out of memory packing " +
+                               std::to_string(bytes) + " bytes");
+        size_t at = 0;
+        for (const WeightView &v : parts) {
+          const size_t nb =
+              static_cast<size_t>(v.numElements()) * v.elementSize();
+          std::memcpy(buf.get() + at, v.data, nb);
+          at += nb;
+        }
+        b.view.data = buf.get();
+        b.view.dtype = dt;
+        b.view.shape = shape;
+        bw->packed.push_back(std::move(buf));
+      } else {
+        if (n != 1)
+          return Status::error(ctx + ": " + std::to_string(n) +
+                               " tensors but neither stacked nor "
+                               "concatenated");
+        auto v = finder.get(names.Get(0)->str(), dt, shape);
+        if (!v)
+          return v.status();
+        b.view = *v;
+      }
+      bw->weights.push_back(std::move(b));
+    }
+  } catch (const std::bad_alloc &) {
+    return Status::error(bw->dir + ": out of memory binding weights");
+  } catch (const std::exception &e) {
+    return Status::error(bw->dir + ": " + e.what());
+  }
+  return bw;
+}
+
+} // namespace nf::engine

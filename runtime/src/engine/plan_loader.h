@@ -1,0 +1,65 @@
+// Reading an execution plan (.nfb) and binding its weights to checkpoint
+// tensors. Internal to the runtime: backends build on a PlanFile and its
+// BoundWeights.
+#pragma once
+
+#include "nf/plan_generated.h"
+#include "nf/status.h"
+#include "weights.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace nf::engine {
+
+/// A mapped, verified plan of a supported version. `plan` points into the
+/// mapping and stays valid while the PlanFile lives.
+struct PlanFile {
+  std::string path;
+  MappedFile file;
+  const nf::plan::Plan *plan = nullptr;
+};
+
+/// Maps `path` and checks, in order: size, file identifier ("NFPL"), format
+/// version (major equal, minor not newer than this runtime's), the
+/// flatbuffers verifier, and the presence of the tables every backend needs
+/// (config, prefill and decode steps). Errors are one line naming the file.
+StatusOr<std::unique_ptr<PlanFile>> openPlan(const std::string &path);
+
+/// One plan Weight resolved to memory.
+struct BoundWeight {
+  /// The plan's logical shape.
+  std::vector<int64_t> shape;
+  /// The whole logical tensor (plan shape and dtype); invalid for experts
+  /// stacked from one tensor per expert (see `experts`).
+  WeightView view;
+  /// stacked: one view per expert (shape = plan shape[1:]).
+  std::vector<WeightView> experts;
+};
+
+/// The checkpoint files of a plan, mapped, and every plan Weight bound.
+struct BoundWeights {
+  std::string dir;                  // the weights directory used
+  std::vector<WeightStore> stores;  // one per config.weight_files entry
+  std::vector<std::string> files;   // their paths
+  std::vector<BoundWeight> weights; // per Plan.weights entry
+  /// Row-concatenated weights (concat_rows), packed at load.
+  std::vector<std::unique_ptr<uint8_t[]>> packed;
+};
+
+/// Opens config.weight_files under `weightsDir` (empty: the plan's
+/// config.checkpoint) and checks that every tensor of every plan Weight
+/// exists with the plan's dtype and shape. Errors name the weights file (or
+/// directory) and the tensor.
+StatusOr<std::unique_ptr<BoundWeights>>
+bindWeights(const PlanFile &plan, const std::string &weightsDir);
+
+/// "[63, 128]".
+std::string shapeString(const std::vector<int64_t> &shape);
+
+/// The safetensors dtype of a plan dtype.
+nf::DType toDType(nf::plan::DType t);
+
+} // namespace nf::engine

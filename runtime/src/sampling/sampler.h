@@ -1,0 +1,69 @@
+// Token sampling from logits: greedy, temperature, top-k, top-p, min-p.
+//
+// The logits are divided by the temperature and turned into probabilities
+// (softmax, in double); top-k, then top-p, then min-p keep a subset; the
+// token is drawn from the kept probabilities, renormalised. Temperature 0 is
+// greedy: the argmax, the lowest index on ties, and no random draw. Every
+// non-greedy sample consumes exactly one 64-bit draw of a std::mt19937_64, so
+// equal seeds, parameters and logits give equal tokens on every platform.
+// NaN logits count as -inf; -inf logits are never chosen.
+#pragma once
+
+#include "nf/status.h"
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace nf::sampling {
+
+struct SamplerParams {
+  float temperature = 0.0f; // 0: greedy
+  int32_t topK = 0;         // 0: off
+  float topP = 1.0f;        // 1: off
+  float minP = 0.0f;        // 0: off
+  uint64_t seed = 0;
+};
+
+/// Errors for parameters out of range (temperature < 0 or not finite,
+/// top-k < 0, top-p outside (0, 1], min-p outside [0, 1]).
+Status validate(const SamplerParams &params);
+
+/// The index of the largest logit, the lowest one on ties (NaN ignored);
+/// -1 when there is none (empty, or every logit NaN).
+int32_t argmax(std::span<const float> logits);
+
+class Sampler {
+public:
+  static StatusOr<Sampler> create(const SamplerParams &params);
+
+  const SamplerParams &params() const { return params_; }
+  /// Restarts the random stream.
+  void reseed(uint64_t seed) { rng_.seed(seed); }
+
+  /// The next token. Errors: empty logits, no logit above -inf.
+  StatusOr<int32_t> sample(std::span<const float> logits);
+
+  /// The probabilities the next non-greedy sample draws from (0 for
+  /// filtered tokens; sums to 1), or a one-hot vector when greedy.
+  StatusOr<std::vector<double>> distribution(std::span<const float> logits);
+
+private:
+  explicit Sampler(const SamplerParams &params)
+      : params_(params), rng_(params.seed) {}
+
+  struct Candidate {
+    int32_t index;
+    double prob; // unnormalised
+  };
+  /// Fills candidates_ with the kept tokens and returns the sum of their
+  /// unnormalised probabilities (0: nothing to choose from).
+  double filter(std::span<const float> logits);
+
+  SamplerParams params_;
+  std::mt19937_64 rng_;
+  std::vector<Candidate> candidates_;
+};
+
+} // namespace nf::sampling

@@ -1,0 +1,983 @@
+// nf::Engine (CPU backend) on plans compiled by this build's nfc from every
+// fixture and examples/pydoc-moe: prefill and greedy-decode logits against
+// the Hugging Face float64 references, batching and continuous batching
+// (bit-identical to one sequence at a time), steps split over a small arena,
+// MoE expert statistics and overrides, and clean errors for broken plans,
+// broken weights and bad steps.
+#include "cpu/kernels.h"
+#include "engine/engine.h"
+#include "nf/plan_generated.h"
+#include "nf/plan_version.h"
+
+#include "ReferenceUtil.h"
+#include "TestUtil.h"
+
+#include <flatbuffers/flatbuffers.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+
+namespace {
+
+using namespace nf;
+using namespace nf::test::ref;
+namespace fs = std::filesystem;
+
+std::string planPath(const std::string &name) {
+  return std::string(NF_PLAN_DIR) + "/" + name + ".nfb";
+}
+
+std::string modelDir(const std::string &name) {
+  return name == "pydoc-moe" ? test::examplesDir() + "/pydoc-moe"
+                             : test::fixtureDir(name);
+}
+
+// Tests run on one thread (results do not depend on the thread count) with
+// a small KV cache.
+EngineOptions testOptions() {
+  EngineOptions o;
+  o.numThreads = 1;
+  o.kvPages = 96;
+  o.maxSequences = 8;
+  return o;
+}
+
+std::unique_ptr<Engine> loadEngine(const std::string &plan,
+                                   const EngineOptions &o = testOptions()) {
+  StatusOr<std::unique_ptr<Engine>> e = Engine::load(plan, o);
+  EXPECT_TRUE(e.ok()) << e.message();
+  return e ? std::move(*e) : nullptr;
+}
+
+Status stepOne(Engine &e, int32_t seq, std::span<const int32_t> tokens,
+               LogitsFor which, std::vector<float> &logits,
+               StepStats *stats = nullptr, int32_t expertsPerToken = 0) {
+  SequenceInput in;
+  in.sequence = seq;
+  in.tokens = tokens;
+  in.expertsPerToken = expertsPerToken;
+  return e.step({&in, 1}, which, logits, stats);
+}
+
+double maxAbsDiff(const float *a, const float *b, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; ++i)
+    m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
+  return m;
+}
+
+int64_t countMoeLayers(const ModelInfo &info) {
+  return std::count(info.layerKinds.begin(), info.layerKinds.end(), 'E');
+}
+
+/// Per prompt: prefill logits [T, V] then one row per greedy step.
+struct SingleRun {
+  std::vector<float> prefill;
+  std::vector<std::vector<float>> decode;
+};
+
+/// Each prompt alone: prefill, then its greedy tokens one step at a time.
+std::vector<SingleRun> runOneAtATime(Engine &e,
+                                     const std::vector<Prompt> &prompts) {
+  const int64_t V = e.info().vocabSize;
+  std::vector<SingleRun> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    StatusOr<int32_t> seq = e.addSequence();
+    EXPECT_TRUE(seq.ok()) << seq.message();
+    if (!seq)
+      return {};
+    Status s = stepOne(e, *seq, prompts[i].tokens, LogitsFor::AllTokens,
+                       out[i].prefill);
+    EXPECT_TRUE(s.ok()) << s.message();
+    int32_t tok = argmax(
+        out[i].prefill.data() + int64_t(prompts[i].tokens.size() - 1) * V, V);
+    for (size_t st = 0; st < prompts[i].greedyTokens.size(); ++st) {
+      std::vector<float> l;
+      s = stepOne(e, *seq, {&tok, 1}, LogitsFor::LastTokenPerSequence, l);
+      EXPECT_TRUE(s.ok()) << s.message();
+      tok = argmax(l.data(), V);
+      out[i].decode.push_back(std::move(l));
+    }
+    EXPECT_TRUE(e.removeSequence(*seq).ok());
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Fixtures
+
+class PlanFixture : public ::testing::TestWithParam<std::string> {
+protected:
+  void SetUp() override {
+    engine_ = loadEngine(planPath(GetParam()));
+    ASSERT_NE(engine_, nullptr);
+    ref_ = std::make_unique<RefFile>(modelDir(GetParam()) +
+                                     "/reference.safetensors");
+    prompts_ = loadPrompts(*ref_);
+    ASSERT_FALSE(prompts_.empty());
+    V_ = engine_->info().vocabSize;
+  }
+
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<RefFile> ref_;
+  std::vector<Prompt> prompts_;
+  int64_t V_ = 0;
+};
+
+TEST_P(PlanFixture, PrefillAndGreedyMatchReference) {
+  Engine &e = *engine_;
+  double worstPrefill = 0, worstDecode = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    const Prompt &p = prompts_[i];
+    StatusOr<int32_t> seq = e.addSequence();
+    ASSERT_TRUE(seq.ok()) << seq.message();
+    const int64_t T = static_cast<int64_t>(p.tokens.size());
+    std::vector<float> logits;
+    Status s = stepOne(e, *seq, p.tokens, LogitsFor::AllTokens, logits);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_EQ(logits.size(), p.prefillLogits.size());
+    ASSERT_EQ(e.sequenceLength(*seq), T);
+    const double pe =
+        relError(logits.data(), p.prefillLogits.data(), logits.size());
+    worstPrefill = std::max(worstPrefill, pe);
+    EXPECT_LE(pe, kTol) << GetParam() << " p" << i << " prefill";
+
+    int32_t tok = argmax(logits.data() + (T - 1) * V_, V_);
+    double de = 0;
+    for (size_t st = 0; st < p.greedyTokens.size(); ++st) {
+      ASSERT_EQ(tok, p.greedyTokens[st])
+          << GetParam() << " p" << i << " greedy step " << st;
+      s = stepOne(e, *seq, {&tok, 1}, LogitsFor::LastTokenPerSequence, logits);
+      ASSERT_TRUE(s.ok()) << s.message();
+      ASSERT_EQ(logits.size(), size_t(V_));
+      ASSERT_FALSE(p.greedyLogits.empty());
+      de = std::max(
+          de, relError(logits.data(), p.greedyLogits.data() + st * V_, V_));
+      tok = argmax(logits.data(), V_);
+    }
+    worstDecode = std::max(worstDecode, de);
+    EXPECT_LE(de, kTol) << GetParam() << " p" << i << " greedy logits";
+    ASSERT_TRUE(e.removeSequence(*seq).ok());
+    EXPECT_EQ(e.sequenceLength(*seq), -1);
+  }
+  const double ms = std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - t0)
+                        .count();
+  std::cout << "[ plan ] " << GetParam() << ": worst rel err prefill "
+            << worstPrefill << ", decode " << worstDecode << " ("
+            << prompts_.size() << " prompts, " << ms << " ms)\n";
+}
+
+// All prompts in one prefill step (scattered slots and pages), then decoded
+// in lockstep: bit-identical to one sequence at a time, and to the
+// reference.
+TEST_P(PlanFixture, BatchedStepsEqualOneAtATime) {
+  Engine &e = *engine_;
+  const std::vector<SingleRun> single = runOneAtATime(e, prompts_);
+  ASSERT_EQ(single.size(), prompts_.size());
+  const int n = static_cast<int>(prompts_.size());
+
+  // A placeholder takes the first slot and some pages, then leaves.
+  StatusOr<int32_t> dummy = e.addSequence();
+  ASSERT_TRUE(dummy.ok());
+  std::vector<int32_t> filler(37, 3);
+  std::vector<float> logits;
+  ASSERT_TRUE(
+      stepOne(e, *dummy, filler, LogitsFor::LastTokenPerSequence, logits).ok());
+  std::vector<int32_t> seqs(n);
+  for (int i = n - 1; i >= 0; --i) {
+    StatusOr<int32_t> s = e.addSequence();
+    ASSERT_TRUE(s.ok()) << s.message();
+    seqs[i] = *s;
+  }
+  ASSERT_TRUE(e.removeSequence(*dummy).ok());
+
+  std::vector<SequenceInput> inputs(n);
+  for (int i = 0; i < n; ++i) {
+    inputs[i].sequence = seqs[i];
+    inputs[i].tokens = prompts_[i].tokens;
+  }
+  Status s = e.step(inputs, LogitsFor::AllTokens, logits);
+  ASSERT_TRUE(s.ok()) << s.message();
+  double diff = 0, worst = 0;
+  std::vector<int32_t> next(n);
+  int64_t row = 0;
+  for (int i = 0; i < n; ++i) {
+    const float *rows = logits.data() + row * V_;
+    const size_t count = prompts_[i].prefillLogits.size();
+    ASSERT_EQ(single[i].prefill.size(), count);
+    diff = std::max(diff, maxAbsDiff(rows, single[i].prefill.data(), count));
+    worst = std::max(worst,
+                     relError(rows, prompts_[i].prefillLogits.data(), count));
+    row += static_cast<int64_t>(prompts_[i].tokens.size());
+    next[i] = argmax(rows + count - V_, V_);
+  }
+  EXPECT_EQ(diff, 0.0) << "batched prefill differs from one at a time";
+  EXPECT_LE(worst, kTol);
+
+  const size_t S = prompts_[0].greedyTokens.size();
+  double worstDecode = 0;
+  for (size_t st = 0; st < S; ++st) {
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(next[i], prompts_[i].greedyTokens[st]) << "p" << i;
+      inputs[i].tokens = {&next[i], 1};
+    }
+    s = e.step(inputs, LogitsFor::LastTokenPerSequence, logits);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_EQ(logits.size(), size_t(n * V_));
+    for (int i = 0; i < n; ++i) {
+      const float *r = logits.data() + i * V_;
+      diff = std::max(diff, maxAbsDiff(r, single[i].decode[st].data(), V_));
+      worstDecode =
+          std::max(worstDecode,
+                   relError(r, prompts_[i].greedyLogits.data() + st * V_, V_));
+    }
+    for (int i = 0; i < n; ++i)
+      next[i] = argmax(logits.data() + i * V_, V_);
+  }
+  EXPECT_EQ(diff, 0.0) << "batched decode differs from one at a time";
+  EXPECT_LE(worstDecode, kTol);
+  for (int i = 0; i < n; ++i)
+    EXPECT_EQ(e.sequenceLength(seqs[i]),
+              int64_t(prompts_[i].tokens.size() + S));
+  std::cout << "[ plan ] " << GetParam() << " batched: max |batched - single| "
+            << diff << ", worst rel err prefill " << worst << ", decode "
+            << worstDecode << "\n";
+}
+
+// Sequences join (prefill inside a decode step of others) and leave (their
+// slots and pages are reused) between steps, with 2 slots for 5 prompts.
+TEST_P(PlanFixture, SequencesJoinAndLeave) {
+  EngineOptions o = testOptions();
+  o.maxSequences = 2;
+  o.kvPages = 12;
+  std::unique_ptr<Engine> engine = loadEngine(planPath(GetParam()), o);
+  ASSERT_NE(engine, nullptr);
+  Engine &e = *engine;
+  EXPECT_EQ(e.info().maxSequences, 2);
+  const int n = static_cast<int>(prompts_.size());
+  struct Live {
+    int prompt;
+    int32_t seq;
+    size_t steps = 0;  // greedy tokens consumed
+    int32_t next = -1; // token to feed next (-1: needs prefill)
+  };
+  std::vector<Live> live;
+  int nextPrompt = 0, finished = 0, steps = 0;
+  double worst = 0;
+  const int order[] = {3, 4, 0, 2, 1};
+  while (finished < n) {
+    // Admit at most one new sequence per step while a slot is free.
+    if (nextPrompt < n && live.size() < 2) {
+      const int pi = n == 5 ? order[nextPrompt] : nextPrompt;
+      ++nextPrompt;
+      StatusOr<int32_t> seq = e.addSequence();
+      ASSERT_TRUE(seq.ok()) << seq.message();
+      live.push_back({pi, *seq});
+    }
+    if (live.size() == 2) {
+      StatusOr<int32_t> third = e.addSequence();
+      ASSERT_FALSE(third.ok());
+      EXPECT_NE(third.message().find("slots"), std::string::npos)
+          << third.message();
+    }
+    std::vector<SequenceInput> inputs;
+    for (Live &l : live) {
+      SequenceInput in;
+      in.sequence = l.seq;
+      if (l.next < 0)
+        in.tokens = prompts_[l.prompt].tokens;
+      else
+        in.tokens = {&l.next, 1};
+      inputs.push_back(in);
+    }
+    std::vector<float> logits;
+    Status s = e.step(inputs, LogitsFor::LastTokenPerSequence, logits);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ++steps;
+    std::vector<Live> still;
+    for (size_t i = 0; i < live.size(); ++i) {
+      Live &l = live[i];
+      const Prompt &p = prompts_[l.prompt];
+      const float *r = logits.data() + int64_t(i) * V_;
+      const float *want =
+          l.next < 0
+              ? p.prefillLogits.data() + int64_t(p.tokens.size() - 1) * V_
+              : p.greedyLogits.data() + int64_t(l.steps++) * V_;
+      worst = std::max(worst, relError(r, want, V_));
+      l.next = argmax(r, V_);
+      if (l.steps >= p.greedyTokens.size()) {
+        ASSERT_TRUE(e.removeSequence(l.seq).ok());
+        ++finished;
+        continue;
+      }
+      ASSERT_EQ(l.next, p.greedyTokens[l.steps])
+          << "p" << l.prompt << " step " << l.steps;
+      still.push_back(l);
+    }
+    live = std::move(still);
+  }
+  EXPECT_LE(worst, kTol);
+  std::cout << "[ plan ] " << GetParam() << " join/leave: " << steps
+            << " steps, worst rel err " << worst << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PlanFixture,
+                         ::testing::Values("tiny-hybrid", "tiny-hybrid-bf16",
+                                           "tiny-nano", "tiny-dense",
+                                           "tiny-latent"),
+                         [](const auto &param) {
+                           std::string n = param.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+// ---------------------------------------------------------------------------
+// Steps larger than the plan's arena: prefill in chunks of 16 tokens (a
+// sequence continues from its state in the next chunk), decode in runs of 2
+// sequences. Bit-identical to the plan with a large arena.
+
+TEST(PlanChunking, SmallArenaMatchesLargeArena) {
+  std::unique_ptr<Engine> small = loadEngine(planPath("tiny-hybrid-small"));
+  std::unique_ptr<Engine> large = loadEngine(planPath("tiny-hybrid"));
+  ASSERT_NE(small, nullptr);
+  ASSERT_NE(large, nullptr);
+  EXPECT_EQ(small->info().maxPrefillTokens, 16);
+  EXPECT_EQ(small->info().maxDecodeTokens, 2);
+  RefFile ref(test::fixtureDir("tiny-hybrid") + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  const int n = static_cast<int>(prompts.size());
+  const int64_t V = small->info().vocabSize;
+
+  std::vector<float> outs[2];
+  std::vector<std::vector<int32_t>> seqs(2, std::vector<int32_t>(n));
+  Engine *engines[2] = {small.get(), large.get()};
+  double worst = 0;
+  for (int k = 0; k < 2; ++k) {
+    Engine &e = *engines[k];
+    std::vector<SequenceInput> inputs(n);
+    for (int i = 0; i < n; ++i) {
+      seqs[k][i] = *e.addSequence();
+      inputs[i].sequence = seqs[k][i];
+      inputs[i].tokens = prompts[i].tokens;
+    }
+    std::vector<float> logits;
+    Status s = e.step(inputs, LogitsFor::AllTokens, logits);
+    ASSERT_TRUE(s.ok()) << s.message();
+    outs[k] = logits;
+    std::vector<int32_t> next(n);
+    int64_t row = 0;
+    for (int i = 0; i < n; ++i) {
+      const int64_t T = static_cast<int64_t>(prompts[i].tokens.size());
+      worst = std::max(worst, relError(logits.data() + row * V,
+                                       prompts[i].prefillLogits.data(),
+                                       size_t(T * V)));
+      row += T;
+      next[i] = argmax(logits.data() + (row - 1) * V, V);
+    }
+    for (size_t st = 0; st < prompts[0].greedyTokens.size(); ++st) {
+      for (int i = 0; i < n; ++i) {
+        ASSERT_EQ(next[i], prompts[i].greedyTokens[st]) << "p" << i;
+        inputs[i].tokens = {&next[i], 1};
+      }
+      s = e.step(inputs, LogitsFor::LastTokenPerSequence, logits);
+      ASSERT_TRUE(s.ok()) << s.message();
+      for (int i = 0; i < n; ++i) {
+        worst = std::max(worst,
+                         relError(logits.data() + i * V,
+                                  prompts[i].greedyLogits.data() + st * V, V));
+        next[i] = argmax(logits.data() + i * V, V);
+      }
+      outs[k].insert(outs[k].end(), logits.begin(), logits.end());
+    }
+    // A prompt joins decoding sequences: a prefill step whose last row
+    // per sequence comes from different passes.
+    SequenceInput join;
+    join.sequence = *e.addSequence();
+    join.tokens = prompts[4].tokens;
+    for (int i = 0; i < n; ++i)
+      inputs[i].tokens = {&next[i], 1};
+    inputs.insert(inputs.begin() + 2, join);
+    s = e.step(inputs, LogitsFor::LastTokenPerSequence, logits);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_EQ(logits.size(), size_t((n + 1) * V));
+    const int64_t T4 = static_cast<int64_t>(prompts[4].tokens.size());
+    worst = std::max(
+        worst, relError(logits.data() + 2 * V,
+                        prompts[4].prefillLogits.data() + (T4 - 1) * V, V));
+    outs[k].insert(outs[k].end(), logits.begin(), logits.end());
+  }
+  ASSERT_EQ(outs[0].size(), outs[1].size());
+  EXPECT_EQ(maxAbsDiff(outs[0].data(), outs[1].data(), outs[0].size()), 0.0);
+  EXPECT_LE(worst, kTol);
+  std::cout << "[ plan ] tiny-hybrid, 16-token arena: worst rel err " << worst
+            << "\n";
+}
+
+// ---------------------------------------------------------------------------
+// Threads: every kernel and interpreter loop forced parallel, 1 vs 2 threads,
+// bit-identical.
+
+TEST(PlanThreads, ResultsIndependentOfThreadCount) {
+  const int64_t saved = cpu::parallelThreshold();
+  cpu::setParallelThreshold(0);
+  RefFile ref(test::fixtureDir("tiny-hybrid") + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  std::vector<float> out[2];
+  for (int k = 0; k < 2; ++k) {
+    EngineOptions o = testOptions();
+    o.numThreads = k + 1;
+    std::unique_ptr<Engine> e = loadEngine(planPath("tiny-hybrid"), o);
+    ASSERT_NE(e, nullptr);
+    const int64_t V = e->info().vocabSize;
+    std::vector<SequenceInput> inputs(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      inputs[i].sequence = *e->addSequence();
+      inputs[i].tokens = prompts[i].tokens;
+    }
+    std::vector<float> logits;
+    ASSERT_TRUE(e->step(inputs, LogitsFor::AllTokens, logits).ok());
+    out[k] = logits;
+    std::vector<int32_t> next(prompts.size());
+    int64_t row = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      row += static_cast<int64_t>(prompts[i].tokens.size());
+      next[i] = argmax(logits.data() + (row - 1) * V, V);
+      inputs[i].tokens = {&next[i], 1};
+    }
+    ASSERT_TRUE(e->step(inputs, LogitsFor::LastTokenPerSequence, logits).ok());
+    out[k].insert(out[k].end(), logits.begin(), logits.end());
+  }
+  cpu::setParallelThreshold(saved);
+  ASSERT_EQ(out[0].size(), out[1].size());
+  EXPECT_EQ(maxAbsDiff(out[0].data(), out[1].data(), out[0].size()), 0.0);
+}
+
+// ---------------------------------------------------------------------------
+// pydoc-moe: the trained demo model (bf16 weights)
+
+TEST(PlanPydoc, GreedyTokensAndDecodeTime) {
+  EngineOptions o = testOptions();
+  std::unique_ptr<Engine> engine = loadEngine(planPath("pydoc-moe"), o);
+  ASSERT_NE(engine, nullptr);
+  Engine &e = *engine;
+  RefFile ref(modelDir("pydoc-moe") + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  ASSERT_EQ(prompts.size(), 4u);
+  const int n = 4;
+  const int64_t V = e.info().vocabSize;
+  const int64_t moeLayers = countMoeLayers(e.info());
+  EXPECT_GT(moeLayers, 0) << "layer kinds '" << e.info().layerKinds << "'";
+  EXPECT_EQ(e.info().topK, 4);
+
+  std::vector<SequenceInput> inputs(n);
+  for (int i = 0; i < n; ++i) {
+    inputs[i].sequence = *e.addSequence();
+    inputs[i].tokens = prompts[i].tokens;
+  }
+  std::vector<float> logits;
+  StepStats stats;
+  Status s = e.step(inputs, LogitsFor::AllTokens, logits, &stats);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(stats.expertCalls.size(), size_t(n));
+  double worst = 0;
+  std::vector<int32_t> next(n);
+  int64_t row = 0;
+  for (int i = 0; i < n; ++i) {
+    const int64_t T = static_cast<int64_t>(prompts[i].tokens.size());
+    const double err = relError(logits.data() + row * V,
+                                prompts[i].prefillLogits.data(), size_t(T * V));
+    worst = std::max(worst, err);
+    EXPECT_LE(err, kTol) << "p" << i;
+    EXPECT_EQ(stats.expertCalls[i], T * moeLayers * 4) << "p" << i;
+    row += T;
+    next[i] = argmax(logits.data() + (row - 1) * V, V);
+  }
+  const size_t S = prompts[0].greedyTokens.size();
+  std::vector<std::vector<int64_t>> got(n);
+  double decodeMs = 0;
+  for (size_t st = 0; st < S; ++st) {
+    for (int i = 0; i < n; ++i) {
+      got[i].push_back(next[i]);
+      inputs[i].tokens = {&next[i], 1};
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    s = e.step(inputs, LogitsFor::LastTokenPerSequence, logits, &stats);
+    decodeMs += std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count();
+    ASSERT_TRUE(s.ok()) << s.message();
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(stats.expertCalls[i], moeLayers * 4);
+      next[i] = argmax(logits.data() + i * V, V);
+    }
+  }
+  for (int i = 0; i < n; ++i)
+    EXPECT_EQ(got[i], prompts[i].greedyTokens) << "p" << i;
+
+  // One sequence alone: the latency of a single-token decode step.
+  const int32_t solo = inputs[0].sequence;
+  int32_t tok = next[0];
+  constexpr int kSolo = 20;
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kSolo; ++i) {
+    s = stepOne(e, solo, {&tok, 1}, LogitsFor::LastTokenPerSequence, logits);
+    ASSERT_TRUE(s.ok()) << s.message();
+    tok = argmax(logits.data(), V);
+  }
+  const double soloMs = std::chrono::duration<double, std::milli>(
+                            std::chrono::steady_clock::now() - t1)
+                            .count() /
+                        kSolo;
+  std::cout << "[ plan ] pydoc-moe: worst rel err prefill " << worst
+            << "; decode step (1 thread): " << decodeMs / double(S)
+            << " ms for 4 sequences, " << soloMs << " ms for 1 sequence\n";
+}
+
+// ---------------------------------------------------------------------------
+// MoE: expertsPerToken (static top-k override) and expert statistics
+
+TEST(PlanMoe, ExpertsPerTokenOverride) {
+  std::unique_ptr<Engine> engine = loadEngine(planPath("tiny-hybrid"));
+  ASSERT_NE(engine, nullptr);
+  Engine &e = *engine;
+  RefFile ref(test::fixtureDir("tiny-hybrid") + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  const Prompt &p = prompts.at(2);
+  const int64_t T = static_cast<int64_t>(p.tokens.size());
+  const int32_t k = e.info().topK;
+  const int64_t moe = countMoeLayers(e.info());
+  ASSERT_EQ(k, 4);
+  ASSERT_EQ(moe, 3) << e.info().layerKinds;
+  EXPECT_EQ(e.info().expertPolicy, "topk");
+
+  auto run = [&](int32_t experts, std::vector<float> &logits,
+                 StepStats &stats) {
+    const int32_t seq = *e.addSequence();
+    Status s = stepOne(e, seq, p.tokens, LogitsFor::AllTokens, logits, &stats,
+                       experts);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_TRUE(e.removeSequence(seq).ok());
+  };
+  std::vector<float> dflt, same, one;
+  StepStats st0, st1, st2;
+  run(0, dflt, st0);
+  run(k, same, st1);
+  run(1, one, st2);
+  EXPECT_EQ(st0.expertCalls, std::vector<int64_t>{T * moe * k});
+  EXPECT_EQ(st1.expertCalls, std::vector<int64_t>{T * moe * k});
+  EXPECT_EQ(st2.expertCalls, std::vector<int64_t>{T * moe});
+  EXPECT_EQ(maxAbsDiff(dflt.data(), same.data(), dflt.size()), 0.0);
+  EXPECT_LE(relError(dflt.data(), p.prefillLogits.data(), dflt.size()), kTol);
+  EXPECT_GT(maxAbsDiff(dflt.data(), one.data(), dflt.size()), 1e-3);
+
+  // Mixed in one step: each sequence keeps its own k.
+  const int32_t a = *e.addSequence(), b = *e.addSequence();
+  SequenceInput in[2];
+  in[0].sequence = a;
+  in[0].tokens = p.tokens;
+  in[0].expertsPerToken = 1;
+  in[1].sequence = b;
+  in[1].tokens = p.tokens;
+  std::vector<float> mixed;
+  StepStats st;
+  ASSERT_TRUE(e.step(in, LogitsFor::AllTokens, mixed, &st).ok());
+  EXPECT_EQ(st.expertCalls, (std::vector<int64_t>{T * moe, T * moe * k}));
+  EXPECT_EQ(maxAbsDiff(mixed.data(), one.data(), one.size()), 0.0);
+  EXPECT_EQ(maxAbsDiff(mixed.data() + one.size(), dflt.data(), dflt.size()),
+            0.0);
+
+  // More experts than the model's k: refused, nothing changes.
+  in[0].expertsPerToken = k + 1;
+  in[0].tokens = {&p.tokens[0], 1};
+  in[1].tokens = {&p.tokens[0], 1};
+  Status s = e.step(in, LogitsFor::AllTokens, mixed);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("experts per token"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(e.sequenceLength(a), T);
+}
+
+// Policy "budget" runs as static top-k until the scheduler lands (issue 6).
+// The budget policy (issue 6): a budget of 1.0 is exactly static top-k; a
+// smaller budget spends round(budget * k * tokens) expert calls per MoE layer
+// (at least min_k per token), deterministically, and requests with different
+// budgets can share a step without changing each other's results.
+TEST(PlanMoe, BudgetOfOneIsStaticTopK) {
+  std::unique_ptr<Engine> budget = loadEngine(planPath("tiny-hybrid-budget"));
+  std::unique_ptr<Engine> topk = loadEngine(planPath("tiny-hybrid"));
+  ASSERT_NE(budget, nullptr);
+  ASSERT_NE(topk, nullptr);
+  EXPECT_EQ(budget->info().expertPolicy, "budget");
+  RefFile ref(test::fixtureDir("tiny-hybrid") + "/reference.safetensors");
+  const Prompt p = loadPrompts(ref).at(3);
+  std::vector<float> a, b;
+  StepStats sa, sb;
+  SequenceInput in;
+  in.tokens = p.tokens;
+  in.expertBudget = 1.0f;
+  in.sequence = *budget->addSequence();
+  ASSERT_TRUE(budget->step({&in, 1}, LogitsFor::AllTokens, a, &sa).ok());
+  in.sequence = *topk->addSequence();
+  ASSERT_TRUE(topk->step({&in, 1}, LogitsFor::AllTokens, b, &sb).ok());
+  EXPECT_EQ(sa.expertCalls, sb.expertCalls);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(maxAbsDiff(a.data(), b.data(), a.size()), 0.0);
+}
+
+TEST(PlanMoe, BudgetSpendsItsShareDeterministically) {
+  std::unique_ptr<Engine> e = loadEngine(planPath("tiny-hybrid-budget"));
+  ASSERT_NE(e, nullptr);
+  RefFile ref(test::fixtureDir("tiny-hybrid") + "/reference.safetensors");
+  const Prompt p = loadPrompts(ref).at(3);
+  const int64_t T = static_cast<int64_t>(p.tokens.size());
+  const int64_t k = e->info().topK,
+                moeLayers = std::count(e->info().layerKinds.begin(),
+                                       e->info().layerKinds.end(), 'E');
+  auto run = [&](float budget, std::vector<float> &logits) {
+    SequenceInput in;
+    in.tokens = p.tokens;
+    in.expertBudget = budget;
+    in.sequence = *e->addSequence();
+    StepStats stats;
+    EXPECT_TRUE(e->step({&in, 1}, LogitsFor::AllTokens, logits, &stats).ok());
+    EXPECT_TRUE(e->removeSequence(in.sequence).ok());
+    return stats.expertCalls.at(0);
+  };
+  std::vector<float> a, b, full;
+  EXPECT_EQ(run(0.5f, a), moeLayers * std::llround(0.5 * k * T));
+  EXPECT_EQ(run(0.5f, b), moeLayers * std::llround(0.5 * k * T));
+  EXPECT_EQ(maxAbsDiff(a.data(), b.data(), a.size()), 0.0);
+  // At least one expert per token even at a tiny budget.
+  EXPECT_EQ(run(0.01f, b), moeLayers * T);
+  run(1.0f, full);
+  EXPECT_GT(maxAbsDiff(a.data(), full.data(), a.size()), 0.0);
+}
+
+TEST(PlanMoe, MixedBudgetsShareAStep) {
+  std::unique_ptr<Engine> e = loadEngine(planPath("tiny-hybrid-budget"));
+  ASSERT_NE(e, nullptr);
+  RefFile ref(test::fixtureDir("tiny-hybrid") + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  const Prompt &p = prompts.at(3), &q = prompts.at(2);
+  auto alone = [&](const Prompt &pr, float budget) {
+    SequenceInput in;
+    in.tokens = pr.tokens;
+    in.expertBudget = budget;
+    in.sequence = *e->addSequence();
+    std::vector<float> logits;
+    EXPECT_TRUE(e->step({&in, 1}, LogitsFor::AllTokens, logits).ok());
+    EXPECT_TRUE(e->removeSequence(in.sequence).ok());
+    return logits;
+  };
+  const std::vector<float> a = alone(p, 1.0f), b = alone(q, 0.5f);
+  SequenceInput in[2];
+  in[0].tokens = p.tokens;
+  in[0].expertBudget = 1.0f;
+  in[0].sequence = *e->addSequence();
+  in[1].tokens = q.tokens;
+  in[1].expertBudget = 0.5f;
+  in[1].sequence = *e->addSequence();
+  std::vector<float> both;
+  ASSERT_TRUE(e->step(in, LogitsFor::AllTokens, both).ok());
+  ASSERT_EQ(both.size(), a.size() + b.size());
+  EXPECT_EQ(maxAbsDiff(both.data(), a.data(), a.size()), 0.0);
+  EXPECT_EQ(maxAbsDiff(both.data() + a.size(), b.data(), b.size()), 0.0);
+}
+
+// ---------------------------------------------------------------------------
+// Step errors: clean Status, nothing changed
+
+TEST(PlanSteps, BadStepsAreRefused) {
+  EngineOptions o = testOptions();
+  o.kvPages = 4; // 64 positions with the plan's 16-token pages
+  o.maxSequences = 3;
+  std::unique_ptr<Engine> engine = loadEngine(planPath("tiny-hybrid"), o);
+  ASSERT_NE(engine, nullptr);
+  Engine &e = *engine;
+  EXPECT_EQ(e.info().maxContext, 64);
+  const int32_t a = *e.addSequence(), b = *e.addSequence();
+  std::vector<float> logits;
+  std::vector<int32_t> toks(40, 7);
+  auto expectError = [&](std::span<const SequenceInput> in,
+                         const std::string &what) {
+    Status s = e.step(in, LogitsFor::AllTokens, logits);
+    ASSERT_FALSE(s.ok()) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+    EXPECT_EQ(s.message().find('\n'), std::string::npos);
+    EXPECT_EQ(e.sequenceLength(a), 0);
+    EXPECT_EQ(e.sequenceLength(b), 0);
+  };
+  SequenceInput in[2];
+  in[0].sequence = a;
+  in[0].tokens = toks;
+  in[1].sequence = b;
+  in[1].tokens = toks;
+  // 2 x 40 tokens need 6 pages; 4 exist.
+  expectError(in, "KV pages");
+  in[1].sequence = a;
+  expectError(in, "appears twice");
+  in[1].sequence = 12345;
+  expectError(in, "no such sequence");
+  in[1].sequence = b;
+  in[1].tokens = {};
+  expectError(in, "no tokens");
+  std::vector<int32_t> oov = {1, 2, 512};
+  in[1].tokens = oov;
+  expectError(in, "outside the vocabulary");
+  in[1].tokens = toks;
+  in[1].expertBudget = -1.0f;
+  expectError({&in[1], 1}, "budget");
+  in[1].expertBudget = 1.0f;
+  std::vector<int32_t> many(65, 7);
+  in[0].tokens = many;
+  expectError({&in[0], 1}, "context");
+
+  // A step that fits still works, and so does the next one.
+  in[0].tokens = toks;
+  ASSERT_TRUE(e.step({&in[0], 1}, LogitsFor::AllTokens, logits).ok());
+  EXPECT_EQ(e.sequenceLength(a), 40);
+  EXPECT_EQ(logits.size(), size_t(40 * e.info().vocabSize));
+  std::vector<int32_t> more(30, 5);
+  in[0].tokens = more;
+  Status s = e.step({&in[0], 1}, LogitsFor::AllTokens, logits);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("context"), std::string::npos) << s.message();
+  // Pages are returned when a sequence leaves.
+  ASSERT_TRUE(e.removeSequence(a).ok());
+  EXPECT_FALSE(e.removeSequence(a).ok());
+  in[1].tokens = std::span<const int32_t>(many).first(64);
+  ASSERT_TRUE(
+      e.step({&in[1], 1}, LogitsFor::LastTokenPerSequence, logits).ok());
+  EXPECT_EQ(logits.size(), size_t(e.info().vocabSize));
+  // Slots.
+  ASSERT_TRUE(e.addSequence().ok());
+  ASSERT_TRUE(e.addSequence().ok());
+  StatusOr<int32_t> full = e.addSequence();
+  ASSERT_FALSE(full.ok());
+  EXPECT_NE(full.message().find("slots"), std::string::npos);
+  // An empty step is fine.
+  ASSERT_TRUE(e.step({}, LogitsFor::LastTokenPerSequence, logits).ok());
+  EXPECT_TRUE(logits.empty());
+}
+
+// ---------------------------------------------------------------------------
+// Load errors: broken plans
+
+class PlanLoadErrors : public ::testing::Test {
+protected:
+  void SetUp() override { bytes_ = test::readFile(planPath("tiny-hybrid")); }
+
+  /// Loads `bytes` written to a temporary plan; expects an error naming the
+  /// file and containing `what`.
+  void expectError(const std::string &bytes, const std::string &what) {
+    const std::string path = dir_.file("broken.nfb");
+    test::writeFile(path, bytes);
+    StatusOr<std::unique_ptr<Engine>> e = Engine::load(path, testOptions());
+    ASSERT_FALSE(e.ok()) << what;
+    EXPECT_EQ(e.message().rfind(path + ": ", 0), 0u) << e.message();
+    EXPECT_NE(e.message().find(what), std::string::npos) << e.message();
+    EXPECT_EQ(e.message().find('\n'), std::string::npos);
+  }
+
+  /// Byte offset of a field of the root Plan table (0: not stored).
+  size_t fieldOffset(flatbuffers::voffset_t field, bool required = true) const {
+    const uint8_t *buf = reinterpret_cast<const uint8_t *>(bytes_.data());
+    auto *t =
+        reinterpret_cast<const flatbuffers::Table *>(nf::plan::GetPlan(buf));
+    const uint8_t *at = t->GetAddressOf(field);
+    if (required)
+      EXPECT_NE(at, nullptr);
+    return at ? static_cast<size_t>(at - buf) : 0;
+  }
+
+  void patchU32(std::string &bytes, size_t at, uint32_t v) {
+    std::memcpy(bytes.data() + at, &v, 4);
+  }
+
+  std::string bytes_;
+  test::TempDir dir_;
+};
+
+TEST_F(PlanLoadErrors, MissingFile) {
+  StatusOr<std::unique_ptr<Engine>> e =
+      Engine::load(dir_.file("none.nfb"), testOptions());
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.message().find(dir_.file("none.nfb")), std::string::npos);
+}
+
+TEST_F(PlanLoadErrors, Truncated) {
+  ASSERT_GT(bytes_.size(), 1000u);
+  expectError(bytes_.substr(0, 6), "too small");
+  expectError(bytes_.substr(0, bytes_.size() / 2), "truncated");
+  expectError(bytes_.substr(0, bytes_.size() - 16), "truncated");
+}
+
+TEST_F(PlanLoadErrors, WrongIdentifier) {
+  std::string b = bytes_;
+  std::memcpy(b.data() + 4, "NFPX", 4);
+  expectError(b, "not an nf plan (file identifier 'NFPX', expected 'NFPL')");
+}
+
+TEST_F(PlanLoadErrors, CorruptedBytesFailVerification) {
+  // An offset to a sub-table pointing far outside the file.
+  std::string b = bytes_;
+  patchU32(b, fieldOffset(nf::plan::Plan::VT_DECODE), 0x7ffffff0u);
+  expectError(b, "flatbuffers verification failed");
+  // The root table's vtable pointer.
+  b = bytes_;
+  const uint32_t root = flatbuffers::ReadScalar<uint32_t>(b.data());
+  patchU32(b, root, 0x7ffffff0u);
+  expectError(b, "corrupted");
+  // A kernel op's operand vector length.
+  b = bytes_;
+  patchU32(b, fieldOffset(nf::plan::Plan::VT_WEIGHTS), 0xfffffff0u);
+  expectError(b, "verification failed");
+}
+
+TEST_F(PlanLoadErrors, UnsupportedVersion) {
+  std::string b = bytes_;
+  const size_t major = fieldOffset(nf::plan::Plan::VT_VERSION_MAJOR);
+  ASSERT_EQ(flatbuffers::ReadScalar<uint32_t>(b.data() + major),
+            kPlanVersionMajor);
+  patchU32(b, major, kPlanVersionMajor + 1);
+  const std::string path = dir_.file("broken.nfb");
+  expectError(b, "plan format version " +
+                     std::to_string(kPlanVersionMajor + 1) + "." +
+                     std::to_string(kPlanVersionMinor) +
+                     " is not supported by this runtime (reads " +
+                     std::to_string(kPlanVersionMajor) + ".x)");
+  StatusOr<std::unique_ptr<Engine>> e = Engine::load(path, testOptions());
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.message(),
+            path + ": plan format version 2.0 is not supported by this "
+                   "runtime (reads 1.x)");
+
+  // A newer minor version (fields this runtime does not know) is refused.
+  b = bytes_;
+  const size_t minor =
+      fieldOffset(nf::plan::Plan::VT_VERSION_MINOR, /*required=*/false);
+  if (minor != 0) { // minor 0 may be omitted (default value)
+    patchU32(b, minor, kPlanVersionMinor + 1);
+    expectError(b, "is not supported by this runtime");
+  }
+}
+
+TEST_F(PlanLoadErrors, NewerMinorVersionAndMissingSteps) {
+  // Minimal plans built with the flatbuffers API: the version is checked
+  // before anything else, then the tables every backend needs.
+  auto build = [](uint32_t major, uint32_t minor) {
+    flatbuffers::FlatBufferBuilder b;
+    nf::plan::FinishPlanBuffer(b, nf::plan::CreatePlan(b, major, minor));
+    return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()),
+                       b.GetSize());
+  };
+  expectError(build(kPlanVersionMajor, kPlanVersionMinor + 1),
+              "plan format version " + std::to_string(kPlanVersionMajor) + "." +
+                  std::to_string(kPlanVersionMinor + 1) +
+                  " is not supported by this runtime");
+  expectError(build(kPlanVersionMajor + 1, 0), "(reads 1.x)");
+  expectError(build(kPlanVersionMajor, kPlanVersionMinor), "no model config");
+}
+
+// ---------------------------------------------------------------------------
+// Load errors: broken weights
+
+class WeightLoadErrors : public ::testing::Test {
+protected:
+  void SetUp() override {
+    specs_ = test::rawTensorSpecs(test::fixtureDir("tiny-hybrid") +
+                                  "/model.safetensors");
+    ASSERT_FALSE(specs_.empty());
+  }
+
+  StatusOr<std::unique_ptr<Engine>> loadWith(const std::string &dir) {
+    EngineOptions o = testOptions();
+    o.weightsDir = dir;
+    return Engine::load(planPath("tiny-hybrid"), o);
+  }
+
+  /// Writes the fixture's tensors (filler data) with `edit` applied and
+  /// expects exactly `message` (with <file> for the weights file).
+  void
+  expectError(const std::function<void(std::vector<test::TensorSpec> &)> &edit,
+              const std::string &message) {
+    test::TempDir dir;
+    std::vector<test::TensorSpec> specs = specs_;
+    edit(specs);
+    const std::string file = dir.file("model.safetensors");
+    test::writeFile(file, test::buildSafetensors(specs));
+    StatusOr<std::unique_ptr<Engine>> e = loadWith(dir.path());
+    ASSERT_FALSE(e.ok()) << message;
+    std::string want = message;
+    if (want.rfind("<file>", 0) == 0)
+      want = file + want.substr(6);
+    EXPECT_EQ(e.message(), want);
+  }
+
+  std::vector<test::TensorSpec> specs_;
+};
+
+TEST_F(WeightLoadErrors, MissingFile) {
+  test::TempDir dir;
+  StatusOr<std::unique_ptr<Engine>> e = loadWith(dir.path());
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.message(),
+            dir.path() + ": missing weights file model.safetensors");
+}
+
+TEST_F(WeightLoadErrors, CopyOfTheCheckpointLoads) {
+  test::TempDir dir;
+  fs::copy_file(test::fixtureDir("tiny-hybrid") + "/model.safetensors",
+                dir.file("model.safetensors"));
+  StatusOr<std::unique_ptr<Engine>> e = loadWith(dir.path());
+  ASSERT_TRUE(e.ok()) << e.message();
+  EXPECT_EQ((*e)->info().weightsDir, dir.path());
+}
+
+TEST_F(WeightLoadErrors, WrongShape) {
+  const std::string t = "backbone.layers.0.mixer.out_proj.weight";
+  expectError(
+      [&](auto &specs) {
+        test::findSpec(specs, t)->shape = {63, 128};
+      },
+      "<file>: tensor '" + t + "' has shape [63, 128], expected [64, 128]");
+}
+
+TEST_F(WeightLoadErrors, WrongDtype) {
+  const std::string t = "backbone.layers.3.mixer.dt_bias";
+  expectError([&](auto &specs) { test::findSpec(specs, t)->dtype = "BF16"; },
+              "<file>: tensor '" + t + "' has dtype BF16, expected F32");
+}
+
+TEST_F(WeightLoadErrors, MissingTensor) {
+  expectError([&](auto &specs) { test::eraseSpec(specs, "lm_head.weight"); },
+              "<file>: no tensor 'lm_head.weight'");
+}
+
+TEST_F(WeightLoadErrors, WrongExpertShape) {
+  const std::string t = "backbone.layers.5.mixer.experts.3.up_proj.weight";
+  expectError(
+      [&](auto &specs) {
+        test::findSpec(specs, t)->shape = {31, 64};
+      },
+      "<file>: tensor '" + t + "' has shape [31, 64], expected [32, 64]");
+}
+
+TEST_F(WeightLoadErrors, WrongConcatenatedRows) {
+  const std::string t = "backbone.layers.7.mixer.k_proj.weight";
+  expectError(
+      [&](auto &specs) {
+        test::findSpec(specs, t)->shape = {33, 64};
+      },
+      "<file>: tensor '" + t + "' has shape [33, 64], expected [32, 64]");
+}
+
+} // namespace

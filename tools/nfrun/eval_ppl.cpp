@@ -1,0 +1,141 @@
+// nfrun eval-ppl: perplexity with the protocol of the pydoc-moe model card
+// (examples/pydoc-moe/card.json, eval_ppl_by_topk): the first 65,537 tokens
+// of the text encoded without BOS, 128 windows w = ids[512 i : 512 i + 513],
+// each run from an empty state, mean NLL of tokens 1..512 of every window.
+// A window's token 512 is only a target, so 512 tokens are fed per window;
+// several windows run as separate sequences of one step (--batch).
+#include "commands.h"
+
+#include "nf/nf.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
+
+namespace nfrun {
+namespace {
+
+constexpr size_t kWindowStride = 512;
+constexpr size_t kWindowTokens = 513;
+constexpr size_t kProtocolTokens = 65537;
+constexpr size_t kProtocolWindows = 128;
+
+} // namespace
+
+int runEvalPpl(const EvalPplFlags &f) {
+  std::string text;
+  {
+    std::ifstream in(f.text, std::ios::binary);
+    if (!in)
+      return fail(f.text + ": cannot open");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    if (in.bad())
+      return fail(f.text + ": read failed");
+    text = ss.str();
+  }
+
+  nf::ModelParams mp;
+  mp.weightsDir = f.common.weightsDir;
+  mp.threads = f.common.threads;
+  mp.maxSequences = f.batch;
+  auto loaded = nf::Model::load(f.common.plan, mp);
+  if (!loaded)
+    return fail(loaded.message());
+  nf::Model &model = *loaded;
+  const size_t vocab = static_cast<size_t>(model.vocabSize());
+  const int32_t batch = std::max(1, std::min(f.batch, model.maxSequences()));
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto encoded = model.tokenize(text, /*addSpecial=*/false);
+  if (!encoded)
+    return fail(encoded.message());
+  std::vector<int32_t> ids = std::move(*encoded);
+  if (ids.size() > kProtocolTokens)
+    ids.resize(kProtocolTokens);
+  if (ids.size() < kWindowTokens)
+    return fail(f.text + ": " + std::to_string(ids.size()) +
+                " tokens; a window needs " + std::to_string(kWindowTokens));
+  size_t windows = std::min(kProtocolWindows, (ids.size() - 1) / kWindowStride);
+  if (f.windows > 0)
+    windows = std::min(windows, static_cast<size_t>(f.windows));
+
+  const bool progress = isatty(fileno(stderr));
+  double nll = 0.0;
+  size_t scored = 0;
+  int64_t expertCalls = 0;
+  std::vector<float> logits;
+  std::vector<int64_t> calls;
+  for (size_t w0 = 0; w0 < windows; w0 += batch) {
+    const size_t n = std::min(static_cast<size_t>(batch), windows - w0);
+    std::vector<nf::SeqInput> inputs(n);
+    for (size_t i = 0; i < n; ++i) {
+      auto seq = model.addSequence();
+      if (!seq)
+        return fail(seq.message());
+      const size_t begin = (w0 + i) * kWindowStride;
+      inputs[i].seq = *seq;
+      // Tokens 0..511 predict tokens 1..512; token 512 needs no logits.
+      inputs[i].tokens.assign(ids.begin() + begin,
+                              ids.begin() + begin + kWindowStride);
+      inputs[i].expertsPerToken = f.topK;
+      inputs[i].expertBudget = f.expertBudget;
+    }
+    if (auto st = model.decode(inputs, /*allLogits=*/true, logits, &calls); !st)
+      return fail(st.message());
+    for (size_t i = 0; i < n; ++i) {
+      const size_t begin = (w0 + i) * kWindowStride;
+      for (size_t t = 0; t < kWindowStride; ++t) {
+        const float *row = logits.data() + (i * kWindowStride + t) * vocab;
+        double m = -INFINITY;
+        for (size_t v = 0; v < vocab; ++v)
+          m = std::max(m, static_cast<double>(row[v]));
+        double sum = 0.0;
+        for (size_t v = 0; v < vocab; ++v)
+          sum += std::exp(static_cast<double>(row[v]) - m);
+        const int32_t target = ids[begin + t + 1];
+        nll += (m + std::log(sum)) - static_cast<double>(row[target]);
+        ++scored;
+      }
+      expertCalls += calls[i];
+      if (auto st = model.removeSequence(inputs[i].seq); !st)
+        return fail(st.message());
+    }
+    if (progress)
+      std::fprintf(stderr, "\rwindow %zu/%zu", w0 + n, windows);
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  const double secs = std::chrono::duration<double>(t1 - t0).count();
+  if (progress)
+    std::fprintf(stderr, "\n");
+
+  const double meanNll = nll / static_cast<double>(scored);
+  std::printf("perplexity: %.4f\n", std::exp(meanNll));
+  std::printf("mean NLL: %.5f over %zu tokens (%zu windows of %zu)\n", meanNll,
+              scored, windows, kWindowTokens);
+  const std::string pattern = model.layerPattern();
+  const int64_t moeLayers = std::count(pattern.begin(), pattern.end(), 'E');
+  const int32_t k = model.expertsPerToken();
+  const int64_t fed = static_cast<int64_t>(windows * kWindowStride);
+  if (moeLayers == 0 || k <= 0)
+    std::printf("routed-expert FLOPs: n/a (no MoE layers)\n");
+  else if (expertCalls == 0)
+    std::printf("routed-expert FLOPs: n/a (no expert calls reported)\n");
+  else
+    std::printf("routed-expert FLOPs: %.4f of static top-%d (%lld expert "
+                "calls for %lld tokens x %lld MoE layers)\n",
+                static_cast<double>(expertCalls) /
+                    static_cast<double>(fed * k * moeLayers),
+                k, static_cast<long long>(expertCalls),
+                static_cast<long long>(fed), static_cast<long long>(moeLayers));
+  std::printf("time: %.2f s (%.0f tokens/s)\n", secs,
+              secs > 0 ? static_cast<double>(fed) / secs : 0.0);
+  return 0;
+}
+
+} // namespace nfrun

@@ -1,0 +1,175 @@
+//===- nfrun.cpp - run nf execution plans ---------------------------------===//
+//
+//   nfrun generate PLAN (--prompt TEXT | --prompt-tokens 3,17,42) [...]
+//   nfrun inspect PLAN
+//   nfrun eval-ppl PLAN --text FILE [--top-k K | --expert-budget B] [...]
+//
+// Every failure prints one line "nfrun: error: <file>: <problem>" and exits 1.
+// nfrun uses libnf through its public C++ API (nf/nf.hpp); `inspect` reads
+// the plan file itself. It never links MLIR.
+//
+//===----------------------------------------------------------------------===//
+
+#include "commands.h"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <string>
+
+#ifndef NF_VERSION
+#define NF_VERSION "unknown"
+#endif
+
+namespace nfrun {
+
+int fail(const std::string &message) {
+  std::cerr << "nfrun: error: " << message << "\n";
+  return 1;
+}
+
+} // namespace nfrun
+
+namespace {
+
+const std::string kVersion = std::string("nfrun ") + NF_VERSION;
+
+void addCommon(CLI::App *cmd, nfrun::CommonFlags &c) {
+  cmd->add_option("PLAN", c.plan, "Execution plan written by nfc compile")
+      ->required();
+  cmd->add_option("--weights", c.weightsDir,
+                  "Directory of the safetensors weights (default: the "
+                  "checkpoint recorded in the plan)");
+  cmd->add_option("--threads", c.threads, "CPU threads (0: OpenMP default)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->set_version_flag("--version", kVersion);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  CLI::App app{"nfrun: run nf execution plans (Nemotron-H models)"};
+  app.set_version_flag("--version", kVersion);
+  app.require_subcommand(1);
+
+  // generate
+  nfrun::GenerateFlags gen;
+  auto *generate = app.add_subcommand(
+      "generate", "Generate a continuation of a prompt (greedy by default)");
+  addCommon(generate, gen.common);
+  auto *promptOpt = generate->add_option(
+      "--prompt", gen.prompt, "Prompt text (needs the model's tokenizer)");
+  auto *promptTokensOpt =
+      generate->add_option("--prompt-tokens", gen.promptTokens,
+                           "Prompt token ids, comma separated: 3,17,42");
+  promptOpt->excludes(promptTokensOpt);
+  promptTokensOpt->excludes(promptOpt);
+  generate->add_option("--max-tokens", gen.maxTokens, "Most tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  generate
+      ->add_option("--temperature", gen.temperature,
+                   "Sampling temperature; 0: greedy")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  generate
+      ->add_option("--top-k", gen.topK,
+                   "Sample among the K most likely tokens; 0: off")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  generate
+      ->add_option("--top-p", gen.topP,
+                   "Nucleus sampling: smallest set with probability >= P; "
+                   "1: off")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 1.0f));
+  generate
+      ->add_option("--min-p", gen.minP,
+                   "Drop tokens below M x the largest probability; 0: off")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 1.0f));
+  generate->add_option("--seed", gen.seed, "Random seed")
+      ->capture_default_str();
+  generate
+      ->add_option("--stop-token", gen.stopTokens,
+                   "Stop after this token id (repeatable, or comma separated; "
+                   "the model's EOS always stops unless --ignore-eos)")
+      ->delimiter(',')
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(CLI::NonNegativeNumber);
+  generate->add_flag("--ignore-eos", gen.ignoreEos,
+                     "Do not stop at the model's EOS token");
+  generate
+      ->add_option("--expert-budget", gen.expertBudget,
+                   "Fraction of the static top-k expert FLOPs (plans compiled "
+                   "with --expert-policy=budget; default: the plan's)")
+      ->check(CLI::PositiveNumber);
+  generate->add_option(
+      "--dump-logits", gen.dumpLogits,
+      "Write prefill_logits [T,V], step_logits [S,V] and tokens [S] to this "
+      "safetensors file");
+
+  // inspect
+  std::string inspectPlan;
+  auto *inspect =
+      app.add_subcommand("inspect", "Print a readable summary of a plan");
+  inspect
+      ->add_option("PLAN", inspectPlan, "Execution plan written by nfc compile")
+      ->required();
+  inspect->set_version_flag("--version", kVersion);
+
+  // eval-ppl
+  nfrun::EvalPplFlags ev;
+  auto *evalPpl = app.add_subcommand(
+      "eval-ppl",
+      "Perplexity of a text: 512-token windows from an empty state (first "
+      "65,537 tokens, 128 windows of 513 tokens, no BOS)");
+  addCommon(evalPpl, ev.common);
+  evalPpl->add_option("--text", ev.text, "UTF-8 text file")->required();
+  auto *topKOpt =
+      evalPpl
+          ->add_option("--top-k", ev.topK,
+                       "Run exactly K routed experts per token (static top-k)")
+          ->check(CLI::PositiveNumber);
+  auto *budgetOpt = evalPpl
+                        ->add_option("--expert-budget", ev.expertBudget,
+                                     "Fraction of the static top-k expert "
+                                     "FLOPs (budget plans)")
+                        ->check(CLI::PositiveNumber);
+  topKOpt->excludes(budgetOpt);
+  budgetOpt->excludes(topKOpt);
+  evalPpl
+      ->add_option("--windows", ev.windows,
+                   "Evaluate only the first N windows (quick checks)")
+      ->check(CLI::PositiveNumber);
+  evalPpl->add_option("--batch", ev.batch, "Windows run together in one step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp &e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp &e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion &e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError &e) {
+    return nfrun::fail(e.what());
+  }
+
+  if (*generate) {
+    gen.havePrompt = promptOpt->count() > 0;
+    if (!gen.havePrompt && promptTokensOpt->count() == 0)
+      return nfrun::fail("generate: one of --prompt or --prompt-tokens is "
+                         "required");
+    return nfrun::runGenerate(gen);
+  }
+  if (*inspect)
+    return nfrun::runInspect(inspectPlan);
+  if (*evalPpl)
+    return nfrun::runEvalPpl(ev);
+  return 0;
+}
