@@ -16,10 +16,6 @@ echo "== $(grep -c '^ *%' build/demo/pydoc-moe.mlir) ops; full model in build/de
 echo "== nfc compile build/demo/pydoc-moe.mlir -> build/demo/pydoc-moe.nfb =="
 build/bin/nfc compile build/demo/pydoc-moe.mlir -o build/demo/pydoc-moe.nfb
 
-if [ ! -x build/bin/nfrun ]; then
-  echo "== build/bin/nfrun was not built: skipping generation =="
-  exit 0
-fi
 echo "== nfrun inspect build/demo/pydoc-moe.nfb =="
 build/bin/nfrun inspect build/demo/pydoc-moe.nfb
 

@@ -360,6 +360,9 @@ StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator) {
       getInt("pad_token_id", -1), b.CreateString(getStr("layer_kinds")),
       b.CreateString(getStr("checkpoint")), b.CreateVector(files));
   auto target = pl::CreateTarget(b, b.CreateString("cpu"));
+  // The version fields are always written, even at their default (0), so a
+  // reader can check them before anything else.
+  b.ForceDefaults(true);
   auto plan = pl::CreatePlan(
       b, kPlanVersionMajor, kPlanVersionMinor, b.CreateString(generator),
       config, b.CreateVector(weights), b.CreateVector(storage), prefill, decode,
