@@ -22,7 +22,10 @@ struct PipelineOptions {
   int64_t maxSequences = 64; // decode step, and recurrent-state slots
   int64_t pageSize = 16;
   int64_t kvPages = 4096;
-  std::string expertPolicy = "topk";
+  // "budget" by default: every plan then honours per-request budgets, and
+  // at the default budget (1.0) it computes exactly static top-k.
+  std::string expertPolicy = "budget";
+  float defaultExpertBudget = 1.0f;
   int64_t minExperts = 1;
 };
 

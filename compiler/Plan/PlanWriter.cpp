@@ -55,7 +55,8 @@ class Writer {
 public:
   explicit Writer(ModuleOp module) : module(module) {}
 
-  StatusOr<std::vector<uint8_t>> run(const std::string &generator);
+  StatusOr<std::vector<uint8_t>> run(const std::string &generator,
+                                     float defaultExpertBudget);
 
 private:
   Status error(Operation *op, const std::string &message) {
@@ -296,7 +297,8 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
                         arena.getInt(), noReuse.getInt(), scratchBytes);
 }
 
-StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator) {
+StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator,
+                                           float defaultExpertBudget) {
   auto info = module->getAttrOfType<DictionaryAttr>("nf.model");
   if (!info)
     return Status::error("plan: module has no nf.model attributes (run "
@@ -366,7 +368,7 @@ StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator) {
   auto plan = pl::CreatePlan(
       b, kPlanVersionMajor, kPlanVersionMinor, b.CreateString(generator),
       config, b.CreateVector(weights), b.CreateVector(storage), prefill, decode,
-      target, b.CreateString(policy), 1.0f);
+      target, b.CreateString(policy), defaultExpertBudget);
   pl::FinishPlanBuffer(b, plan);
   return std::vector<uint8_t>(b.GetBufferPointer(),
                               b.GetBufferPointer() + b.GetSize());
@@ -375,8 +377,9 @@ StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator) {
 } // namespace
 
 StatusOr<std::vector<uint8_t>> writePlan(ModuleOp module,
-                                         const std::string &generator) {
-  return Writer(module).run(generator);
+                                         const std::string &generator,
+                                         float defaultExpertBudget) {
+  return Writer(module).run(generator, defaultExpertBudget);
 }
 
 } // namespace nf::compiler

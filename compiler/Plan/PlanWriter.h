@@ -15,6 +15,7 @@ namespace nf::compiler {
 /// nf.kernel regions with planned arena offsets) into the flatbuffer plan of
 /// runtime/schema/plan.fbs.
 StatusOr<std::vector<uint8_t>> writePlan(mlir::ModuleOp module,
-                                         const std::string &generator);
+                                         const std::string &generator,
+                                         float defaultExpertBudget = 1.0f);
 
 } // namespace nf::compiler

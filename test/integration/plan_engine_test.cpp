@@ -556,7 +556,8 @@ TEST(PlanMoe, ExpertsPerTokenOverride) {
   const int64_t moe = countMoeLayers(e.info());
   ASSERT_EQ(k, 4);
   ASSERT_EQ(moe, 3) << e.info().layerKinds;
-  EXPECT_EQ(e.info().expertPolicy, "topk");
+  EXPECT_EQ(e.info().expertPolicy,
+            "budget"); // nfc's default; the override wins
 
   auto run = [&](int32_t experts, std::vector<float> &logits,
                  StepStats &stats) {
@@ -612,10 +613,11 @@ TEST(PlanMoe, ExpertsPerTokenOverride) {
 // budgets can share a step without changing each other's results.
 TEST(PlanMoe, BudgetOfOneIsStaticTopK) {
   std::unique_ptr<Engine> budget = loadEngine(planPath("tiny-hybrid-budget"));
-  std::unique_ptr<Engine> topk = loadEngine(planPath("tiny-hybrid"));
+  std::unique_ptr<Engine> topk = loadEngine(planPath("tiny-hybrid-topk"));
   ASSERT_NE(budget, nullptr);
   ASSERT_NE(topk, nullptr);
   EXPECT_EQ(budget->info().expertPolicy, "budget");
+  EXPECT_EQ(topk->info().expertPolicy, "topk");
   RefFile ref(test::fixtureDir("tiny-hybrid") + "/reference.safetensors");
   const Prompt p = loadPrompts(ref).at(3);
   std::vector<float> a, b;
@@ -690,6 +692,45 @@ TEST(PlanMoe, MixedBudgetsShareAStep) {
   ASSERT_EQ(both.size(), a.size() + b.size());
   EXPECT_EQ(maxAbsDiff(both.data(), a.data(), a.size()), 0.0);
   EXPECT_EQ(maxAbsDiff(both.data() + a.size(), b.data(), b.size()), 0.0);
+}
+
+// Observability: per-process utilisation counters equal the histogram of the
+// experts Hugging Face selected (reference routes), and per-request stats
+// break expert calls down by MoE layer.
+TEST(PlanMoe, UtilizationMatchesReferenceRoutes) {
+  std::unique_ptr<Engine> e = loadEngine(planPath("tiny-hybrid"));
+  ASSERT_NE(e, nullptr);
+  RefFile ref(test::fixtureDir("tiny-hybrid") + "/reference.safetensors");
+  const Prompt p = loadPrompts(ref).at(3);
+  const ModelInfo &info = e->info();
+  SequenceInput in;
+  in.tokens = p.tokens;
+  in.sequence = *e->addSequence();
+  std::vector<float> logits;
+  StepStats stats;
+  ASSERT_TRUE(e->step({&in, 1}, LogitsFor::AllTokens, logits, &stats).ok());
+  const auto &used = e->expertUtilization();
+  ASSERT_EQ(static_cast<int32_t>(used.size()), info.numMoeLayers);
+  int32_t moe = 0;
+  for (size_t layer = 0; layer < info.layerKinds.size(); ++layer) {
+    if (info.layerKinds[layer] != 'E')
+      continue;
+    const std::vector<int64_t> routes =
+        ref.i64("p3.routes.layer" + std::to_string(layer));
+    std::vector<int64_t> histogram(static_cast<size_t>(info.numExperts), 0);
+    for (int64_t expert : routes)
+      ++histogram.at(static_cast<size_t>(expert));
+    EXPECT_EQ(used.at(moe), histogram) << "MoE layer " << layer;
+    EXPECT_EQ(stats.expertCallsPerLayer.at(0).at(moe),
+              static_cast<int64_t>(routes.size()));
+    ++moe;
+  }
+  EXPECT_EQ(moe, info.numMoeLayers);
+  EXPECT_DOUBLE_EQ(stats.budgetSpent.at(0), 1.0);
+  e->resetExpertUtilization();
+  for (const auto &layer : e->expertUtilization())
+    for (int64_t c : layer)
+      EXPECT_EQ(c, 0);
 }
 
 // ---------------------------------------------------------------------------

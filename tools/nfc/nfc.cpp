@@ -183,7 +183,8 @@ int runCompile(const CompileFlags &flags) {
 
   if (emitPlan) {
     auto plan =
-        nf::compiler::writePlan(*module, std::string("nfc ") + NF_VERSION);
+        nf::compiler::writePlan(*module, std::string("nfc ") + NF_VERSION,
+                                flags.pipeline.defaultExpertBudget);
     if (!plan)
       return fail(flags.input + ": " + plan.message());
     std::string bytes(plan->begin(), plan->end());
@@ -263,6 +264,13 @@ int main(int argc, char **argv) {
                    "Expert selection: topk or budget")
       ->capture_default_str()
       ->check(CLI::IsMember({"topk", "budget"}));
+  compileCmd
+      ->add_option("--default-expert-budget",
+                   compile.pipeline.defaultExpertBudget,
+                   "Expert budget of requests that give none (fraction of "
+                   "static top-k FLOPs; budget policy)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 1.0f));
   compileCmd->add_flag("--mlir-print-ir-after-all", compile.printIrAfterAll,
                        "Print the IR after every pass (stderr)");
   compileCmd->add_flag("--mlir-timing", compile.timing,

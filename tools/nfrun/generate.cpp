@@ -242,6 +242,30 @@ int runGenerate(const GenerateFlags &f) {
                prefillS * 1e3, generated.size(),
                decodeS > 0 && decodeSteps ? decodeSteps / decodeS : 0.0,
                static_cast<long long>(decodeSteps), decodeS * 1e3);
+  // Routed-expert work of this request, from the per-process counters (this
+  // process ran nothing else): calls per MoE layer and the budget spent.
+  if (model.numMoeLayers() > 0) {
+    auto used = model.expertUtilization();
+    if (!used)
+      return fail(used.message());
+    const int64_t tokens = static_cast<int64_t>(prompt.size()) + decodeSteps;
+    int64_t total = 0;
+    std::string perLayer;
+    for (const auto &layer : *used) {
+      int64_t calls = 0;
+      for (int64_t c : layer)
+        calls += c;
+      total += calls;
+      perLayer += (perLayer.empty() ? "" : " ") + std::to_string(calls);
+    }
+    const double full = static_cast<double>(model.expertsPerToken()) *
+                        model.numMoeLayers() * tokens;
+    std::fprintf(stderr,
+                 "expert calls: %lld (per MoE layer: %s); budget spent %.3f "
+                 "of static top-%d\n",
+                 static_cast<long long>(total), perLayer.c_str(),
+                 full > 0 ? total / full : 0.0, model.expertsPerToken());
+  }
 
   if (dump) {
     const int64_t T = static_cast<int64_t>(prompt.size());

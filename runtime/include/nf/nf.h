@@ -133,6 +133,15 @@ NF_API const char *nf_model_name(const nf_model *model);
 NF_API const char *nf_model_layer_pattern(const nf_model *model);
 /* Routed experts per token of the model's own top-k; 0 without MoE. */
 NF_API int32_t nf_model_experts_per_token(const nf_model *model);
+/* MoE layers, and routed experts per MoE layer; 0 without MoE. */
+NF_API int32_t nf_model_n_moe_layers(const nf_model *model);
+NF_API int32_t nf_model_n_experts(const nf_model *model);
+/* Per-process expert utilisation since load (or the last reset): tokens
+   routed to each expert, written row-major [moe layer][expert] into counts
+   (capacity `cap` entries: n_moe_layers * n_experts are needed). */
+NF_API nf_status nf_model_expert_utilization(const nf_model *model,
+                                             int64_t *counts, size_t cap);
+NF_API nf_status nf_model_reset_expert_utilization(nf_model *model);
 /* Sequences that may be alive at once. */
 NF_API int32_t nf_model_max_sequences(const nf_model *model);
 /* Tokens one sequence may hold; -1: unlimited (attention-free models). */

@@ -139,6 +139,26 @@ public:
   std::string name() const { return nf_model_name(m_); }
   std::string layerPattern() const { return nf_model_layer_pattern(m_); }
   int32_t expertsPerToken() const { return nf_model_experts_per_token(m_); }
+  int32_t numMoeLayers() const { return nf_model_n_moe_layers(m_); }
+  int32_t numExperts() const { return nf_model_n_experts(m_); }
+  /// Tokens routed to each expert since load or reset, [layer][expert].
+  StatusOr<std::vector<std::vector<int64_t>>> expertUtilization() const {
+    const size_t layers = static_cast<size_t>(numMoeLayers());
+    const size_t experts = static_cast<size_t>(numExperts());
+    std::vector<int64_t> flat(layers * experts);
+    if (nf_model_expert_utilization(m_, flat.data(), flat.size()) != NF_OK)
+      return Status::error(nf_last_error());
+    std::vector<std::vector<int64_t>> out(layers);
+    for (size_t l = 0; l < layers; ++l)
+      out[l].assign(flat.begin() + l * experts,
+                    flat.begin() + (l + 1) * experts);
+    return out;
+  }
+  Status resetExpertUtilization() {
+    if (nf_model_reset_expert_utilization(m_) != NF_OK)
+      return Status::error(nf_last_error());
+    return Status::success();
+  }
   int32_t maxSequences() const { return nf_model_max_sequences(m_); }
   int64_t maxContext() const { return nf_model_max_context(m_); }
   bool hasTokenizer() const { return nf_model_has_tokenizer(m_) != 0; }

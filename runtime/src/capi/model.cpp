@@ -282,6 +282,46 @@ int32_t nf_model_experts_per_token(const nf_model *model) {
   return model ? model->engine->info().topK : 0;
 }
 
+int32_t nf_model_n_moe_layers(const nf_model *model) {
+  return model ? model->engine->info().numMoeLayers : 0;
+}
+
+int32_t nf_model_n_experts(const nf_model *model) {
+  return model ? model->engine->info().numExperts : 0;
+}
+
+nf_status nf_model_expert_utilization(const nf_model *model, int64_t *counts,
+                                      size_t cap) {
+  return guard([&]() -> nf_status {
+    if (!model || (!counts && cap > 0))
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_model_expert_utilization: model and counts must not be "
+                  "NULL");
+    const auto &used = model->engine->expertUtilization();
+    const size_t experts =
+        static_cast<size_t>(model->engine->info().numExperts);
+    if (cap < used.size() * experts)
+      return fail(NF_ERR_BUFFER_TOO_SMALL,
+                  "nf_model_expert_utilization: needs " +
+                      std::to_string(used.size() * experts) + " entries, got " +
+                      std::to_string(cap));
+    for (size_t l = 0; l < used.size(); ++l)
+      for (size_t e = 0; e < experts; ++e)
+        counts[l * experts + e] = used[l][e];
+    return NF_OK;
+  });
+}
+
+nf_status nf_model_reset_expert_utilization(nf_model *model) {
+  return guard([&]() -> nf_status {
+    if (!model)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_model_reset_expert_utilization: model is NULL");
+    model->engine->resetExpertUtilization();
+    return NF_OK;
+  });
+}
+
 int32_t nf_model_max_sequences(const nf_model *model) {
   return model ? model->engine->info().maxSequences : 0;
 }

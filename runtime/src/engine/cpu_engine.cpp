@@ -365,6 +365,13 @@ public:
   StatusOr<int32_t> addSequence() override;
   Status removeSequence(int32_t sequence) override;
   int64_t sequenceLength(int32_t sequence) const override;
+  const std::vector<std::vector<int64_t>> &expertUtilization() const override {
+    return utilization_;
+  }
+  void resetExpertUtilization() override {
+    for (auto &layer : utilization_)
+      std::fill(layer.begin(), layer.end(), 0);
+  }
   Status step(std::span<const SequenceInput> inputs, LogitsFor which,
               std::vector<float> &logits, StepStats *stats) override;
 
@@ -423,7 +430,8 @@ private:
   cpu::Caches caches_;
   bool hasAttention_ = false;
   int32_t maxExpertsOverride_ = 0; // largest expertsPerToken accepted
-  std::unordered_map<int32_t, int32_t> slotOf_; // sequence id -> slot
+  std::vector<std::vector<int64_t>> utilization_; // [moe layer][expert]
+  std::unordered_map<int32_t, int32_t> slotOf_;   // sequence id -> slot
   int32_t nextSequenceId_ = 0;
   std::unique_ptr<uint8_t, FreeDeleter> arena_;
   int64_t arenaSize_ = 0;
@@ -433,6 +441,7 @@ private:
     int64_t T = 0;
     std::vector<int32_t> tokens;
     std::vector<float> budget;
+    std::vector<std::vector<int64_t>> *callsPerLayer = nullptr;
     std::vector<int32_t> rankedExperts; // select: [T, K] candidates by rank
     std::vector<double> rankedScores;
     std::vector<int32_t> kOverride; // per token, 0: the op's top_k
@@ -1168,6 +1177,21 @@ Status CpuEngine::init(const EngineOptions &options) {
                 ? static_cast<int32_t>(o.topK)
                 : std::min(maxExpertsOverride_, static_cast<int32_t>(o.topK));
   info_.topK = maxExpertsOverride_;
+  // MoE layers are numbered by their select ops in program order (the same
+  // in both programs).
+  for (Program *p : {&prefill_, &decode_}) {
+    int32_t moe = 0;
+    for (OpInfo &o : p->ops)
+      if (o.code == Code::Select) {
+        o.ordinal = moe++;
+        info_.numMoeLayers = std::max(info_.numMoeLayers, moe);
+        info_.numExperts = std::max<int32_t>(
+            info_.numExperts, static_cast<int32_t>(p->values[o.in[0]].cols));
+      }
+  }
+  utilization_.assign(
+      static_cast<size_t>(info_.numMoeLayers),
+      std::vector<int64_t>(static_cast<size_t>(info_.numExperts), 0));
 
   arenaSize_ = std::max(prefill_.arenaBytes + prefill_.scratchBytes,
                         decode_.arenaBytes + decode_.scratchBytes);
@@ -1278,7 +1302,13 @@ Status CpuEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
     std::vector<int64_t> *calls = nullptr;
     if (stats) {
       stats->expertCalls.assign(n, 0);
+      stats->expertCallsPerLayer.assign(
+          n, std::vector<int64_t>(static_cast<size_t>(info_.numMoeLayers), 0));
+      stats->budgetSpent.assign(n, 0.0);
       calls = &stats->expertCalls;
+      run_.callsPerLayer = &stats->expertCallsPerLayer;
+    } else {
+      run_.callsPerLayer = nullptr;
     }
 
     // Chunks of at most max_tokens rows; a sequence split across chunks
@@ -1311,6 +1341,12 @@ Status CpuEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
       for (const Chunk &c : chunks)
         (void)caches_.advance(slots[c.input], c.count);
     }
+    if (stats && info_.numMoeLayers > 0 && info_.topK > 0)
+      for (size_t i = 0; i < n; ++i)
+        stats->budgetSpent[i] =
+            static_cast<double>(stats->expertCalls[i]) /
+            (static_cast<double>(info_.topK) * info_.numMoeLayers *
+             static_cast<double>(inputs[i].tokens.size()));
     return Status::success();
   } catch (const std::bad_alloc &) {
     return Status::error("step: out of memory");
@@ -1697,6 +1733,11 @@ void CpuEngine::opSelect(const Program &p, const OpInfo &o) {
     }
     if (run_.expertCalls)
       (*run_.expertCalls)[run_.tokenInput[t]] += kt;
+    if (run_.callsPerLayer)
+      (*run_.callsPerLayer)[run_.tokenInput[t]][o.ordinal] += kt;
+    std::vector<int64_t> &used = utilization_[o.ordinal];
+    for (int64_t j = 0; j < kt; ++j)
+      ++used[ranked[t * K + j]];
   }
 }
 

@@ -47,6 +47,8 @@ struct ModelInfo {
   // attention-free models.
   int64_t maxContext = 0;
   int32_t topK = 0;         // the model's experts per token (0: no MoE)
+  int32_t numMoeLayers = 0; // MoE layers, in layer order
+  int32_t numExperts = 0;   // routed experts per MoE layer
   std::string expertPolicy; // "topk" or "budget"
   float defaultExpertBudget = 1.0f;
   std::string weightsDir;
@@ -57,8 +59,8 @@ struct SequenceInput {
   int32_t sequence = 0;            // id returned by addSequence
   std::span<const int32_t> tokens; // appended at the sequence's current length
   /// Fraction of static top-k (1.0 = the model's k); finite, >= 0. Read by
-  /// the "budget" policy (until its scheduler lands, issue 6, both policies
-  /// run static top-k).
+  /// the "budget" policy (plans compiled with --expert-policy=budget; see
+  /// docs/expert-budget.md); "topk" plans ignore it.
   float expertBudget = 1.0f;
   /// > 0: run exactly this many of the best experts, renormalised over them
   /// (static top-k override, evaluation); at most ModelInfo::topK.
@@ -72,6 +74,11 @@ struct StepStats {
   /// Expert calls per sequence (index as in the step's inputs): routed
   /// experts run, summed over the sequence's tokens and the MoE layers.
   std::vector<int64_t> expertCalls;
+  /// The same per MoE layer: expertCallsPerLayer[input][moe layer].
+  std::vector<std::vector<int64_t>> expertCallsPerLayer;
+  /// Budget actually spent per sequence: expert calls over what static top-k
+  /// (the model's k) would have run on the same tokens.
+  std::vector<double> budgetSpent;
 };
 
 class Engine {
@@ -108,6 +115,12 @@ public:
   virtual Status step(std::span<const SequenceInput> inputs, LogitsFor which,
                       std::vector<float> &logits,
                       StepStats *stats = nullptr) = 0;
+
+  /// Per-process expert utilisation since load (or the last reset): tokens
+  /// routed to each expert, [moe layer][expert].
+  virtual const std::vector<std::vector<int64_t>> &
+  expertUtilization() const = 0;
+  virtual void resetExpertUtilization() = 0;
 };
 
 } // namespace nf
