@@ -898,8 +898,9 @@ TEST_F(PlanLoadErrors, UnsupportedVersion) {
   StatusOr<std::unique_ptr<Engine>> e = Engine::load(path, testOptions());
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.message(),
-            path + ": plan format version 2.0 is not supported by this "
-                   "runtime (reads 1.x)");
+            path + ": plan format version 2." +
+                std::to_string(kPlanVersionMinor) +
+                " is not supported by this runtime (reads 1.x)");
 
   // A newer minor version (fields this runtime does not know) is refused.
   b = bytes_;

@@ -7,6 +7,6 @@
 
 namespace nf {
 inline constexpr uint32_t kPlanVersionMajor = 1;
-inline constexpr uint32_t kPlanVersionMinor = 0;
+inline constexpr uint32_t kPlanVersionMinor = 1; // 1.1: CUDA launches
 inline constexpr char kPlanFileIdentifier[] = "NFPL";
 } // namespace nf
