@@ -57,6 +57,7 @@ def main():
     ap.add_argument("--prompts", default="1024,8192")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--ceilings-only", action="store_true")
     args = ap.parse_args()
 
     from transformers import AutoModelForCausalLM, NemotronHConfig
@@ -64,6 +65,9 @@ def main():
     results = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}
     results["ceilings"] = ceilings()
     print("ceilings:", results["ceilings"], flush=True)
+    if args.ceilings_only:
+        json.dump(results, open(args.out, "w"), indent=2)
+        return
 
     cfg = NemotronHConfig(**json.load(open(args.checkpoint + "/config.json")))
     t0 = time.time()
@@ -75,7 +79,7 @@ def main():
     V = cfg.vocab_size
 
     prefill = {}
-    for L in [int(x) for x in args.prompts.split(",")]:
+    for L in [int(x) for x in args.prompts.split(",") if x]:
         ids = torch.randint(3, V, (1, L), device="cuda")
         with torch.no_grad():
             t = timed(lambda: model(ids, use_cache=False, logits_to_keep=1), warmup=1, reps=3)
@@ -84,7 +88,7 @@ def main():
     results["prefill_tok_s"] = prefill
 
     decode = {}
-    for B in [int(x) for x in args.batches.split(",")]:
+    for B in [int(x) for x in args.batches.split(",") if x]:
         ids = torch.randint(3, V, (B, args.context), device="cuda")
         with torch.no_grad():
             # Fill the 1K context in pieces: HF's PyTorch chunk scan

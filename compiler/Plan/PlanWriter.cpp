@@ -9,6 +9,7 @@
 
 #include "Plan/PlanWriter.h"
 
+#include "CodeGen/CudaBackend.h"
 #include "Transforms/StepUtils.h"
 #include "nf/IR/NfOps.h"
 #include "nf/plan_generated.h"
@@ -53,7 +54,9 @@ FailureOr<pl::DType> dtypeOf(Type t) {
 
 class Writer {
 public:
-  explicit Writer(ModuleOp module) : module(module) {}
+  explicit Writer(ModuleOp module,
+                  const codegen::CudaPlanBinaries *cuda = nullptr)
+      : module(module), cuda(cuda) {}
 
   StatusOr<std::vector<uint8_t>> run(const std::string &generator,
                                      float defaultExpertBudget);
@@ -70,6 +73,7 @@ private:
   StatusOr<fb::Offset<pl::Step>> writeStep(func::FuncOp func);
 
   ModuleOp module;
+  const codegen::CudaPlanBinaries *cuda;
   fb::FlatBufferBuilder b{1 << 16};
   std::vector<fb::Offset<pl::Weight>> weights;
   std::map<std::string, int> weightKeys;
@@ -282,10 +286,42 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
                        b.CreateVectorOfSortedTables(&lists)));
     }
     scratchBytes = std::max(scratchBytes, scratch);
+    if (!cuda) {
+      kernels.push_back(pl::CreateKernel(
+          b, b.CreateString(kernel.getName().str()), b.CreateVector(inputs),
+          b.CreateVector(outputs), b.CreateVector(ops)));
+      continue;
+    }
+    // The CUDA module of this kernel (compiled from the first write).
+    const auto &bins =
+        stepPhase(func) == "prefill" ? cuda->prefill : cuda->decode;
+    if (kernels.size() >= bins.size())
+      return error(kernel, "kernel without a CUDA module");
+    const codegen::CudaKernelBinary &bin = bins[kernels.size()];
+    std::vector<fb::Offset<fb::String>> archs;
+    std::vector<fb::Offset<pl::CubinBlob>> cubins;
+    for (size_t a = 0; a < bin.archs.size(); ++a) {
+      archs.push_back(b.CreateString(bin.archs[a]));
+      cubins.push_back(
+          pl::CreateCubinBlob(b, b.CreateVector(bin.cubins[a])));
+    }
+    std::vector<fb::Offset<pl::Launch>> launches;
+    for (const codegen::CudaLaunchInfo &l : bin.launches)
+      launches.push_back(pl::CreateLaunch(b, b.CreateString(l.function),
+                                          l.grid, l.block, l.sharedBytes,
+                                          l.cooperative));
     kernels.push_back(pl::CreateKernel(
         b, b.CreateString(kernel.getName().str()), b.CreateVector(inputs),
-        b.CreateVector(outputs), b.CreateVector(ops)));
+        b.CreateVector(outputs), b.CreateVector(ops), b.CreateVector(archs),
+        b.CreateVector(cubins), b.CreateString(bin.ptx),
+        b.CreateVector(launches), b.CreateString(bin.sourceHash)));
   }
+  // The generated kernels' own scratch (e.g. the shared expert's hidden
+  // rows) follows the plan's kernel-internal values.
+  if (cuda)
+    scratchBytes = std::max(scratchBytes, stepPhase(func) == "prefill"
+                                              ? cuda->prefillScratchBytes
+                                              : cuda->decodeScratchBytes);
 
   auto ret = cast<func::ReturnOp>(entry.getTerminator());
   auto logits = index.find(ret.getOperand(0));
@@ -361,7 +397,15 @@ StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator,
       getInt("hidden_size", 0), getInt("bos_token_id", -1), b.CreateVector(eos),
       getInt("pad_token_id", -1), b.CreateString(getStr("layer_kinds")),
       b.CreateString(getStr("checkpoint")), b.CreateVector(files));
-  auto target = pl::CreateTarget(b, b.CreateString("cpu"));
+  fb::Offset<pl::Target> target;
+  if (cuda) {
+    std::vector<fb::Offset<fb::String>> archs;
+    for (const std::string &a : cuda->archs)
+      archs.push_back(b.CreateString(a));
+    target = pl::CreateTarget(b, b.CreateString("cuda"), b.CreateVector(archs));
+  } else {
+    target = pl::CreateTarget(b, b.CreateString("cpu"));
+  }
   // The version fields are always written, even at their default (0), so a
   // reader can check them before anything else.
   b.ForceDefaults(true);
@@ -378,8 +422,23 @@ StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator,
 
 StatusOr<std::vector<uint8_t>> writePlan(ModuleOp module,
                                          const std::string &generator,
-                                         float defaultExpertBudget) {
-  return Writer(module).run(generator, defaultExpertBudget);
+                                         float defaultExpertBudget,
+                                         const codegen::CudaOptions *cuda,
+                                         codegen::CudaPlanBinaries *binaries) {
+  auto plan = Writer(module).run(generator, defaultExpertBudget);
+  if (!plan || !cuda)
+    return plan;
+  // The CUDA backend reads the plan it is given, exactly as the runtime will.
+  fb::Verifier verifier(plan->data(), plan->size());
+  if (!pl::VerifyPlanBuffer(verifier))
+    return Status::error("plan: internal error: the CPU plan does not verify");
+  auto compiled = codegen::compileCudaPlan(*pl::GetPlan(plan->data()), *cuda);
+  if (!compiled)
+    return compiled.status();
+  auto withCuda = Writer(module, &*compiled).run(generator, defaultExpertBudget);
+  if (withCuda && binaries)
+    *binaries = std::move(*compiled);
+  return withCuda;
 }
 
 } // namespace nf::compiler

@@ -14,6 +14,9 @@ config.test_exec_root = os.path.join(config.nf_obj_root, "test", "lit")
 config.environment["PATH"] = os.pathsep.join(
     [config.nf_tools_dir, config.llvm_tools_dir, config.environment.get("PATH", os.environ["PATH"])]
 )
+# nfc --target=cuda needs NVRTC (the CUDA toolkit at configure time).
+if getattr(config, "nf_have_nvrtc", False):
+    config.available_features.add("nvrtc")
 config.substitutions.append(("%fixtures", os.path.join(config.nf_test_data, "fixtures")))
 config.substitutions.append(("%broken", os.path.join(config.nf_test_data, "broken")))
 config.substitutions.append(("%examples", config.nf_examples))

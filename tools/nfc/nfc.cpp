@@ -3,6 +3,8 @@
 //   nfc import <hf-dir> [-o model.mlir]     checkpoint -> nf dialect
 //   nfc compile model.mlir [--compile-to=P]  lowering pipeline (see
 //                                            docs/pipeline.md)
+//   nfc compile model.mlir --target=cuda[:sm_90,...] -o plan.nfb
+//                                            + CUDA kernels (docs/cuda.md)
 //
 // Every failure prints one line "nfc: error: <file>: <problem>" and exits 1.
 // Outputs are written to a temporary file and renamed into place, so a failed
@@ -10,6 +12,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "CodeGen/CudaBackend.h"
+#include "CodeGen/KernelCache.h"
 #include "Pipeline/Pipeline.h"
 #include "Plan/PlanWriter.h"
 #include "import/Importer.h"
@@ -29,9 +33,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 
 namespace {
@@ -119,6 +125,8 @@ struct CompileFlags {
   std::string input, output = "-", compileTo;
   bool printIrAfterAll = false, timing = false, generic = false;
   nf::compiler::PipelineOptions pipeline;
+  std::string target = "cpu", cudaSourceDir;
+  bool printCacheStats = false;
 };
 
 int runCompile(const CompileFlags &flags) {
@@ -131,6 +139,21 @@ int runCompile(const CompileFlags &flags) {
   if (emitPlan && flags.output == "-")
     return fail("a plan is binary: write it to a file with -o plan.nfb "
                 "(or print IR with --compile-to=<phase>)");
+  std::optional<nf::codegen::CudaOptions> cuda;
+  if (flags.target != "cpu") {
+    cuda.emplace();
+    if (auto st = nf::codegen::parseCudaTarget(flags.target, *cuda); !st)
+      return fail(st.message());
+    if (!emitPlan)
+      return fail("--target=" + flags.target +
+                  " applies to plans: drop --compile-to");
+    cuda->sourceDir = flags.cudaSourceDir;
+    cuda->cacheDir = nf::codegen::KernelCache::defaultDirectory();
+    if (const char *inject = std::getenv("NF_CUDA_INJECT_ERROR"))
+      cuda->injectError = inject; // testing: a syntax error in these kernels
+  } else if (!flags.cudaSourceDir.empty()) {
+    return fail("--cuda-source-dir needs --target=cuda");
+  }
   mlir::DialectRegistry registry;
   nf::compiler::registerDialects(registry);
   mlir::MLIRContext context(registry);
@@ -182,11 +205,20 @@ int runCompile(const CompileFlags &flags) {
     }
 
   if (emitPlan) {
-    auto plan =
-        nf::compiler::writePlan(*module, std::string("nfc ") + NF_VERSION,
-                                flags.pipeline.defaultExpertBudget);
+    nf::codegen::CudaPlanBinaries binaries;
+    auto plan = nf::compiler::writePlan(
+        *module, std::string("nfc ") + NF_VERSION,
+        flags.pipeline.defaultExpertBudget, cuda ? &*cuda : nullptr,
+        &binaries);
     if (!plan)
       return fail(flags.input + ": " + plan.message());
+    if (cuda && flags.printCacheStats)
+      std::cerr << "kernel cache: " << binaries.cacheHits << " hits, "
+                << binaries.cacheMisses << " misses, " << binaries.compiles
+                << " modules x archs ("
+                << (binaries.cacheDir.empty() ? std::string("disabled")
+                                              : binaries.cacheDir)
+                << "), " << binaries.seconds << " s\n";
     std::string bytes(plan->begin(), plan->end());
     if (auto st = writeOutput(flags.output, bytes); !st)
       return fail(st.message());
@@ -271,6 +303,18 @@ int main(int argc, char **argv) {
                    "static top-k FLOPs; budget policy)")
       ->capture_default_str()
       ->check(CLI::Range(0.0f, 1.0f));
+  compileCmd
+      ->add_option("--target", compile.target,
+                   "Backend of the plan: cpu (ops only), or cuda[:sm_90,...] "
+                   "(ops + CUDA kernels compiled with NVRTC for these "
+                   "architectures; default sm_90)")
+      ->capture_default_str();
+  compileCmd->add_option("--cuda-source-dir", compile.cudaSourceDir,
+                         "Also write the generated CUDA sources (.cu per "
+                         "kernel, and the kernels/ headers) to this directory");
+  compileCmd->add_flag("--print-kernel-cache-stats", compile.printCacheStats,
+                       "Report kernel cache hits and misses (stderr; "
+                       "cache: $NF_KERNEL_CACHE, see docs/cuda.md)");
   compileCmd->add_flag("--mlir-print-ir-after-all", compile.printIrAfterAll,
                        "Print the IR after every pass (stderr)");
   compileCmd->add_flag("--mlir-timing", compile.timing,

@@ -15,6 +15,7 @@ struct CommonFlags {
   std::string plan;
   std::string weightsDir;
   int threads = 0;
+  std::string backend = "auto"; // "auto", "cpu" or "cuda"
 };
 
 struct GenerateFlags {
@@ -43,7 +44,20 @@ struct EvalPplFlags {
   int batch = 4;             // windows per step
 };
 
+struct BenchFlags {
+  CommonFlags common;
+  bool syntheticWeights = false; // --random-weights
+  uint64_t seed = 0;
+  std::string batches = "1,8,32,64"; // decode batch sizes
+  std::string prefill = "1024,8192"; // prompt lengths
+  int64_t context = 1024;            // decode context per sequence
+  int64_t steps = 32;                // timed decode steps
+  double copyBandwidth = 0.0;        // bytes/s, device-to-device (roofline)
+  double matmulRate = 0.0;           // FLOP/s, bf16 matmul (roofline)
+};
+
 int runGenerate(const GenerateFlags &flags);
+int runBench(const BenchFlags &flags);
 int runInspect(const std::string &plan);
 int runEvalPpl(const EvalPplFlags &flags);
 

@@ -43,6 +43,7 @@ int runEvalPpl(const EvalPplFlags &f) {
   nf::ModelParams mp;
   mp.weightsDir = f.common.weightsDir;
   mp.threads = f.common.threads;
+  mp.backend = f.common.backend;
   mp.maxSequences = f.batch;
   auto loaded = nf::Model::load(f.common.plan, mp);
   if (!loaded)
@@ -135,6 +136,7 @@ int runEvalPpl(const EvalPplFlags &f) {
                 static_cast<long long>(fed), static_cast<long long>(moeLayers));
   std::printf("time: %.2f s (%.0f tokens/s)\n", secs,
               secs > 0 ? static_cast<double>(fed) / secs : 0.0);
+  std::printf("backend: %s\n", model.backend().c_str());
   return 0;
 }
 

@@ -140,6 +140,7 @@ int runGenerate(const GenerateFlags &f) {
   nf::ModelParams mp;
   mp.weightsDir = f.common.weightsDir;
   mp.threads = f.common.threads;
+  mp.backend = f.common.backend;
   mp.maxSequences = 1;
   auto loaded = nf::Model::load(f.common.plan, mp);
   if (!loaded)
@@ -242,6 +243,7 @@ int runGenerate(const GenerateFlags &f) {
                prefillS * 1e3, generated.size(),
                decodeS > 0 && decodeSteps ? decodeSteps / decodeS : 0.0,
                static_cast<long long>(decodeSteps), decodeS * 1e3);
+  std::fprintf(stderr, "backend: %s\n", model.backend().c_str());
   // Routed-expert work of this request, from the per-process counters (this
   // process ran nothing else): calls per MoE layer and the budget spent.
   if (model.numMoeLayers() > 0) {

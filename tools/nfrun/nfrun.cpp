@@ -4,6 +4,9 @@
 //   nfrun inspect PLAN
 //   nfrun eval-ppl PLAN --text FILE [--top-k K | --expert-budget B] [...]
 //
+// generate and eval-ppl take --backend auto|cpu|cuda (default auto: the GPU
+// for plans compiled with nfc compile --target=cuda when CUDA is usable).
+//
 // Every failure prints one line "nfrun: error: <file>: <problem>" and exits 1.
 // nfrun uses libnf through its public C++ API (nf/nf.hpp); `inspect` reads
 // the plan file itself. It never links MLIR.
@@ -43,6 +46,11 @@ void addCommon(CLI::App *cmd, nfrun::CommonFlags &c) {
   cmd->add_option("--threads", c.threads, "CPU threads (0: OpenMP default)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--backend", c.backend,
+                  "auto: CUDA when the plan has binaries for this GPU and the "
+                  "driver loads, else CPU; cpu; cuda (an error without CUDA)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->set_version_flag("--version", kVersion);
 }
 
@@ -148,6 +156,35 @@ int main(int argc, char **argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
 
+  // bench
+  nfrun::BenchFlags bench;
+  auto *benchCmd = app.add_subcommand(
+      "bench", "Decode and prefill throughput next to the roofline (see "
+               "docs/performance.md)");
+  addCommon(benchCmd, bench.common);
+  benchCmd->add_flag("--random-weights", bench.syntheticWeights,
+                     "Seeded random weights of the plan's shapes instead of "
+                     "the checkpoint");
+  benchCmd->add_option("--seed", bench.seed, "Seed of weights and tokens")
+      ->capture_default_str();
+  benchCmd->add_option("--batch", bench.batches, "Decode batch sizes")
+      ->capture_default_str();
+  benchCmd->add_option("--prefill", bench.prefill, "Prompt lengths (prefill)")
+      ->capture_default_str();
+  benchCmd
+      ->add_option("--context", bench.context, "Decode context per sequence")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  benchCmd->add_option("--steps", bench.steps, "Timed decode steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  benchCmd->add_option("--copy-bandwidth", bench.copyBandwidth,
+                       "Device-to-device copy bandwidth measured in the same "
+                       "run, bytes/s (decode roofline)");
+  benchCmd->add_option("--matmul-rate", bench.matmulRate,
+                       "bf16 matmul rate measured in the same run, FLOP/s "
+                       "(prefill roofline)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp &e) {
@@ -171,5 +208,7 @@ int main(int argc, char **argv) {
     return nfrun::runInspect(inspectPlan);
   if (*evalPpl)
     return nfrun::runEvalPpl(ev);
+  if (*benchCmd)
+    return nfrun::runBench(bench);
   return 0;
 }

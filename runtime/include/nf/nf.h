@@ -109,6 +109,19 @@ typedef struct nf_model_params {
   int32_t max_sequences;
   /* KV-cache pages per attention layer; 0: the plan's default. */
   int32_t kv_pages;
+  /* Fields below were added later; new ones are appended (ABI). */
+  /* The backend: "auto" (also NULL or ""), "cpu" or "cuda". "auto" runs
+     plans compiled with `nfc compile --target=cuda` on the GPU when the CUDA
+     driver (libcuda.so.1, loaded at run time), a device and binaries in the
+     plan for it are present, else (or when the device cannot take the plan)
+     on the CPU, saying why in one line on stderr ("nf: CUDA unavailable
+     (...): using the CPU backend"). "cuda" fails to load (NF_ERR_LOAD)
+     instead of falling back. */
+  const char *backend;
+  /* Nonzero: seeded random weights of the plan's shapes instead of the
+     checkpoint (benchmarks of model shapes whose weights are not at hand). */
+  int32_t synthetic_weights;
+  uint64_t synthetic_seed;
 } nf_model_params;
 
 NF_API nf_model_params nf_model_default_params(void);
@@ -146,6 +159,8 @@ NF_API nf_status nf_model_reset_expert_utilization(nf_model *model);
 NF_API int32_t nf_model_max_sequences(const nf_model *model);
 /* Tokens one sequence may hold; -1: unlimited (attention-free models). */
 NF_API int64_t nf_model_max_context(const nf_model *model);
+/* The backend running the model: "cpu" or "cuda". */
+NF_API const char *nf_model_backend(const nf_model *model);
 /* Nonzero when a tokenizer was loaded with the model. */
 NF_API int nf_model_has_tokenizer(const nf_model *model);
 /* A readable multi-line summary ("key: value" lines). Valid until the model
@@ -208,7 +223,9 @@ typedef struct nf_batch {
   const nf_seq_input *seqs; /* each sequence at most once */
   int32_t n_seqs;
   /* Optional output, NULL or n_seqs entries: routed-expert calls of each
-     sequence in this step, summed over MoE layers. */
+     sequence in this step, summed over MoE layers. 0 where the backend
+     cannot count them (CUDA plans whose kernels keep the expert selection
+     to themselves: nf_model_info says "no expert statistics"). */
   int64_t *expert_calls;
 } nf_batch;
 

@@ -34,6 +34,7 @@ struct ModelParams {
   int32_t threads = 0;       // 0: OpenMP default
   int32_t maxSequences = 0;  // 0: the plan's state slots
   int32_t kvPages = 0;       // 0: the plan's default
+  std::string backend;       // "auto" (also empty), "cpu" or "cuda"
 };
 
 struct SamplerParams {
@@ -116,6 +117,7 @@ public:
     p.n_threads = params.threads;
     p.max_sequences = params.maxSequences;
     p.kv_pages = params.kvPages;
+    p.backend = params.backend.c_str();
     nf_model *m = nullptr;
     if (nf_model_load(planPath.c_str(), &p, &m) != NF_OK)
       return lastError();
@@ -162,6 +164,8 @@ public:
   int32_t maxSequences() const { return nf_model_max_sequences(m_); }
   int64_t maxContext() const { return nf_model_max_context(m_); }
   bool hasTokenizer() const { return nf_model_has_tokenizer(m_) != 0; }
+  /// "cpu" or "cuda".
+  std::string backend() const { return nf_model_backend(m_); }
   std::string info() const { return nf_model_info(m_); }
 
   StatusOr<std::vector<int32_t>> tokenize(std::string_view text,

@@ -55,6 +55,10 @@ std::string describe(const nf_model &m, const std::string &tokenizerLine) {
     os << "unlimited\n";
   else
     os << info.maxContext << "\n";
+  os << "backend: " << info.backend;
+  if (info.backend != "cpu")
+    os << " (" << info.device << ")";
+  os << "\n";
   os << "prefill tokens per step: " << info.maxPrefillTokens << "\n";
   os << "decode sequences per step: " << info.maxDecodeTokens << "\n";
   os << "tokenizer: " << tokenizerLine << "\n";
@@ -169,6 +173,9 @@ nf_model_params nf_model_default_params(void) {
   p.n_threads = 0;
   p.max_sequences = 0;
   p.kv_pages = 0;
+  p.backend = nullptr;
+  p.synthetic_weights = 0;
+  p.synthetic_seed = 0;
   return p;
 }
 
@@ -190,6 +197,14 @@ nf_status nf_model_load(const char *plan_path, const nf_model_params *params,
     options.numThreads = p.n_threads;
     options.maxSequences = p.max_sequences;
     options.kvPages = p.kv_pages;
+    options.backend = p.backend && *p.backend ? p.backend : "auto";
+    options.syntheticWeights = p.synthetic_weights != 0;
+    options.syntheticSeed = p.synthetic_seed;
+    if (options.backend != "auto" && options.backend != "cpu" &&
+        options.backend != "cuda")
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  std::string(plan_path) + ": unknown backend '" +
+                      options.backend + "' (expected auto, cpu or cuda)");
     StatusOr<std::unique_ptr<Engine>> engine = Engine::load(plan_path, options);
     if (!engine)
       return fail(NF_ERR_LOAD, engine.status());
@@ -324,6 +339,10 @@ nf_status nf_model_reset_expert_utilization(nf_model *model) {
 
 int32_t nf_model_max_sequences(const nf_model *model) {
   return model ? model->engine->info().maxSequences : 0;
+}
+
+const char *nf_model_backend(const nf_model *model) {
+  return model ? model->engine->info().backend.c_str() : "";
 }
 
 int64_t nf_model_max_context(const nf_model *model) {

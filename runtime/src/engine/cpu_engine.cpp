@@ -15,6 +15,8 @@
 // batch composition and thread count.
 #include "engine/cpu_engine.h"
 
+#include "engine/plan_common.h"
+
 #include "cpu/expert_budget.h"
 #include "cpu/kernels.h"
 #include "cpu/reference_model.h"
@@ -96,19 +98,6 @@ constexpr std::pair<std::string_view, Code> kOpNames[] = {
 
 enum class Act { Relu2, Silu };
 
-struct ValueInfo {
-  pl::ValueKind kind = pl::ValueKind::Tensor;
-  pl::DType dtype = pl::DType::F32;
-  pl::Rows rows = pl::Rows::None;
-  std::vector<int64_t> shape;
-  int64_t cols = 0; // elements per row (all elements when rows == None)
-  int64_t offset = -1;
-  int64_t bytes = 0;
-  int32_t weight = -1;
-  int32_t numExperts = 0;
-  int32_t maxPerToken = 0;
-};
-
 struct OpInfo {
   Code code = Code::Add;
   std::string where; // "<plan>: prefill kernel 3 'name' op nf.linear"
@@ -130,20 +119,9 @@ struct OpInfo {
   bool hasBias = false;
 };
 
-struct Program {
-  std::string phase;
-  std::vector<ValueInfo> values;
+/// A step program: its values (plan_common.h) and its decoded ops.
+struct Program : StepValues {
   std::vector<OpInfo> ops;
-  int32_t tokens = -1, batch = -1, budget = -1, logits = -1;
-  int64_t maxTokens = 0, arenaBytes = 0, scratchBytes = 0;
-};
-
-struct StorageInfo {
-  pl::StorageKind kind = pl::StorageKind::MambaState;
-  int32_t ordinal = 0;
-  MambaShape mamba;
-  KvLayerShape kv;
-  int64_t pageSize = 0, numPages = 0, slots = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -302,50 +280,6 @@ void activate(Act act, float *x, int64_t n) {
     x[i] = silu(x[i]);
 }
 
-// ---------------------------------------------------------------------------
-// Attribute access (attributes are few per op: linear search)
-
-template <typename Vec>
-auto findAttr(const Vec *v, std::string_view name) -> decltype(v->Get(0)) {
-  if (!v)
-    return nullptr;
-  for (auto a : *v)
-    if (a->name() && a->name()->string_view() == name)
-      return a;
-  return nullptr;
-}
-
-std::optional<int64_t> intAttr(const pl::Op &op, std::string_view name) {
-  if (auto a = findAttr(op.ints(), name))
-    return a->value();
-  return std::nullopt;
-}
-
-std::optional<double> floatAttr(const pl::Op &op, std::string_view name) {
-  if (auto a = findAttr(op.floats(), name))
-    return a->value();
-  if (auto a = findAttr(op.ints(), name))
-    return static_cast<double>(a->value());
-  return std::nullopt;
-}
-
-std::optional<std::string> stringAttr(const pl::Op &op, std::string_view name) {
-  if (auto a = findAttr(op.strings(), name))
-    return a->value() ? a->value()->str() : std::string();
-  return std::nullopt;
-}
-
-std::optional<std::vector<int64_t>> listAttr(const pl::Op &op,
-                                             std::string_view name) {
-  if (auto a = findAttr(op.int_lists(), name)) {
-    std::vector<int64_t> out;
-    if (a->values())
-      out.assign(a->values()->begin(), a->values()->end());
-    return out;
-  }
-  return std::nullopt;
-}
-
 struct FreeDeleter {
   void operator()(uint8_t *p) const { std::free(p); }
 };
@@ -384,13 +318,6 @@ private:
   Status checkOp(const Program &prog, OpInfo &o, const pl::Op &op);
 
   // Step
-  struct Chunk {
-    int32_t input = 0; // index into the step's inputs
-    int64_t first = 0; // first token of the input in this chunk
-    int64_t count = 0; // tokens
-    int64_t row = 0;   // first row in the run
-    bool last = false; // holds the input's last token
-  };
   void runProgram(Program &prog, std::span<const SequenceInput> inputs,
                   std::span<const Chunk> chunks, LogitsFor which,
                   std::span<const int64_t> tokenBase, float *logitsOut,
@@ -465,209 +392,30 @@ private:
 // Load
 
 Status CpuEngine::initStorage(const EngineOptions &options) {
-  const pl::Plan &plan = *plan_->plan;
-  std::vector<MambaShape> mamba;
-  std::vector<KvLayerShape> kv;
-  int64_t slots = 0, pageSize = 0, numPages = 0;
-  if (plan.storage()) {
-    for (fb::uoffset_t i = 0; i < plan.storage()->size(); ++i) {
-      const pl::Storage &s = *plan.storage()->Get(i);
-      const std::string ctx = plan_->path + ": storage " + std::to_string(i) +
-                              (s.name() ? " (" + s.name()->str() + ")" : "");
-      StorageInfo si;
-      si.kind = s.kind();
-      if (s.kind() == pl::StorageKind::MambaState) {
-        const int64_t nh = s.num_heads(), P = s.head_dim(), N = s.state_size(),
-                      CD = s.conv_dim(), K1 = s.conv_window();
-        if (nh <= 0 || P <= 0 || N <= 0 || CD <= 0 || K1 <= 0 || s.slots() <= 0)
-          return Status::error(ctx + ": mamba state sizes must be positive");
-        if (CD <= nh * P || (CD - nh * P) % (2 * N) != 0)
-          return Status::error(ctx + ": conv_dim " + std::to_string(CD) +
-                               " is not heads*head_dim + 2*groups*state");
-        si.mamba = {nh, P, N, (CD - nh * P) / (2 * N), K1 + 1};
-        if (nh % si.mamba.nGroups != 0)
-          return Status::error(ctx + ": " + std::to_string(nh) + " heads in " +
-                               std::to_string(si.mamba.nGroups) + " groups");
-        si.ordinal = static_cast<int32_t>(mamba.size());
-        si.slots = s.slots();
-        mamba.push_back(si.mamba);
-        slots = slots == 0 ? s.slots() : std::min(slots, s.slots());
-      } else if (s.kind() == pl::StorageKind::KVCache) {
-        if (s.page_size() <= 0 || s.num_pages() <= 0 || s.kv_heads() <= 0 ||
-            s.head_dim() <= 0)
-          return Status::error(ctx + ": kv cache sizes must be positive");
-        if (s.dtype() != pl::DType::F32)
-          return Status::error(ctx + ": kv cache dtype " +
-                               pl::EnumNameDType(s.dtype()) +
-                               " is not supported by the CPU backend (f32)");
-        if (pageSize != 0 &&
-            (s.page_size() != pageSize || s.num_pages() != numPages))
-          return Status::error(ctx + ": every kv cache must have the same "
-                                     "page size and page count");
-        pageSize = s.page_size();
-        numPages = s.num_pages();
-        si.kv = {s.kv_heads(), s.head_dim()};
-        si.pageSize = pageSize;
-        si.numPages = numPages;
-        si.ordinal = static_cast<int32_t>(kv.size());
-        kv.push_back(si.kv);
-      } else {
-        return Status::error(ctx + ": unknown storage kind");
-      }
-      storage_.push_back(si);
-    }
-  }
-  hasAttention_ = !kv.empty();
-  if (options.maxSequences < 0 || options.kvPages < 0)
-    return Status::error(plan_->path +
-                         ": maxSequences and kvPages must be >= 0");
-  int64_t numSlots = options.maxSequences;
-  if (numSlots == 0)
-    numSlots = slots > 0 ? slots : decode_.maxTokens;
-  if (options.kvPages > 0)
-    numPages = options.kvPages;
-  if (numSlots <= 0 || numSlots > std::numeric_limits<int32_t>::max() ||
-      numPages > std::numeric_limits<int32_t>::max())
-    return Status::error(plan_->path + ": bad sequence or page count");
-  cpu::CacheConfig cc;
-  cc.numSlots = static_cast<int32_t>(numSlots);
-  cc.numPages = hasAttention_ ? static_cast<int32_t>(numPages) : 1;
-  cc.pageSize = hasAttention_ ? static_cast<int32_t>(pageSize) : 1;
-  StatusOr<cpu::Caches> caches = cpu::Caches::create(mamba, kv, cc);
+  StatusOr<StorageLayout> layout =
+      readStorage(*plan_, options, decode_.maxTokens, "CPU");
+  if (!layout)
+    return layout.status();
+  storage_ = std::move(layout->entries);
+  hasAttention_ = layout->hasAttention;
+  StatusOr<cpu::Caches> caches =
+      cpu::Caches::create(layout->mamba, layout->kv, layout->cache);
   if (!caches)
     return Status::error(plan_->path + ": " + caches.message());
   caches_ = std::move(*caches);
-  info_.maxSequences = cc.numSlots;
-  info_.maxContext = hasAttention_ ? numPages * pageSize : -1;
+  info_.maxSequences = layout->cache.numSlots;
+  info_.maxContext = layout->maxContext;
   return Status::success();
 }
 
 Status CpuEngine::compileProgram(const pl::Step *step, const char *phase,
                                  Program &prog) {
   const std::string where = plan_->path + ": " + phase + " step";
-  prog.phase = phase;
-  if (!step->values() || !step->kernels())
-    return Status::error(where + " has no values or kernels");
-  prog.maxTokens = step->max_tokens();
-  prog.arenaBytes = step->arena_bytes();
-  prog.scratchBytes = step->scratch_bytes();
-  if (prog.maxTokens <= 0 || prog.maxTokens > (int64_t{1} << 31))
-    return Status::error(where + ": max_tokens " +
-                         std::to_string(prog.maxTokens) + " out of range");
-  if (prog.arenaBytes < 0 || prog.scratchBytes < 0 ||
-      prog.arenaBytes > (int64_t{1} << 46) ||
-      prog.scratchBytes > (int64_t{1} << 46))
-    return Status::error(where + ": arena or scratch size out of range");
-  const int64_t total = prog.arenaBytes + prog.scratchBytes;
-  const int64_t numWeights = static_cast<int64_t>(weights_->weights.size());
-
-  for (fb::uoffset_t i = 0; i < step->values()->size(); ++i) {
-    const pl::Value &v = *step->values()->Get(i);
-    const std::string ctx = where + " value " + std::to_string(i);
-    ValueInfo vi;
-    vi.kind = v.kind();
-    vi.dtype = v.dtype();
-    vi.rows = v.rows();
-    if (v.shape())
-      vi.shape.assign(v.shape()->begin(), v.shape()->end());
-    vi.offset = v.offset();
-    vi.bytes = v.bytes();
-    vi.weight = v.weight();
-    vi.numExperts = v.num_experts();
-    vi.maxPerToken = v.max_per_token();
-    auto inArena = [&]() {
-      return vi.offset >= 0 && vi.bytes >= 0 && vi.offset % 4 == 0 &&
-             vi.offset + vi.bytes <= total;
-    };
-    switch (vi.kind) {
-    case pl::ValueKind::Tensor: {
-      if (vi.dtype != pl::DType::F32 && vi.dtype != pl::DType::I32)
-        return Status::error(ctx + ": tensors must be f32 or i32, not " +
-                             pl::EnumNameDType(vi.dtype));
-      if (vi.shape.empty())
-        return Status::error(ctx + ": tensor without dimensions");
-      const bool dynamic = vi.rows != pl::Rows::None;
-      if (dynamic != (vi.shape[0] == -1))
-        return Status::error(
-            ctx + ": leading dimension " + std::to_string(vi.shape[0]) +
-            " does not match its row kind " + pl::EnumNameRows(vi.rows));
-      vi.cols = 1;
-      for (size_t d = dynamic ? 1 : 0; d < vi.shape.size(); ++d) {
-        if (vi.shape[d] <= 0 || vi.shape[d] > (int64_t{1} << 32))
-          return Status::error(ctx + ": bad shape " + shapeString(vi.shape));
-        vi.cols *= vi.shape[d];
-      }
-      if (!inArena())
-        return Status::error(ctx + ": bytes [" + std::to_string(vi.offset) +
-                             ", +" + std::to_string(vi.bytes) +
-                             ") outside the arena of " + std::to_string(total));
-      const int64_t need = vi.rows == pl::Rows::Tokens
-                               ? prog.maxTokens * vi.cols * 4
-                           : vi.rows == pl::Rows::None ? vi.cols * 4
-                                                       : 0;
-      if (vi.bytes < need)
-        return Status::error(ctx + ": " + std::to_string(vi.bytes) +
-                             " bytes reserved, " + std::to_string(need) +
-                             " needed at " + std::to_string(prog.maxTokens) +
-                             " tokens");
-      break;
-    }
-    case pl::ValueKind::Weight:
-      if (vi.weight < 0 || vi.weight >= numWeights)
-        return Status::error(ctx + ": weight index " +
-                             std::to_string(vi.weight) + " out of range");
-      break;
-    case pl::ValueKind::Dispatch: {
-      if (vi.numExperts <= 0 || vi.maxPerToken <= 0)
-        return Status::error(ctx + ": dispatch without experts");
-      const int64_t need =
-          4 * (vi.numExperts + 1 + 2 * prog.maxTokens * vi.maxPerToken);
-      if (!inArena() || vi.bytes < need)
-        return Status::error(ctx + ": dispatch needs " + std::to_string(need) +
-                             " bytes in the arena");
-      break;
-    }
-    case pl::ValueKind::Batch:
-    case pl::ValueKind::Tokens:
-    case pl::ValueKind::Budget:
-      break;
-    default:
-      return Status::error(ctx + ": unknown value kind");
-    }
-    prog.values.push_back(std::move(vi));
-  }
-
-  const int32_t nv = static_cast<int32_t>(prog.values.size());
-  auto role = [&](int32_t idx, pl::ValueKind kind, const char *name,
-                  int32_t &outIdx) -> Status {
-    if (idx < 0 || idx >= nv || prog.values[idx].kind != kind)
-      return Status::error(where + ": the " + name + " value " +
-                           std::to_string(idx) + " is missing or not a " +
-                           pl::EnumNameValueKind(kind));
-    outIdx = idx;
-    return Status::success();
-  };
-  if (Status s =
-          role(step->tokens(), pl::ValueKind::Tokens, "tokens", prog.tokens);
+  if (Status s = readStepValues(
+          *plan_, step, phase, static_cast<int64_t>(weights_->weights.size()),
+          info_.vocabSize, prog);
       !s)
     return s;
-  if (Status s = role(step->batch(), pl::ValueKind::Batch, "batch", prog.batch);
-      !s)
-    return s;
-  if (Status s = role(step->expert_budget(), pl::ValueKind::Budget,
-                      "expert budget", prog.budget);
-      !s)
-    return s;
-  if (Status s =
-          role(step->logits(), pl::ValueKind::Tensor, "logits", prog.logits);
-      !s)
-    return s;
-  const ValueInfo &lv = prog.values[prog.logits];
-  if (lv.dtype != pl::DType::F32 || lv.rows != pl::Rows::Tokens ||
-      lv.cols != info_.vocabSize)
-    return Status::error(where + ": logits must be f32 [tokens, " +
-                         std::to_string(info_.vocabSize) + "], not " +
-                         shapeString(lv.shape));
 
   bool logitsWritten = false;
   for (fb::uoffset_t k = 0; k < step->kernels()->size(); ++k) {
@@ -1142,25 +890,11 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
 
 Status CpuEngine::init(const EngineOptions &options) {
   const pl::Plan &plan = *plan_->plan;
-  const pl::ModelConfig &cfg = *plan.config();
   numThreads_ = options.numThreads;
-  info_.name = cfg.name() ? cfg.name()->str() : "";
-  info_.vocabSize = cfg.vocab_size();
-  info_.hiddenSize = cfg.hidden_size();
-  info_.bosTokenId = cfg.bos_token_id();
-  if (cfg.eos_token_ids())
-    info_.eosTokenIds.assign(cfg.eos_token_ids()->begin(),
-                             cfg.eos_token_ids()->end());
-  info_.layerKinds = cfg.layer_kinds() ? cfg.layer_kinds()->str() : "";
-  info_.expertPolicy =
-      plan.expert_policy() ? plan.expert_policy()->str() : "topk";
-  info_.defaultExpertBudget = plan.default_expert_budget();
-  info_.weightsDir = weights_->dir;
-  if (info_.vocabSize <= 0 || info_.vocabSize > (int64_t{1} << 31))
-    return Status::error(plan_->path + ": vocab_size " +
-                         std::to_string(info_.vocabSize) + " out of range");
-  info_.maxPrefillTokens = plan.prefill()->max_tokens();
-  info_.maxDecodeTokens = plan.decode()->max_tokens();
+  if (Status s = readModelInfo(*plan_, *weights_, info_); !s)
+    return s;
+  info_.backend = "cpu";
+  info_.device = "cpu";
   decode_.maxTokens = info_.maxDecodeTokens; // default slot count
   if (Status s = initStorage(options); !s)
     return s;
@@ -1245,59 +979,15 @@ Status CpuEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
   try {
     const size_t n = inputs.size();
     const int64_t V = info_.vocabSize;
-    std::vector<int32_t> slots(n);
-    std::vector<int64_t> tokenBase(n + 1, 0);
-    bool allOne = true;
-    int64_t pagesNeeded = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const SequenceInput &in = inputs[i];
-      const std::string ctx = "step: input " + std::to_string(i) +
-                              " (sequence " + std::to_string(in.sequence) + ")";
-      auto it = slotOf_.find(in.sequence);
-      if (it == slotOf_.end())
-        return Status::error(ctx + ": no such sequence");
-      slots[i] = it->second;
-      for (size_t j = 0; j < i; ++j)
-        if (inputs[j].sequence == in.sequence)
-          return Status::error(ctx + ": the sequence appears twice");
-      const int64_t count = static_cast<int64_t>(in.tokens.size());
-      if (count == 0)
-        return Status::error(ctx + ": no tokens");
-      for (int32_t t : in.tokens)
-        if (t < 0 || t >= V)
-          return Status::error(ctx + ": token id " + std::to_string(t) +
-                               " outside the vocabulary of " +
-                               std::to_string(V));
-      if (in.expertsPerToken < 0 || in.expertsPerToken > maxExpertsOverride_)
-        return Status::error(
-            ctx + ": " + std::to_string(in.expertsPerToken) +
-            " experts per token; this model allows 0 (default) to " +
-            std::to_string(maxExpertsOverride_));
-      if (!(in.expertBudget >= 0.0f) || std::isinf(in.expertBudget))
-        return Status::error(ctx + ": expert budget must be finite and >= 0");
-      const int64_t len = caches_.length(slots[i]);
-      if (hasAttention_ && len + count > info_.maxContext)
-        return Status::error(ctx + ": " + std::to_string(len + count) +
-                             " tokens exceed the context of " +
-                             std::to_string(info_.maxContext));
-      pagesNeeded += caches_.pagesNeeded(slots[i], len + count);
-      allOne &= count == 1;
-      tokenBase[i + 1] = tokenBase[i] + count;
-    }
-    if (hasAttention_ && pagesNeeded > caches_.kv().numFreePages())
-      return Status::error(
-          "step: needs " + std::to_string(pagesNeeded) + " more KV pages, " +
-          std::to_string(caches_.kv().numFreePages()) + " of " +
-          std::to_string(caches_.kv().numPages()) + " are free");
-    for (size_t i = 0; i < n; ++i)
-      if (Status s = caches_.reserve(
-              slots[i], caches_.length(slots[i]) +
-                            static_cast<int64_t>(inputs[i].tokens.size()));
-          !s)
-        return Status::error("step: " + s.message());
-
-    const int64_t rows =
-        which == LogitsFor::AllTokens ? tokenBase[n] : static_cast<int64_t>(n);
+    StepRows sr;
+    if (Status s = checkStep(inputs, which, info_, maxExpertsOverride_,
+                             hasAttention_, slotOf_, caches_, sr);
+        !s)
+      return s;
+    const std::vector<int32_t> &slots = sr.slots;
+    const std::vector<int64_t> &tokenBase = sr.tokenBase;
+    const bool allOne = sr.allOne;
+    const int64_t rows = sr.rows;
     logits.resize(static_cast<size_t>(rows * V));
     std::vector<int64_t> *calls = nullptr;
     if (stats) {
@@ -1314,29 +1004,8 @@ Status CpuEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
     // Chunks of at most max_tokens rows; a sequence split across chunks
     // continues from its state in the next one.
     Program &prog = allOne ? decode_ : prefill_;
-    const int64_t R = prog.maxTokens;
-    std::vector<int64_t> done(n, 0);
-    std::vector<Chunk> chunks;
-    size_t next = 0;
-    while (next < n) {
-      chunks.clear();
-      int64_t used = 0;
-      while (next < n && used < R) {
-        const int64_t size = static_cast<int64_t>(inputs[next].tokens.size());
-        const int64_t take = std::min(size - done[next], R - used);
-        Chunk c;
-        c.input = static_cast<int32_t>(next);
-        c.first = done[next];
-        c.count = take;
-        c.row = used;
-        c.last = done[next] + take == size;
-        chunks.push_back(c);
-        used += take;
-        done[next] += take;
-        if (!c.last)
-          break; // the run is full
-        ++next;
-      }
+    for (const std::vector<Chunk> &chunks :
+         splitIntoRuns(inputs, prog.maxTokens)) {
       runProgram(prog, inputs, chunks, which, tokenBase, logits.data(), calls);
       for (const Chunk &c : chunks)
         (void)caches_.advance(slots[c.input], c.count);

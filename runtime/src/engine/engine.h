@@ -30,6 +30,28 @@ struct EngineOptions {
   /// sequence holds ceil(length / page size) of them); 0: the plan's
   /// default.
   int32_t kvPages = 0;
+  /// "auto": the CUDA backend when the plan carries binaries for this
+  /// machine's GPU (a cubin for its sm_XX, else PTX to JIT), the CUDA driver
+  /// (libcuda.so.1, loaded at run time) loads and a device exists; otherwise
+  /// (or when the device then fails to take the plan: a module it cannot
+  /// load, too little memory) the CPU backend, with one line on stderr
+  /// saying why, "nf: CUDA unavailable (<reason>): using the CPU backend",
+  /// when the plan was compiled for CUDA. "cpu": the CPU backend (it runs
+  /// every plan: CUDA binaries are ignored). "cuda": the CUDA backend or an
+  /// error.
+  std::string backend = "auto";
+  /// Seeded random weights of the plan's shapes instead of the checkpoint
+  /// (benchmarks: bench/, nfrun bench --random-weights).
+  bool syntheticWeights = false;
+  uint64_t syntheticSeed = 0;
+  /// CUDA: the driver library to load; empty: $NF_LIBCUDA, else
+  /// "libcuda.so.1" (tests point it elsewhere).
+  std::string cudaDriver;
+  /// CUDA: the device ordinal; -1: $NF_CUDA_DEVICE, else 0.
+  int cudaDevice = -1;
+  /// CUDA: replay the decode program as a captured CUDA graph (false: launch
+  /// its kernels one by one every step, e.g. to compare).
+  bool cudaGraphs = true;
 };
 
 /// Facts about the loaded model, from the plan.
@@ -52,6 +74,15 @@ struct ModelInfo {
   std::string expertPolicy; // "topk" or "budget"
   float defaultExpertBudget = 1.0f;
   std::string weightsDir;
+  /// The backend running the plan: "cpu" or "cuda".
+  std::string backend;
+  /// What it runs on, e.g. "NVIDIA H200 (sm_90, 132 SMs, 140 GiB; driver
+  /// 13.0); kernels: 94 cubin, 0 PTX JIT; decode graph"; "cpu" on the CPU.
+  std::string device;
+  /// Whether StepStats and expertUtilization() are reported (always on the
+  /// CPU; on CUDA when the plan leaves the select results of every MoE layer
+  /// in the arena, see cuda/cuda_engine.h).
+  bool expertStats = true;
 };
 
 /// The tokens one sequence contributes to a step.
@@ -86,7 +117,9 @@ public:
   virtual ~Engine() = default;
 
   /// Loads `planPath` (flatbuffers verifier, version check) and maps and
-  /// checks every weight (name, dtype, shape). Errors name the file.
+  /// checks every weight (name, dtype, shape), on the backend that
+  /// options.backend selects (CUDA: the weights are uploaded to the device).
+  /// Errors name the file.
   static StatusOr<std::unique_ptr<Engine>> load(const std::string &planPath,
                                                 const EngineOptions &options);
 

@@ -1,4 +1,7 @@
 #include "engine/plan_loader.h"
+#include "cpu/reference_model.h"
+
+#include <map>
 
 #include "nf/plan_version.h"
 
@@ -169,6 +172,81 @@ struct Finder {
 };
 
 } // namespace
+
+StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &pf,
+                                                         uint64_t seed) {
+  const pl::Plan &plan = *pf.plan;
+  auto bw = std::make_unique<BoundWeights>();
+  bw->dir = "<synthetic weights, seed " + std::to_string(seed) + ">";
+  // The largest weight of each dtype sizes that dtype's random block.
+  std::map<nf::DType, size_t> largest;
+  for (const pl::Weight *w : *plan.weights()) {
+    size_t n = 1;
+    for (int64_t d : *w->shape())
+      n *= static_cast<size_t>(d);
+    size_t &l = largest[toDType(w->dtype())];
+    l = std::max(l, n);
+  }
+  std::map<nf::DType, const uint8_t *> blocks;
+  std::map<nf::DType, size_t> blockElements;
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&state] { // xorshift64*
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    return state * 0x2545F4914F6CDD1Dull;
+  };
+  for (auto [dtype, elements] : largest) {
+    // Room for per-weight offsets: 1/8 more than the largest weight.
+    const size_t n = elements + elements / 8 + 64;
+    const size_t es = dtypeSize(dtype);
+    auto block = std::make_unique<uint8_t[]>(n * es);
+    for (size_t i = 0; i < n; ++i) {
+      const float v =
+          (static_cast<float>(next() >> 40) / static_cast<float>(1 << 24) -
+           0.5f) *
+          0.1f;
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      if (dtype == nf::DType::F32) {
+        std::memcpy(block.get() + 4 * i, &v, 4);
+      } else if (dtype == nf::DType::BF16) {
+        const uint16_t h = static_cast<uint16_t>(bits >> 16);
+        std::memcpy(block.get() + 2 * i, &h, 2);
+      } else { // F16: |v| <= 0.05, normal range; round toward zero
+        const uint32_t sign = (bits >> 16) & 0x8000u;
+        const int32_t exp =
+            static_cast<int32_t>((bits >> 23) & 0xFF) - 127 + 15;
+        const uint16_t h = exp <= 0
+                               ? static_cast<uint16_t>(sign)
+                               : static_cast<uint16_t>(sign | (exp << 10) |
+                                                       ((bits >> 13) & 0x3FF));
+        std::memcpy(block.get() + 2 * i, &h, 2);
+      }
+    }
+    blocks[dtype] = block.get();
+    blockElements[dtype] = n;
+    bw->packed.push_back(std::move(block));
+  }
+  for (size_t i = 0; i < plan.weights()->size(); ++i) {
+    const pl::Weight *w = plan.weights()->Get(static_cast<fb::uoffset_t>(i));
+    const nf::DType dtype = toDType(w->dtype());
+    BoundWeight b;
+    b.shape.assign(w->shape()->begin(), w->shape()->end());
+    size_t n = 1;
+    for (int64_t d : b.shape)
+      n *= static_cast<size_t>(d);
+    const size_t room = blockElements[dtype] - n;
+    const size_t offset = room ? (next() % room) & ~size_t(63) : 0;
+    b.view.data = blocks[dtype] + offset * dtypeSize(dtype);
+    b.view.dtype = dtype;
+    b.view.shape = b.shape;
+    if (w->stacked()) // the CPU backend reads stacked weights per expert
+      b.experts = cpu::splitExperts(b.view);
+    bw->weights.push_back(std::move(b));
+  }
+  return bw;
+}
 
 StatusOr<std::unique_ptr<BoundWeights>>
 bindWeights(const PlanFile &pf, const std::string &weightsDir) {

@@ -45,7 +45,8 @@ struct BoundWeights {
   std::vector<WeightStore> stores;  // one per config.weight_files entry
   std::vector<std::string> files;   // their paths
   std::vector<BoundWeight> weights; // per Plan.weights entry
-  /// Row-concatenated weights (concat_rows), packed at load.
+  /// Row-concatenated weights (concat_rows), packed at load; synthetic
+  /// weights' random blocks.
   std::vector<std::unique_ptr<uint8_t[]>> packed;
 };
 
@@ -55,6 +56,14 @@ struct BoundWeights {
 /// directory) and the tensor.
 StatusOr<std::unique_ptr<BoundWeights>>
 bindWeights(const PlanFile &plan, const std::string &weightsDir);
+
+/// Seeded random weights of the plan's shapes and dtypes instead of a
+/// checkpoint (benchmarks of model shapes whose checkpoint is not at hand):
+/// values uniform in [-0.05, 0.05]. Every weight views a window of one
+/// shared random block per dtype (at a per-weight offset), so memory is the
+/// largest weight, not the model.
+StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &plan,
+                                                         uint64_t seed);
 
 /// "[63, 128]".
 std::string shapeString(const std::vector<int64_t> &shape);

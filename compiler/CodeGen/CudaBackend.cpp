@@ -1,0 +1,204 @@
+//===- CudaBackend.cpp - plan -> CUDA binaries ----------------------------===//
+
+#include "CodeGen/CudaBackend.h"
+
+#include "CodeGen/KernelCache.h"
+#include "CodeGen/NvrtcCompiler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+namespace nf::codegen {
+
+namespace fs = std::filesystem;
+
+Status parseCudaTarget(const std::string &spec, CudaOptions &opts) {
+  if (spec == "cuda") {
+    opts.archs = {"sm_90"};
+    return Status::success();
+  }
+  if (spec.rfind("cuda:", 0) != 0)
+    return Status::error("--target: expected cpu, cuda or cuda:sm_XX[,sm_YY], "
+                         "not '" + spec + "'");
+  std::vector<std::string> archs;
+  std::stringstream in(spec.substr(5));
+  for (std::string a; std::getline(in, a, ',');) {
+    if (!isCudaArch(a))
+      return Status::error("--target: '" + a +
+                           "' is not a CUDA architecture like sm_90");
+    archs.push_back(a);
+  }
+  if (archs.empty())
+    return Status::error("--target: no architecture after 'cuda:'");
+  auto number = [](const std::string &a) { return std::stoi(a.substr(3)); };
+  std::sort(archs.begin(), archs.end(), [&](const auto &x, const auto &y) {
+    return number(x) != number(y) ? number(x) < number(y) : x < y;
+  });
+  archs.erase(std::unique(archs.begin(), archs.end()), archs.end());
+  opts.archs = archs;
+  return Status::success();
+}
+
+namespace {
+
+struct Job {
+  const CudaKernelSource *src;
+  std::string hash;
+  size_t arch;
+  bool ptx;
+  std::string cubin, ptxText; // results
+  Status status = Status::success();
+};
+
+std::string headerBundleHash() {
+  std::string all;
+  for (const auto &[name, text] : kernelHeaders())
+    all += name + '\0' + text + '\0';
+  return sha256Hex(all);
+}
+
+} // namespace
+
+StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
+                                           const CudaOptions &opts) {
+  const auto start = std::chrono::steady_clock::now();
+  if (opts.archs.empty())
+    return Status::error("cuda: no target architecture");
+  if (!nvrtcAvailable())
+    return Status::error("cuda: this nfc was built without NVRTC (the CUDA "
+                         "toolkit was not found at configure time)");
+  CudaCodegenOptions cg;
+  cg.injectError = opts.injectError;
+  auto sources = generateCudaSources(plan, cg);
+  if (!sources)
+    return sources.status();
+
+  if (!opts.sourceDir.empty()) {
+    std::error_code ec;
+    fs::create_directories(opts.sourceDir, ec);
+    auto write = [&](const std::string &name, const std::string &text) {
+      std::ofstream out(fs::path(opts.sourceDir) / name, std::ios::trunc);
+      out << text;
+      return static_cast<bool>(out);
+    };
+    bool ok = !ec;
+    for (const auto &[name, text] : kernelHeaders())
+      ok = ok && write(name, text);
+    for (const CudaStepSources *s : {&sources->prefill, &sources->decode})
+      for (const CudaKernelSource &k : s->kernels)
+        ok = ok && write(k.fileName, k.source);
+    if (!ok)
+      return Status::error("--cuda-source-dir: cannot write to " +
+                           opts.sourceDir);
+  }
+
+  const std::string headers = headerBundleHash();
+  const std::string version = nvrtcVersionString();
+  KernelCache cache(opts.cacheDir);
+  std::vector<Job> jobs;
+  for (const CudaStepSources *s : {&sources->prefill, &sources->decode})
+    for (const CudaKernelSource &k : s->kernels) {
+      const std::string hash = sha256Hex(k.source + '\0' + headers);
+      for (size_t a = 0; a < opts.archs.size(); ++a)
+        jobs.push_back({&k, hash, a, a == 0, {}, {}});
+    }
+
+  auto runJob = [&](Job &job) {
+    const std::string &arch = opts.archs[job.arch];
+    std::string key = "nf-kernel-cache-1\n" + job.hash + "\n" + arch +
+                      "\nnvrtc " + version + "\n";
+    for (const std::string &o : nvrtcOptions(arch))
+      key += o + "\n";
+    key = sha256Hex(key);
+    auto cubin = cache.load(key, ".cubin");
+    std::optional<std::string> ptx;
+    if (cubin && job.ptx)
+      ptx = cache.load(key, ".ptx");
+    if (cubin && (!job.ptx || ptx)) {
+      ++cache.hits;
+      job.cubin = std::move(*cubin);
+      if (ptx)
+        job.ptxText = std::move(*ptx);
+      return;
+    }
+    ++cache.misses;
+    const CudaKernelSource &k = *job.src;
+    std::string what = "CUDA module of " + k.step + " kernel " +
+                       std::to_string(k.index) + " '" + k.name + "' (";
+    for (size_t i = 0; i < k.launches.size(); ++i)
+      what += (i ? ", " : "") + k.launches[i].function;
+    what += ")";
+    auto out = nvrtcCompile(k.source, k.fileName, kernelHeaders(), arch,
+                            job.ptx, what);
+    if (!out) {
+      job.status = out.status();
+      return;
+    }
+    job.cubin.assign(out->cubin.begin(), out->cubin.end());
+    job.ptxText = std::move(out->ptx);
+    cache.store(key, ".cubin", job.cubin);
+    if (job.ptx)
+      cache.store(key, ".ptx", job.ptxText);
+  };
+
+  int threads = opts.jobs > 0
+                    ? opts.jobs
+                    : static_cast<int>(std::thread::hardware_concurrency());
+  threads = std::clamp(threads, 1, static_cast<int>(jobs.size()));
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  auto worker = [&]() {
+    for (size_t j; !failed && (j = next.fetch_add(1)) < jobs.size();) {
+      runJob(jobs[j]);
+      if (!jobs[j].status)
+        failed = true;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t)
+    pool.emplace_back(worker);
+  worker();
+  for (std::thread &t : pool)
+    t.join();
+  for (const Job &j : jobs) // the first failure in plan order
+    if (!j.status)
+      return j.status;
+
+  CudaPlanBinaries out;
+  out.archs = opts.archs;
+  size_t j = 0;
+  for (auto [src, dst] :
+       {std::pair{&sources->prefill, &out.prefill},
+        std::pair{&sources->decode, &out.decode}}) {
+    for (const CudaKernelSource &k : src->kernels) {
+      CudaKernelBinary bin;
+      bin.archs = opts.archs;
+      bin.launches = k.launches;
+      for (size_t a = 0; a < opts.archs.size(); ++a, ++j) {
+        bin.sourceHash = jobs[j].hash;
+        bin.cubins.emplace_back(jobs[j].cubin.begin(), jobs[j].cubin.end());
+        if (a == 0)
+          bin.ptx = std::move(jobs[j].ptxText);
+      }
+      dst->push_back(std::move(bin));
+    }
+  }
+  out.prefillScratchBytes = sources->prefill.scratchBytes;
+  out.decodeScratchBytes = sources->decode.scratchBytes;
+  out.compiles = static_cast<int>(jobs.size());
+  out.cacheHits = cache.hits;
+  out.cacheMisses = cache.misses;
+  out.cacheDir = cache.directory();
+  out.seconds = std::chrono::duration<double>(
+                    std::chrono::steady_clock::now() - start)
+                    .count();
+  return out;
+}
+
+} // namespace nf::codegen

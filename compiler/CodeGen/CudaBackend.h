@@ -1,0 +1,58 @@
+//===- CudaBackend.h - plan -> CUDA binaries ---------------------*- C++ -*-===//
+//
+// The CUDA target of `nfc compile --target=cuda[:sm_90,...]`: generates a
+// module per plan kernel (CudaCodegen.h), compiles each with NVRTC for every
+// requested architecture (cubin; PTX from the lowest one), in parallel and
+// through the kernel cache (KernelCache.h), and returns what the plan writer
+// embeds in Kernel.cubin_archs / cubins / ptx / launches / source_hash.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "CodeGen/CudaCodegen.h"
+#include "nf/status.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace nf::plan {
+struct Plan;
+}
+
+namespace nf::codegen {
+
+struct CudaOptions {
+  std::vector<std::string> archs{"sm_90"}; // real architectures, for cubins
+  std::string sourceDir;   // non-empty: write the generated .cu files here
+  std::string cacheDir;    // "" = no cache (see KernelCache::defaultDirectory)
+  std::string injectError; // testing: see CudaCodegenOptions::injectError
+  int jobs = 0;            // parallel NVRTC compiles; 0 = hardware threads
+};
+
+/// "cuda" or "cuda:sm_90,sm_100" -> archs (sorted, deduplicated). The
+/// default architecture is sm_90.
+Status parseCudaTarget(const std::string &spec, CudaOptions &opts);
+
+struct CudaKernelBinary {
+  std::vector<std::string> archs;           // = CudaOptions::archs
+  std::vector<std::vector<uint8_t>> cubins; // one per arch
+  std::string ptx;                          // of the lowest arch
+  std::vector<CudaLaunchInfo> launches;
+  std::string sourceHash; // SHA-256 of the source and the embedded headers
+};
+
+struct CudaPlanBinaries {
+  std::vector<std::string> archs;
+  std::vector<CudaKernelBinary> prefill, decode;
+  int64_t prefillScratchBytes = 0, decodeScratchBytes = 0;
+  // Statistics
+  int compiles = 0, cacheHits = 0, cacheMisses = 0;
+  std::string cacheDir;
+  double seconds = 0.0;
+};
+
+StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
+                                           const CudaOptions &opts);
+
+} // namespace nf::codegen

@@ -1,0 +1,1224 @@
+//===- CudaCodegen.cpp - plan kernels -> CUDA C++ -------------------------===//
+//
+// One module per plan kernel; one __global__ function per op, or fewer where
+// ops fuse:
+//   nf.linear + nf.split [+ nf_kv.append]   one GEMM whose epilogue writes
+//                                            the split columns (and K/V
+//                                            cache rows)
+//   nf.linear + nf.activation                GEMM with the activation in its
+//                                            epilogue
+//   nf.add + nf.rms_norm                     one row kernel
+//   nf_moe.router + nf_moe.select            one block per token (scores in
+//                                            f64 stay in shared memory)
+// and a few ops take more than one launch (no grid-wide barriers anywhere):
+//   nf_kv.causal_conv (prefill mode)         outputs, then the conv window
+//   nf_moe.select (budget policy)            per-token ranking, then one
+//                                            block per sequence decides counts
+//   nf_moe.shared_expert                     up GEMM (+act), then down GEMM
+// Function names: <p|d>k<kernel>_op<first op>_<what>, e.g. pk12_op0_add_rms_norm
+// for prefill kernel 12.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CodeGen/CudaCodegen.h"
+
+#include "nf/plan_generated.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+namespace nf::codegen {
+namespace {
+
+namespace pl = ::nf::plan;
+
+constexpr int64_t kAlignment = 256;
+
+int64_t alignTo(int64_t v) {
+  return (v + kAlignment - 1) / kAlignment * kAlignment;
+}
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+uint32_t gridOf(int64_t blocks, int64_t cap) {
+  return static_cast<uint32_t>(std::clamp<int64_t>(blocks, 1, cap));
+}
+
+struct ValueInfo {
+  pl::ValueKind kind = pl::ValueKind::Tensor;
+  pl::DType dtype = pl::DType::F32;
+  pl::Rows rows = pl::Rows::None;
+  std::vector<int64_t> shape;
+  int64_t cols = 1; // elements per row (all elements when rows == None)
+  int64_t offset = -1, bytes = 0;
+  int weight = -1;
+  int numExperts = 0, maxPerToken = 0;
+};
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+/// A double as a C++ literal (exact), or an expression for inf / nan.
+std::string doubleLit(double v) {
+  if (std::isnan(v))
+    return "__longlong_as_double(0x7ff8000000000000ll)";
+  if (std::isinf(v))
+    return v > 0 ? "nf::f64_inf()" : "(-nf::f64_inf())";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eE") == std::string::npos)
+    s += ".0";
+  return s;
+}
+/// A float parameter's value (the double attribute rounded as on the CPU).
+std::string floatLit(double v) {
+  if (std::isnan(v))
+    return "__int_as_float(0x7fc00000)";
+  if (std::isinf(v))
+    return v > 0 ? "nf::f32_inf()" : "(-nf::f32_inf())";
+  return "static_cast<float>(" + doubleLit(v) + ")";
+}
+
+template <typename Vec>
+auto findAttr(const Vec *v, std::string_view name) -> decltype(v->Get(0)) {
+  if (!v)
+    return nullptr;
+  for (auto a : *v)
+    if (a->name() && a->name()->string_view() == name)
+      return a;
+  return nullptr;
+}
+std::optional<int64_t> intAttr(const pl::Op &op, std::string_view name) {
+  if (auto a = findAttr(op.ints(), name))
+    return a->value();
+  return std::nullopt;
+}
+std::optional<double> floatAttr(const pl::Op &op, std::string_view name) {
+  if (auto a = findAttr(op.floats(), name))
+    return a->value();
+  if (auto a = findAttr(op.ints(), name))
+    return static_cast<double>(a->value());
+  return std::nullopt;
+}
+std::optional<std::string> stringAttr(const pl::Op &op, std::string_view name) {
+  if (auto a = findAttr(op.strings(), name))
+    return a->value() ? a->value()->str() : std::string();
+  return std::nullopt;
+}
+std::optional<std::vector<int64_t>> listAttr(const pl::Op &op,
+                                             std::string_view name) {
+  if (auto a = findAttr(op.int_lists(), name)) {
+    std::vector<int64_t> out;
+    if (a->values())
+      out.assign(a->values()->begin(), a->values()->end());
+    return out;
+  }
+  return std::nullopt;
+}
+
+std::string opName(const pl::Op &op) {
+  return op.name() ? op.name()->str() : std::string("<unnamed>");
+}
+std::vector<int> operands(const pl::Op &op) {
+  return op.operands() ? std::vector<int>(op.operands()->begin(),
+                                          op.operands()->end())
+                       : std::vector<int>();
+}
+std::vector<int> results(const pl::Op &op) {
+  return op.results()
+             ? std::vector<int>(op.results()->begin(), op.results()->end())
+             : std::vector<int>();
+}
+
+/// The fixed part of a linear layer spec (nf_linear.cuh).
+struct LinearSpec {
+  std::string wtype;
+  int64_t N = 0, K = 0, G = 1;
+  std::string groups = "nf::DenseGroups";
+  std::string weight; // expression of `const W *` for group g
+  std::string row;    // expression of `const float *` for row r
+  std::string store;  // statements storing v at (r, n)
+  int64_t maxRows = 0;
+};
+
+class KernelEmitter {
+public:
+  KernelEmitter(const pl::Plan &plan, const std::vector<ValueInfo> &values,
+                const std::string &phase, int index, const pl::Kernel &kernel,
+                int64_t maxTokens, int64_t arenaBytes,
+                const CudaCodegenOptions &opts)
+      : plan(plan), values(values), phase(phase), index(index),
+        kernel(kernel), maxTokens(maxTokens), arenaBytes(arenaBytes),
+        opts(opts) {}
+
+  StatusOr<CudaKernelSource> run(int64_t &scratchEnd);
+
+private:
+  // Diagnostics
+  Status fail(size_t op, const std::string &message) const {
+    std::string where = phase + " kernel " + std::to_string(index) + " '" +
+                        kname() + "'";
+    if (op < ops.size())
+      where += " op " + std::to_string(op) + " " + opName(*ops[op]);
+    return Status::error("cuda: " + where + ": " + message);
+  }
+  std::string kname() const {
+    return kernel.name() ? kernel.name()->str() : std::string("kernel");
+  }
+
+  // Values
+  const ValueInfo &V(int v) const { return values[static_cast<size_t>(v)]; }
+  bool isTensor(int v, pl::DType dt) const {
+    return v >= 0 && v < static_cast<int>(values.size()) &&
+           V(v).kind == pl::ValueKind::Tensor && V(v).dtype == dt;
+  }
+  bool isAct(int v) const {
+    return isTensor(v, pl::DType::F32) && V(v).rows == pl::Rows::Tokens;
+  }
+  const pl::Weight *weightOf(int v) const {
+    if (v < 0 || v >= static_cast<int>(values.size()) ||
+        V(v).kind != pl::ValueKind::Weight || !plan.weights() ||
+        V(v).weight < 0 ||
+        V(v).weight >= static_cast<int>(plan.weights()->size()))
+      return nullptr;
+    return plan.weights()->Get(static_cast<unsigned>(V(v).weight));
+  }
+  std::vector<int64_t> weightShape(int v) const {
+    const pl::Weight *w = weightOf(v);
+    return w && w->shape() ? std::vector<int64_t>(w->shape()->begin(),
+                                                  w->shape()->end())
+                           : std::vector<int64_t>();
+  }
+  int64_t weightNumel(int v) const {
+    int64_t n = 1;
+    for (int64_t d : weightShape(v))
+      n *= d;
+    return n;
+  }
+  std::optional<std::string> weightType(int v) const {
+    const pl::Weight *w = weightOf(v);
+    if (!w)
+      return std::nullopt;
+    switch (w->dtype()) {
+    case pl::DType::F32:
+      return std::string("float");
+    case pl::DType::BF16:
+      return std::string("nf::bf16");
+    case pl::DType::F16:
+      return std::string("nf::f16");
+    default:
+      return std::nullopt;
+    }
+  }
+  std::string arenaPtr(int v, const char *type = "float") const {
+    return "nf::arena<" + std::string(type) + ">(a, " + num(V(v).offset) +
+           "ll)";
+  }
+  std::string weightPtr(int v) const {
+    return "nf::weight<" + *weightType(v) + ">(a, " + num(V(v).weight) + ")";
+  }
+  const pl::Storage *storageOf(const pl::Op &op, pl::StorageKind kind) const {
+    if (op.storage() < 0 || !plan.storage() ||
+        op.storage() >= static_cast<int>(plan.storage()->size()))
+      return nullptr;
+    const pl::Storage *s =
+        plan.storage()->Get(static_cast<unsigned>(op.storage()));
+    return s->kind() == kind ? s : nullptr;
+  }
+  /// Users of value v among this kernel's ops (op indices).
+  std::vector<size_t> usersOf(int v) const {
+    std::vector<size_t> u;
+    for (size_t i = 0; i < ops.size(); ++i)
+      for (int o : operands(*ops[i]))
+        if (o == v) {
+          u.push_back(i);
+          break;
+        }
+    return u;
+  }
+  bool isOutput(int v) const { return outputs.count(v) != 0; }
+  /// v must be stored unless every reader is among `fused`.
+  bool needed(int v, std::initializer_list<size_t> fused) const {
+    if (isOutput(v))
+      return true;
+    for (size_t u : usersOf(v))
+      if (std::find(fused.begin(), fused.end(), u) == fused.end())
+        return true;
+    return false;
+  }
+
+  // Emission
+  std::string fnName(size_t op, const std::string &label) const {
+    return std::string(phase == "prefill" ? "p" : "d") + "k" +
+           std::to_string(index) + "_op" + std::to_string(op) + "_" + label;
+  }
+  void addLaunch(const std::string &fn, uint32_t grid, uint32_t block,
+                 const std::string &body, const std::string &comment) {
+    std::string inject;
+    if (!opts.injectError.empty() &&
+        fn.find(opts.injectError) != std::string::npos)
+      inject = "  nf_injected_error(; // NF_CUDA_INJECT_ERROR\n";
+    text << "// " << comment << "\n"
+         << "extern \"C\" __global__ void __launch_bounds__(" << block << ") "
+         << fn << "(const nf_step_args *__restrict__ a) {\n"
+         << inject << body << "}\n\n";
+    launches.push_back({fn, grid, block, 0, false});
+  }
+  uint32_t elementGrid(int64_t elements) const {
+    return gridOf(ceilDiv(elements, 256), int64_t(opts.smCount) * 8);
+  }
+  uint32_t rowGrid(int64_t rows) const { // warp per row, 8 warps a block
+    return gridOf(ceilDiv(rows, 8), int64_t(opts.smCount) * 8);
+  }
+  void emitLinear(const std::string &fn, const LinearSpec &s,
+                  const std::string &comment);
+  int64_t newScratch(int64_t bytes) {
+    const int64_t off = alignTo(scratchTop);
+    scratchTop = off + alignTo(bytes);
+    return off;
+  }
+
+  // Op handlers: each returns the number of ops it consumed.
+  StatusOr<size_t> embed(size_t i);
+  StatusOr<size_t> rmsNorm(size_t i);
+  StatusOr<size_t> add(size_t i);
+  StatusOr<size_t> linear(size_t i);
+  StatusOr<size_t> split(size_t i);
+  StatusOr<size_t> activation(size_t i);
+  StatusOr<size_t> gatedRmsNorm(size_t i);
+  StatusOr<size_t> causalConv(size_t i);
+  StatusOr<size_t> ssm(size_t i);
+  StatusOr<size_t> kvAppend(size_t i);
+  StatusOr<size_t> kvAttend(size_t i);
+  StatusOr<size_t> route(size_t i);
+  StatusOr<size_t> dispatch(size_t i);
+  StatusOr<size_t> expert(size_t i, bool up);
+  StatusOr<size_t> combine(size_t i);
+  StatusOr<size_t> sharedExpert(size_t i);
+
+  StatusOr<std::string> activationKind(size_t i, const char *attr,
+                                       bool required) const {
+    std::optional<std::string> k = stringAttr(*ops[i], attr);
+    if (!k && !required)
+      return std::string("nf::kActRelu2");
+    if (!k)
+      return fail(i, std::string("missing attribute '") + attr + "'");
+    if (*k == "relu2")
+      return std::string("nf::kActRelu2");
+    if (*k == "silu")
+      return std::string("nf::kActSilu");
+    return fail(i, "unsupported activation '" + *k + "'");
+  }
+
+  const pl::Plan &plan;
+  const std::vector<ValueInfo> &values;
+  std::string phase;
+  int index;
+  const pl::Kernel &kernel;
+  int64_t maxTokens, arenaBytes;
+  const CudaCodegenOptions &opts;
+
+  std::vector<const pl::Op *> ops;
+  std::set<int> outputs;
+  std::set<std::string> includes;
+  std::ostringstream text;
+  std::vector<CudaLaunchInfo> launches;
+  int64_t scratchTop = 0;
+};
+
+void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
+                               const std::string &comment) {
+  includes.insert("nf_linear.cuh");
+  const std::string spec = fn + "_spec";
+  text << "struct " << spec << " : " << s.groups << " {\n"
+       << "  using W = " << s.wtype << ";\n"
+       << "  static constexpr int N = " << s.N << ", K = " << s.K << ";\n"
+       << "  __device__ static __forceinline__ const W *weight(const "
+          "nf_step_args *a, int g) {\n"
+       << "    (void)g;\n    return " << s.weight << ";\n  }\n"
+       << "  __device__ static __forceinline__ const float *row(const "
+          "nf_step_args *a, int r) {\n"
+       << "    return " << s.row << ";\n  }\n"
+       << "  __device__ static __forceinline__ void store(const nf_step_args "
+          "*a, int r, int n, float v) {\n"
+       << s.store << "  }\n};\n";
+  const int64_t nt = ceilDiv(s.N, 64);
+  const int64_t tiles =
+      (ceilDiv(s.maxRows, 64) + (s.G > 1 ? s.G : 0)) * nt;
+  const int64_t gemvBlocks = ceilDiv(s.G * s.N, 8);
+  addLaunch(fn,
+            gridOf(std::max(tiles, gemvBlocks), int64_t(opts.smCount) * 4),
+            256, "  nf::linear<" + spec + ">(a);\n", comment);
+}
+
+// ---------------------------------------------------------------------------
+// Row-wise ops
+
+StatusOr<size_t> KernelEmitter::embed(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 2 || out.size() != 1 || !isAct(out[0]))
+    return fail(i, "expects (tokens, table) -> f32 rows");
+  std::string ids;
+  if (V(in[0]).kind == pl::ValueKind::Tokens)
+    ids = "a->tokens";
+  else if (isTensor(in[0], pl::DType::I32) && V(in[0]).cols == 1)
+    ids = arenaPtr(in[0], "int32_t");
+  else
+    return fail(i, "token ids must be the step's tokens or an i32 column");
+  auto shape = weightShape(in[1]);
+  auto wt = weightType(in[1]);
+  if (!wt || shape.size() != 2 || shape[1] != V(out[0]).cols)
+    return fail(i, "table must be a [vocab, hidden] weight");
+  const int64_t H = shape[1];
+  includes.insert("nf_rows.cuh");
+  addLaunch(fnName(i, "embed"), elementGrid(maxTokens * H), 256,
+            "  nf::embed<" + *wt + ", " + num(H) + ">(a, " + ids + ", " +
+                weightPtr(in[1]) + ", " + arenaPtr(out[0]) + ");\n",
+            "nf.embed");
+  return size_t(1);
+}
+
+StatusOr<size_t> KernelEmitter::rmsNorm(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 2 || out.size() != 1 || !isAct(in[0]) || !isAct(out[0]))
+    return fail(i, "expects (input, weight) -> result, f32 rows");
+  const int64_t H = V(in[0]).cols;
+  auto wt = weightType(in[1]);
+  auto eps = floatAttr(op, "epsilon");
+  if (!wt || weightNumel(in[1]) != H || V(out[0]).cols != H || !eps)
+    return fail(i, "weight, result or epsilon does not match " +
+                       std::to_string(H) + " features");
+  includes.insert("nf_rows.cuh");
+  addLaunch(fnName(i, "rms_norm"), rowGrid(maxTokens), 256,
+            "  nf::rms_norm<" + *wt + ", " + num(H) + ">(a, " +
+                arenaPtr(in[0]) + ", " + weightPtr(in[1]) + ", " +
+                doubleLit(*eps) + ", " + arenaPtr(out[0]) + ");\n",
+            "nf.rms_norm");
+  return size_t(1);
+}
+
+StatusOr<size_t> KernelEmitter::add(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 2 || out.size() != 1 || !isAct(in[0]) || !isAct(in[1]) ||
+      !isAct(out[0]) || V(in[0]).cols != V(in[1]).cols ||
+      V(out[0]).cols != V(in[0]).cols)
+    return fail(i, "expects two f32 row tensors of one shape");
+  const int64_t H = V(out[0]).cols;
+  includes.insert("nf_rows.cuh");
+  // add + rms_norm of the sum: one row kernel.
+  if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.rms_norm") {
+    const pl::Op &norm = *ops[i + 1];
+    auto nin = operands(norm), nout = results(norm);
+    auto wt = nin.size() == 2 ? weightType(nin[1]) : std::nullopt;
+    auto eps = floatAttr(norm, "epsilon");
+    if (nin.size() == 2 && nin[0] == out[0] && nout.size() == 1 &&
+        isAct(nout[0]) && V(nout[0]).cols == H && wt &&
+        weightNumel(nin[1]) == H && eps) {
+      addLaunch(fnName(i, "add_rms_norm"), rowGrid(maxTokens), 256,
+                "  nf::add_rms_norm<" + *wt + ", " + num(H) + ">(a, " +
+                    arenaPtr(in[0]) + ", " + arenaPtr(in[1]) + ", " +
+                    arenaPtr(out[0]) + ", " + weightPtr(nin[1]) + ", " +
+                    doubleLit(*eps) + ", " + arenaPtr(nout[0]) + ");\n",
+                "nf.add + nf.rms_norm");
+      return size_t(2);
+    }
+  }
+  addLaunch(fnName(i, "add"), elementGrid(maxTokens * H), 256,
+            "  nf::add<" + num(H) + ">(a, " + arenaPtr(in[0]) + ", " +
+                arenaPtr(in[1]) + ", " + arenaPtr(out[0]) + ");\n",
+            "nf.add");
+  return size_t(1);
+}
+
+StatusOr<size_t> KernelEmitter::split(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  auto sizes = listAttr(op, "sizes");
+  if (in.size() != 1 || !isAct(in[0]) || !sizes || sizes->size() != out.size())
+    return fail(i, "expects one f32 input and one result per size");
+  const int64_t ld = V(in[0]).cols;
+  std::string body;
+  int64_t c0 = 0;
+  for (size_t r = 0; r < out.size(); ++r) {
+    if (!isAct(out[r]) || V(out[r]).cols != (*sizes)[r])
+      return fail(i, "result " + std::to_string(r) + " does not match size " +
+                         std::to_string((*sizes)[r]));
+    body += "  nf::copy_columns<" + num(ld) + ", " + num(c0) + ", " +
+            num((*sizes)[r]) + ">(a, " + arenaPtr(in[0]) + ", " +
+            arenaPtr(out[r]) + ");\n";
+    c0 += (*sizes)[r];
+  }
+  if (c0 != ld)
+    return fail(i, "sizes do not sum to the input's columns");
+  includes.insert("nf_rows.cuh");
+  addLaunch(fnName(i, "split"), elementGrid(maxTokens * ld), 256, body,
+            "nf.split");
+  return size_t(1);
+}
+
+StatusOr<size_t> KernelEmitter::activation(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 1 || out.size() != 1 || !isAct(in[0]) || !isAct(out[0]) ||
+      V(in[0]).cols != V(out[0]).cols)
+    return fail(i, "expects one f32 row tensor and a result of its shape");
+  auto act = activationKind(i, "kind", true);
+  if (!act)
+    return act.status();
+  includes.insert("nf_rows.cuh");
+  const int64_t n = V(out[0]).cols;
+  addLaunch(fnName(i, "activation"), elementGrid(maxTokens * n), 256,
+            "  nf::activation<" + num(n) + ", " + *act + ">(a, " +
+                arenaPtr(in[0]) + ", " + arenaPtr(out[0]) + ");\n",
+            "nf.activation");
+  return size_t(1);
+}
+
+StatusOr<size_t> KernelEmitter::gatedRmsNorm(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 3 || out.size() != 1 || !isAct(in[0]) || !isAct(in[1]) ||
+      !isAct(out[0]))
+    return fail(i, "expects (y, z, weight) -> result, f32 rows");
+  const int64_t I = V(in[0]).cols;
+  auto groups = intAttr(op, "groups");
+  auto eps = floatAttr(op, "epsilon");
+  auto wt = weightType(in[2]);
+  if (V(in[1]).cols != I || V(out[0]).cols != I || !wt ||
+      weightNumel(in[2]) != I || !groups || *groups <= 0 || I % *groups ||
+      !eps)
+    return fail(i, "shapes, groups or epsilon do not match");
+  includes.insert("nf_rows.cuh");
+  addLaunch(fnName(i, "gated_rms_norm"), rowGrid(maxTokens * *groups), 256,
+            "  nf::gated_rms_norm<" + *wt + ", " + num(I) + ", " +
+                num(*groups) + ">(a, " + arenaPtr(in[0]) + ", " +
+                arenaPtr(in[1]) + ", " + weightPtr(in[2]) + ", " +
+                doubleLit(*eps) + ", " + arenaPtr(out[0]) + ");\n",
+            "nf.gated_rms_norm");
+  return size_t(1);
+}
+
+// ---------------------------------------------------------------------------
+// Linear layers
+
+StatusOr<size_t> KernelEmitter::linear(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 2 || out.size() != 1 || !isAct(in[0]) || !isAct(out[0]))
+    return fail(i, "expects (input, weight) -> result, f32 rows");
+  auto shape = weightShape(in[1]);
+  auto wt = weightType(in[1]);
+  if (!wt || shape.size() != 2 || shape[1] != V(in[0]).cols ||
+      shape[0] != V(out[0]).cols)
+    return fail(i, "weight does not match the input and result");
+  LinearSpec s;
+  s.wtype = *wt;
+  s.N = shape[0];
+  s.K = shape[1];
+  s.weight = weightPtr(in[1]);
+  s.row = arenaPtr(in[0]) + " + static_cast<long long>(r) * " + num(s.K);
+  s.maxRows = maxTokens;
+  const std::string rn = "static_cast<long long>(r) * ";
+  std::string label = opName(op) == "nf.lm_head"          ? "lm_head"
+                      : opName(op) == "nf_moe.latent_proj" ? "latent_proj"
+                                                           : "linear";
+  std::string comment = opName(op);
+  size_t consumed = 1;
+  std::string store;
+  std::vector<size_t> fused;
+
+  // linear + split [+ append]: the epilogue writes the split columns.
+  if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.split" &&
+      operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
+    const pl::Op &sp = *ops[i + 1];
+    auto pieces = results(sp);
+    auto sizes = listAttr(sp, "sizes");
+    if (!sizes || sizes->size() != pieces.size())
+      return fail(i + 1, "missing or mismatched 'sizes'");
+    int64_t sum = 0;
+    for (size_t r = 0; r < pieces.size(); ++r) {
+      if (!isAct(pieces[r]) || V(pieces[r]).cols != (*sizes)[r])
+        return fail(i + 1, "result " + std::to_string(r) +
+                               " does not match its size");
+      sum += (*sizes)[r];
+    }
+    if (sum != s.N)
+      return fail(i + 1, "sizes do not sum to the input's columns");
+    // K/V rows of a following append, by split piece.
+    std::map<int, std::string> cacheOf;
+    if (i + 2 < ops.size() && opName(*ops[i + 2]) == "nf_kv.append") {
+      const pl::Op &ap = *ops[i + 2];
+      auto ain = operands(ap);
+      const pl::Storage *st = storageOf(ap, pl::StorageKind::KVCache);
+      if (st && ain.size() == 3 && V(ain[0]).kind == pl::ValueKind::Batch) {
+        auto k = std::find(pieces.begin(), pieces.end(), ain[1]);
+        auto v = std::find(pieces.begin(), pieces.end(), ain[2]);
+        const int64_t row = st->kv_heads() * st->head_dim();
+        if (k != pieces.end() && v != pieces.end() &&
+            V(ain[1]).cols == row && V(ain[2]).cols == row &&
+            st->dtype() == pl::DType::F32) {
+          includes.insert("nf_attention.cuh");
+          const std::string off = "nf::kv_row_offset<" + num(row) + ", " +
+                                  num(st->page_size()) + ">(a, r)";
+          cacheOf[static_cast<int>(k - pieces.begin())] =
+              "nf::storage(a, " + num(2 * ap.storage()) + ")[" + off + " + ";
+          cacheOf[static_cast<int>(v - pieces.begin())] =
+              "nf::storage(a, " + num(2 * ap.storage() + 1) + ")[" + off +
+              " + ";
+          consumed = 3;
+          label = "qkv_append";
+          comment += " + nf.split + nf_kv.append";
+        }
+      }
+    }
+    if (consumed == 1) {
+      consumed = 2;
+      label += "_split";
+      comment += " + nf.split";
+    }
+    fused = {i + 1};
+    if (consumed == 3)
+      fused.push_back(i + 2);
+    int64_t c0 = 0;
+    for (size_t r = 0; r < pieces.size(); ++r) {
+      const int64_t w = (*sizes)[r];
+      const std::string col = c0 ? "(n - " + num(c0) + ")" : std::string("n");
+      std::string piece = "      " + arenaPtr(pieces[r]) + "[" + rn + num(w) +
+                          " + " + col + "] = v;\n";
+      if (auto it = cacheOf.find(static_cast<int>(r)); it != cacheOf.end())
+        piece += "      " + it->second + col + "] = v;\n";
+      const bool last = r + 1 == pieces.size();
+      if (r == 0)
+        store += last ? "    {" : "    if (n < " + num(c0 + w) + ") {";
+      else
+        store += last ? " else {" : " else if (n < " + num(c0 + w) + ") {";
+      store += "\n" + piece + "    }";
+      c0 += w;
+    }
+    store += "\n";
+  } else if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.activation" &&
+             operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
+    // linear + activation: in the epilogue.
+    const pl::Op &act = *ops[i + 1];
+    auto aout = results(act);
+    auto kind = activationKind(i + 1, "kind", true);
+    if (!kind)
+      return kind.status();
+    if (aout.size() != 1 || !isAct(aout[0]) || V(aout[0]).cols != s.N)
+      return fail(i + 1, "result does not match the linear layer");
+    store = "    " + arenaPtr(aout[0]) + "[" + rn + num(s.N) +
+            " + n] = nf::activate<" + *kind + ">(v);\n";
+    fused = {i + 1};
+    consumed = 2;
+    label += std::string("_") + stringAttr(act, "kind").value_or("act");
+    comment += " + nf.activation";
+  }
+  bool raw = consumed == 1;
+  if (!raw) {
+    raw = isOutput(out[0]);
+    for (size_t u : usersOf(out[0]))
+      raw |= std::find(fused.begin(), fused.end(), u) == fused.end();
+  }
+  if (raw)
+    store = "    " + arenaPtr(out[0]) + "[" + rn + num(s.N) + " + n] = v;\n" +
+            store;
+  s.store = store;
+  emitLinear(fnName(i, label), s, comment);
+  return consumed;
+}
+
+StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 3 || out.size() != 1 || !isAct(in[0]) || !isAct(out[0]))
+    return fail(i, "expects (input, up, down) -> result");
+  auto up = weightShape(in[1]), down = weightShape(in[2]);
+  auto ut = weightType(in[1]), dt = weightType(in[2]);
+  const int64_t H = V(in[0]).cols;
+  if (!ut || !dt || up.size() != 2 || down.size() != 2 || up[1] != H ||
+      down[1] != up[0] || down[0] != V(out[0]).cols)
+    return fail(i, "weights do not match the input");
+  auto act = activationKind(i, "activation", false);
+  if (!act)
+    return act.status();
+  const int64_t I = up[0];
+  const int64_t hidden = newScratch(maxTokens * I * 4);
+  const std::string hid = "nf::arena<float>(a, " + num(hidden) + "ll)";
+  LinearSpec s1;
+  s1.wtype = *ut;
+  s1.N = I;
+  s1.K = H;
+  s1.weight = weightPtr(in[1]);
+  s1.row = arenaPtr(in[0]) + " + static_cast<long long>(r) * " + num(H);
+  s1.store = "    " + hid + "[static_cast<long long>(r) * " + num(I) +
+             " + n] = nf::activate<" + *act + ">(v);\n";
+  s1.maxRows = maxTokens;
+  emitLinear(fnName(i, "shared_up"), s1,
+             "nf_moe.shared_expert: hidden = act(x . up^T) (codegen scratch "
+             "at " + num(hidden) + ")");
+  LinearSpec s2;
+  s2.wtype = *dt;
+  s2.N = down[0];
+  s2.K = I;
+  s2.weight = weightPtr(in[2]);
+  s2.row = hid + " + static_cast<long long>(r) * " + num(I);
+  s2.store = "    " + arenaPtr(out[0]) + "[static_cast<long long>(r) * " +
+             num(s2.N) + " + n] = v;\n";
+  s2.maxRows = maxTokens;
+  emitLinear(fnName(i, "shared_down"), s2,
+             "nf_moe.shared_expert: out = hidden . down^T");
+  return size_t(1);
+}
+
+StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 3 || out.size() != 1 ||
+      V(in[1]).kind != pl::ValueKind::Dispatch ||
+      !isTensor(out[0], pl::DType::F32) ||
+      V(out[0]).rows != pl::Rows::Assignments ||
+      !isTensor(in[0], pl::DType::F32) ||
+      V(in[0]).rows != (up ? pl::Rows::Tokens : pl::Rows::Assignments))
+    return fail(i, "expects (input, dispatch, weight) -> assignment rows");
+  const ValueInfo &d = V(in[1]);
+  auto shape = weightShape(in[2]);
+  auto wt = weightType(in[2]);
+  const pl::Weight *w = weightOf(in[2]);
+  if (!wt || !w || shape.size() != 3 || shape[0] != d.numExperts ||
+      shape[2] != V(in[0]).cols || shape[1] != V(out[0]).cols)
+    return fail(i, "weight is not [experts, out, in] stacked experts");
+  LinearSpec s;
+  s.wtype = *wt;
+  s.N = shape[1];
+  s.K = shape[2];
+  s.G = d.numExperts;
+  s.groups = "nf::DispatchGroups<" + num(d.numExperts) + ", " +
+             num(d.offset) + "ll>";
+  s.weight = weightPtr(in[2]) + " + static_cast<long long>(g) * " +
+             num(s.N * s.K) + "ll";
+  if (up)
+    s.row = arenaPtr(in[0]) + " + static_cast<long long>(row_token(a)[r]) * " +
+            num(s.K);
+  else
+    s.row = arenaPtr(in[0]) + " + static_cast<long long>(r) * " + num(s.K);
+  std::string value = "v";
+  if (up) {
+    auto act = activationKind(i, "activation", false);
+    if (!act)
+      return act.status();
+    value = "nf::activate<" + *act + ">(v)";
+  }
+  s.store = "    " + arenaPtr(out[0]) + "[static_cast<long long>(r) * " +
+            num(s.N) + " + n] = " + value + ";\n";
+  s.maxRows = maxTokens * d.maxPerToken;
+  emitLinear(fnName(i, up ? "expert_up" : "expert_down"), s, opName(op));
+  return size_t(1);
+}
+
+// ---------------------------------------------------------------------------
+// Mamba
+
+StatusOr<size_t> KernelEmitter::causalConv(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  const pl::Storage *st = storageOf(op, pl::StorageKind::MambaState);
+  if (!st)
+    return fail(i, "needs a MambaState storage");
+  if (in.size() < 3 || in.size() > 4 || out.size() != 1 ||
+      V(in[0]).kind != pl::ValueKind::Batch || !isAct(in[1]) || !isAct(out[0]))
+    return fail(i, "expects (batch, input, weight[, bias]) -> result");
+  const int64_t CD = st->conv_dim(), KW = st->conv_window() + 1;
+  auto wt = weightType(in[2]);
+  if (!wt || V(in[1]).cols != CD || V(out[0]).cols != CD ||
+      weightNumel(in[2]) != CD * KW)
+    return fail(i, "input / weight do not match the conv state (" +
+                       std::to_string(CD) + " channels, kernel " +
+                       std::to_string(KW) + ")");
+  const bool bias = in.size() == 4;
+  std::optional<std::string> bt = bias ? weightType(in[3]) : wt;
+  if (!bt || (bias && weightNumel(in[3]) != CD))
+    return fail(i, "bias must have " + std::to_string(CD) + " elements");
+  includes.insert("nf_mamba.cuh");
+  const std::string targs = "<" + *wt + ", " + *bt + ", " + num(CD) + ", " +
+                            num(KW) + ", " + (bias ? "true" : "false") + ">";
+  const std::string biasPtr =
+      bias ? weightPtr(in[3]) : "static_cast<const " + *bt + " *>(nullptr)";
+  const std::string window = "nf::storage(a, " + num(2 * op.storage()) + ")";
+  const std::string mode = stringAttr(op, "mode").value_or("prefill");
+  if (mode == "decode") {
+    addLaunch(fnName(i, "causal_conv"), elementGrid(maxTokens * CD), 256,
+              "  nf::causal_conv_seq" + targs + "(a, " + arenaPtr(in[1]) +
+                  ", " + weightPtr(in[2]) + ", " + biasPtr + ", " + window +
+                  ", " + arenaPtr(out[0]) + ");\n",
+              "nf_kv.causal_conv (decode: one thread per sequence and "
+              "channel)");
+    return size_t(1);
+  }
+  addLaunch(fnName(i, "causal_conv"), elementGrid(maxTokens * CD), 256,
+            "  nf::causal_conv_out" + targs + "(a, " + arenaPtr(in[1]) + ", " +
+                weightPtr(in[2]) + ", " + biasPtr + ", " + window + ", " +
+                arenaPtr(out[0]) + ");\n",
+            "nf_kv.causal_conv: outputs (reads the old conv window)");
+  addLaunch(fnName(i, "conv_window"), elementGrid(maxTokens * CD), 256,
+            "  nf::causal_conv_window<" + num(CD) + ", " + num(KW) + ">(a, " +
+                arenaPtr(in[1]) + ", " + window + ");\n",
+            "nf_kv.causal_conv: advance the conv window");
+  return size_t(1);
+}
+
+StatusOr<size_t> KernelEmitter::ssm(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  const pl::Storage *st = storageOf(op, pl::StorageKind::MambaState);
+  if (!st)
+    return fail(i, "needs a MambaState storage");
+  if (in.size() != 6 || out.size() != 1 ||
+      V(in[0]).kind != pl::ValueKind::Batch || !isAct(in[1]) ||
+      !isAct(in[2]) || !isAct(out[0]))
+    return fail(i, "expects (batch, xbc, dt, dt_bias, A_log, D) -> y");
+  const int64_t NH = st->num_heads(), P = st->head_dim(),
+                N = st->state_size(), CD = st->conv_dim();
+  if (NH <= 0 || P <= 0 || N <= 0 || CD <= NH * P ||
+      (CD - NH * P) % (2 * N) != 0)
+    return fail(i, "bad mamba state sizes");
+  const int64_t G = (CD - NH * P) / (2 * N);
+  auto t3 = weightType(in[3]), t4 = weightType(in[4]), t5 = weightType(in[5]);
+  if (NH % G || V(in[1]).cols != CD || V(in[2]).cols != NH ||
+      V(out[0]).cols != NH * P || !t3 || !t4 || !t5 ||
+      weightNumel(in[3]) != NH || weightNumel(in[4]) != NH ||
+      weightNumel(in[5]) != NH)
+    return fail(i, "operands do not match the state");
+  auto lo = floatAttr(op, "time_step_min"), hi = floatAttr(op, "time_step_max");
+  if (!lo || !hi)
+    return fail(i, "missing time_step_min / time_step_max");
+  // Tiling (nf_mamba.cuh): NS threads per head channel, each holding
+  // N / NS (<= 16 where possible) state values; PT channels per block.
+  int64_t NS = 1;
+  while (NS < 32 && (N / NS > 16) && N % (NS * 2) == 0)
+    NS *= 2;
+  int64_t PT = P;
+  while (PT > 1 && (P % PT != 0 || PT * NS > 128))
+    --PT;
+  int64_t TC = 32;
+  while (TC > 1 && TC * (2 * N + PT + 2) * 4 > 40960)
+    TC /= 2;
+  const int64_t block = PT * NS;
+  includes.insert("nf_mamba.cuh");
+  const std::string state =
+      "nf::storage(a, " + num(2 * op.storage() + 1) + ")";
+  const int64_t items = maxTokens * NH * (P / PT);
+  addLaunch(fnName(i, opName(op) == "nf_kv.ssm_update" ? "ssm_update"
+                                                        : "ssm_scan"),
+            gridOf(items, int64_t(opts.smCount) * 8),
+            static_cast<uint32_t>(block),
+            "  nf::ssm_scan<" + *t3 + ", " + *t4 + ", " + *t5 + ", " +
+                num(NH) + ", " + num(P) + ", " + num(N) + ", " + num(G) +
+                ", " + num(PT) + ", " + num(NS) + ", " + num(TC) + ">(a, " +
+                arenaPtr(in[1]) + ", " + arenaPtr(in[2]) + ", " +
+                weightPtr(in[3]) + ", " + weightPtr(in[4]) + ", " +
+                weightPtr(in[5]) + ", " + floatLit(*lo) + ", " +
+                floatLit(*hi) + ", " + state + ", " + arenaPtr(out[0]) +
+                ");\n",
+            opName(op) + ": sequential over each sequence's tokens");
+  return size_t(1);
+}
+
+// ---------------------------------------------------------------------------
+// Attention
+
+StatusOr<size_t> KernelEmitter::kvAppend(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op);
+  const pl::Storage *st = storageOf(op, pl::StorageKind::KVCache);
+  if (!st)
+    return fail(i, "needs a KVCache storage");
+  const int64_t row = st->kv_heads() * st->head_dim();
+  if (in.size() != 3 || V(in[0]).kind != pl::ValueKind::Batch ||
+      !isAct(in[1]) || !isAct(in[2]) || V(in[1]).cols != row ||
+      V(in[2]).cols != row)
+    return fail(i, "expects (batch, key, value) rows of the cache's width");
+  if (st->dtype() != pl::DType::F32)
+    return fail(i, "only f32 KV caches are supported");
+  includes.insert("nf_attention.cuh");
+  addLaunch(fnName(i, "kv_append"), elementGrid(maxTokens * row), 256,
+            "  nf::kv_append<" + num(row) + ", " + num(st->page_size()) +
+                ">(a, " + arenaPtr(in[1]) + ", " + arenaPtr(in[2]) +
+                ", nf::storage(a, " + num(2 * op.storage()) +
+                "), nf::storage(a, " + num(2 * op.storage() + 1) + "));\n",
+            "nf_kv.append");
+  return size_t(1);
+}
+
+StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  const pl::Storage *st = storageOf(op, pl::StorageKind::KVCache);
+  if (!st)
+    return fail(i, "needs a KVCache storage");
+  auto heads = intAttr(op, "num_heads");
+  auto scale = floatAttr(op, "scale");
+  const int64_t HD = st->head_dim(), NKV = st->kv_heads();
+  if (in.size() != 2 || out.size() != 1 ||
+      V(in[0]).kind != pl::ValueKind::Batch || !isAct(in[1]) ||
+      !isAct(out[0]) || !heads || !scale || *heads <= 0 || *heads % NKV ||
+      V(in[1]).cols != *heads * HD || V(out[0]).cols != *heads * HD)
+    return fail(i, "expects (batch, query) -> result with num_heads x "
+                   "head_dim features");
+  if (st->dtype() != pl::DType::F32)
+    return fail(i, "only f32 KV caches are supported");
+  includes.insert("nf_attention.cuh");
+  const std::string args = "(a, " + arenaPtr(in[1]) + ", nf::storage(a, " +
+                           num(2 * op.storage()) + "), nf::storage(a, " +
+                           num(2 * op.storage() + 1) + "), " +
+                           floatLit(*scale) + ", " + arenaPtr(out[0]) +
+                           ");\n";
+  // Block per (token, kv head), K/V tiles in shared memory, when they fit.
+  const int64_t rep = *heads / NKV;
+  const int64_t warps = std::min<int64_t>(rep, 16);
+  const int64_t hpw = ceilDiv(rep, warps);
+  const int64_t smem = 32 * (2 * HD + 1) * 4 + warps * hpw * HD * 4 + 256;
+  if (smem <= 48 * 1024) {
+    addLaunch(fnName(i, "attend"),
+              gridOf(maxTokens * NKV, int64_t(opts.smCount) * 8),
+              static_cast<uint32_t>(32 * warps),
+              "  nf::kv_attend<" + num(*heads) + ", " + num(NKV) + ", " +
+                  num(HD) + ", " + num(st->page_size()) + ", " + num(warps) +
+                  ">" + args,
+              "nf_kv.attend: one block per (token, kv head), K/V tiles in "
+              "shared memory, online softmax");
+    return size_t(1);
+  }
+  constexpr int perBlock = 4;
+  addLaunch(fnName(i, "attend"),
+            gridOf(ceilDiv(maxTokens * *heads, perBlock),
+                   int64_t(opts.smCount) * 8),
+            32 * perBlock,
+            "  nf::kv_attend_warp<" + num(*heads) + ", " + num(NKV) + ", " +
+                num(HD) + ", " + num(st->page_size()) + ", " + num(perBlock) +
+                ">" + args,
+            "nf_kv.attend: one warp per (token, head), online softmax");
+  return size_t(1);
+}
+
+// ---------------------------------------------------------------------------
+// Mixture of experts
+
+StatusOr<size_t> KernelEmitter::route(size_t i) {
+  const pl::Op &first = *ops[i];
+  const bool isRouter = opName(first) == "nf_moe.router";
+  std::string wg = "float", wb = "float", x = "nullptr", gate = "nullptr",
+              bias = "nullptr";
+  int64_t E = 0, H = 1;
+  int scoresV = -1, selV = -1;
+  size_t sel = i;
+  if (isRouter) {
+    auto in = operands(first), out = results(first);
+    if (in.size() != 3 || out.size() != 2 || !isAct(in[0]) ||
+        !isAct(out[0]) || !isAct(out[1]))
+      return fail(i, "expects (input, weight, correction_bias) -> (scores, "
+                     "selection_scores)");
+    auto shape = weightShape(in[1]);
+    auto gt = weightType(in[1]), bt = weightType(in[2]);
+    if (!gt || !bt || shape.size() != 2 || shape[1] != V(in[0]).cols)
+      return fail(i, "gate weight does not match the input");
+    E = shape[0];
+    H = shape[1];
+    if (weightNumel(in[2]) != E || V(out[0]).cols != E || V(out[1]).cols != E)
+      return fail(i, "bias and scores must have " + std::to_string(E) +
+                         " experts");
+    wg = *gt;
+    wb = *bt;
+    x = arenaPtr(in[0]);
+    gate = weightPtr(in[1]);
+    bias = weightPtr(in[2]);
+    scoresV = out[0];
+    selV = out[1];
+    sel = i + 1;
+    // A select that reads both scores fuses with the router.
+    if (!(sel < ops.size() && opName(*ops[sel]) == "nf_moe.select" &&
+          operands(*ops[sel]).size() == 3 &&
+          operands(*ops[sel])[0] == scoresV && operands(*ops[sel])[1] == selV))
+      sel = ops.size();
+  }
+  std::string body;
+  includes.insert("nf_moe.cuh");
+  if (sel >= ops.size()) { // the router alone
+    addLaunch(fnName(i, "router"), gridOf(maxTokens, int64_t(opts.smCount) * 4),
+              256,
+              "  nf::moe_route<" + wg + ", " + wb + ", " + num(E) + ", " +
+                  num(H) + ", 1, 1, 1, true, false, false, false>(a, " + x +
+                  ", " + gate + ", " + bias + ", " + arenaPtr(scoresV) +
+                  ", " + arenaPtr(selV) +
+                  ", nullptr, nullptr, nullptr, 1.0f);\n",
+              "nf_moe.router: one block per token, logits in f64");
+    return size_t(1);
+  }
+  const pl::Op &op = *ops[sel];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 3 || out.size() != 3 || !isAct(in[0]) || !isAct(in[1]))
+    return fail(sel, "expects (scores, selection_scores, budget) -> "
+                     "(experts, weights, counts)");
+  if (!isRouter) {
+    E = V(in[0]).cols;
+    scoresV = in[0];
+    selV = in[1];
+  }
+  if (V(in[0]).cols != E || V(in[1]).cols != E)
+    return fail(sel, "scores and selection scores differ");
+  std::string budget;
+  if (V(in[2]).kind == pl::ValueKind::Budget)
+    budget = "a->budget";
+  else if (isAct(in[2]) && V(in[2]).cols == 1)
+    budget = arenaPtr(in[2]);
+  else
+    return fail(sel, "budget must be the step's per-token budget");
+  auto K = intAttr(op, "top_k"), nGroup = intAttr(op, "n_group"),
+       topkGroup = intAttr(op, "topk_group"),
+       norm = intAttr(op, "norm_topk_prob");
+  auto rsf = floatAttr(op, "routed_scaling_factor");
+  if (!K || !nGroup || !topkGroup || !norm || !rsf)
+    return fail(sel, "missing top_k, n_group, topk_group, norm_topk_prob or "
+                     "routed_scaling_factor");
+  const int64_t minK = intAttr(op, "min_k").value_or(*K);
+  const std::string policy = stringAttr(op, "policy").value_or("topk");
+  if (policy != "topk" && policy != "budget")
+    return fail(sel, "unknown policy '" + policy + "'");
+  if (*nGroup <= 0 || E % *nGroup || *topkGroup <= 0 || *topkGroup > *nGroup ||
+      *K <= 0 || *K > 32 || E > 1024)
+    return fail(sel, "unsupported routing (experts " + std::to_string(E) +
+                         ", top_k " + std::to_string(*K) + ", groups " +
+                         std::to_string(*nGroup) + ")");
+  if (!isTensor(out[0], pl::DType::I32) || V(out[0]).cols != *K ||
+      !isAct(out[1]) || V(out[1]).cols != *K ||
+      !isTensor(out[2], pl::DType::I32) || V(out[2]).cols != 1)
+    return fail(sel, "results must be i32 [T, top_k], f32 [T, top_k], i32 [T]");
+  const bool defer = policy == "budget";
+  const std::string experts = arenaPtr(out[0], "int32_t"),
+                    weights = arenaPtr(out[1]),
+                    counts = arenaPtr(out[2], "int32_t");
+  addLaunch(fnName(i, isRouter ? "moe_route" : "moe_select"),
+            gridOf(maxTokens, int64_t(opts.smCount) * 4), 256,
+            "  nf::moe_route<" + wg + ", " + wb + ", " + num(E) + ", " +
+                num(H) + ", " + num(*K) + ", " + num(*nGroup) + ", " +
+                num(*topkGroup) + ", " + (isRouter ? "true" : "false") +
+                ", true, " + (defer ? "true" : "false") + ", " +
+                (*norm ? "true" : "false") + ">(a, " + x + ", " + gate + ", " +
+                bias + ", " + arenaPtr(scoresV) + ", " + arenaPtr(selV) +
+                ", " + experts + ", " + weights + ", " + counts + ", " +
+                floatLit(*rsf) + ");\n",
+            std::string(isRouter ? "nf_moe.router + " : "") +
+                "nf_moe.select (" + policy +
+                "): one block per token, ranking by warp argmax");
+  if (defer)
+    addLaunch(fnName(sel, "moe_budget"),
+              gridOf(maxTokens, int64_t(opts.smCount)), 256,
+              "  nf::moe_budget<" + num(*K) + ">(a, " + budget + ", " +
+                  experts + ", " + weights + ", " + counts + ", " +
+                  num(minK) + ", " + (*norm ? "true" : "false") + ", " +
+                  floatLit(*rsf) + ");\n",
+              "nf_moe.select (budget): one block per sequence decides each "
+              "token's expert count");
+  return sel + 1 - i;
+}
+
+StatusOr<size_t> KernelEmitter::dispatch(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 2 || out.size() != 1 ||
+      !isTensor(in[0], pl::DType::I32) || !isTensor(in[1], pl::DType::I32) ||
+      V(in[1]).cols != 1 || V(out[0]).kind != pl::ValueKind::Dispatch)
+    return fail(i, "expects (experts i32 [T, k], counts i32 [T]) -> dispatch");
+  const ValueInfo &d = V(out[0]);
+  const int64_t K = V(in[0]).cols;
+  if (K > d.maxPerToken || d.numExperts <= 0 || d.numExperts > 4096)
+    return fail(i, "experts per token exceed the dispatch's");
+  if (K > 32)
+    return fail(i, "more than 32 experts per token");
+  // Warps of the one block: per-warp counters of every expert fit in 32 KiB.
+  const int64_t warps = std::clamp<int64_t>(8192 / d.numExperts, 1, 16);
+  includes.insert("nf_moe.cuh");
+  addLaunch(fnName(i, "moe_dispatch"), 1, static_cast<uint32_t>(32 * warps),
+            "  nf::moe_dispatch<" + num(d.numExperts) + ", " + num(K) + ", " +
+                num(d.maxPerToken) + ", " + num(warps) + ">(a, " +
+                arenaPtr(in[0], "int32_t") + ", " + arenaPtr(in[1], "int32_t") +
+                ", " + arenaPtr(out[0], "int32_t") + ");\n",
+            "nf_moe.dispatch: one block, counting sort by expert");
+  return size_t(1);
+}
+
+StatusOr<size_t> KernelEmitter::combine(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 3 || out.size() != 1 ||
+      V(in[1]).kind != pl::ValueKind::Dispatch ||
+      !isTensor(in[0], pl::DType::F32) ||
+      V(in[0]).rows != pl::Rows::Assignments || !isAct(in[2]) ||
+      !isAct(out[0]) || V(in[0]).cols != V(out[0]).cols ||
+      V(in[2]).cols > V(in[1]).maxPerToken)
+    return fail(i, "expects (assignment rows, dispatch, weights) -> rows");
+  const ValueInfo &d = V(in[1]);
+  const int64_t HE = V(out[0]).cols;
+  includes.insert("nf_rows.cuh");
+  addLaunch(fnName(i, "moe_combine"), elementGrid(maxTokens * HE), 256,
+            "  nf::moe_combine<" + num(HE) + ", " + num(V(in[2]).cols) + ", " +
+                num(d.numExperts) + ", " + num(d.maxPerToken) + ">(a, " +
+                arenaPtr(in[0]) + ", " + arenaPtr(in[1], "int32_t") + ", " +
+                arenaPtr(in[2]) + ", " + arenaPtr(out[0]) + ");\n",
+            "nf_moe.combine: weighted sum of each token's expert rows");
+  return size_t(1);
+}
+
+StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
+  if (kernel.ops())
+    for (const pl::Op *op : *kernel.ops())
+      ops.push_back(op);
+  if (kernel.outputs())
+    outputs.insert(kernel.outputs()->begin(), kernel.outputs()->end());
+  // Generated scratch goes after the plan's kernel-internal values.
+  scratchTop = arenaBytes;
+  for (const pl::Op *op : ops)
+    for (int r : results(*op))
+      if (r >= 0 && r < static_cast<int>(values.size()) &&
+          V(r).offset >= arenaBytes)
+        scratchTop = std::max(scratchTop, V(r).offset + V(r).bytes);
+  for (const pl::Op *op : ops)
+    for (int v : operands(*op))
+      if (v < 0 || v >= static_cast<int>(values.size()))
+        return fail(0, "operand value " + std::to_string(v) + " out of range");
+
+  for (size_t i = 0; i < ops.size();) {
+    const std::string name = opName(*ops[i]);
+    StatusOr<size_t> n = fail(i, "no CUDA implementation");
+    if (name == "nf.embed")
+      n = embed(i);
+    else if (name == "nf.rms_norm")
+      n = rmsNorm(i);
+    else if (name == "nf.add")
+      n = add(i);
+    else if (name == "nf.linear" || name == "nf.lm_head" ||
+             name == "nf_moe.latent_proj")
+      n = linear(i);
+    else if (name == "nf.split")
+      n = split(i);
+    else if (name == "nf.activation")
+      n = activation(i);
+    else if (name == "nf.gated_rms_norm")
+      n = gatedRmsNorm(i);
+    else if (name == "nf_kv.causal_conv")
+      n = causalConv(i);
+    else if (name == "nf_kv.ssm_scan" || name == "nf_kv.ssm_update")
+      n = ssm(i);
+    else if (name == "nf_kv.append")
+      n = kvAppend(i);
+    else if (name == "nf_kv.attend")
+      n = kvAttend(i);
+    else if (name == "nf_moe.router" || name == "nf_moe.select")
+      n = route(i);
+    else if (name == "nf_moe.dispatch")
+      n = dispatch(i);
+    else if (name == "nf_moe.expert_up")
+      n = expert(i, true);
+    else if (name == "nf_moe.expert_down")
+      n = expert(i, false);
+    else if (name == "nf_moe.combine")
+      n = combine(i);
+    else if (name == "nf_moe.shared_expert")
+      n = sharedExpert(i);
+    if (!n)
+      return n.status();
+    i += *n;
+  }
+  if (launches.empty())
+    return fail(0, "kernel has no ops");
+
+  CudaKernelSource out;
+  out.step = phase;
+  out.index = index;
+  out.name = kname();
+  std::string safe = out.name;
+  for (char &c : safe)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_')
+      c = '_';
+  out.fileName = phase + "_k" + std::to_string(index) + "_" + safe + ".cu";
+  std::ostringstream src;
+  src << "// Generated by nfc: " << phase << " kernel " << index << " \""
+      << out.name << "\" (";
+  for (size_t i = 0; i < ops.size(); ++i)
+    src << (i ? ", " : "") << opName(*ops[i]);
+  src << ").\n// Launch ABI: nf_abi.h. Launches in order:";
+  for (const CudaLaunchInfo &l : launches)
+    src << "\n//   " << l.function << " <<<" << l.grid << ", " << l.block
+        << ">>>";
+  src << "\n#include \"nf_common.cuh\"\n";
+  for (const std::string &inc : includes)
+    src << "#include \"" << inc << "\"\n";
+  src << "\n" << text.str();
+  out.source = src.str();
+  out.launches = launches;
+  scratchEnd = std::max(scratchEnd, scratchTop);
+  return out;
+}
+
+StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
+                                       const pl::Step *step, const char *phase,
+                                       const CudaCodegenOptions &opts) {
+  if (!step || !step->values() || !step->kernels())
+    return Status::error(std::string("cuda: ") + phase +
+                         " step has no values or kernels");
+  std::vector<ValueInfo> values;
+  for (const pl::Value *v : *step->values()) {
+    ValueInfo vi;
+    vi.kind = v->kind();
+    vi.dtype = v->dtype();
+    vi.rows = v->rows();
+    if (v->shape())
+      vi.shape.assign(v->shape()->begin(), v->shape()->end());
+    for (size_t d = vi.rows != pl::Rows::None ? 1 : 0; d < vi.shape.size();
+         ++d)
+      vi.cols *= vi.shape[d];
+    vi.offset = v->offset();
+    vi.bytes = v->bytes();
+    vi.weight = v->weight();
+    vi.numExperts = v->num_experts();
+    vi.maxPerToken = v->max_per_token();
+    values.push_back(std::move(vi));
+  }
+  CudaStepSources out;
+  const int64_t arena = step->arena_bytes();
+  int64_t scratchEnd = arena + step->scratch_bytes();
+  for (unsigned k = 0; k < step->kernels()->size(); ++k) {
+    KernelEmitter e(plan, values, phase, static_cast<int>(k),
+                    *step->kernels()->Get(k), step->max_tokens(), arena, opts);
+    auto src = e.run(scratchEnd);
+    if (!src)
+      return src.status();
+    out.kernels.push_back(std::move(*src));
+  }
+  out.scratchBytes = alignTo(scratchEnd - arena);
+  return out;
+}
+
+} // namespace
+
+StatusOr<CudaPlanSources> generateCudaSources(const pl::Plan &plan,
+                                              const CudaCodegenOptions &opts) {
+  CudaPlanSources out;
+  auto prefill = generateStep(plan, plan.prefill(), "prefill", opts);
+  if (!prefill)
+    return prefill.status();
+  auto decode = generateStep(plan, plan.decode(), "decode", opts);
+  if (!decode)
+    return decode.status();
+  out.prefill = std::move(*prefill);
+  out.decode = std::move(*decode);
+  return out;
+}
+
+} // namespace nf::codegen

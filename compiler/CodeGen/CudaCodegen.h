@@ -1,0 +1,71 @@
+//===- CudaCodegen.h - plan kernels -> CUDA C++ ----------------*- C++ -*-===//
+//
+// Turns every kernel of a plan (runtime/schema/plan.fbs) into one CUDA C++
+// module: the device templates of kernels/*.cuh, instantiated with the
+// kernel's compile-time shapes, dtypes, arena offsets, weight and storage
+// indices, behind thin `extern "C" __global__` functions that follow the
+// launch ABI of kernels/nf_abi.h. The generator reads the plan itself (the
+// same description the runtime interprets), so it needs neither MLIR nor a
+// GPU.
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "nf/status.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace nf::plan {
+struct Plan;
+}
+
+namespace nf::codegen {
+
+/// One __global__ function of a module and its fixed launch shape.
+struct CudaLaunchInfo {
+  std::string function;
+  uint32_t grid = 1;
+  uint32_t block = 256;
+  uint32_t sharedBytes = 0; // dynamic shared memory (the kernels use static)
+  bool cooperative = false; // no generated kernel needs a grid barrier
+};
+
+/// The generated module of one plan kernel.
+struct CudaKernelSource {
+  std::string step;     // "prefill" or "decode"
+  int index = 0;        // kernel index in the step
+  std::string name;     // the plan kernel's name, e.g. "add_rms_norm"
+  std::string fileName; // e.g. "prefill_k12_add_rms_norm.cu"
+  std::string source;   // CUDA C++; #includes kernels/*.cuh by name
+  std::vector<CudaLaunchInfo> launches; // in execution order
+};
+
+struct CudaStepSources {
+  std::vector<CudaKernelSource> kernels;
+  /// Step.scratch_bytes with the scratch the generated kernels add (the
+  /// shared expert's hidden rows), >= the plan's value.
+  int64_t scratchBytes = 0;
+};
+
+struct CudaCodegenOptions {
+  /// Streaming multiprocessors the launch grids are sized for (H100/H200).
+  int smCount = 132;
+  /// Testing: functions whose name contains this get a syntax error.
+  std::string injectError;
+};
+
+struct CudaPlanSources {
+  CudaStepSources prefill, decode;
+};
+
+StatusOr<CudaPlanSources> generateCudaSources(const nf::plan::Plan &plan,
+                                              const CudaCodegenOptions &opts);
+
+/// The device headers embedded at build time (kernels/*.h, kernels/*.cuh):
+/// (file name, text), sorted by name.
+const std::vector<std::pair<std::string, std::string>> &kernelHeaders();
+
+} // namespace nf::codegen

@@ -1,0 +1,244 @@
+// Attention with a paged KV cache: nf_kv.append and nf_kv.attend (causal GQA,
+// no positional encoding).
+//
+// Cache storage (runtime-allocated, f32): K and V each [num_pages, PS, NKV,
+// HD]; logical page j of sequence s is physical page
+// a->page_tables[s * a->max_pages_per_seq + j].
+#ifndef NF_KERNELS_ATTENTION_CUH
+#define NF_KERNELS_ATTENTION_CUH
+
+#include "nf_common.cuh"
+
+namespace nf {
+
+/// Element offset of row t's cache row (position start_pos + local).
+template <int ROW, int PS>
+__device__ __forceinline__ long long kv_row_offset(const nf_step_args *a,
+                                                   int t) {
+  const TokenPos tp = token_pos(a, t);
+  const int page =
+      a->page_tables[static_cast<long long>(tp.seq) * a->max_pages_per_seq +
+                     tp.pos / PS];
+  return (static_cast<long long>(page) * PS + tp.pos % PS) * ROW;
+}
+
+/// Writes the step's K/V rows ([T, ROW] each) at their positions.
+template <int ROW, int PS>
+__device__ void kv_append(const nf_step_args *a, const float *k,
+                          const float *v, float *kcache, float *vcache) {
+  const long long n = static_cast<long long>(a->num_tokens) * ROW;
+  for (long long i = global_thread(); i < n; i += grid_threads()) {
+    const int t = static_cast<int>(i / ROW), c = static_cast<int>(i % ROW);
+    const long long off = kv_row_offset<ROW, PS>(a, t) + c;
+    kcache[off] = k[i];
+    vcache[off] = v[i];
+  }
+}
+
+/// out[t, h] = softmax(q[t, h] . K[0..pos] * scale) V[0..pos], query head h
+/// reading kv head h / (NQ / NKV).
+///
+/// One block per (token, kv head) with WARPS warps for the REP = NQ / NKV
+/// query heads of that kv head (warp w takes heads w, w + WARPS, ...). The
+/// block stages tiles of 32 positions of K and V in shared memory (coalesced
+/// loads, each byte read once for all REP heads); per tile each warp scores
+/// the 32 positions of its head (one per lane), updates an online softmax,
+/// and accumulates V with the head dimension spread over the lanes.
+template <int NQ, int NKV, int HD, int PS, int WARPS>
+__device__ void kv_attend(const nf_step_args *a, const float *q,
+                          const float *kcache, const float *vcache,
+                          float scale, float *out) {
+  constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
+  constexpr int HPW = (REP + WARPS - 1) / WARPS; // heads per warp
+  __shared__ float sK[32][HD + 1], sV[32][HD], sQ[WARPS * HPW][HD];
+  __shared__ long long s_off[32];
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  const long long items = static_cast<long long>(a->num_tokens) * NKV;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const int t = static_cast<int>(item / NKV), kvh = static_cast<int>(item % NKV);
+    const TokenPos tp = token_pos(a, t);
+    const int len = tp.pos + 1; // causal: positions [0, pos]
+    const int32_t *pt =
+        a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq;
+    const float *qt = q + static_cast<long long>(t) * NQ * HD +
+                      static_cast<long long>(kvh) * REP * HD;
+    __syncthreads(); // the previous item is done with the shared tiles
+    for (int i = tid; i < REP * HD; i += blockDim.x)
+      sQ[i / HD][i % HD] = qt[i];
+    float m[HPW], l[HPW], acc[HPW][DPL];
+#pragma unroll
+    for (int r = 0; r < HPW; ++r) {
+      m[r] = -f32_inf();
+      l[r] = 0.0f;
+#pragma unroll
+      for (int dd = 0; dd < DPL; ++dd)
+        acc[r][dd] = 0.0f;
+    }
+    for (int p0 = 0; p0 < len; p0 += 32) {
+      const int cnt = min(32, len - p0);
+      __syncthreads(); // the previous tile is consumed
+      if (tid < 32) {
+        const int p = p0 + tid;
+        s_off[tid] = p < len ? (static_cast<long long>(pt[p / PS]) * PS + p % PS) *
+                                       ROW +
+                                   static_cast<long long>(kvh) * HD
+                             : -1;
+      }
+      __syncthreads();
+      for (int i = tid; i < 32 * HD; i += blockDim.x) {
+        const int j = i / HD, d = i % HD;
+        const long long o = s_off[j];
+        sK[j][d] = o >= 0 ? kcache[o + d] : 0.0f;
+        sV[j][d] = o >= 0 ? vcache[o + d] : 0.0f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < HPW; ++r) {
+        const int head = warp + WARPS * r;
+        if (head >= REP)
+          continue;
+        float score = -f32_inf();
+        if (lane < cnt) {
+          float dot = 0.0f;
+#pragma unroll 16
+          for (int d = 0; d < HD; ++d)
+            dot = fmaf(sQ[head][d], sK[lane][d], dot);
+          score = dot * scale;
+        }
+        const float mn = fmaxf(m[r], warp_max(score));
+        const float corr = expf(m[r] - mn);
+        const float e = lane < cnt ? expf(score - mn) : 0.0f;
+        l[r] = l[r] * corr + warp_sum(e);
+#pragma unroll
+        for (int dd = 0; dd < DPL; ++dd)
+          acc[r][dd] *= corr;
+#pragma unroll 8
+        for (int j = 0; j < 32; ++j) {
+          const float ej = __shfl_sync(0xffffffffu, e, j);
+#pragma unroll
+          for (int dd = 0; dd < DPL; ++dd) {
+            const int d = lane + 32 * dd;
+            if (d < HD)
+              acc[r][dd] = fmaf(ej, sV[j][d], acc[r][dd]);
+          }
+        }
+        m[r] = mn;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < HPW; ++r) {
+      const int head = warp + WARPS * r;
+      if (head >= REP)
+        continue;
+      const float inv = 1.0f / l[r];
+      float *o = out + static_cast<long long>(t) * NQ * HD +
+                 static_cast<long long>(kvh * REP + head) * HD;
+#pragma unroll
+      for (int dd = 0; dd < DPL; ++dd) {
+        const int d = lane + 32 * dd;
+        if (d < HD)
+          o[d] = acc[r][dd] * inv;
+      }
+    }
+  }
+}
+
+/// The same with one warp per (token, head) and no shared tiles: for head
+/// dimensions whose K/V tiles do not fit in static shared memory (> 128).
+template <int NQ, int NKV, int HD, int PS, int WARPS>
+__device__ void kv_attend_warp(const nf_step_args *a, const float *q,
+                          const float *kcache, const float *vcache,
+                          float scale, float *out) {
+  constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
+  __shared__ __align__(16) float sq[WARPS][HD];
+  const int lane = lane_id(), wib = threadIdx.x >> 5;
+  const long long items = static_cast<long long>(a->num_tokens) * NQ;
+  for (long long item = global_warp(); item < items; item += grid_warps()) {
+    const int t = static_cast<int>(item / NQ), h = static_cast<int>(item % NQ);
+    const int kvh = h / REP;
+    const TokenPos tp = token_pos(a, t);
+    const int len = tp.pos + 1; // causal: positions [0, pos]
+    const int32_t *pt =
+        a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq;
+    const float *qh = q + static_cast<long long>(t) * NQ * HD + h * HD;
+    __syncwarp();
+    for (int d = lane; d < HD; d += 32)
+      sq[wib][d] = qh[d];
+    __syncwarp();
+    float m = -f32_inf(), l = 0.0f, acc[DPL];
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd)
+      acc[dd] = 0.0f;
+    for (int p0 = 0; p0 < len; p0 += 32) {
+      const int p = p0 + lane;
+      long long off = 0;
+      float score = -f32_inf();
+      if (p < len) {
+        const int page = pt[p / PS];
+        off = (static_cast<long long>(page) * PS + p % PS) * ROW + kvh * HD;
+        const float *kr = kcache + off;
+        float dot = 0.0f;
+        if (HD % 4 == 0) {
+#pragma unroll 8
+          for (int d = 0; d < HD; d += 4) {
+            const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
+            const float4 qv = *reinterpret_cast<const float4 *>(&sq[wib][d]);
+            dot = fmaf(qv.x, kv.x, dot);
+            dot = fmaf(qv.y, kv.y, dot);
+            dot = fmaf(qv.z, kv.z, dot);
+            dot = fmaf(qv.w, kv.w, dot);
+          }
+        } else {
+          for (int d = 0; d < HD; ++d)
+            dot = fmaf(sq[wib][d], kr[d], dot);
+        }
+        score = dot * scale;
+      }
+      const float mn = fmaxf(m, warp_max(score));
+      const float corr = expf(m - mn);
+      const float e = p < len ? expf(score - mn) : 0.0f;
+      l = l * corr + warp_sum(e);
+#pragma unroll
+      for (int dd = 0; dd < DPL; ++dd)
+        acc[dd] *= corr;
+      // V rows of the tile, 8 positions at a time with their loads issued
+      // together (lanes past the sequence have e = 0 and are skipped).
+      const int cnt = min(32, len - p0);
+      for (int j0 = 0; j0 < cnt; j0 += 8) {
+        float ev[8];
+        long long ov[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          ev[u] = __shfl_sync(0xffffffffu, e, j0 + u);
+          ov[u] = __shfl_sync(0xffffffffu, off, j0 + u);
+        }
+#pragma unroll
+        for (int dd = 0; dd < DPL; ++dd) {
+          const int d = lane + 32 * dd;
+          if (d >= HD)
+            continue;
+          float v[8];
+#pragma unroll
+          for (int u = 0; u < 8; ++u)
+            v[u] = j0 + u < cnt ? vcache[ov[u] + d] : 0.0f;
+#pragma unroll
+          for (int u = 0; u < 8; ++u)
+            acc[dd] = fmaf(ev[u], v[u], acc[dd]);
+        }
+      }
+      m = mn;
+    }
+    const float inv = 1.0f / l;
+    float *o = out + static_cast<long long>(t) * NQ * HD + h * HD;
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd) {
+      const int d = lane + 32 * dd;
+      if (d < HD)
+        o[d] = acc[dd] * inv;
+    }
+  }
+}
+
+} // namespace nf
+
+#endif // NF_KERNELS_ATTENTION_CUH

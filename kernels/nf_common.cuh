@@ -1,0 +1,248 @@
+// Device helpers shared by the kernels nfc generates (compiled ahead of time
+// with NVRTC: no system headers, nothing but nf_abi.h).
+//
+// Conventions of every template in kernels/*.cuh:
+//   - the generated __global__ function takes `const nf_step_args *a` and
+//     passes the template typed pointers it computes from compile-time arena
+//     offsets, weight indices and storage indices (see nf_abi.h);
+//   - activations are f32 (i32 for ids and counts), weights are f32, bf16 or
+//     f16 (nf::bf16 / nf::f16 hold the raw bits) and every sum accumulates in
+//     f32 (f64 where the CPU reference does);
+//   - work is covered with grid-stride loops over what a->num_tokens and
+//     a->num_seqs say, so one fixed launch shape serves every batch size.
+#ifndef NF_KERNELS_COMMON_CUH
+#define NF_KERNELS_COMMON_CUH
+
+#include "nf_abi.h"
+
+namespace nf {
+
+struct bf16 {
+  unsigned short bits;
+};
+struct f16 {
+  unsigned short bits;
+};
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) {
+  return __uint_as_float(static_cast<unsigned>(v.bits) << 16);
+}
+__device__ __forceinline__ float half_bits_to_float(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ float to_float(f16 v) {
+  return half_bits_to_float(v.bits);
+}
+
+/// Element i of a weight (any dtype) as f32.
+template <class T>
+__device__ __forceinline__ float load(const T *p, long long i) {
+  return to_float(p[i]);
+}
+
+/// Elements per 16-byte vector.
+template <class T> struct Vec16 {
+  static constexpr int N = 16 / sizeof(T);
+};
+
+__device__ __forceinline__ void unpack_bf16x2(unsigned w, float *out) {
+  out[0] = __uint_as_float(w << 16);
+  out[1] = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack_f16x2(unsigned w, float *out) {
+  out[0] = half_bits_to_float(static_cast<unsigned short>(w & 0xffffu));
+  out[1] = half_bits_to_float(static_cast<unsigned short>(w >> 16));
+}
+
+/// 16 bytes at p (16-byte aligned) as Vec16<T>::N floats.
+__device__ __forceinline__ void load16(const float *p, float *out) {
+  const float4 v = __ldg(reinterpret_cast<const float4 *>(p));
+  out[0] = v.x;
+  out[1] = v.y;
+  out[2] = v.z;
+  out[3] = v.w;
+}
+__device__ __forceinline__ void load16(const bf16 *p, float *out) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
+  unpack_bf16x2(v.x, out);
+  unpack_bf16x2(v.y, out + 2);
+  unpack_bf16x2(v.z, out + 4);
+  unpack_bf16x2(v.w, out + 6);
+}
+__device__ __forceinline__ void load16(const f16 *p, float *out) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
+  unpack_f16x2(v.x, out);
+  unpack_f16x2(v.y, out + 2);
+  unpack_f16x2(v.z, out + 4);
+  unpack_f16x2(v.w, out + 6);
+}
+
+/// Four consecutive elements at p (aligned to 4 elements) as floats.
+__device__ __forceinline__ void load4(const float *p, float *out) {
+  load16(p, out);
+}
+__device__ __forceinline__ void load4(const bf16 *p, float *out) {
+  const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
+  unpack_bf16x2(v.x, out);
+  unpack_bf16x2(v.y, out + 2);
+}
+__device__ __forceinline__ void load4(const f16 *p, float *out) {
+  const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
+  unpack_f16x2(v.x, out);
+  unpack_f16x2(v.y, out + 2);
+}
+
+/// Activation rows (f32, written by earlier kernels: plain loads).
+__device__ __forceinline__ void load4_act(const float *p, float *out) {
+  const float4 v = *reinterpret_cast<const float4 *>(p);
+  out[0] = v.x;
+  out[1] = v.y;
+  out[2] = v.z;
+  out[3] = v.w;
+}
+
+// ---------------------------------------------------------------------------
+// Step arguments
+
+template <class T>
+__device__ __forceinline__ T *arena(const nf_step_args *a, long long offset) {
+  return reinterpret_cast<T *>(a->arena + offset);
+}
+template <class T>
+__device__ __forceinline__ const T *weight(const nf_step_args *a, int index) {
+  return static_cast<const T *>(a->weights[index]);
+}
+__device__ __forceinline__ float *storage(const nf_step_args *a, int index) {
+  return static_cast<float *>(a->storage[index]);
+}
+
+/// Sequence of row t and the row's position in it.
+struct TokenPos {
+  int seq;
+  nf_seq_desc desc;
+  int local; // t - desc.begin
+  int pos;   // desc.start_pos + local
+};
+__device__ __forceinline__ TokenPos token_pos(const nf_step_args *a, int t) {
+  TokenPos p;
+  p.seq = a->token_seq[t];
+  p.desc = a->seqs[p.seq];
+  p.local = t - p.desc.begin;
+  p.pos = p.desc.start_pos + p.local;
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+// Work distribution
+
+__device__ __forceinline__ long long global_thread() {
+  return static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ long long grid_threads() {
+  return static_cast<long long>(gridDim.x) * blockDim.x;
+}
+__device__ __forceinline__ long long global_warp() {
+  return global_thread() >> 5;
+}
+__device__ __forceinline__ long long grid_warps() { return grid_threads() >> 5; }
+__device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
+
+// ---------------------------------------------------------------------------
+// Reductions
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ int warp_sum(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+/// thread gets the result. Contains __syncthreads: call from all threads.
+__device__ __forceinline__ int block_sum(int v) {
+  __shared__ int s_part[32];
+  v = warp_sum(v);
+  const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane_id() == 0)
+    s_part[warp] = v;
+  __syncthreads();
+  int total = 0;
+  for (int w = 0; w < nwarps; ++w)
+    total += s_part[w];
+  return total;
+}
+
+/// Exclusive prefix sum over the block in thread order; `total` gets the sum.
+/// Contains __syncthreads: call from all threads.
+__device__ __forceinline__ int block_exclusive_scan(int v, int &total) {
+  __shared__ int s_warp[32];
+  const int lane = lane_id(), warp = threadIdx.x >> 5,
+            nwarps = blockDim.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o)
+      incl += u;
+  }
+  __syncthreads();
+  if (lane == 31)
+    s_warp[warp] = incl;
+  __syncthreads();
+  int before = 0;
+  total = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    if (w < warp)
+      before += s_warp[w];
+    total += s_warp[w];
+  }
+  return before + incl - v;
+}
+
+// ---------------------------------------------------------------------------
+// Elementwise functions (the same formulas as the CPU backend)
+
+enum Activation { kActNone = 0, kActRelu2 = 1, kActSilu = 2 };
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+template <int A> __device__ __forceinline__ float activate(float x) {
+  if (A == kActRelu2) {
+    const float r = x > 0.0f ? x : 0.0f;
+    return r * r;
+  }
+  if (A == kActSilu)
+    return silu(x);
+  return x;
+}
+
+__device__ __forceinline__ float f32_inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ double f64_inf() {
+  return __longlong_as_double(0x7ff0000000000000ll);
+}
+
+} // namespace nf
+
+#endif // NF_KERNELS_COMMON_CUH

@@ -1,0 +1,466 @@
+// Linear layers: y[r, n] = sum_k x[r, k] * W[n, k] for one weight (nf.linear,
+// nf.lm_head, nf_moe.latent_proj, the shared expert) or one weight per group
+// of rows (routed experts: the rows of expert g are a contiguous range of the
+// dispatch, W = weights[g]).
+//
+// A spec struct S, generated per op, describes the problem:
+//   using W = float | nf::bf16 | nf::f16;  static constexpr int N, K, G;
+//   static void group(a, g, int &begin, int &count);    // rows of group g
+//   static const W *weight(a, g);                        // [N, K] row-major
+//   static const float *row(a, r);                       // input row r, K f32
+//   static void store(a, r, n, float v);                 // epilogue
+// (DenseGroups / DispatchGroups below provide `group`).
+//
+// Strategy, chosen per group at run time from its row count:
+//   - few rows (<= kGemvRows): one warp per output feature n streams W[n, :]
+//     with 16-byte loads and dots it with every row (GEMV; weight-bandwidth
+//     bound, each weight byte read once);
+//   - more rows: 64x64 output tiles, 16-deep K slices staged in shared memory
+//     (weights converted to f32 on the way), 4x4 outputs per thread, the next
+//     slice prefetched into registers while the current one is multiplied.
+// Both run in the same launch: every block first takes tiles (block-strided),
+// then every warp takes GEMV items (warp-strided). f32 accumulation. With
+// bf16 weights on sm_80+, the tiles run on tensor cores instead (mma_tile:
+// 64 x 128 tiles, activations split into three bf16 terms, so products stay
+// exact and only the summation order changes).
+#ifndef NF_KERNELS_LINEAR_CUH
+#define NF_KERNELS_LINEAR_CUH
+
+#include "nf_common.cuh"
+
+namespace nf {
+
+constexpr int kGemvRows = 8;
+constexpr int kTileM = 64, kTileN = 64, kTileK = 16;
+constexpr int kLinearThreads = 256;
+
+/// Groups of a dense layer: one group, every token row.
+struct DenseGroups {
+  static constexpr int G = 1;
+  __device__ static __forceinline__ void group(const nf_step_args *a, int,
+                                               int &begin, int &count) {
+    begin = 0;
+    count = a->num_tokens;
+  }
+};
+
+/// Groups of routed experts: expert g owns dispatch rows
+/// [offsets[g], offsets[g + 1]) (dispatch layout of nf_moe.cuh).
+template <int E, long long DISPATCH>
+struct DispatchGroups {
+  static constexpr int G = E;
+  __device__ static __forceinline__ const int32_t *
+  offsets(const nf_step_args *a) {
+    return arena<int32_t>(a, DISPATCH);
+  }
+  /// Token of each assignment row.
+  __device__ static __forceinline__ const int32_t *
+  row_token(const nf_step_args *a) {
+    return arena<int32_t>(a, DISPATCH) + E + 1;
+  }
+  __device__ static __forceinline__ void group(const nf_step_args *a, int g,
+                                               int &begin, int &count) {
+    const int32_t *off = offsets(a);
+    begin = off[g];
+    count = off[g + 1] - off[g];
+  }
+};
+
+/// Four consecutive elements [k, k + 4) of a row of K elements, zero past K.
+template <int K, class T>
+__device__ __forceinline__ void load4_row(const T *row, int k, float *out,
+                                          bool activation) {
+  if (row == nullptr) {
+    out[0] = out[1] = out[2] = out[3] = 0.0f;
+    return;
+  }
+  if (K % 4 == 0) {
+    if (k < K) {
+      if (activation)
+        load4_act(reinterpret_cast<const float *>(row) + k, out);
+      else
+        load4(row + k, out);
+    } else {
+      out[0] = out[1] = out[2] = out[3] = 0.0f;
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    out[i] = k + i < K ? to_float(row[k + i]) : 0.0f;
+}
+
+/// One 64x64 output tile: rows [row0, row0 + rows) of group g (global row
+/// indices), features [n0, n0 + 64).
+template <class S>
+__device__ __forceinline__ void
+gemm_tile(const nf_step_args *a, int g, int row0, int rows, int n0,
+          float (*As)[kTileM + 4], float (*Bs)[kTileN + 4]) {
+  using W = typename S::W;
+  const int tid = threadIdx.x;
+  // Loader: thread -> (row / feature lr, k offset lk) of the 64x16 slices.
+  const int lr = tid >> 2, lk = (tid & 3) * 4;
+  const float *xrow = lr < rows ? S::row(a, row0 + lr) : nullptr;
+  const int wn = n0 + lr;
+  const W *wrow =
+      wn < S::N ? S::weight(a, g) + static_cast<long long>(wn) * S::K : nullptr;
+  // Compute: thread -> rows ty*4 + i, features tx + 16*j.
+  const int ty = tid >> 4, tx = tid & 15;
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      acc[i][j] = 0.0f;
+  float ra[4], rb[4];
+  load4_row<S::K>(xrow, lk, ra, true);
+  load4_row<S::K>(wrow, lk, rb, false);
+  for (int k0 = 0; k0 < S::K; k0 += kTileK) {
+    __syncthreads(); // the previous slice is consumed
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      As[lk + i][lr] = ra[i];
+      Bs[lk + i][lr] = rb[i];
+    }
+    __syncthreads();
+    if (k0 + kTileK < S::K) { // prefetch the next slice
+      load4_row<S::K>(xrow, k0 + kTileK + lk, ra, true);
+      load4_row<S::K>(wrow, k0 + kTileK + lk, rb, false);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kTileK; ++kk) {
+      const float4 av = *reinterpret_cast<const float4 *>(&As[kk][ty * 4]);
+      const float b[4] = {Bs[kk][tx], Bs[kk][tx + 16], Bs[kk][tx + 32],
+                          Bs[kk][tx + 48]};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        acc[0][j] = fmaf(av.x, b[j], acc[0][j]);
+        acc[1][j] = fmaf(av.y, b[j], acc[1][j]);
+        acc[2][j] = fmaf(av.z, b[j], acc[2][j]);
+        acc[3][j] = fmaf(av.w, b[j], acc[3][j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = ty * 4 + i;
+    if (r >= rows)
+      continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int n = n0 + tx + 16 * j;
+      if (n < S::N)
+        S::store(a, row0 + r, n, acc[i][j]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Tensor-core tiles for bf16 weights (sm_80+): mma.sync m16n8k16 bf16 with
+// f32 accumulation. Weights are exact in bf16; each f32 activation is split
+// into three bf16 terms (x = hi + mid + lo to 2^-24 relative), so every
+// product is the f32 product and only the summation order differs from the
+// f32 SIMT path. 64 x 128 output tiles, 8 warps of 32 x 32, 32-deep K
+// slices; the next slice is prefetched into registers.
+
+constexpr int kMmaTileN = 128, kMmaTileK = 32, kMmaPad = 8;
+
+__device__ __forceinline__ unsigned short f32_to_bf16_rn(float x) {
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+}
+__device__ __forceinline__ float bf16_bits_to_f32(unsigned short h) {
+  return __uint_as_float(static_cast<unsigned>(h) << 16);
+}
+__device__ __forceinline__ void mma_bf16(float *c, const unsigned *a,
+                                         unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                 "r"(b1));
+}
+
+struct MmaSmem {
+  unsigned short a[3][kTileM][kMmaTileK + kMmaPad]; // hi, mid, lo
+  unsigned short b[kMmaTileN][kMmaTileK + kMmaPad];
+};
+
+template <class S>
+__device__ __forceinline__ void mma_tile(const nf_step_args *a, int g,
+                                         int row0, int rows, int n0,
+                                         MmaSmem &sm) {
+  static_assert(S::K % 8 == 0, "16-byte weight rows");
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  // Loader: A 64 x 32 f32 (8 per thread), B 128 x 32 bf16 (16 per thread).
+  const int ar = tid >> 2, ak = (tid & 3) * 8;
+  const float *xrow = ar < rows ? S::row(a, row0 + ar) : nullptr;
+  const int bn = tid >> 1, bk = (tid & 1) * 16;
+  const bf16 *wrow = n0 + bn < S::N ? S::weight(a, g) +
+                                          static_cast<long long>(n0 + bn) * S::K
+                                    : nullptr;
+  float ra[8];
+  uint4 rb[2];
+  auto fetch = [&](int k0) {
+#pragma unroll
+    for (int i = 0; i < 8; i += 4) {
+      const int k = k0 + ak + i;
+      if (xrow && k < S::K) {
+        load4_act(xrow + k, ra + i);
+      } else {
+        ra[i] = ra[i + 1] = ra[i + 2] = ra[i + 3] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int k = k0 + bk + 8 * i;
+      rb[i] = wrow && k < S::K
+                  ? __ldg(reinterpret_cast<const uint4 *>(wrow + k))
+                  : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  // Warp tile: rows wm*32 .. +32, features wn*32 .. +32.
+  const int wm = warp >> 2, wn = warp & 3, gid = lane >> 2, tig = lane & 3;
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        acc[i][j][c] = 0.0f;
+  fetch(0);
+  for (int k0 = 0; k0 < S::K; k0 += kMmaTileK) {
+    __syncthreads(); // the previous slice is consumed
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      unsigned short h[2], m[2], l[2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float x = ra[i + u];
+        h[u] = f32_to_bf16_rn(x);
+        const float r1 = x - bf16_bits_to_f32(h[u]);
+        m[u] = f32_to_bf16_rn(r1);
+        l[u] = f32_to_bf16_rn(r1 - bf16_bits_to_f32(m[u]));
+      }
+      *reinterpret_cast<unsigned *>(&sm.a[0][ar][ak + i]) =
+          h[0] | (static_cast<unsigned>(h[1]) << 16);
+      *reinterpret_cast<unsigned *>(&sm.a[1][ar][ak + i]) =
+          m[0] | (static_cast<unsigned>(m[1]) << 16);
+      *reinterpret_cast<unsigned *>(&sm.a[2][ar][ak + i]) =
+          l[0] | (static_cast<unsigned>(l[1]) << 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      unsigned *dst = reinterpret_cast<unsigned *>(&sm.b[bn][bk + 8 * i]);
+      dst[0] = rb[i].x;
+      dst[1] = rb[i].y;
+      dst[2] = rb[i].z;
+      dst[3] = rb[i].w;
+    }
+    __syncthreads();
+    if (k0 + kMmaTileK < S::K)
+      fetch(k0 + kMmaTileK);
+    // The slice's sum in its own accumulator, added to the total with f32
+    // adds: tensor-core accumulation truncates, and over a long K that bias
+    // would add up (measured: 3e-5 relative at K = 2688; per slice it stays
+    // at rounding level).
+    float part[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          part[i][j][c] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kMmaTileK; kk += 16) {
+      unsigned bf[4][2];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int n = wn * 32 + j * 8 + gid;
+        bf[j][0] = *reinterpret_cast<const unsigned *>(&sm.b[n][kk + 2 * tig]);
+        bf[j][1] =
+            *reinterpret_cast<const unsigned *>(&sm.b[n][kk + 2 * tig + 8]);
+      }
+#pragma unroll
+      for (int sp = 2; sp >= 0; --sp) { // lo, mid, hi: small terms first
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = wm * 32 + i * 16 + gid;
+          unsigned af[4];
+          af[0] = *reinterpret_cast<const unsigned *>(&sm.a[sp][r][kk + 2 * tig]);
+          af[1] =
+              *reinterpret_cast<const unsigned *>(&sm.a[sp][r + 8][kk + 2 * tig]);
+          af[2] =
+              *reinterpret_cast<const unsigned *>(&sm.a[sp][r][kk + 2 * tig + 8]);
+          af[3] = *reinterpret_cast<const unsigned *>(
+              &sm.a[sp][r + 8][kk + 2 * tig + 8]);
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            mma_bf16(part[i][j], af, bf[j][0], bf[j][1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          acc[i][j][c] += part[i][j][c];
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = wm * 32 + i * 16 + gid + (c >> 1) * 8;
+        const int n = n0 + wn * 32 + j * 8 + 2 * tig + (c & 1);
+        if (r < rows && n < S::N)
+          S::store(a, row0 + r, n, acc[i][j][c]);
+      }
+}
+
+template <class T> struct IsBf16 {
+  static constexpr bool value = false;
+};
+template <> struct IsBf16<bf16> {
+  static constexpr bool value = true;
+};
+
+/// Output feature n for `count` (<= kGemvRows) rows starting at `begin`.
+template <class S>
+__device__ __forceinline__ void gemv_item(const nf_step_args *a, int g,
+                                          int begin, int count, int n,
+                                          int lane) {
+  using W = typename S::W;
+  constexpr int V = Vec16<W>::N;
+  const W *w = S::weight(a, g) + static_cast<long long>(n) * S::K;
+  const float *x[kGemvRows];
+  float acc[kGemvRows];
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    x[r] = r < count ? S::row(a, begin + r) : nullptr;
+    acc[r] = 0.0f;
+  }
+  if (S::K % V == 0) {
+    for (int k = lane * V; k < S::K; k += 32 * V) {
+      float wv[V];
+      load16(w + k, wv);
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r) {
+        if (r < count) {
+          float xv[V];
+#pragma unroll
+          for (int v = 0; v < V; v += 4)
+            load4_act(x[r] + k + v, xv + v);
+#pragma unroll
+          for (int v = 0; v < V; ++v)
+            acc[r] = fmaf(wv[v], xv[v], acc[r]);
+        }
+      }
+    }
+  } else {
+    for (int k = lane; k < S::K; k += 32) {
+      const float wk = load(w, k);
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r)
+        if (r < count)
+          acc[r] = fmaf(wk, x[r][k], acc[r]);
+    }
+  }
+  float mine = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    if (r < count) {
+      const float s = warp_sum(acc[r]);
+      if (lane == r)
+        mine = s;
+    }
+  }
+  if (lane < count)
+    S::store(a, begin + lane, n, mine);
+}
+
+template <class S> __device__ void linear(const nf_step_args *a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr bool kMma = IsBf16<typename S::W>::value && S::K % 8 == 0;
+#else
+  constexpr bool kMma = false;
+#endif
+  constexpr int TN = kMma ? kMmaTileN : kTileN;
+  constexpr int NT = (S::N + TN - 1) / TN;
+  constexpr int kSimtBytes = 2 * kTileK * (kTileM + 4) * sizeof(float);
+  constexpr int kTileBytes =
+      kMma ? static_cast<int>(sizeof(MmaSmem)) : kSimtBytes;
+  __shared__ int s_begin[S::G], s_count[S::G], s_tile[S::G + 1];
+  __shared__ __align__(16) unsigned char s_tiles[kTileBytes];
+  const int tid = threadIdx.x, lane = lane_id();
+  for (int g = tid; g < S::G; g += blockDim.x) {
+    int b, c;
+    S::group(a, g, b, c);
+    s_begin[g] = b;
+    s_count[g] = c;
+  }
+  __syncthreads();
+  // Tiles of the groups with more than kGemvRows rows: prefix over groups.
+  if (tid < 32) {
+    int carry = 0;
+    for (int g0 = 0; g0 < S::G; g0 += 32) {
+      const int g = g0 + lane;
+      const int c = g < S::G ? s_count[g] : 0;
+      const int tiles = c > kGemvRows ? (c + kTileM - 1) / kTileM * NT : 0;
+      int incl = tiles;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+          incl += u;
+      }
+      if (g < S::G)
+        s_tile[g] = carry + incl - tiles;
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0)
+      s_tile[S::G] = carry;
+  }
+  __syncthreads();
+  const int tiles = s_tile[S::G];
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    int lo = 0, hi = S::G - 1; // last group whose first tile <= tile
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (s_tile[mid] <= tile)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int local = tile - s_tile[lo];
+    const int mt = local / NT, nt = local % NT;
+    const int rows = min(kTileM, s_count[lo] - mt * kTileM);
+    if constexpr (kMma) {
+      mma_tile<S>(a, lo, s_begin[lo] + mt * kTileM, rows, nt * TN,
+                  *reinterpret_cast<MmaSmem *>(s_tiles));
+    } else {
+      gemm_tile<S>(a, lo, s_begin[lo] + mt * kTileM, rows, nt * TN,
+                   reinterpret_cast<float(*)[kTileM + 4]>(s_tiles),
+                   reinterpret_cast<float(*)[kTileN + 4]>(s_tiles + kSimtBytes / 2));
+    }
+  }
+  // GEMV items of the groups with 1..kGemvRows rows.
+  const long long items = static_cast<long long>(S::G) * S::N;
+  for (long long item = global_warp(); item < items; item += grid_warps()) {
+    const int g = static_cast<int>(item / S::N);
+    const int c = s_count[g];
+    if (c == 0 || c > kGemvRows)
+      continue;
+    gemv_item<S>(a, g, s_begin[g], c, static_cast<int>(item % S::N), lane);
+  }
+}
+
+} // namespace nf
+
+#endif // NF_KERNELS_LINEAR_CUH

@@ -1,0 +1,212 @@
+// Mamba2 ops: nf_kv.causal_conv (depthwise causal conv + SiLU, with the
+// per-sequence conv window) and nf_kv.ssm_scan / nf_kv.ssm_update (the SSM
+// recurrence, reference 3.4, over each sequence's tokens in order).
+//
+// State storage (runtime-allocated, f32): conv window [slots, CD, KW - 1]
+// (oldest input first) and SSM state [slots, NH, P, N]; sequence s uses slot
+// a->seqs[s].slot.
+#ifndef NF_KERNELS_MAMBA_CUH
+#define NF_KERNELS_MAMBA_CUH
+
+#include "nf_common.cuh"
+
+namespace nf {
+
+/// Conv outputs, fully parallel over (token, channel): inputs before the
+/// sequence's first token of the step come from the conv window, which is
+/// left untouched (causal_conv_window advances it in a later launch).
+/// w is [CD, KW] (w[c, KW-1] multiplies the current token).
+template <class W, class B, int CD, int KW, bool kBias>
+__device__ void causal_conv_out(const nf_step_args *a, const float *in,
+                                const W *w, const B *bias, const float *window,
+                                float *out) {
+  constexpr int K1 = KW - 1;
+  const long long n = static_cast<long long>(a->num_tokens) * CD;
+  for (long long i = global_thread(); i < n; i += grid_threads()) {
+    const int t = static_cast<int>(i / CD), c = static_cast<int>(i % CD);
+    const TokenPos tp = token_pos(a, t);
+    const float *st =
+        window + (static_cast<long long>(tp.desc.slot) * CD + c) * K1;
+    float acc = kBias ? load(bias, c) : 0.0f;
+#pragma unroll
+    for (int q = 0; q < KW; ++q) {
+      const int src = tp.local - K1 + q;
+      const float v =
+          src < 0 ? st[K1 + src]
+                  : in[static_cast<long long>(tp.desc.begin + src) * CD + c];
+      acc += load(w, static_cast<long long>(c) * KW + q) * v;
+    }
+    out[i] = silu(acc);
+  }
+}
+
+/// Advances each sequence's conv window to its last KW-1 inputs (after
+/// causal_conv_out of the same step has read the old window).
+template <int CD, int KW>
+__device__ void causal_conv_window(const nf_step_args *a, const float *in,
+                                   float *window) {
+  constexpr int K1 = KW - 1;
+  const long long n = static_cast<long long>(a->num_seqs) * CD;
+  for (long long i = global_thread(); i < n; i += grid_threads()) {
+    const int s = static_cast<int>(i / CD), c = static_cast<int>(i % CD);
+    const nf_seq_desc d = a->seqs[s];
+    if (d.count <= 0)
+      continue;
+    float *st = window + (static_cast<long long>(d.slot) * CD + c) * K1;
+    float old[K1 > 0 ? K1 : 1];
+#pragma unroll
+    for (int q = 0; q < K1; ++q)
+      old[q] = st[q];
+#pragma unroll
+    for (int q = 0; q < K1; ++q) {
+      const int src = d.count - K1 + q;
+      st[q] = src < 0 ? old[K1 + src]
+                      : in[static_cast<long long>(d.begin + src) * CD + c];
+    }
+  }
+}
+
+/// Decode form: one thread per (sequence, channel) walks the sequence's
+/// tokens with the window in registers: outputs and window in one launch.
+template <class W, class B, int CD, int KW, bool kBias>
+__device__ void causal_conv_seq(const nf_step_args *a, const float *in,
+                                const W *w, const B *bias, float *window,
+                                float *out) {
+  constexpr int K1 = KW - 1;
+  const long long n = static_cast<long long>(a->num_seqs) * CD;
+  for (long long i = global_thread(); i < n; i += grid_threads()) {
+    const int s = static_cast<int>(i / CD), c = static_cast<int>(i % CD);
+    const nf_seq_desc d = a->seqs[s];
+    if (d.count <= 0)
+      continue;
+    float *st = window + (static_cast<long long>(d.slot) * CD + c) * K1;
+    float win[K1 > 0 ? K1 : 1], wc[KW];
+#pragma unroll
+    for (int q = 0; q < K1; ++q)
+      win[q] = st[q];
+#pragma unroll
+    for (int q = 0; q < KW; ++q)
+      wc[q] = load(w, static_cast<long long>(c) * KW + q);
+    const float b = kBias ? load(bias, c) : 0.0f;
+    for (int j = 0; j < d.count; ++j) {
+      const long long row = static_cast<long long>(d.begin + j) * CD + c;
+      const float x = in[row];
+      float acc = b;
+#pragma unroll
+      for (int q = 0; q < K1; ++q)
+        acc += wc[q] * win[q];
+      acc += wc[K1] * x;
+      out[row] = silu(acc);
+#pragma unroll
+      for (int q = 0; q + 1 < K1; ++q)
+        win[q] = win[q + 1];
+      if (K1 > 0)
+        win[K1 - 1] = x;
+    }
+#pragma unroll
+    for (int q = 0; q < K1; ++q)
+      st[q] = win[q];
+  }
+}
+
+/// dt = clamp(softplus(raw + bias), lo, hi); softplus(v) = v for v > 20.
+__device__ __forceinline__ float mamba_dt(float raw, float bias, float lo,
+                                          float hi) {
+  const float v = raw + bias;
+  float sp = v > 20.0f ? v : log1pf(expf(v));
+  return fminf(fmaxf(sp, lo), hi);
+}
+
+/// The SSM recurrence. Work item = (sequence, head, tile of PT head
+/// channels); a block of PT * NS threads takes one item at a time: thread
+/// (p, sub) keeps S[h, p, n] for n = sub, sub + NS, ... (N / NS values) in
+/// registers for the whole sequence, and the NS threads of a channel reduce
+/// y over n with shuffles. Per chunk of TC tokens, B, C, x and dt are staged
+/// in shared memory. xbc rows: x (I) | B (G*N) | C (G*N); dt_raw rows: NH.
+template <class WB, class WA, class WD, int NH, int P, int N, int G, int PT,
+          int NS, int TC>
+__device__ void ssm_scan(const nf_step_args *a, const float *xbc,
+                         const float *dt_raw, const WB *dt_bias,
+                         const WA *a_log, const WD *d_skip, float dt_min,
+                         float dt_max, float *state, float *y) {
+  constexpr int I = NH * P, CD = I + 2 * G * N, NPER = N / NS;
+  constexpr int HPG = NH / G, NPT = P / PT;
+  static_assert(NPER * NS == N && PT * NPT == P, "bad ssm tiling");
+  static_assert((NS & (NS - 1)) == 0 && NS <= 32, "NS: power of two <= 32");
+  __shared__ float sB[TC][N], sC[TC][N], sX[TC][PT], sDt[TC], sDA[TC];
+  const int tid = threadIdx.x, pl = tid / NS, sub = tid % NS;
+  // Blocks of fewer than 32 threads (tiny models) shuffle within their lanes.
+  const unsigned lanes =
+      blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
+  const long long items = static_cast<long long>(a->num_seqs) * NH * NPT;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const int s = static_cast<int>(item / (NH * NPT));
+    const int rem = static_cast<int>(item % (NH * NPT));
+    const int h = rem / NPT, p0 = (rem % NPT) * PT, p = p0 + pl;
+    const nf_seq_desc d = a->seqs[s];
+    if (d.count <= 0)
+      continue; // uniform over the block
+    const int g = h / HPG;
+    const float Ah = -expf(load(a_log, h));
+    const float Dh = load(d_skip, h);
+    const float bias = load(dt_bias, h);
+    float *S = state + ((static_cast<long long>(d.slot) * NH + h) * P + p) * N;
+    float st[NPER];
+#pragma unroll
+    for (int q = 0; q < NPER; ++q)
+      st[q] = S[q * NS + sub];
+    for (int t0 = 0; t0 < d.count; t0 += TC) {
+      const int nt = min(TC, d.count - t0);
+      __syncthreads(); // the previous chunk is consumed
+      for (int i = tid; i < nt * N; i += blockDim.x) {
+        const int tt = i / N, nn = i % N;
+        const float *row = xbc + static_cast<long long>(d.begin + t0 + tt) * CD;
+        sB[tt][nn] = row[I + g * N + nn];
+        sC[tt][nn] = row[I + G * N + g * N + nn];
+      }
+      for (int i = tid; i < nt * PT; i += blockDim.x) {
+        const int tt = i / PT, pp = i % PT;
+        sX[tt][pp] =
+            xbc[static_cast<long long>(d.begin + t0 + tt) * CD + h * P + p0 + pp];
+      }
+      for (int i = tid; i < nt; i += blockDim.x) {
+        const float dt = mamba_dt(
+            dt_raw[static_cast<long long>(d.begin + t0 + i) * NH + h], bias,
+            dt_min, dt_max);
+        sDt[i] = dt;
+        sDA[i] = expf(dt * Ah);
+      }
+      __syncthreads();
+#pragma unroll 2
+      for (int tt = 0; tt < nt; ++tt) {
+        const float dt = sDt[tt], dA = sDA[tt];
+        const float x = sX[tt][pl];
+        const float xd = x * dt;
+        float part0 = 0.0f, part1 = 0.0f;
+#pragma unroll
+        for (int q = 0; q < NPER; ++q) {
+          const int nn = q * NS + sub;
+          st[q] = dA * st[q] + xd * sB[tt][nn];
+          if (q & 1)
+            part1 = fmaf(st[q], sC[tt][nn], part1);
+          else
+            part0 = fmaf(st[q], sC[tt][nn], part0);
+        }
+        float part = part0 + part1;
+#pragma unroll
+        for (int o = NS / 2; o > 0; o >>= 1)
+          part += __shfl_xor_sync(lanes, part, o);
+        if (sub == 0)
+          y[static_cast<long long>(d.begin + t0 + tt) * I + h * P + p] =
+              part + Dh * x;
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < NPER; ++q)
+      S[q * NS + sub] = st[q];
+  }
+}
+
+} // namespace nf
+
+#endif // NF_KERNELS_MAMBA_CUH

@@ -1,0 +1,451 @@
+// Mixture of experts: nf_moe.router, nf_moe.select (policies "topk" and
+// "budget") and nf_moe.dispatch. The expert FFNs are grouped linears
+// (nf_linear.cuh, DispatchGroups) and nf_moe.combine is in nf_rows.cuh.
+//
+// Dispatch layout (i32, at the dispatch value's arena offset; the same as the
+// CPU backend's, T = a->num_tokens, M = max_per_token):
+//   offsets[E + 1]   first assignment row of each expert
+//   rowToken[T * M]  token of each assignment row
+//   slotRow[T * M]   row of assignment (t, j), -1 when unused
+// Rows are grouped by expert, and within an expert ordered by token, then by
+// the token's selection order.
+#ifndef NF_KERNELS_MOE_CUH
+#define NF_KERNELS_MOE_CUH
+
+#include "nf_common.cuh"
+
+namespace nf {
+
+/// Router (logits x . gate^T in f64, s = sigmoid, sb = s + bias) and/or the
+/// per-token part of select (group-limited top-K on sb, by descending sb then
+/// ascending expert). One block per token.
+///   kRouter: compute s / sb and write them (f32) to `scores` / `sel`;
+///            otherwise read them from there.
+///   kSelect: rank and write experts / weights / counts. With kDefer (the
+///            budget policy, unless a->experts_per_token overrides it) the K
+///            candidates and their raw scores are written for moe_budget,
+///            which decides the counts and normalises.
+template <class WG, class WB, int E, int H, int K, int NGROUP, int TOPKG,
+          bool kRouter, bool kSelect, bool kDefer, bool kNorm>
+__device__ void moe_route(const nf_step_args *a, const float *x,
+                          const WG *gate, const WB *bias, float *scores,
+                          float *sel, int32_t *experts, float *weights,
+                          int32_t *counts, float rsf) {
+  constexpr int CPL = (E + 31) / 32; // candidates per lane
+  static_assert(CPL <= 32, "at most 1024 experts");
+  __shared__ double s_s[E], s_sb[E], s_rs[K], s_g[NGROUP];
+  __shared__ int s_rank[K];
+  const int T = a->num_tokens;
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5,
+            nwarps = blockDim.x >> 5;
+  for (int t = blockIdx.x; t < T; t += gridDim.x) {
+    __syncthreads(); // shared state of the previous token is consumed
+    if (kRouter) {
+      const float *xr = x + static_cast<long long>(t) * H;
+      for (int e = warp; e < E; e += nwarps) {
+        const WG *gr = gate + static_cast<long long>(e) * H;
+        double acc = 0.0;
+        for (int k = lane; k < H; k += 32)
+          acc += static_cast<double>(xr[k]) * static_cast<double>(load(gr, k));
+        acc = warp_sum(acc);
+        if (lane == 0) {
+          const double sc = 1.0 / (1.0 + exp(-acc));
+          const double sb = sc + static_cast<double>(load(bias, e));
+          s_s[e] = sc;
+          s_sb[e] = sb;
+          scores[static_cast<long long>(t) * E + e] = static_cast<float>(sc);
+          sel[static_cast<long long>(t) * E + e] = static_cast<float>(sb);
+        }
+      }
+    } else {
+      for (int e = tid; e < E; e += blockDim.x) {
+        s_s[e] = scores[static_cast<long long>(t) * E + e];
+        s_sb[e] = sel[static_cast<long long>(t) * E + e];
+      }
+    }
+    if (!kSelect)
+      continue;
+    __syncthreads();
+    if (warp != 0)
+      continue;
+    if (NGROUP > 1 && TOPKG < NGROUP) {
+      // Groups ranked by the sum of their top-2 (ties: lower group first);
+      // experts outside the TOPKG best groups are masked.
+      constexpr int GS = E / NGROUP;
+      for (int g = lane; g < NGROUP; g += 32) {
+        double b1 = -f64_inf(), b2 = -f64_inf();
+        for (int e = g * GS; e < (g + 1) * GS; ++e) {
+          const double v = s_sb[e];
+          if (v > b1) {
+            b2 = b1;
+            b1 = v;
+          } else if (v > b2) {
+            b2 = v;
+          }
+        }
+        s_g[g] = GS >= 2 ? b1 + b2 : b1;
+      }
+      __syncwarp();
+      for (int e = lane; e < E; e += 32) {
+        const int g = e / GS;
+        int rank = 0;
+        for (int o = 0; o < NGROUP; ++o)
+          rank += s_g[o] > s_g[g] || (s_g[o] == s_g[g] && o < g);
+        if (rank >= TOPKG)
+          s_sb[e] = -f64_inf();
+      }
+      __syncwarp();
+    }
+    double v[CPL];
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      const int e = lane + 32 * i;
+      v[i] = e < E ? s_sb[e] : -f64_inf();
+    }
+    unsigned taken = 0;
+    for (int j = 0; j < K; ++j) {
+      double bv = -f64_inf();
+      int bi = 0x7fffffff;
+#pragma unroll
+      for (int i = 0; i < CPL; ++i) {
+        const int e = lane + 32 * i;
+        if (e < E && !((taken >> i) & 1u) &&
+            (v[i] > bv || (v[i] == bv && e < bi))) {
+          bv = v[i];
+          bi = e;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const double ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+          bv = ov;
+          bi = oi;
+        }
+      }
+      if ((bi & 31) == lane)
+        taken |= 1u << (bi >> 5);
+      if (lane == 0) {
+        s_rank[j] = bi;
+        s_rs[j] = s_s[bi];
+      }
+    }
+    __syncwarp();
+    if (lane == 0) {
+      const int ept = a->experts_per_token;
+      const long long row = static_cast<long long>(t) * K;
+      if (kDefer && ept <= 0) {
+        for (int j = 0; j < K; ++j) {
+          experts[row + j] = s_rank[j];
+          weights[row + j] = static_cast<float>(s_rs[j]);
+        }
+        counts[t] = K;
+      } else {
+        const int kt = ept > 0 ? min(ept, K) : K;
+        double sum = 0.0;
+        for (int j = 0; j < kt; ++j)
+          sum += s_rs[j];
+        const double norm = kNorm ? 1.0 / (sum + 1e-20) : 1.0;
+        for (int j = 0; j < K; ++j) {
+          experts[row + j] = j < kt ? s_rank[j] : -1;
+          weights[row + j] =
+              j < kt ? static_cast<float>(s_rs[j] * norm * rsf) : 0.0f;
+        }
+        counts[t] = kt;
+      }
+    }
+  }
+}
+
+/// f64 -> u64 with the same order.
+__device__ __forceinline__ unsigned long long order_key(double v) {
+  const unsigned long long b =
+      static_cast<unsigned long long>(__double_as_longlong(v));
+  return (b >> 63) ? ~b : (b | 0x8000000000000000ull);
+}
+
+/// Calls f(i, c, key) for every candidate (token i of the sequence, count c
+/// in [mk, K)) that thread owns (i = threadIdx.x + k * blockDim.x). key
+/// orders share(i, c) = 1 - (sum of the first c weights) / (sum of all K):
+/// the routed weight token i leaves uncovered with c experts.
+template <int K, class F>
+__device__ __forceinline__ void for_each_candidate(const float *w, int n,
+                                                   int mk, F f) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float *wi = w + static_cast<long long>(i) * K;
+    double total = 0.0;
+    for (int r = 0; r < K; ++r)
+      total += wi[r];
+    double covered = 0.0;
+    for (int c = 0; c < K; ++c) {
+      if (c >= mk)
+        f(i, c, order_key(total > 0 ? 1.0 - covered / total : 0.0));
+      covered += wi[c];
+    }
+  }
+}
+
+/// The budget policy's decision (cpu/expert_budget.h), made on the device:
+/// one block per sequence. A sequence of n tokens at budget b runs
+/// clamp(round(b*K*n), minK*n, K*n) expert calls: every token gets mk, and
+/// the remaining R calls go one at a time to the token whose kept experts
+/// leave the largest share of its routed weight uncovered (ties: fewer
+/// experts so far, then earlier token). Shares only shrink as a token gets
+/// experts, so those greedy picks are exactly the R largest candidates
+/// (share desc, c asc, i asc): a radix select (8 rounds of 8 bits) finds the
+/// R-th largest share, then its ties are taken in (c, i) order. Then the
+/// kept experts' weights are renormalised as in moe_route.
+template <int K>
+__device__ void moe_budget(const nf_step_args *a, const float *budget,
+                           int32_t *experts, float *weights, int32_t *counts,
+                           int min_k, bool norm_topk, float rsf) {
+  __shared__ int s_hist[256];
+  __shared__ unsigned long long s_prefix;
+  __shared__ long long s_want;
+  if (a->experts_per_token > 0)
+    return; // moe_route applied the static override
+  const int mk = min(max(min_k, 0), K);
+  const int lane = lane_id(), warp = threadIdx.x >> 5;
+  for (int s = blockIdx.x; s < a->num_seqs; s += gridDim.x) {
+    const nf_seq_desc d = a->seqs[s];
+    const int n = d.count;
+    if (n <= 0)
+      continue;
+    const float *w = weights + static_cast<long long>(d.begin) * K;
+    int32_t *cnt = counts + d.begin;
+    long long calls = llround(static_cast<double>(budget[d.begin]) * K *
+                              static_cast<double>(n));
+    calls = min(max(calls, static_cast<long long>(mk) * n),
+                static_cast<long long>(K) * n);
+    const long long R = calls - static_cast<long long>(mk) * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+      cnt[i] = mk;
+    if (R > 0 && mk < K) {
+      // Radix select of v* = the R-th largest key, most significant byte
+      // first; `want` ends as the number of keys equal to v* to take.
+      unsigned long long prefix = 0, mask = 0;
+      long long want = R;
+      for (int shift = 56; shift >= 0; shift -= 8) {
+        __syncthreads(); // s_hist / s_prefix of the previous round are read
+        for (int i = threadIdx.x; i < 256; i += blockDim.x)
+          s_hist[i] = 0;
+        __syncthreads();
+        for_each_candidate<K>(w, n, mk, [&](int, int, unsigned long long k) {
+          if ((k & mask) == prefix)
+            atomicAdd(&s_hist[(k >> shift) & 255], 1);
+        });
+        __syncthreads();
+        if (warp == 0) {
+          // Lane l holds bins [8 * (31 - l), 8 * (31 - l) + 8): lane 0 the
+          // highest. Find the digit where the count from the top reaches
+          // `want`.
+          int bins[8], sum = 0;
+#pragma unroll
+          for (int b = 0; b < 8; ++b) {
+            bins[b] = s_hist[8 * (31 - lane) + 7 - b]; // descending digits
+            sum += bins[b];
+          }
+          int incl = sum;
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            const int u = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o)
+              incl += u;
+          }
+          const unsigned hit = __ballot_sync(0xffffffffu, incl >= want);
+          const int first = __ffs(hit) - 1; // some lane reaches `want`
+          if (lane == first) {
+            long long above = incl - sum;
+            int digit = 0;
+#pragma unroll
+            for (int b = 0; b < 8; ++b) {
+              if (above + bins[b] >= want) {
+                digit = 8 * (31 - lane) + 7 - b;
+                break;
+              }
+              above += bins[b];
+            }
+            s_prefix = prefix | (static_cast<unsigned long long>(digit) << shift);
+            s_want = want - above;
+          }
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        want = s_want;
+        mask |= 255ull << shift;
+      }
+      const unsigned long long vstar = prefix;
+      for_each_candidate<K>(w, n, mk, [&](int i, int, unsigned long long k) {
+        if (k > vstar)
+          ++cnt[i];
+      });
+      // Ties at v*, in (c, i) order.
+      long long need = want;
+      for (int c = mk; c < K && need > 0; ++c) {
+        auto tie = [&](int i) {
+          if (i >= n)
+            return false;
+          const float *wi = w + static_cast<long long>(i) * K;
+          double total = 0.0, covered = 0.0;
+          for (int r = 0; r < K; ++r) {
+            total += wi[r];
+            if (r < c)
+              covered += wi[r];
+          }
+          return order_key(total > 0 ? 1.0 - covered / total : 0.0) == vstar;
+        };
+        int local = 0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+          local += tie(i);
+        const int ties = block_sum(local);
+        if (ties <= need) {
+          for (int i = threadIdx.x; i < n; i += blockDim.x)
+            if (tie(i))
+              ++cnt[i];
+          need -= ties;
+        } else {
+          long long carry = 0;
+          for (int base = 0; base < n; base += blockDim.x) {
+            const int i = base + threadIdx.x;
+            const int is = tie(i);
+            int chunk = 0;
+            const int before = block_exclusive_scan(is, chunk);
+            if (is && carry + before < need)
+              ++cnt[i];
+            carry += chunk;
+          }
+          need = 0;
+        }
+      }
+    }
+    // Keep the first counts[t] candidates, renormalised.
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int kt = cnt[i];
+      const long long row = static_cast<long long>(d.begin + i) * K;
+      double sum = 0.0;
+      for (int j = 0; j < kt; ++j)
+        sum += weights[row + j];
+      const double nrm = norm_topk ? 1.0 / (sum + 1e-20) : 1.0;
+      for (int j = 0; j < K; ++j) {
+        if (j < kt) {
+          weights[row + j] =
+              static_cast<float>(static_cast<double>(weights[row + j]) * nrm *
+                                 rsf);
+        } else {
+          experts[row + j] = -1;
+          weights[row + j] = 0.0f;
+        }
+      }
+    }
+    __syncthreads(); // before the next sequence reuses the shared state
+  }
+}
+
+/// nf_moe.dispatch: counting sort of the (token, j < counts[t]) assignments
+/// by expert (layout above), in one block of DW warps. Warp w owns a
+/// contiguous range of tokens and walks it in order with lane j on the
+/// token's j-th expert: once to count per (warp, expert), then, after a scan
+/// that turns the counts into each warp's first row per expert, again to
+/// place the rows. Rows of an expert thus follow token order.
+template <int E, int K, int M, int DW>
+__device__ void moe_dispatch(const nf_step_args *a, const int32_t *experts,
+                             const int32_t *counts, int32_t *dispatch) {
+  static_assert(K <= 32, "at most 32 experts per token");
+  __shared__ int s_hist[DW][E], s_off[E];
+  if (blockIdx.x != 0)
+    return;
+  const int T = a->num_tokens, tid = threadIdx.x, lane = lane_id(),
+            warp = tid >> 5;
+  int32_t *offsets = dispatch, *row_token = dispatch + E + 1;
+  int32_t *slot_row = row_token + static_cast<long long>(T) * M;
+  const int per = (T + DW - 1) / DW;
+  const int t0 = min(T, warp * per), t1 = min(T, t0 + per);
+  for (int i = tid; i < DW * E; i += blockDim.x)
+    (&s_hist[0][0])[i] = 0;
+  __syncthreads();
+  // Expert of lane j for tokens t..t+3 (loads issued together).
+  auto fetch = [&](int t, int *e) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      e[u] = -1;
+      if (t + u < t1 && lane < K) {
+        const int x = experts[static_cast<long long>(t + u) * K + lane];
+        if (lane < counts[t + u] && x >= 0 && x < E)
+          e[u] = x;
+      }
+    }
+  };
+  if (warp < DW)
+    for (int t = t0; t < t1; t += 4) {
+      int e[4];
+      fetch(t, e);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (e[u] >= 0)
+          atomicAdd(&s_hist[warp][e[u]], 1);
+    }
+  __syncthreads();
+  for (int e = tid; e < E; e += blockDim.x) {
+    int total = 0;
+    for (int w = 0; w < DW; ++w)
+      total += s_hist[w][e];
+    s_off[e] = total;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    int carry = 0;
+    for (int e0 = 0; e0 < E; e0 += 32) {
+      const int e = e0 + lane;
+      const int c = e < E ? s_off[e] : 0;
+      int incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+          incl += u;
+      }
+      if (e < E) {
+        s_off[e] = carry + incl - c;
+        offsets[e] = carry + incl - c;
+      }
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0)
+      offsets[E] = carry;
+  }
+  __syncthreads();
+  for (int e = tid; e < E; e += blockDim.x) {
+    int base = s_off[e];
+    for (int w = 0; w < DW; ++w) {
+      const int c = s_hist[w][e];
+      s_hist[w][e] = base;
+      base += c;
+    }
+  }
+  __syncthreads();
+  if (warp < DW)
+    for (int t = t0; t < t1; t += 4) {
+      int e[4];
+      fetch(t, e);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (t + u >= t1)
+          break;
+        // A token's experts are distinct, so rows follow (token, j) order.
+        for (int j = lane; j < M; j += 32) {
+          int row = -1;
+          if (j == lane && e[u] >= 0) {
+            row = atomicAdd(&s_hist[warp][e[u]], 1);
+            row_token[row] = t + u;
+          }
+          slot_row[static_cast<long long>(t + u) * M + j] = row;
+        }
+        __syncwarp();
+      }
+    }
+}
+
+} // namespace nf
+
+#endif // NF_KERNELS_MOE_CUH

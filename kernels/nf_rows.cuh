@@ -1,0 +1,146 @@
+// Row-wise and elementwise ops: nf.embed, nf.add, nf.rms_norm (and the fused
+// add + rms_norm), nf.split, nf.activation, nf.gated_rms_norm and
+// nf_moe.combine. Rows are tokens; a->num_tokens of them are live.
+#ifndef NF_KERNELS_ROWS_CUH
+#define NF_KERNELS_ROWS_CUH
+
+#include "nf_common.cuh"
+
+namespace nf {
+
+/// out[t, :] = table[ids[t], :] (ids: the step's token ids or an i32 column).
+template <class W, int H>
+__device__ void embed(const nf_step_args *a, const int32_t *ids,
+                      const W *table, float *out) {
+  const long long n = static_cast<long long>(a->num_tokens) * H;
+  for (long long i = global_thread(); i < n; i += grid_threads()) {
+    const long long t = i / H, c = i % H;
+    out[i] = load(table, static_cast<long long>(ids[t]) * H + c);
+  }
+}
+
+/// out = x + y over COLS columns (out may alias x or y).
+template <int COLS>
+__device__ void add(const nf_step_args *a, const float *x, const float *y,
+                    float *out) {
+  const long long n = static_cast<long long>(a->num_tokens) * COLS;
+  for (long long i = global_thread(); i < n; i += grid_threads())
+    out[i] = x[i] + y[i];
+}
+
+/// out = act(x) over COLS columns.
+template <int COLS, int A>
+__device__ void activation(const nf_step_args *a, const float *x, float *out) {
+  const long long n = static_cast<long long>(a->num_tokens) * COLS;
+  for (long long i = global_thread(); i < n; i += grid_threads())
+    out[i] = activate<A>(x[i]);
+}
+
+/// out[t, 0:WIDTH] = x[t, COL0:COL0+WIDTH] for an input of IN_COLS columns.
+template <int IN_COLS, int COL0, int WIDTH>
+__device__ void copy_columns(const nf_step_args *a, const float *x,
+                             float *out) {
+  const long long n = static_cast<long long>(a->num_tokens) * WIDTH;
+  for (long long i = global_thread(); i < n; i += grid_threads()) {
+    const long long t = i / WIDTH, c = i % WIDTH;
+    out[i] = x[t * IN_COLS + COL0 + c];
+  }
+}
+
+/// One row of an RMSNorm: out = w * (x * rsqrt(mean(x^2) + eps)), the sum of
+/// squares in f64 as on the CPU. One warp per row.
+template <class W, int H>
+__device__ __forceinline__ void rms_norm_row(const float *x, const W *w,
+                                             double eps, float *out,
+                                             int lane) {
+  double ss = 0.0;
+  for (int i = lane; i < H; i += 32) {
+    const double v = x[i];
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  const float r =
+      static_cast<float>(1.0 / sqrt(ss / static_cast<double>(H) + eps));
+  for (int i = lane; i < H; i += 32)
+    out[i] = load(w, i) * (x[i] * r);
+}
+
+template <class W, int H>
+__device__ void rms_norm(const nf_step_args *a, const float *x, const W *w,
+                         double eps, float *out) {
+  const int T = a->num_tokens, lane = lane_id();
+  for (long long t = global_warp(); t < T; t += grid_warps())
+    rms_norm_row<W, H>(x + t * H, w, eps, out + t * H, lane);
+}
+
+/// sum = x + y; out = rms_norm(sum). One warp per row; each lane reads back
+/// only the elements it wrote.
+template <class W, int H>
+__device__ void add_rms_norm(const nf_step_args *a, const float *x,
+                             const float *y, float *sum, const W *w,
+                             double eps, float *out) {
+  const int T = a->num_tokens, lane = lane_id();
+  for (long long t = global_warp(); t < T; t += grid_warps()) {
+    const float *xr = x + t * H, *yr = y + t * H;
+    float *sr = sum + t * H;
+    for (int i = lane; i < H; i += 32)
+      sr[i] = xr[i] + yr[i];
+    rms_norm_row<W, H>(sr, w, eps, out + t * H, lane);
+  }
+}
+
+/// Gated grouped RMSNorm (norm after gate): u = y * silu(z), normalised per
+/// group of I/G features, times w. One warp per (token, group).
+template <class W, int I, int G>
+__device__ void gated_rms_norm(const nf_step_args *a, const float *y,
+                               const float *z, const W *w, double eps,
+                               float *out) {
+  constexpr int GS = I / G;
+  const long long items = static_cast<long long>(a->num_tokens) * G;
+  const int lane = lane_id();
+  for (long long item = global_warp(); item < items; item += grid_warps()) {
+    const long long t = item / G;
+    const int q = static_cast<int>(item % G);
+    const long long base = t * I + static_cast<long long>(q) * GS;
+    double ss = 0.0;
+    for (int i = lane; i < GS; i += 32) {
+      const double u = y[base + i] * silu(z[base + i]);
+      ss += u * u;
+    }
+    ss = warp_sum(ss);
+    const float r =
+        static_cast<float>(1.0 / sqrt(ss / static_cast<double>(GS) + eps));
+    for (int i = lane; i < GS; i += 32) {
+      const float u = y[base + i] * silu(z[base + i]);
+      out[base + i] = load(w, q * GS + i) * (u * r);
+    }
+  }
+}
+
+/// nf_moe.combine: out[t] = sum_j w[t, j] * rows[slotRow[t, j]] in j order
+/// (f32), skipping unused slots. The dispatch layout is that of nf_moe.cuh.
+template <int HE, int KW, int E, int M>
+__device__ void moe_combine(const nf_step_args *a, const float *rows,
+                            const int32_t *dispatch, const float *w,
+                            float *out) {
+  const int T = a->num_tokens;
+  const int32_t *slot_row =
+      dispatch + E + 1 + static_cast<long long>(T) * M;
+  const long long n = static_cast<long long>(T) * HE;
+  for (long long i = global_thread(); i < n; i += grid_threads()) {
+    const long long t = i / HE, c = i % HE;
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int j = 0; j < KW; ++j) {
+      const int32_t row = slot_row[t * M + j];
+      if (row < 0)
+        continue;
+      acc += w[t * KW + j] * rows[static_cast<long long>(row) * HE + c];
+    }
+    out[i] = acc;
+  }
+}
+
+} // namespace nf
+
+#endif // NF_KERNELS_ROWS_CUH

@@ -1,0 +1,1085 @@
+// The CUDA backend of nf::Engine (see cuda_engine.h).
+#include "cuda/cuda_engine.h"
+
+#include "engine/plan_common.h"
+#include "nf_abi.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string_view>
+#include <unordered_map>
+
+namespace nf::engine {
+
+namespace fb = flatbuffers;
+namespace pl = nf::plan;
+using namespace nf::cuda;
+
+bool planTargetsCuda(const PlanFile &pf) {
+  const pl::Target *t = pf.plan->target();
+  return t && t->backend() && t->backend()->string_view() == "cuda";
+}
+
+namespace {
+
+constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+const pl::Step *stepOf(const pl::Plan &plan, int i) {
+  return i == 0 ? plan.prefill() : plan.decode();
+}
+const char *phaseOf(int i) { return i == 0 ? "prefill" : "decode"; }
+
+std::string kernelWhere(const PlanFile &pf, int phase, fb::uoffset_t k,
+                        const pl::Kernel &kernel) {
+  return pf.path + ": " + phaseOf(phase) + " kernel " + std::to_string(k) +
+         " '" + (kernel.name() ? kernel.name()->str() : "") + "'";
+}
+
+int deviceOrdinal(const EngineOptions &options) {
+  if (options.cudaDevice >= 0)
+    return options.cudaDevice;
+  if (const char *env = std::getenv("NF_CUDA_DEVICE"); env && *env) {
+    char *end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end && *end == '\0' && v >= 0 && v < 1024)
+      return static_cast<int>(v);
+  }
+  return 0;
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------
+// Probe
+
+StatusOr<std::unique_ptr<CudaProbe>> probeCuda(const PlanFile &pf,
+                                               const EngineOptions &options) {
+  if (!planTargetsCuda(pf)) {
+    const pl::Target *t = pf.plan->target();
+    const std::string target =
+        t && t->backend() ? t->backend()->str() : std::string("none");
+    return Status::error(pf.path + " has no CUDA binaries (target '" + target +
+                         "'; compile it with nfc compile --target=cuda)");
+  }
+  StatusOr<const Driver *> d = loadDriver(options.cudaDriver);
+  if (!d)
+    return d.status();
+  StatusOr<DeviceInfo> dev = queryDevice(**d, deviceOrdinal(options));
+  if (!dev)
+    return dev.status();
+  auto probe = std::make_unique<CudaProbe>();
+  probe->driver = *d;
+  probe->device = *dev;
+  const std::string arch = dev->arch();
+  const pl::Plan &plan = *pf.plan;
+  for (int phase = 0; phase < 2; ++phase) {
+    const pl::Step *step = stepOf(plan, phase);
+    if (!step->kernels())
+      continue;
+    auto &images = probe->images[phase];
+    for (fb::uoffset_t k = 0; k < step->kernels()->size(); ++k) {
+      const pl::Kernel &kernel = *step->kernels()->Get(k);
+      CudaProbe::Image img;
+      if (kernel.launches() && kernel.launches()->size() > 0) {
+        const std::string where = kernelWhere(pf, phase, k, kernel);
+        const auto *archs = kernel.cubin_archs();
+        const auto *cubins = kernel.cubins();
+        const size_t na = archs ? archs->size() : 0;
+        const size_t nc = cubins ? cubins->size() : 0;
+        if (na != nc)
+          return Status::error(where + ": " + std::to_string(na) +
+                               " cubin architectures for " +
+                               std::to_string(nc) + " cubins");
+        // The device's own architecture, else its arch-specific variant.
+        for (const std::string &want : {arch, arch + "a"}) {
+          for (size_t i = 0; i < na && !img.data; ++i) {
+            const pl::CubinBlob *blob = cubins->Get(static_cast<uint32_t>(i));
+            if (archs->Get(static_cast<uint32_t>(i))->string_view() == want &&
+                blob && blob->data() && blob->data()->size() > 0) {
+              img.data = blob->data()->data();
+              img.size = blob->data()->size();
+            }
+          }
+          if (img.data)
+            break;
+        }
+        if (!img.data && kernel.ptx() && kernel.ptx()->size() > 0) {
+          img.data = kernel.ptx()->c_str();
+          img.size = kernel.ptx()->size() + 1;
+          img.ptx = true;
+        }
+        if (!img.data) {
+          std::string have;
+          for (size_t i = 0; i < na; ++i)
+            have += (have.empty() ? "" : ", ") +
+                    archs->Get(static_cast<uint32_t>(i))->str();
+          return Status::error(where + " has no cubin for " + arch +
+                               (have.empty() ? "" : " (only " + have + ")") +
+                               " and no PTX");
+        }
+        (img.ptx ? probe->ptx : probe->cubins) += 1;
+      }
+      images.push_back(img);
+    }
+  }
+  return probe;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// The engine
+
+struct LaunchInfo {
+  CUfunction fn = nullptr;
+  unsigned grid = 0, block = 0, shared = 0;
+  bool cooperative = false;
+  std::string where;
+};
+
+/// The select results of one MoE layer, copied aside after the kernel that
+/// computes them.
+struct StatCopy {
+  size_t afterLaunch = 0; // launches that run before the copy
+  int32_t layer = 0;      // MoE layer (select ordinal)
+  int32_t k = 0;          // experts per token (columns of `experts`)
+  int64_t countsOffset = 0, expertsOffset = 0; // arena byte offsets
+};
+
+struct Program : StepValues {
+  std::vector<LaunchInfo> launches;
+  std::vector<StatCopy> copies; // by afterLaunch
+  bool statsAvailable = true;
+};
+
+/// Byte offsets of the per-run arrays in the step-argument buffers (the
+/// same in pinned host staging and in device memory).
+struct ArgsLayout {
+  size_t tokens = 0, budget = 0, seqs = 0, tokenSeq = 0, pages = 0, end = 0;
+  int64_t maxRows = 0, maxSeqs = 0, maxPages = 0;
+};
+
+struct Gpu {
+  Stream stream;
+  std::vector<Module> modules;
+  DeviceBuffer arena;
+  DeviceBuffer weights;    // every weight, 256-byte aligned
+  DeviceBuffer weightPtrs; // const void *[num weights]
+  std::vector<DeviceBuffer> storage; // per Plan.storage entry: two buffers
+  DeviceBuffer storagePtrs;          // void *[2 * num storage]
+  DeviceBuffer args;                 // nf_step_args + per-run arrays
+  PinnedBuffer staging;              // its host image
+  DeviceBuffer stats;                // select results, [layer] counts, experts
+  PinnedBuffer statsHost;
+  Graph decodeGraph;
+  GraphExec decodeExec;
+};
+
+class CudaEngine final : public Engine {
+public:
+  CudaEngine(std::unique_ptr<PlanFile> plan,
+             std::unique_ptr<BoundWeights> weights,
+             std::unique_ptr<CudaProbe> probe)
+      : plan_(std::move(plan)), weights_(std::move(weights)),
+        probe_(std::move(probe)), d_(probe_->driver) {}
+  ~CudaEngine() override {
+    if (gpu_ && ctx_.get()) {
+      ContextScope scope(*d_, ctx_.get());
+      if (gpu_->stream)
+        (void)d_->cuStreamSynchronize(gpu_->stream.get());
+      gpu_.reset();
+    }
+  }
+
+  Status init(const EngineOptions &options);
+
+  const ModelInfo &info() const override { return info_; }
+  StatusOr<int32_t> addSequence() override;
+  Status removeSequence(int32_t sequence) override;
+  int64_t sequenceLength(int32_t sequence) const override;
+  const std::vector<std::vector<int64_t>> &expertUtilization() const override {
+    return utilization_;
+  }
+  void resetExpertUtilization() override {
+    for (auto &layer : utilization_)
+      std::fill(layer.begin(), layer.end(), 0);
+  }
+  Status step(std::span<const SequenceInput> inputs, LogitsFor which,
+              std::vector<float> &logits, StepStats *stats) override;
+
+private:
+  Status readPrograms();
+  Status loadKernels();
+  Status allocate();
+  Status uploadWeights();
+  Status captureDecode();
+  Status enqueue(const Program &p, int64_t rows);
+  Status runProgram(const Program &p, std::span<const SequenceInput> inputs,
+                    std::span<const Chunk> chunks, LogitsFor which,
+                    std::span<const int64_t> tokenBase, float *logitsOut,
+                    StepStats *stats, int32_t expertsPerToken);
+  std::string where() const { return plan_->path + ": CUDA"; }
+
+  std::unique_ptr<PlanFile> plan_;
+  std::unique_ptr<BoundWeights> weights_; // released after the upload
+  std::unique_ptr<CudaProbe> probe_;
+  const Driver *d_;
+  ModelInfo info_;
+  StorageLayout storage_;
+  Program programs_[2]; // prefill, decode
+  Program &prefill_ = programs_[0];
+  Program &decode_ = programs_[1];
+  ArgsLayout layout_;
+  int32_t maxExpertsOverride_ = 0;
+  int32_t maxK_ = 0; // largest k of any select (stats buffer columns)
+  std::vector<std::vector<int64_t>> utilization_;
+  // Sequence bookkeeping as the CPU backend's: slots, lengths, page tables
+  // (cpu::Caches without state memory: the state lives on the device).
+  cpu::Caches book_;
+  std::unordered_map<int32_t, int32_t> slotOf_;
+  int32_t nextSequenceId_ = 0;
+  // Device objects: the context first, so that it is released last.
+  Context ctx_;
+  std::unique_ptr<Gpu> gpu_;
+  std::vector<int32_t> tokenInput_; // per row of the run in progress
+};
+
+// ---------------------------------------------------------------------------
+// Load
+
+Status CudaEngine::readPrograms() {
+  const pl::Plan &plan = *plan_->plan;
+  const int64_t numWeights = static_cast<int64_t>(weights_->weights.size());
+  for (int phase = 0; phase < 2; ++phase)
+    if (Status s = readStepValues(*plan_, stepOf(plan, phase), phaseOf(phase),
+                                  numWeights, info_.vocabSize,
+                                  programs_[phase]);
+        !s)
+      return s;
+
+  // MoE layers: the select ops, numbered in program order as on the CPU;
+  // the model's k is the smallest top_k.
+  for (int phase = 0; phase < 2; ++phase) {
+    Program &p = programs_[phase];
+    const pl::Step &step = *stepOf(plan, phase);
+    const int32_t nv = static_cast<int32_t>(p.values.size());
+    int32_t moe = 0;
+    size_t launchesSoFar = 0;
+    for (fb::uoffset_t k = 0; k < step.kernels()->size(); ++k) {
+      const pl::Kernel &kernel = *step.kernels()->Get(k);
+      launchesSoFar += kernel.launches() ? kernel.launches()->size() : 0;
+      if (!kernel.ops())
+        continue;
+      auto isOutput = [&](int32_t v) {
+        if (!kernel.outputs())
+          return false;
+        for (int32_t o : *kernel.outputs())
+          if (o == v)
+            return true;
+        return false;
+      };
+      const auto &ops = *kernel.ops();
+      // Whether `v` is intact when the kernel ends: one of its outputs, or
+      // a value no later op of the kernel (after op `j`) writes over.
+      auto intactAtEnd = [&](int32_t v, fb::uoffset_t j) {
+        if (isOutput(v))
+          return true;
+        const ValueInfo &vi = p.values[v];
+        for (fb::uoffset_t later = j + 1; later < ops.size(); ++later) {
+          const auto *res = ops.Get(later)->results();
+          if (!res)
+            continue;
+          for (int32_t r : *res) {
+            if (r < 0 || r >= nv)
+              return false;
+            const ValueInfo &ri = p.values[r];
+            if (ri.kind != pl::ValueKind::Tensor &&
+                ri.kind != pl::ValueKind::Dispatch)
+              continue;
+            if (ri.offset < vi.offset + vi.bytes &&
+                vi.offset < ri.offset + ri.bytes)
+              return false;
+          }
+        }
+        return true;
+      };
+      for (fb::uoffset_t j = 0; j < ops.size(); ++j) {
+        const pl::Op *op = ops.Get(j);
+        if (!op->name() || op->name()->string_view() != "nf_moe.select")
+          continue;
+        const std::string ctx = kernelWhere(*plan_, phase, k, kernel) +
+                                " op nf_moe.select";
+        std::optional<int64_t> topK = intAttr(*op, "top_k");
+        if (!topK || *topK <= 0 || *topK > 4096)
+          return Status::error(ctx + ": missing or bad attribute 'top_k'");
+        const int32_t K = static_cast<int32_t>(*topK);
+        const auto *in = op->operands();
+        const auto *out = op->results();
+        if (!in || in->size() < 1 || in->Get(0) < 0 || in->Get(0) >= nv ||
+            p.values[in->Get(0)].kind != pl::ValueKind::Tensor)
+          return Status::error(ctx + ": expects scores as its first operand");
+        info_.numExperts = std::max<int32_t>(
+            info_.numExperts,
+            static_cast<int32_t>(p.values[in->Get(0)].cols));
+        maxExpertsOverride_ =
+            maxExpertsOverride_ == 0 ? K : std::min(maxExpertsOverride_, K);
+        maxK_ = std::max(maxK_, K);
+        const int32_t layer = moe++;
+        // Statistics: experts [T, k] and counts [T], i32, in the arena when
+        // the kernel ends.
+        auto isI32Rows = [&](int32_t v, int64_t cols) {
+          return v >= 0 && v < nv &&
+                 p.values[v].kind == pl::ValueKind::Tensor &&
+                 p.values[v].dtype == pl::DType::I32 &&
+                 p.values[v].rows == pl::Rows::Tokens &&
+                 p.values[v].cols == cols;
+        };
+        if (out && out->size() == 3 && isI32Rows(out->Get(0), K) &&
+            isI32Rows(out->Get(2), 1) && intactAtEnd(out->Get(0), j) &&
+            intactAtEnd(out->Get(2), j) && kernel.launches() &&
+            kernel.launches()->size() > 0) {
+          StatCopy c;
+          c.afterLaunch = launchesSoFar;
+          c.layer = layer;
+          c.k = K;
+          c.countsOffset = p.values[out->Get(2)].offset;
+          c.expertsOffset = p.values[out->Get(0)].offset;
+          p.copies.push_back(c);
+        } else {
+          p.statsAvailable = false;
+        }
+      }
+    }
+    info_.numMoeLayers = std::max(info_.numMoeLayers, moe);
+  }
+  info_.topK = maxExpertsOverride_;
+  info_.expertStats = prefill_.statsAvailable && decode_.statsAvailable;
+  utilization_.assign(
+      static_cast<size_t>(info_.numMoeLayers),
+      std::vector<int64_t>(static_cast<size_t>(info_.numExperts), 0));
+  return Status::success();
+}
+
+Status CudaEngine::loadKernels() {
+  const pl::Plan &plan = *plan_->plan;
+  const DeviceInfo &dev = probe_->device;
+  Gpu &g = *gpu_;
+  // Kernels with identical images share a module.
+  std::unordered_map<std::string_view, size_t> moduleOf;
+  for (int phase = 0; phase < 2; ++phase) {
+    const pl::Step &step = *stepOf(plan, phase);
+    Program &p = programs_[phase];
+    const auto &images = probe_->images[phase];
+    for (fb::uoffset_t k = 0; k < step.kernels()->size(); ++k) {
+      const pl::Kernel &kernel = *step.kernels()->Get(k);
+      if (!kernel.launches() || kernel.launches()->size() == 0)
+        continue;
+      const std::string kwhere = kernelWhere(*plan_, phase, k, kernel);
+      const CudaProbe::Image &img = images[k];
+      const std::string_view key(static_cast<const char *>(img.data),
+                                 img.size);
+      auto it = moduleOf.find(key);
+      if (it == moduleOf.end()) {
+        StatusOr<Module> m = loadModule(*d_, img.data, img.size, img.ptx);
+        if (!m)
+          return Status::error(kwhere + ": " + m.message());
+        g.modules.push_back(std::move(*m));
+        it = moduleOf.emplace(key, g.modules.size() - 1).first;
+      }
+      const CUmodule module = g.modules[it->second].get();
+      for (fb::uoffset_t j = 0; j < kernel.launches()->size(); ++j) {
+        const pl::Launch &l = *kernel.launches()->Get(j);
+        LaunchInfo li;
+        li.where = kwhere + " launch " + std::to_string(j);
+        if (!l.function() || l.function()->size() == 0)
+          return Status::error(li.where + ": no function name");
+        li.where += " (" + l.function()->str() + ")";
+        li.grid = l.grid();
+        li.block = l.block();
+        li.shared = l.shared_bytes();
+        li.cooperative = l.cooperative();
+        if (li.grid == 0 || li.grid > 0x7fffffffu || li.block == 0 ||
+            static_cast<int64_t>(li.block) > dev.maxThreadsPerBlock)
+          return Status::error(li.where + ": launch shape " +
+                               std::to_string(li.grid) + " x " +
+                               std::to_string(li.block) +
+                               " is not valid on this device (at most " +
+                               std::to_string(dev.maxThreadsPerBlock) +
+                               " threads per block)");
+        if (static_cast<int64_t>(li.shared) > dev.maxSharedPerBlockOptin)
+          return Status::error(li.where + ": " + std::to_string(li.shared) +
+                               " bytes of shared memory; the device allows " +
+                               std::to_string(dev.maxSharedPerBlockOptin));
+        if (Status s = d_->check(d_->cuModuleGetFunction(
+                                     &li.fn, module, l.function()->c_str()),
+                                 "cuModuleGetFunction");
+            !s)
+          return Status::error(li.where + ": " + s.message());
+        if (li.shared > 48 * 1024)
+          if (Status s = d_->check(
+                  d_->cuFuncSetAttribute(
+                      li.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                      static_cast<int>(li.shared)),
+                  "cuFuncSetAttribute");
+              !s)
+            return Status::error(li.where + ": " + s.message());
+        if (li.cooperative) {
+          if (!dev.cooperativeLaunch)
+            return Status::error(li.where + ": needs cooperative launches, "
+                                            "which the device does not "
+                                            "support");
+          int perSm = 0;
+          if (Status s = d_->check(
+                  d_->cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                      &perSm, li.fn, static_cast<int>(li.block), li.shared),
+                  "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+              !s)
+            return Status::error(li.where + ": " + s.message());
+          const int64_t resident =
+              static_cast<int64_t>(perSm) * dev.multiprocessors;
+          if (static_cast<int64_t>(li.grid) > resident)
+            return Status::error(
+                li.where + ": cooperative grid of " + std::to_string(li.grid) +
+                " blocks exceeds the " + std::to_string(resident) +
+                " that can be resident at once on this device");
+        }
+        p.launches.push_back(std::move(li));
+      }
+    }
+  }
+  return Status::success();
+}
+
+/// Every weight to the device, in stream order (all uploads go through
+/// `stream`: copies on the legacy stream would not be ordered with it).
+Status CudaEngine::uploadWeights() {
+  Gpu &g = *gpu_;
+  CUstream stream = g.stream.get();
+  const auto &ws = weights_->weights;
+  std::vector<size_t> offsets(ws.size());
+  std::vector<size_t> sizes(ws.size());
+  size_t total = 0;
+  const pl::Plan &plan = *plan_->plan;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    size_t n = 1;
+    for (int64_t d : ws[i].shape)
+      n *= static_cast<size_t>(d);
+    sizes[i] = n * dtypeSize(toDType(plan.weights()->Get(
+                       static_cast<fb::uoffset_t>(i))->dtype()));
+    offsets[i] = total;
+    total += align256(sizes[i]);
+  }
+  StatusOr<DeviceBuffer> buf = allocDevice(*d_, total);
+  if (!buf)
+    return Status::error(where() + ": weights: " + buf.message());
+  g.weights = std::move(*buf);
+  std::vector<CUdeviceptr> ptrs(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const BoundWeight &w = ws[i];
+    const CUdeviceptr dst = g.weights.ptr() + offsets[i];
+    ptrs[i] = dst;
+    const std::string ctx = where() + ": uploading weight " + std::to_string(i);
+    if (w.view.valid()) {
+      if (Status s = d_->check(d_->cuMemcpyHtoDAsync(dst, w.view.data,
+                                                     sizes[i], stream),
+                               "cuMemcpyHtoDAsync");
+          !s)
+        return Status::error(ctx + ": " + s.message());
+      continue;
+    }
+    // Stacked from one tensor per expert: contiguous [E, ...].
+    if (w.experts.empty() || sizes[i] % w.experts.size() != 0)
+      return Status::error(ctx + ": no data");
+    const size_t each = sizes[i] / w.experts.size();
+    for (size_t e = 0; e < w.experts.size(); ++e) {
+      const WeightView &v = w.experts[e];
+      if (static_cast<size_t>(v.numElements()) * v.elementSize() != each)
+        return Status::error(ctx + ": expert " + std::to_string(e) +
+                             " has the wrong size");
+      if (Status s = d_->check(
+              d_->cuMemcpyHtoDAsync(dst + e * each, v.data, each, stream),
+              "cuMemcpyHtoDAsync");
+          !s)
+        return Status::error(ctx + ": " + s.message());
+    }
+  }
+  StatusOr<DeviceBuffer> table =
+      allocDevice(*d_, std::max<size_t>(ptrs.size(), 1) * sizeof(CUdeviceptr));
+  if (!table)
+    return Status::error(where() + ": weight table: " + table.message());
+  g.weightPtrs = std::move(*table);
+  if (!ptrs.empty())
+    if (Status s = d_->check(
+            d_->cuMemcpyHtoDAsync(g.weightPtrs.ptr(), ptrs.data(),
+                                  ptrs.size() * sizeof(CUdeviceptr), stream),
+            "cuMemcpyHtoDAsync");
+        !s)
+      return Status::error(where() + ": weight table: " + s.message());
+  // The sources (the table, the mapped checkpoint) must outlive the copies.
+  if (Status s = d_->check(d_->cuStreamSynchronize(stream),
+                           "cuStreamSynchronize");
+      !s)
+    return Status::error(where() + ": uploading the weights: " + s.message());
+  return Status::success();
+}
+
+Status CudaEngine::allocate() {
+  Gpu &g = *gpu_;
+  CUstream stream = g.stream.get();
+  auto alloc = [&](DeviceBuffer &out, size_t bytes, const char *what,
+                   bool zero) -> Status {
+    StatusOr<DeviceBuffer> b = allocDevice(*d_, bytes);
+    if (!b)
+      return Status::error(where() + ": " + what + ": " + b.message());
+    out = std::move(*b);
+    if (zero)
+      if (Status s = d_->check(d_->cuMemsetD8Async(out.ptr(), 0,
+                                                   std::max<size_t>(bytes, 1),
+                                                   stream),
+                               "cuMemsetD8Async");
+          !s)
+        return Status::error(where() + ": " + what + ": " + s.message());
+    return Status::success();
+  };
+
+  // The arena.
+  const int64_t arena =
+      std::max(prefill_.arenaBytes + prefill_.scratchBytes,
+               decode_.arenaBytes + decode_.scratchBytes);
+  if (Status s = alloc(g.arena, static_cast<size_t>(std::max<int64_t>(arena, 1)),
+                       "arena", true);
+      !s)
+    return s;
+
+  // State: two buffers per storage entry.
+  const int64_t slots = storage_.cache.numSlots;
+  std::vector<CUdeviceptr> sptrs;
+  for (const StorageInfo &si : storage_.entries) {
+    size_t a = 0, b = 0;
+    if (si.kind == pl::StorageKind::KVCache) {
+      a = b = static_cast<size_t>(storage_.cache.numPages) *
+              static_cast<size_t>(storage_.cache.pageSize) *
+              static_cast<size_t>(si.kv.numKvHeads * si.kv.headDim) *
+              sizeof(float);
+    } else {
+      a = static_cast<size_t>(slots * si.mamba.convStateSize()) * sizeof(float);
+      b = static_cast<size_t>(slots * si.mamba.ssmStateSize()) * sizeof(float);
+    }
+    for (size_t bytes : {a, b}) {
+      DeviceBuffer buf;
+      if (Status s = alloc(buf, bytes, "state", true); !s)
+        return s;
+      sptrs.push_back(buf.ptr());
+      g.storage.push_back(std::move(buf));
+    }
+  }
+  if (Status s = alloc(g.storagePtrs,
+                       std::max<size_t>(sptrs.size(), 1) * sizeof(CUdeviceptr),
+                       "state table", false);
+      !s)
+    return s;
+  if (!sptrs.empty())
+    if (Status s = d_->check(
+            d_->cuMemcpyHtoDAsync(g.storagePtrs.ptr(), sptrs.data(),
+                                  sptrs.size() * sizeof(CUdeviceptr), stream),
+            "cuMemcpyHtoDAsync");
+        !s)
+      return Status::error(where() + ": state table: " + s.message());
+  // `sptrs` must outlive its copy.
+  if (Status s = d_->check(d_->cuStreamSynchronize(stream),
+                           "cuStreamSynchronize");
+      !s)
+    return Status::error(where() + ": state table: " + s.message());
+
+  // Step arguments: the struct, then the per-run arrays. A run has at most
+  // max_tokens rows and at most one sequence per row or per slot; a page
+  // table row holds at most every page.
+  ArgsLayout &L = layout_;
+  L.maxRows = std::max(prefill_.maxTokens, decode_.maxTokens);
+  L.maxSeqs = std::min<int64_t>(L.maxRows, slots);
+  L.maxPages = storage_.hasAttention ? storage_.cache.numPages : 1;
+  size_t at = align256(sizeof(nf_step_args));
+  auto take = [&](size_t &off, size_t bytes) {
+    off = at;
+    at += align256(bytes);
+  };
+  const size_t R = static_cast<size_t>(L.maxRows);
+  const size_t S = static_cast<size_t>(L.maxSeqs);
+  take(L.tokens, R * sizeof(int32_t));
+  take(L.budget, R * sizeof(float));
+  take(L.seqs, S * sizeof(nf_seq_desc));
+  take(L.tokenSeq, R * sizeof(int32_t));
+  take(L.pages, S * static_cast<size_t>(L.maxPages) * sizeof(int32_t));
+  L.end = at;
+  if (Status s = alloc(g.args, L.end, "step arguments", true); !s)
+    return s;
+  StatusOr<PinnedBuffer> staging = allocPinned(*d_, L.end);
+  if (!staging)
+    return Status::error(where() + ": step arguments: " + staging.message());
+  g.staging = std::move(*staging);
+  std::memset(g.staging.data(), 0, L.end);
+
+  // Expert statistics: per MoE layer, counts [R] then experts [R, max k].
+  if (info_.numMoeLayers > 0 && info_.expertStats) {
+    const size_t bytes = static_cast<size_t>(info_.numMoeLayers) * R *
+                         (1 + static_cast<size_t>(maxK_)) * sizeof(int32_t);
+    if (Status s = alloc(g.stats, bytes, "expert statistics", true); !s)
+      return s;
+    StatusOr<PinnedBuffer> host = allocPinned(*d_, bytes);
+    if (!host)
+      return Status::error(where() + ": expert statistics: " + host.message());
+    g.statsHost = std::move(*host);
+  }
+  return Status::success();
+}
+
+/// The program's kernels (and statistics copies) into the stream; `rows`:
+/// rows of the select results to copy.
+Status CudaEngine::enqueue(const Program &p, int64_t rows) {
+  Gpu &g = *gpu_;
+  CUstream stream = g.stream.get();
+  const size_t R = static_cast<size_t>(layout_.maxRows);
+  const size_t L = static_cast<size_t>(info_.numMoeLayers);
+  size_t c = 0;
+  for (size_t i = 0; i <= p.launches.size(); ++i) {
+    for (; c < p.copies.size() && p.copies[c].afterLaunch == i; ++c) {
+      if (g.stats.ptr() == 0)
+        continue;
+      const StatCopy &sc = p.copies[c];
+      const CUdeviceptr counts =
+          g.stats.ptr() + static_cast<size_t>(sc.layer) * R * sizeof(int32_t);
+      const CUdeviceptr experts =
+          g.stats.ptr() +
+          (L * R + static_cast<size_t>(sc.layer) * R *
+                       static_cast<size_t>(maxK_)) *
+              sizeof(int32_t);
+      const size_t n = static_cast<size_t>(rows);
+      if (Status s = d_->check(
+              d_->cuMemcpyDtoDAsync(counts, g.arena.ptr() + sc.countsOffset,
+                                    n * sizeof(int32_t), stream),
+              "cuMemcpyDtoDAsync");
+          !s)
+        return Status::error(where() + ": expert statistics: " + s.message());
+      if (Status s = d_->check(
+              d_->cuMemcpyDtoDAsync(experts, g.arena.ptr() + sc.expertsOffset,
+                                    n * static_cast<size_t>(sc.k) *
+                                        sizeof(int32_t),
+                                    stream),
+              "cuMemcpyDtoDAsync");
+          !s)
+        return Status::error(where() + ": expert statistics: " + s.message());
+    }
+    if (i == p.launches.size())
+      break;
+    const LaunchInfo &l = p.launches[i];
+    if (Status s = launch(*d_, l.fn, l.grid, l.block, l.shared, l.cooperative,
+                          stream, g.args.ptr());
+        !s)
+      return Status::error(l.where + ": " + s.message());
+  }
+  return Status::success();
+}
+
+Status CudaEngine::captureDecode() {
+  Gpu &g = *gpu_;
+  CUstream stream = g.stream.get();
+  if (Status s = d_->check(d_->cuStreamBeginCapture(
+                               stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                           "cuStreamBeginCapture");
+      !s)
+    return Status::error(where() + ": capturing the decode graph: " +
+                         s.message());
+  Status enq = enqueue(decode_, decode_.maxTokens);
+  CUgraph graph = nullptr;
+  Status end = d_->check(d_->cuStreamEndCapture(stream, &graph),
+                         "cuStreamEndCapture");
+  if (graph)
+    g.decodeGraph = Graph(*d_, graph);
+  if (!enq)
+    return Status::error(where() + ": capturing the decode graph: " +
+                         enq.message());
+  if (!end)
+    return Status::error(where() + ": capturing the decode graph: " +
+                         end.message());
+  CUgraphExec exec = nullptr;
+  if (Status s =
+          d_->check(d_->cuGraphInstantiateWithFlags(&exec, graph, 0),
+                    "cuGraphInstantiateWithFlags");
+      !s)
+    return Status::error(where() + ": instantiating the decode graph: " +
+                         s.message());
+  g.decodeExec = GraphExec(*d_, exec);
+  return Status::success();
+}
+
+Status CudaEngine::init(const EngineOptions &options) {
+  if (Status s = readModelInfo(*plan_, *weights_, info_); !s)
+    return s;
+  StatusOr<StorageLayout> layout =
+      readStorage(*plan_, options, info_.maxDecodeTokens, "CUDA");
+  if (!layout)
+    return layout.status();
+  storage_ = std::move(*layout);
+  info_.maxSequences = storage_.cache.numSlots;
+  info_.maxContext = storage_.maxContext;
+  {
+    // Bookkeeping only: no Mamba layers, and one KV layer of zero size that
+    // makes the page allocator hand out page ids.
+    std::vector<cpu::KvLayerShape> kv;
+    if (storage_.hasAttention)
+      kv.push_back({0, 0});
+    StatusOr<cpu::Caches> book =
+        cpu::Caches::create({}, kv, storage_.cache);
+    if (!book)
+      return Status::error(plan_->path + ": " + book.message());
+    book_ = std::move(*book);
+  }
+  if (Status s = readPrograms(); !s)
+    return s;
+
+  const DeviceInfo &dev = probe_->device;
+  StatusOr<Context> ctx = Context::retain(*d_, dev.device);
+  if (!ctx)
+    return Status::error(where() + ": " + ctx.message());
+  ctx_ = std::move(*ctx);
+  ContextScope scope(*d_, ctx_.get());
+  if (!scope.status())
+    return Status::error(where() + ": " + scope.status().message());
+  gpu_ = std::make_unique<Gpu>();
+  StatusOr<Stream> stream = createStream(*d_);
+  if (!stream)
+    return Status::error(where() + ": " + stream.message());
+  gpu_->stream = std::move(*stream);
+  if (Status s = loadKernels(); !s)
+    return s;
+  if (Status s = allocate(); !s)
+    return s;
+  if (Status s = uploadWeights(); !s)
+    return s;
+  // A decode program that cannot be captured (a driver without capturable
+  // cooperative launches, say) still runs, launch by launch: the reason is
+  // kept in ModelInfo::device.
+  std::string graphNote;
+  if (options.cudaGraphs)
+    if (Status s = captureDecode(); !s) {
+      gpu_->decodeExec.reset();
+      gpu_->decodeGraph.reset();
+      graphNote = " (graph capture failed: " + s.message() + ")";
+    }
+  if (Status s = d_->check(d_->cuStreamSynchronize(gpu_->stream.get()),
+                           "cuStreamSynchronize");
+      !s)
+    return Status::error(where() + ": " + s.message());
+
+  info_.backend = "cuda";
+  const double gib = static_cast<double>(dev.totalMemory) / (1u << 30);
+  char mem[32];
+  std::snprintf(mem, sizeof mem, "%.0f GiB", gib);
+  info_.device = dev.name + " (" + dev.arch() + ", " +
+                 std::to_string(dev.multiprocessors) + " SMs, " + mem +
+                 "; driver " + std::to_string(d_->version / 1000) + "." +
+                 std::to_string(d_->version % 1000 / 10) + "); kernels: " +
+                 std::to_string(probe_->cubins) + " cubin, " +
+                 std::to_string(probe_->ptx) + " PTX JIT; decode " +
+                 (gpu_->decodeExec ? "graph" : "launches") + graphNote +
+                 (info_.numMoeLayers > 0 && !info_.expertStats
+                      ? "; no expert statistics"
+                      : "");
+  // The device holds the weights now: unmap the checkpoint.
+  weights_.reset();
+  return Status::success();
+}
+
+// ---------------------------------------------------------------------------
+// Sequences
+
+StatusOr<int32_t> CudaEngine::addSequence() {
+  if (nextSequenceId_ == std::numeric_limits<int32_t>::max())
+    return Status::error("engine: sequence ids exhausted");
+  StatusOr<int32_t> slot = book_.addSequence();
+  if (!slot)
+    return Status::error("engine: all " + std::to_string(info_.maxSequences) +
+                         " sequence slots are in use");
+  // A fresh recurrent state: zero the slot of every Mamba layer (in stream
+  // order, before the sequence's first step).
+  ContextScope scope(*d_, ctx_.get());
+  Status st = scope.status();
+  size_t buffer = 0;
+  for (const StorageInfo &si : storage_.entries) {
+    if (si.kind == pl::StorageKind::MambaState && st) {
+      const size_t conv =
+          static_cast<size_t>(si.mamba.convStateSize()) * sizeof(float);
+      const size_t ssm =
+          static_cast<size_t>(si.mamba.ssmStateSize()) * sizeof(float);
+      const size_t s = static_cast<size_t>(*slot);
+      st = d_->check(
+          d_->cuMemsetD8Async(gpu_->storage[buffer].ptr() + s * conv, 0, conv,
+                              gpu_->stream.get()),
+          "cuMemsetD8Async");
+      if (st)
+        st = d_->check(
+            d_->cuMemsetD8Async(gpu_->storage[buffer + 1].ptr() + s * ssm, 0,
+                                ssm, gpu_->stream.get()),
+            "cuMemsetD8Async");
+    }
+    buffer += 2;
+  }
+  if (!st) {
+    (void)book_.removeSequence(*slot);
+    return Status::error("engine: clearing the state of a new sequence: " +
+                         st.message());
+  }
+  const int32_t id = nextSequenceId_++;
+  slotOf_[id] = *slot;
+  return id;
+}
+
+Status CudaEngine::removeSequence(int32_t sequence) {
+  auto it = slotOf_.find(sequence);
+  if (it == slotOf_.end())
+    return Status::error("engine: no sequence " + std::to_string(sequence));
+  Status s = book_.removeSequence(it->second);
+  slotOf_.erase(it);
+  return s;
+}
+
+int64_t CudaEngine::sequenceLength(int32_t sequence) const {
+  auto it = slotOf_.find(sequence);
+  return it == slotOf_.end() ? -1 : book_.length(it->second);
+}
+
+// ---------------------------------------------------------------------------
+// Steps
+
+Status CudaEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
+                        std::vector<float> &logits, StepStats *stats) {
+  try {
+    const size_t n = inputs.size();
+    const int64_t V = info_.vocabSize;
+    // One static top-k override per step: nf_step_args has one.
+    for (size_t i = 1; i < n; ++i)
+      if (inputs[i].expertsPerToken != inputs[0].expertsPerToken)
+        return Status::error(
+            "step: input " + std::to_string(i) + " (sequence " +
+            std::to_string(inputs[i].sequence) + "): " +
+            std::to_string(inputs[i].expertsPerToken) +
+            " experts per token, input 0 asks for " +
+            std::to_string(inputs[0].expertsPerToken) +
+            "; the CUDA backend runs one override per step");
+    StepRows sr;
+    if (Status s = checkStep(inputs, which, info_, maxExpertsOverride_,
+                             storage_.hasAttention, slotOf_, book_, sr);
+        !s)
+      return s;
+    logits.resize(static_cast<size_t>(sr.rows * V));
+    if (stats) {
+      stats->expertCalls.assign(n, 0);
+      stats->expertCallsPerLayer.assign(
+          n, std::vector<int64_t>(static_cast<size_t>(info_.numMoeLayers), 0));
+      stats->budgetSpent.assign(n, 0.0);
+    }
+    if (n == 0)
+      return Status::success();
+
+    ContextScope scope(*d_, ctx_.get());
+    if (!scope.status())
+      return Status::error("step: " + scope.status().message());
+    const Program &prog = sr.allOne ? decode_ : prefill_;
+    for (const std::vector<Chunk> &chunks :
+         splitIntoRuns(inputs, prog.maxTokens)) {
+      if (Status s = runProgram(prog, inputs, chunks, which, sr.tokenBase,
+                                logits.data(), stats,
+                                inputs[0].expertsPerToken);
+          !s)
+        return Status::error("step: " + s.message());
+      for (const Chunk &c : chunks)
+        (void)book_.advance(sr.slots[c.input], c.count);
+    }
+    if (stats && info_.numMoeLayers > 0 && info_.topK > 0)
+      for (size_t i = 0; i < n; ++i)
+        stats->budgetSpent[i] =
+            static_cast<double>(stats->expertCalls[i]) /
+            (static_cast<double>(info_.topK) * info_.numMoeLayers *
+             static_cast<double>(inputs[i].tokens.size()));
+    return Status::success();
+  } catch (const std::bad_alloc &) {
+    return Status::error("step: out of memory");
+  } catch (const std::exception &e) {
+    return Status::error(std::string("step: ") + e.what());
+  }
+}
+
+Status CudaEngine::runProgram(const Program &p,
+                              std::span<const SequenceInput> inputs,
+                              std::span<const Chunk> chunks, LogitsFor which,
+                              std::span<const int64_t> tokenBase,
+                              float *logitsOut, StepStats *stats,
+                              int32_t expertsPerToken) {
+  Gpu &g = *gpu_;
+  const ArgsLayout &L = layout_;
+  CUstream stream = g.stream.get();
+  uint8_t *h = g.staging.data();
+  auto *tokens = reinterpret_cast<int32_t *>(h + L.tokens);
+  auto *budget = reinterpret_cast<float *>(h + L.budget);
+  auto *seqs = reinterpret_cast<nf_seq_desc *>(h + L.seqs);
+  auto *tokenSeq = reinterpret_cast<int32_t *>(h + L.tokenSeq);
+  auto *pages = reinterpret_cast<int32_t *>(h + L.pages);
+
+  const int64_t numSeqs = static_cast<int64_t>(chunks.size());
+  int64_t maxPages = 1;
+  for (const Chunk &c : chunks)
+    maxPages = std::max<int64_t>(
+        maxPages, static_cast<int64_t>(
+                      book_.pageTable(slotOf_.at(inputs[c.input].sequence))
+                          .size()));
+  if (numSeqs > L.maxSeqs || maxPages > L.maxPages)
+    return Status::error("internal: run of " + std::to_string(numSeqs) +
+                         " sequences / " + std::to_string(maxPages) +
+                         " pages exceeds the argument buffers");
+  tokenInput_.clear();
+  int64_t T = 0;
+  for (int64_t ci = 0; ci < numSeqs; ++ci) {
+    const Chunk &c = chunks[static_cast<size_t>(ci)];
+    const SequenceInput &in = inputs[c.input];
+    const int32_t slot = slotOf_.at(in.sequence);
+    nf_seq_desc &sd = seqs[ci];
+    sd.begin = static_cast<int32_t>(c.row);
+    sd.count = static_cast<int32_t>(c.count);
+    sd.start_pos = static_cast<int32_t>(book_.length(slot));
+    sd.slot = slot;
+    for (int64_t j = 0; j < c.count; ++j) {
+      tokens[T] = in.tokens[static_cast<size_t>(c.first + j)];
+      budget[T] = in.expertBudget;
+      tokenSeq[T] = static_cast<int32_t>(ci);
+      tokenInput_.push_back(c.input);
+      ++T;
+    }
+    const std::vector<int32_t> &pt = book_.pageTable(slot);
+    int32_t *row = pages + ci * maxPages;
+    std::copy(pt.begin(), pt.end(), row);
+    std::fill(row + pt.size(), row + maxPages, 0);
+  }
+  if (T > L.maxRows)
+    return Status::error("internal: run of " + std::to_string(T) +
+                         " rows exceeds the argument buffers");
+  const CUdeviceptr dev = g.args.ptr();
+  auto devPtr = [&](size_t off) {
+    return reinterpret_cast<void *>(static_cast<uintptr_t>(dev + off));
+  };
+  nf_step_args args;
+  std::memset(&args, 0, sizeof args);
+  args.arena = reinterpret_cast<char *>(static_cast<uintptr_t>(g.arena.ptr()));
+  args.weights = reinterpret_cast<const void *const *>(
+      static_cast<uintptr_t>(g.weightPtrs.ptr()));
+  args.storage = reinterpret_cast<void *const *>(
+      static_cast<uintptr_t>(g.storagePtrs.ptr()));
+  args.tokens = static_cast<const int32_t *>(devPtr(L.tokens));
+  args.budget = static_cast<const float *>(devPtr(L.budget));
+  args.seqs = static_cast<const nf_seq_desc *>(devPtr(L.seqs));
+  args.token_seq = static_cast<const int32_t *>(devPtr(L.tokenSeq));
+  args.page_tables = static_cast<const int32_t *>(devPtr(L.pages));
+  args.num_tokens = static_cast<int32_t>(T);
+  args.num_seqs = static_cast<int32_t>(numSeqs);
+  args.max_pages_per_seq = static_cast<int32_t>(maxPages);
+  args.experts_per_token = expertsPerToken;
+  std::memcpy(h, &args, sizeof args);
+  const size_t used =
+      L.pages + static_cast<size_t>(numSeqs * maxPages) * sizeof(int32_t);
+  if (Status s = d_->check(d_->cuMemcpyHtoDAsync(dev, h, used, stream),
+                           "cuMemcpyHtoDAsync");
+      !s)
+    return s;
+
+  if (&p == &decode_ && g.decodeExec) {
+    if (Status s = d_->check(d_->cuGraphLaunch(g.decodeExec.get(), stream),
+                             "cuGraphLaunch");
+        !s)
+      return Status::error(where() + ": decode graph: " + s.message());
+  } else if (Status s = enqueue(p, T); !s) {
+    return s;
+  }
+
+  // The logits rows asked for, straight into the caller's buffer.
+  const int64_t V = info_.vocabSize;
+  const size_t rowBytes = static_cast<size_t>(V) * sizeof(float);
+  const CUdeviceptr src =
+      g.arena.ptr() + static_cast<size_t>(p.values[p.logits].offset);
+  for (const Chunk &c : chunks) {
+    CUresult r = CUDA_SUCCESS;
+    if (which == LogitsFor::AllTokens)
+      r = d_->cuMemcpyDtoHAsync(
+          logitsOut + (tokenBase[c.input] + c.first) * V,
+          src + static_cast<size_t>(c.row) * rowBytes,
+          static_cast<size_t>(c.count) * rowBytes, stream);
+    else if (c.last)
+      r = d_->cuMemcpyDtoHAsync(
+          logitsOut + static_cast<int64_t>(c.input) * V,
+          src + static_cast<size_t>(c.row + c.count - 1) * rowBytes, rowBytes,
+          stream);
+    if (Status s = d_->check(r, "cuMemcpyDtoHAsync"); !s)
+      return Status::error(where() + ": logits: " + s.message());
+  }
+  const bool haveStats = g.stats.ptr() != 0 && !p.copies.empty();
+  if (haveStats)
+    if (Status s = d_->check(d_->cuMemcpyDtoHAsync(g.statsHost.data(),
+                                                   g.stats.ptr(),
+                                                   g.stats.bytes, stream),
+                             "cuMemcpyDtoHAsync");
+        !s)
+      return Status::error(where() + ": expert statistics: " + s.message());
+  if (Status s = d_->check(d_->cuStreamSynchronize(stream),
+                           "cuStreamSynchronize");
+      !s)
+    return Status::error(where() + ": " + p.phase + " run: " + s.message());
+
+  if (haveStats) {
+    const size_t R = static_cast<size_t>(L.maxRows);
+    const size_t layers = static_cast<size_t>(info_.numMoeLayers);
+    const auto *all = reinterpret_cast<const int32_t *>(g.statsHost.data());
+    for (const StatCopy &sc : p.copies) {
+      const int32_t *counts = all + static_cast<size_t>(sc.layer) * R;
+      const int32_t *experts = all + layers * R +
+                               static_cast<size_t>(sc.layer) * R *
+                                   static_cast<size_t>(maxK_);
+      std::vector<int64_t> &used = utilization_[static_cast<size_t>(sc.layer)];
+      for (int64_t t = 0; t < T; ++t) {
+        const int32_t kt = std::clamp(counts[t], 0, sc.k);
+        const int32_t input = tokenInput_[static_cast<size_t>(t)];
+        if (stats) {
+          stats->expertCalls[static_cast<size_t>(input)] += kt;
+          stats->expertCallsPerLayer[static_cast<size_t>(input)]
+                                    [static_cast<size_t>(sc.layer)] += kt;
+        }
+        for (int32_t j = 0; j < kt; ++j) {
+          const int32_t e = experts[t * sc.k + j];
+          if (e >= 0 && e < info_.numExperts)
+            ++used[static_cast<size_t>(e)];
+        }
+      }
+    }
+  }
+  return Status::success();
+}
+
+} // namespace
+
+StatusOr<std::unique_ptr<Engine>>
+createCudaEngine(std::unique_ptr<PlanFile> plan,
+                 std::unique_ptr<BoundWeights> weights,
+                 std::unique_ptr<CudaProbe> probe,
+                 const EngineOptions &options) {
+  try {
+    auto engine = std::make_unique<CudaEngine>(
+        std::move(plan), std::move(weights), std::move(probe));
+    if (Status s = engine->init(options); !s)
+      return s;
+    return std::unique_ptr<Engine>(std::move(engine));
+  } catch (const std::bad_alloc &) {
+    return Status::error("engine: out of memory loading the plan");
+  }
+}
+
+} // namespace nf::engine

@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks on a GPU machine, in one go (issue 5).
+#
+#   scripts/gpu_check.sh prepare [CARRY]   here: build, compile plans, copy
+#   scripts/gpu_check.sh run [CARRY]       on the GPU machine; results in $OUT
+#
+# CARRY (default: build-gpu-carry, under the repository root) holds what the
+# GPU machine cannot make itself: it has nvcc 13, CMake, ninja and PyTorch
+# but no MLIR (so no nfc) and no network.
+#
+# --- Preparing the carry directory (development machine, MLIR installed) ---
+# `prepare` does exactly this:
+#  1. Build the binaries (the existing build tree, its options unchanged):
+#       ninja -C build nfc nfrun nf nf-cuda-tests nf_fake_cuda
+#  2. Compile every plan the checks use for CUDA (sm_90 cubins + PTX):
+#       nfc import test/data/fixtures/<m> -o <m>.mlir     (and examples/pydoc-moe)
+#       nfc compile <m>.mlir -o CARRY/plans/<m>.nfb --target=cuda:sm_90
+#     for m in tiny-hybrid tiny-hybrid-bf16 tiny-nano tiny-dense tiny-latent
+#     pydoc-moe, plus two variants of tiny-hybrid:
+#       tiny-hybrid-small  ... --target=cuda:sm_90 --max-tokens 16 --max-sequences 2
+#       tiny-hybrid-topk   ... --target=cuda:sm_90 --expert-policy topk
+#     (NF_CUDA_TARGET overrides "cuda:sm_90".)
+#  3. Copy build/bin/{nfrun,nf-cuda-tests}, build/lib/libnf.so*,
+#     build/lib/libnf_fake_cuda.so and libgomp.so.1 into CARRY/{bin,lib}, and
+#     write CARRY/MANIFEST (commit, date, nfc --version, plan sizes).
+# The weights, references and eval text are tracked files of the repository
+# and travel with the working tree. CARRY matches build-*/ in .gitignore, so
+# name it in the device tool's `carry` argument: carry=["build-gpu-carry"].
+#
+# --- Running (GPU machine) ---
+#   OUT=/some/dir scripts/gpu_check.sh run build-gpu-carry
+# (the device tool provides $OUT). Checks, one PASS/FAIL line each in
+# $OUT/summary.txt:
+#   gtest      nf-cuda-tests with NF_CUDA_REQUIRE=1 (a missing GPU or plan
+#              fails): driver loading, backend selection, smoke plans (real
+#              device and fake driver), every fixture's prefill and greedy
+#              logits within 1e-3 * max(1, max|ref|) of the HF references
+#              with the same greedy tokens, batched == one at a time, CUDA ==
+#              CPU on the same plan, graph == launches, chunked steps, expert
+#              statistics and overrides
+#   generate   nfrun generate --backend cuda per fixture against the
+#              references (1e-3, same greedy tokens), through libnf.so
+#   eval-ppl   nfrun eval-ppl --backend cuda on pydoc-moe: perplexity within
+#              0.5% of the CPU's 74.149 (NF_PPL_REF overrides)
+#   fallback   --backend auto without a driver: one "nf: CUDA unavailable"
+#              line and CPU results; --backend cuda without one: exit 1
+#   speed      (information) pydoc-moe generate tok/s, cuda and cpu
+# Logs: $OUT/*.log, gtest XML $OUT/cuda-tests.xml. Exit status 0 when every
+# check passed.
+set -uo pipefail
+
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+MODE="${1:-}"
+CARRY="${2:-build-gpu-carry}"
+case "$CARRY" in /*) ;; *) CARRY="$REPO/$CARRY" ;; esac
+FIXTURES=(tiny-hybrid tiny-hybrid-bf16 tiny-nano tiny-dense tiny-latent)
+PPL_REF="${NF_PPL_REF:-74.149}"
+
+model_dir() {
+  if [ "$1" = pydoc-moe ]; then echo "$REPO/examples/pydoc-moe"
+  else echo "$REPO/test/data/fixtures/$1"; fi
+}
+
+# ---------------------------------------------------------------------------
+prepare() {
+  local build="${NF_BUILD_DIR:-$REPO/build}"
+  local target="${NF_CUDA_TARGET:-cuda:sm_90}"
+  set -e
+  ninja -C "$build" -j"${NF_JOBS:-2}" nfc nfrun nf nf-cuda-tests nf_fake_cuda
+  rm -rf "$CARRY"
+  mkdir -p "$CARRY/bin" "$CARRY/lib" "$CARRY/plans" "$CARRY/mlir"
+  local nfc="$build/bin/nfc"
+  compile() { # name model-dir [extra nfc compile options]
+    local name="$1" dir="$2"
+    shift 2
+    echo "nfc: $name ($target $*)"
+    "$nfc" import "$dir" -o "$CARRY/mlir/$name.mlir"
+    "$nfc" compile "$CARRY/mlir/$name.mlir" -o "$CARRY/plans/$name.nfb" \
+      --target="$target" "$@"
+  }
+  for m in "${FIXTURES[@]}" pydoc-moe; do
+    compile "$m" "$(model_dir "$m")"
+  done
+  compile tiny-hybrid-small "$(model_dir tiny-hybrid)" --max-tokens 16 \
+    --max-sequences 2
+  compile tiny-hybrid-topk "$(model_dir tiny-hybrid)" --expert-policy topk
+  rm -rf "$CARRY/mlir"
+  cp "$build/bin/nfrun" "$build/bin/nf-cuda-tests" "$CARRY/bin/"
+  cp -a "$build"/lib/libnf.so* "$build/lib/libnf_fake_cuda.so" "$CARRY/lib/"
+  local gomp
+  gomp="$(ldd "$build/bin/nfrun" | awk '/libgomp/ {print $3}')"
+  [ -n "$gomp" ] && cp -L "$gomp" "$CARRY/lib/"
+  {
+    echo "commit: $(git -C "$REPO" rev-parse HEAD 2>/dev/null)"
+    echo "dirty: $(git -C "$REPO" status --porcelain 2>/dev/null | wc -l) files"
+    echo "date: $(date -u +%FT%TZ)"
+    echo "nfc: $("$nfc" --version 2>&1 | head -1)"
+    echo "target: $target"
+    (cd "$CARRY" && find . -type f -printf '%p %s\n' | sort)
+  } > "$CARRY/MANIFEST"
+  set +e
+  du -sh "$CARRY"
+  echo "carry directory ready: $CARRY (device tool: carry=[\"${CARRY#"$REPO"/}\"])"
+}
+
+# ---------------------------------------------------------------------------
+FAILED=0
+SUMMARY=""
+
+record() { # PASS|FAIL|INFO name detail
+  local line
+  line="$(printf '%-4s %-10s %s' "$1" "$2" "$3")"
+  echo "$line" | tee -a "$SUMMARY"
+  [ "$1" = FAIL ] && FAILED=1
+  return 0
+}
+
+run() {
+  OUT="${OUT:?set OUT to the results directory}"
+  mkdir -p "$OUT"
+  SUMMARY="$OUT/summary.txt"
+  : > "$SUMMARY"
+  local bin="$CARRY/bin" plans="$CARRY/plans"
+  export LD_LIBRARY_PATH="$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PATH="$PATH:/usr/local/cuda/bin"
+  export NF_TEST_DATA_DIR="$REPO/test/data"
+  export NF_EXAMPLES_DIR="$REPO/examples"
+  export NF_CUDA_PLAN_DIR="$plans"
+  export NF_FAKE_CUDA="$CARRY/lib/libnf_fake_cuda.so"
+  unset NF_LIBCUDA
+
+  { nvidia-smi; nvcc --version; cat "$CARRY/MANIFEST"; } > "$OUT/environment.txt" 2>&1
+  record INFO gpu "$(nvidia-smi --query-gpu=name,driver_version,memory.total \
+    --format=csv,noheader 2>/dev/null | head -1)"
+
+  local missing=""
+  for p in "${FIXTURES[@]}" pydoc-moe tiny-hybrid-small tiny-hybrid-topk; do
+    [ -f "$plans/$p.nfb" ] || missing="$missing $p"
+  done
+  if [ -n "$missing" ]; then record FAIL plans "missing:$missing"
+  else record PASS plans "all present in $plans"; fi
+
+  # 1. The GoogleTest suite.
+  NF_CUDA_REQUIRE=1 "$bin/nf-cuda-tests" \
+    --gtest_output="xml:$OUT/cuda-tests.xml" > "$OUT/cuda-tests.log" 2>&1
+  local rc=$?
+  local tally
+  tally="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/cuda-tests.log" |
+    grep -v ' \] [A-Za-z/_]*\.' | tr -s ' ' | tr '\n' ' ')"
+  if [ $rc -eq 0 ]; then record PASS gtest "$tally"
+  else
+    record FAIL gtest "exit $rc: $tally"
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/cuda-tests.log" |
+      grep -v ' ms)$' | sed 's/, where GetParam.*//; s/^/           /' |
+      tee -a "$SUMMARY"
+  fi
+  grep '^\[ cuda \]' "$OUT/cuda-tests.log" > "$OUT/cuda-tests-numbers.txt"
+
+  # 2. nfrun generate against the references (libnf.so, --backend cuda).
+  for m in "${FIXTURES[@]}" pydoc-moe; do
+    python3 - "$bin/nfrun" "$plans/$m.nfb" "$(model_dir "$m")" \
+      > "$OUT/generate-$m.log" 2>&1 <<'EOF'
+import os, subprocess, sys, tempfile
+sys.path.insert(0, os.path.join(os.environ["NF_TEST_DATA_DIR"], "..", "lit",
+                                "nfrun", "Inputs"))
+from check_generate import read_safetensors, max_rel_error
+nfrun, plan, model = sys.argv[1:4]
+ref = read_safetensors(os.path.join(model, "reference.safetensors"))
+prompts = sorted({k.split(".")[0] for k in ref if k.endswith(".tokens")})
+worst = 0.0
+with tempfile.TemporaryDirectory() as tmp:
+    for p in prompts:
+        tokens = ref[p + ".tokens"][1]
+        steps = len(ref[p + ".greedy_tokens"][1])
+        dump = os.path.join(tmp, p + ".safetensors")
+        cmd = [nfrun, "generate", plan, "--backend", "cuda", "--weights", model,
+               "--ignore-eos", "--prompt-tokens", ",".join(map(str, tokens)),
+               "--max-tokens", str(steps), "--dump-logits", dump]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stderr.write(r.stderr)
+        if r.returncode != 0:
+            sys.exit("%s: nfrun failed (%d)" % (p, r.returncode))
+        if "backend: cuda" not in r.stderr:
+            sys.exit("%s: did not run on the CUDA backend" % p)
+        ours = read_safetensors(dump)
+        if list(ours["tokens"][1]) != list(ref[p + ".greedy_tokens"][1]):
+            sys.exit("%s: greedy tokens differ: %s vs %s" % (
+                p, ours["tokens"][1], ref[p + ".greedy_tokens"][1]))
+        for mine, theirs in (("prefill_logits", ".prefill_logits"),
+                             ("step_logits", ".greedy_logits")):
+            if p + theirs not in ref:  # pydoc-moe: greedy tokens only
+                continue
+            if ours[mine][0] != ref[p + theirs][0]:
+                sys.exit("%s: %s shape %s vs %s" % (p, mine, ours[mine][0],
+                                                    ref[p + theirs][0]))
+            err = max_rel_error(ours[mine][1], ref[p + theirs][1])
+            worst = max(worst, err)
+            if err > 1e-3:
+                sys.exit("%s: %s error %.3g exceeds 1e-3" % (p, mine, err))
+print("ok: %d prompts, worst relative error %.2g" % (len(prompts), worst))
+EOF
+    rc=$?
+    if [ $rc -eq 0 ]; then record PASS generate "$m: $(tail -1 "$OUT/generate-$m.log")"
+    else record FAIL generate "$m: $(tail -1 "$OUT/generate-$m.log")"; fi
+  done
+
+  # 3. Perplexity of pydoc-moe on the GPU.
+  local moe="$REPO/examples/pydoc-moe"
+  "$bin/nfrun" eval-ppl "$plans/pydoc-moe.nfb" --weights "$moe" \
+    --text "$moe/eval.txt" --backend cuda > "$OUT/eval-ppl-cuda.txt" \
+    2> "$OUT/eval-ppl-cuda.log"
+  rc=$?
+  local ppl
+  ppl="$(sed -n 's/^perplexity: //p' "$OUT/eval-ppl-cuda.txt")"
+  if [ $rc -ne 0 ] || [ -z "$ppl" ]; then
+    record FAIL eval-ppl "exit $rc: $(tail -1 "$OUT/eval-ppl-cuda.log")"
+  elif grep -q '^backend: cuda' "$OUT/eval-ppl-cuda.txt" &&
+    python3 -c "import sys; p, r = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(p / r - 1) >= 0.005)" "$ppl" "$PPL_REF"; then
+    record PASS eval-ppl "perplexity $ppl (CPU $PPL_REF, within 0.5%); $(grep -E '^(time|routed)' "$OUT/eval-ppl-cuda.txt" | tr '\n' ';')"
+  else
+    record FAIL eval-ppl "perplexity $ppl vs CPU $PPL_REF (0.5% allowed)"
+  fi
+
+  # 4. Fallback without a driver.
+  local toks=1,2,3,4,5
+  NF_LIBCUDA=/nonexistent/libcuda.so.1 "$bin/nfrun" generate \
+    "$plans/tiny-dense.nfb" --weights "$(model_dir tiny-dense)" \
+    --prompt-tokens $toks --max-tokens 4 > "$OUT/fallback-auto.txt" \
+    2> "$OUT/fallback-auto.log"
+  rc=$?
+  "$bin/nfrun" generate "$plans/tiny-dense.nfb" --backend cuda \
+    --weights "$(model_dir tiny-dense)" --prompt-tokens $toks --max-tokens 4 \
+    > "$OUT/fallback-cuda-ref.txt" 2>> "$OUT/fallback-auto.log"
+  NF_LIBCUDA=/nonexistent/libcuda.so.1 "$bin/nfrun" generate \
+    "$plans/tiny-dense.nfb" --backend cuda --weights "$(model_dir tiny-dense)" \
+    --prompt-tokens $toks --max-tokens 4 >> "$OUT/fallback-auto.log" 2>&1
+  local forced=$?
+  if [ $rc -eq 0 ] && [ $forced -eq 1 ] &&
+    [ "$(grep -c '^nf: CUDA unavailable (' "$OUT/fallback-auto.log")" = 1 ] &&
+    grep -q '^backend: cpu' "$OUT/fallback-auto.log" &&
+    cmp -s "$OUT/fallback-auto.txt" "$OUT/fallback-cuda-ref.txt"; then
+    record PASS fallback "$(grep '^nf: CUDA unavailable' "$OUT/fallback-auto.log")"
+  else
+    record FAIL fallback "auto exit $rc, forced exit $forced; see fallback-auto.log"
+  fi
+
+  # 5. Speed (information only).
+  local prompt
+  prompt="$(python3 -c "print(','.join(str(i % 200 + 3) for i in range(256)))")"
+  for b in cuda cpu; do
+    "$bin/nfrun" generate "$plans/pydoc-moe.nfb" --backend $b \
+      --weights "$moe" --prompt-tokens "$prompt" --max-tokens 128 \
+      --ignore-eos > /dev/null 2> "$OUT/speed-$b.log"
+    record INFO speed "$b: $(grep '^prompt' "$OUT/speed-$b.log")"
+  done
+
+  echo
+  if [ $FAILED -eq 0 ]; then echo "gpu_check: all checks passed" | tee -a "$SUMMARY"
+  else echo "gpu_check: FAILED (see $SUMMARY)" | tee -a "$SUMMARY"; fi
+  return $FAILED
+}
+
+case "$MODE" in
+prepare) prepare ;;
+run) run ;;
+*)
+  sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+  ;;
+esac

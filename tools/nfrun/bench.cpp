@@ -1,0 +1,286 @@
+// nfrun bench: decode and prefill throughput of a plan next to its roofline.
+//
+// Decode: B sequences with a context of C tokens, then timed single-token
+// steps; the roofline is the bytes a step must move (the non-routed weights,
+// the routed experts the step actually touched, recurrent state read and
+// written, the KV cache read) over the device-to-device copy bandwidth given
+// with --copy-bandwidth (measured in the same run, bench/run_gpu_bench.sh).
+// Prefill: one prompt of L tokens; the roofline is its FLOPs (2 x active
+// parameters per token + attention) over the bf16 matmul rate given with
+// --matmul-rate. Speed is reported, never asserted.
+#include "commands.h"
+
+#include "nf/nf.h"
+#include "nf/plan_generated.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace nfrun {
+namespace {
+
+namespace pl = nf::plan;
+using Clock = std::chrono::steady_clock;
+
+int64_t dtypeBytes(pl::DType t) {
+  return t == pl::DType::F32 || t == pl::DType::I32 ? 4
+         : t == pl::DType::I64                      ? 8
+                                                    : 2;
+}
+
+std::vector<int64_t> parseList(const std::string &s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty())
+      out.push_back(std::stoll(item));
+  return out;
+}
+
+/// What one token costs, read off the plan.
+struct Shape {
+  int64_t vocab = 0, hidden = 0;
+  int64_t denseBytes = 0; // every non-expert weight but the embedding
+  int64_t denseParams = 0;
+  std::vector<int64_t>
+      expertBytes; // per MoE layer: bytes of one routed expert (up+down)
+  std::vector<int64_t> expertParams; // per MoE layer
+  int64_t topK = 0;
+  int64_t stateBytesPerSeq = 0;          // Mamba conv + SSM state, f32
+  int64_t kvBytesPerToken = 0;           // K and V of every attention layer
+  int64_t attnLayers = 0, attnWidth = 0; // nq * hd
+  int64_t pageSize = 16;
+};
+
+bool readShape(const std::string &path, Shape &s, std::string &error) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
+  flatbuffers::Verifier v(bytes.data(), bytes.size(), 64, 10'000'000);
+  if (bytes.size() < 8 || !pl::VerifyPlanBuffer(v)) {
+    error = path + ": not a valid plan";
+    return false;
+  }
+  const pl::Plan *plan = pl::GetPlan(bytes.data());
+  s.vocab = plan->config()->vocab_size();
+  s.hidden = plan->config()->hidden_size();
+  std::map<std::string, int64_t> expertsByLayer; // "layers.N." -> bytes/expert
+  std::map<std::string, int64_t> expertParamsByLayer;
+  for (const pl::Weight *w : *plan->weights()) {
+    int64_t n = 1;
+    for (int64_t d : *w->shape())
+      n *= d;
+    const int64_t b = n * dtypeBytes(w->dtype());
+    const std::string first = w->tensors()->Get(0)->str();
+    if (w->stacked()) {
+      const int64_t e = w->shape()->Get(0);
+      const std::string layer = first.substr(0, first.find(".mixer."));
+      expertsByLayer[layer] += b / e;
+      expertParamsByLayer[layer] += n / e;
+    } else if (first.find("embeddings") == std::string::npos) {
+      s.denseBytes += b;
+      s.denseParams += n;
+    }
+  }
+  for (auto &[layer, b] : expertsByLayer) {
+    s.expertBytes.push_back(b);
+    s.expertParams.push_back(expertParamsByLayer[layer]);
+  }
+  for (const pl::Storage *st : *plan->storage()) {
+    if (st->kind() == pl::StorageKind::KVCache) {
+      s.kvBytesPerToken +=
+          2 * st->kv_heads() * st->head_dim() * dtypeBytes(st->dtype());
+      s.pageSize = st->page_size();
+      ++s.attnLayers;
+    } else {
+      s.stateBytesPerSeq +=
+          4 * (st->conv_dim() * st->conv_window() +
+               st->num_heads() * st->head_dim() * st->state_size());
+    }
+  }
+  for (const pl::Kernel *k : *plan->decode()->kernels())
+    for (const pl::Op *op : *k->ops())
+      if (op->name()->str() == "nf_kv.attend" && op->ints())
+        for (const pl::IntAttr *a : *op->ints())
+          if (a->name()->str() == "num_heads")
+            s.attnWidth = a->value();
+  return true;
+}
+
+int check(nf_status st) {
+  return st == NF_OK ? 0 : fail(std::string(nf_last_error()));
+}
+
+} // namespace
+
+int runBench(const BenchFlags &f) {
+  Shape shape;
+  std::string error;
+  if (!readShape(f.common.plan, shape, error))
+    return fail(error);
+  nf_model_params p = nf_model_default_params();
+  p.weights_dir = f.common.weightsDir.c_str();
+  p.n_threads = f.common.threads;
+  p.backend = f.common.backend.c_str();
+  const std::vector<int64_t> batches = parseList(f.batches);
+  const std::vector<int64_t> prompts = parseList(f.prefill);
+  int64_t maxB = 1;
+  for (int64_t b : batches)
+    maxB = std::max(maxB, b);
+  p.max_sequences = static_cast<int32_t>(maxB);
+  // KV pages for maxB sequences of context + timed steps (+ warm-up).
+  p.kv_pages = static_cast<int32_t>(
+      maxB * ((f.context + f.steps + 4 + shape.pageSize - 1) / shape.pageSize +
+              1) +
+      16);
+  p.synthetic_weights = f.syntheticWeights ? 1 : 0;
+  p.synthetic_seed = f.seed;
+  nf_model *m = nullptr;
+  if (int rc = check(nf_model_load(f.common.plan.c_str(), &p, &m)))
+    return rc;
+  shape.topK = nf_model_experts_per_token(m);
+  const int32_t V = nf_model_vocab_size(m);
+  std::mt19937 rng(static_cast<uint32_t>(f.seed));
+  std::uniform_int_distribution<int32_t> token(3, V - 1);
+  const int64_t E = nf_model_n_experts(m), L = nf_model_n_moe_layers(m);
+  std::vector<int64_t> usedBefore(static_cast<size_t>(E * L)),
+      usedAfter(static_cast<size_t>(E * L));
+
+  std::printf(
+      "| measurement | nf tok/s | ms/step | roofline tok/s | of roofline |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: |\n");
+
+  // Prefill: one prompt, last token's logits.
+  for (int64_t len : prompts) {
+    std::vector<int32_t> ids(static_cast<size_t>(len));
+    for (int32_t &t : ids)
+      t = token(rng);
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      int32_t seq = 0;
+      if (int rc = check(nf_seq_add(m, &seq)))
+        return rc;
+      nf_seq_input in{seq, ids.data(), static_cast<int32_t>(len), 0.0f, 0};
+      nf_batch batch{&in, 1, nullptr};
+      auto t0 = Clock::now();
+      if (int rc = check(nf_decode(m, &batch, nullptr, 0, 0)))
+        return rc;
+      double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (rep > 0) // the first run warms up
+        best = std::min(best, s);
+      if (int rc = check(nf_seq_remove(m, seq)))
+        return rc;
+    }
+    // FLOPs: 2 x active parameters per token, plus causal attention
+    // (QK^T and PV: 2 x 2 x L^2/2 x width per layer).
+    int64_t activeParams =
+        shape.denseParams -
+        shape.vocab * shape.hidden; // lm_head: last token only
+    for (int64_t e : shape.expertParams)
+      activeParams += shape.topK * e;
+    const double flops =
+        2.0 * activeParams * len + 2.0 * shape.vocab * shape.hidden +
+        2.0 * len * len * shape.attnWidth * 128 * shape.attnLayers;
+    const double roof = f.matmulRate > 0 ? f.matmulRate / flops * len : 0.0;
+    std::printf("| prefill %" PRId64
+                " tokens | %.0f | %.1f | %.0f | %.0f%% |\n",
+                len, len / best, best * 1e3, roof,
+                roof > 0 ? 100.0 * (len / best) / roof : 0.0);
+    std::fflush(stdout);
+  }
+
+  // Decode: B sequences, context C, timed single-token steps.
+  for (int64_t B : batches) {
+    std::vector<int32_t> seqs(static_cast<size_t>(B));
+    std::vector<std::vector<int32_t>> ctx(static_cast<size_t>(B));
+    std::vector<nf_seq_input> in(static_cast<size_t>(B));
+    for (int64_t i = 0; i < B; ++i) {
+      if (int rc = check(nf_seq_add(m, &seqs[i])))
+        return rc;
+      ctx[i].resize(static_cast<size_t>(f.context));
+      for (int32_t &t : ctx[i])
+        t = token(rng);
+      in[i] = {seqs[i], ctx[i].data(), static_cast<int32_t>(f.context), 0.0f,
+               0};
+    }
+    nf_batch batch{in.data(), static_cast<int32_t>(B), nullptr};
+    if (int rc = check(nf_decode(m, &batch, nullptr, 0, 0)))
+      return rc;
+    std::vector<int32_t> next(static_cast<size_t>(B));
+    auto feed = [&]() {
+      for (int64_t i = 0; i < B; ++i) {
+        next[i] = token(rng);
+        in[i] = {seqs[i], &next[i], 1, 0.0f, 0};
+      }
+      return check(nf_decode(m, &batch, nullptr, 0, 0));
+    };
+    for (int w = 0; w < 2; ++w)
+      if (int rc = feed())
+        return rc;
+    // Routed experts a step touches: the distinct experts of each timed
+    // step from the utilisation counters, averaged; without counters (a
+    // backend that keeps none) the expectation under uniform routing,
+    // E (1 - (1 - k/E)^B).
+    double distinctPerStep = 0.0; // summed over MoE layers, weighted by bytes
+    double expertBytes = 0.0;
+    auto t0 = Clock::now();
+    double busy = 0.0;
+    for (int64_t s = 0; s < f.steps; ++s) {
+      if (int rc = check(nf_model_expert_utilization(m, usedBefore.data(),
+                                                     usedBefore.size())))
+        return rc;
+      auto a = Clock::now();
+      if (int rc = feed())
+        return rc;
+      busy += std::chrono::duration<double>(Clock::now() - a).count();
+      if (int rc = check(nf_model_expert_utilization(m, usedAfter.data(),
+                                                     usedAfter.size())))
+        return rc;
+      for (int64_t l = 0; l < L; ++l) {
+        int64_t distinct = 0;
+        for (int64_t e = 0; e < E; ++e)
+          distinct += usedAfter[l * E + e] > usedBefore[l * E + e];
+        expertBytes += static_cast<double>(distinct) * shape.expertBytes[l];
+        distinctPerStep += static_cast<double>(distinct);
+      }
+    }
+    (void)t0;
+    const double step = busy / f.steps;
+    expertBytes /= f.steps;
+    if (distinctPerStep == 0.0 && E > 0)
+      for (int64_t l = 0; l < L; ++l)
+        expertBytes +=
+            E *
+            (1.0 - std::pow(1.0 - static_cast<double>(shape.topK) / E,
+                            static_cast<double>(B))) *
+            shape.expertBytes[l];
+    const double bytes = static_cast<double>(shape.denseBytes) + expertBytes +
+                         2.0 * B * shape.stateBytesPerSeq +
+                         static_cast<double>(B) * (f.context + f.steps / 2) *
+                             shape.kvBytesPerToken +
+                         static_cast<double>(B) * shape.hidden * 2;
+    const double roofStep = f.copyBandwidth > 0 ? bytes / f.copyBandwidth : 0.0;
+    std::printf("| decode batch %" PRId64 " (context %" PRId64
+                ") | %.0f | %.2f | %.0f | %.0f%% |\n",
+                B, f.context, B / step, step * 1e3,
+                roofStep > 0 ? B / roofStep : 0.0,
+                roofStep > 0 ? 100.0 * roofStep / step : 0.0);
+    std::fflush(stdout);
+    for (int32_t s : seqs)
+      if (int rc = check(nf_seq_remove(m, s)))
+        return rc;
+  }
+  nf_model_free(m);
+  return 0;
+}
+
+} // namespace nfrun
