@@ -5,10 +5,12 @@
 #include "nf_abi.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string_view>
 #include <unordered_map>
 
@@ -138,6 +140,7 @@ struct LaunchInfo {
   unsigned grid = 0, block = 0, shared = 0;
   bool cooperative = false;
   std::string where;
+  std::string profileKey; // "<phase> <kernel name>: <function sans k#_op#_>"
 };
 
 /// The select results of one MoE layer, copied aside after the kernel that
@@ -166,8 +169,8 @@ struct Gpu {
   Stream stream;
   std::vector<Module> modules;
   DeviceBuffer arena;
-  DeviceBuffer weights;    // every weight, 256-byte aligned
-  DeviceBuffer weightPtrs; // const void *[num weights]
+  DeviceBuffer weights;              // every weight, 256-byte aligned
+  DeviceBuffer weightPtrs;           // const void *[num weights]
   std::vector<DeviceBuffer> storage; // per Plan.storage entry: two buffers
   DeviceBuffer storagePtrs;          // void *[2 * num storage]
   DeviceBuffer args;                 // nf_step_args + per-run arrays
@@ -186,6 +189,7 @@ public:
       : plan_(std::move(plan)), weights_(std::move(weights)),
         probe_(std::move(probe)), d_(probe_->driver) {}
   ~CudaEngine() override {
+    printProfile();
     if (gpu_ && ctx_.get()) {
       ContextScope scope(*d_, ctx_.get());
       if (gpu_->stream)
@@ -195,6 +199,29 @@ public:
   }
 
   Status init(const EngineOptions &options);
+
+  /// NF_CUDA_PROFILE=1: every launch is followed by a stream synchronize
+  /// and timed on the host (launch overhead included), graphs are not used,
+  /// and the time per kernel is printed to stderr when the engine goes away.
+  /// A coarse profile for machines without Nsight; never for measurements.
+  void printProfile() const {
+    if (profile_.empty())
+      return;
+    std::vector<std::pair<double, std::string>> rows;
+    double total = 0.0;
+    for (const auto &[name, t] : profile_) {
+      rows.push_back({t.first, name});
+      total += t.first;
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "nf: CUDA profile (host-timed launches, %.1f ms):\n",
+                 total * 1e3);
+    for (size_t i = 0; i < rows.size() && i < 25; ++i)
+      std::fprintf(stderr, "  %8.2f ms %5.1f%%  %6lld x  %s\n",
+                   rows[i].first * 1e3, 100.0 * rows[i].first / total,
+                   static_cast<long long>(profile_.at(rows[i].second).second),
+                   rows[i].second.c_str());
+  }
 
   const ModelInfo &info() const override { return info_; }
   StatusOr<int32_t> addSequence() override;
@@ -225,6 +252,11 @@ private:
 
   std::unique_ptr<PlanFile> plan_;
   std::unique_ptr<BoundWeights> weights_; // released after the upload
+  const bool profiling_ = [] {
+    const char *e = std::getenv("NF_CUDA_PROFILE");
+    return e && *e && *e != '0';
+  }();
+  std::map<std::string, std::pair<double, int64_t>> profile_; // where -> (s, n)
   std::unique_ptr<CudaProbe> probe_;
   const Driver *d_;
   ModelInfo info_;
@@ -254,9 +286,9 @@ Status CudaEngine::readPrograms() {
   const pl::Plan &plan = *plan_->plan;
   const int64_t numWeights = static_cast<int64_t>(weights_->weights.size());
   for (int phase = 0; phase < 2; ++phase)
-    if (Status s = readStepValues(*plan_, stepOf(plan, phase), phaseOf(phase),
-                                  numWeights, info_.vocabSize,
-                                  programs_[phase]);
+    if (Status s =
+            readStepValues(*plan_, stepOf(plan, phase), phaseOf(phase),
+                           numWeights, info_.vocabSize, programs_[phase]);
         !s)
       return s;
 
@@ -310,8 +342,8 @@ Status CudaEngine::readPrograms() {
         const pl::Op *op = ops.Get(j);
         if (!op->name() || op->name()->string_view() != "nf_moe.select")
           continue;
-        const std::string ctx = kernelWhere(*plan_, phase, k, kernel) +
-                                " op nf_moe.select";
+        const std::string ctx =
+            kernelWhere(*plan_, phase, k, kernel) + " op nf_moe.select";
         std::optional<int64_t> topK = intAttr(*op, "top_k");
         if (!topK || *topK <= 0 || *topK > 4096)
           return Status::error(ctx + ": missing or bad attribute 'top_k'");
@@ -322,8 +354,7 @@ Status CudaEngine::readPrograms() {
             p.values[in->Get(0)].kind != pl::ValueKind::Tensor)
           return Status::error(ctx + ": expects scores as its first operand");
         info_.numExperts = std::max<int32_t>(
-            info_.numExperts,
-            static_cast<int32_t>(p.values[in->Get(0)].cols));
+            info_.numExperts, static_cast<int32_t>(p.values[in->Get(0)].cols));
         maxExpertsOverride_ =
             maxExpertsOverride_ == 0 ? K : std::min(maxExpertsOverride_, K);
         maxK_ = std::max(maxK_, K);
@@ -379,8 +410,7 @@ Status CudaEngine::loadKernels() {
         continue;
       const std::string kwhere = kernelWhere(*plan_, phase, k, kernel);
       const CudaProbe::Image &img = images[k];
-      const std::string_view key(static_cast<const char *>(img.data),
-                                 img.size);
+      const std::string_view key(static_cast<const char *>(img.data), img.size);
       auto it = moduleOf.find(key);
       if (it == moduleOf.end()) {
         StatusOr<Module> m = loadModule(*d_, img.data, img.size, img.ptx);
@@ -397,25 +427,38 @@ Status CudaEngine::loadKernels() {
         if (!l.function() || l.function()->size() == 0)
           return Status::error(li.where + ": no function name");
         li.where += " (" + l.function()->str() + ")";
+        {
+          std::string fn = l.function()->str();
+          // k12_op3_linear -> linear: one profile row per kind of launch.
+          size_t cut = 0;
+          for (int part = 0; part < 2; ++part) {
+            size_t u = fn.find('_', cut);
+            if (u == std::string::npos)
+              break;
+            cut = u + 1;
+          }
+          li.profileKey = std::string(phase == 0 ? "prefill " : "decode ") +
+                          (kernel.name() ? kernel.name()->str() : "?") + ": " +
+                          fn.substr(cut);
+        }
         li.grid = l.grid();
         li.block = l.block();
         li.shared = l.shared_bytes();
         li.cooperative = l.cooperative();
         if (li.grid == 0 || li.grid > 0x7fffffffu || li.block == 0 ||
             static_cast<int64_t>(li.block) > dev.maxThreadsPerBlock)
-          return Status::error(li.where + ": launch shape " +
-                               std::to_string(li.grid) + " x " +
-                               std::to_string(li.block) +
-                               " is not valid on this device (at most " +
-                               std::to_string(dev.maxThreadsPerBlock) +
-                               " threads per block)");
+          return Status::error(
+              li.where + ": launch shape " + std::to_string(li.grid) + " x " +
+              std::to_string(li.block) +
+              " is not valid on this device (at most " +
+              std::to_string(dev.maxThreadsPerBlock) + " threads per block)");
         if (static_cast<int64_t>(li.shared) > dev.maxSharedPerBlockOptin)
           return Status::error(li.where + ": " + std::to_string(li.shared) +
                                " bytes of shared memory; the device allows " +
                                std::to_string(dev.maxSharedPerBlockOptin));
-        if (Status s = d_->check(d_->cuModuleGetFunction(
-                                     &li.fn, module, l.function()->c_str()),
-                                 "cuModuleGetFunction");
+        if (Status s = d_->check(
+                d_->cuModuleGetFunction(&li.fn, module, l.function()->c_str()),
+                "cuModuleGetFunction");
             !s)
           return Status::error(li.where + ": " + s.message());
         if (li.shared > 48 * 1024)
@@ -467,8 +510,9 @@ Status CudaEngine::uploadWeights() {
     size_t n = 1;
     for (int64_t d : ws[i].shape)
       n *= static_cast<size_t>(d);
-    sizes[i] = n * dtypeSize(toDType(plan.weights()->Get(
-                       static_cast<fb::uoffset_t>(i))->dtype()));
+    sizes[i] =
+        n * dtypeSize(toDType(
+                plan.weights()->Get(static_cast<fb::uoffset_t>(i))->dtype()));
     offsets[i] = total;
     total += align256(sizes[i]);
   }
@@ -483,9 +527,9 @@ Status CudaEngine::uploadWeights() {
     ptrs[i] = dst;
     const std::string ctx = where() + ": uploading weight " + std::to_string(i);
     if (w.view.valid()) {
-      if (Status s = d_->check(d_->cuMemcpyHtoDAsync(dst, w.view.data,
-                                                     sizes[i], stream),
-                               "cuMemcpyHtoDAsync");
+      if (Status s = d_->check(
+              d_->cuMemcpyHtoDAsync(dst, w.view.data, sizes[i], stream),
+              "cuMemcpyHtoDAsync");
           !s)
         return Status::error(ctx + ": " + s.message());
       continue;
@@ -519,8 +563,8 @@ Status CudaEngine::uploadWeights() {
         !s)
       return Status::error(where() + ": weight table: " + s.message());
   // The sources (the table, the mapped checkpoint) must outlive the copies.
-  if (Status s = d_->check(d_->cuStreamSynchronize(stream),
-                           "cuStreamSynchronize");
+  if (Status s =
+          d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
       !s)
     return Status::error(where() + ": uploading the weights: " + s.message());
   return Status::success();
@@ -536,21 +580,21 @@ Status CudaEngine::allocate() {
       return Status::error(where() + ": " + what + ": " + b.message());
     out = std::move(*b);
     if (zero)
-      if (Status s = d_->check(d_->cuMemsetD8Async(out.ptr(), 0,
-                                                   std::max<size_t>(bytes, 1),
-                                                   stream),
-                               "cuMemsetD8Async");
+      if (Status s =
+              d_->check(d_->cuMemsetD8Async(out.ptr(), 0,
+                                            std::max<size_t>(bytes, 1), stream),
+                        "cuMemsetD8Async");
           !s)
         return Status::error(where() + ": " + what + ": " + s.message());
     return Status::success();
   };
 
   // The arena.
-  const int64_t arena =
-      std::max(prefill_.arenaBytes + prefill_.scratchBytes,
-               decode_.arenaBytes + decode_.scratchBytes);
-  if (Status s = alloc(g.arena, static_cast<size_t>(std::max<int64_t>(arena, 1)),
-                       "arena", true);
+  const int64_t arena = std::max(prefill_.arenaBytes + prefill_.scratchBytes,
+                                 decode_.arenaBytes + decode_.scratchBytes);
+  if (Status s =
+          alloc(g.arena, static_cast<size_t>(std::max<int64_t>(arena, 1)),
+                "arena", true);
       !s)
     return s;
 
@@ -589,8 +633,8 @@ Status CudaEngine::allocate() {
         !s)
       return Status::error(where() + ": state table: " + s.message());
   // `sptrs` must outlive its copy.
-  if (Status s = d_->check(d_->cuStreamSynchronize(stream),
-                           "cuStreamSynchronize");
+  if (Status s =
+          d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
       !s)
     return Status::error(where() + ": state table: " + s.message());
 
@@ -652,10 +696,9 @@ Status CudaEngine::enqueue(const Program &p, int64_t rows) {
       const CUdeviceptr counts =
           g.stats.ptr() + static_cast<size_t>(sc.layer) * R * sizeof(int32_t);
       const CUdeviceptr experts =
-          g.stats.ptr() +
-          (L * R + static_cast<size_t>(sc.layer) * R *
-                       static_cast<size_t>(maxK_)) *
-              sizeof(int32_t);
+          g.stats.ptr() + (L * R + static_cast<size_t>(sc.layer) * R *
+                                       static_cast<size_t>(maxK_)) *
+                              sizeof(int32_t);
       const size_t n = static_cast<size_t>(rows);
       if (Status s = d_->check(
               d_->cuMemcpyDtoDAsync(counts, g.arena.ptr() + sc.countsOffset,
@@ -664,10 +707,9 @@ Status CudaEngine::enqueue(const Program &p, int64_t rows) {
           !s)
         return Status::error(where() + ": expert statistics: " + s.message());
       if (Status s = d_->check(
-              d_->cuMemcpyDtoDAsync(experts, g.arena.ptr() + sc.expertsOffset,
-                                    n * static_cast<size_t>(sc.k) *
-                                        sizeof(int32_t),
-                                    stream),
+              d_->cuMemcpyDtoDAsync(
+                  experts, g.arena.ptr() + sc.expertsOffset,
+                  n * static_cast<size_t>(sc.k) * sizeof(int32_t), stream),
               "cuMemcpyDtoDAsync");
           !s)
         return Status::error(where() + ": expert statistics: " + s.message());
@@ -675,10 +717,22 @@ Status CudaEngine::enqueue(const Program &p, int64_t rows) {
     if (i == p.launches.size())
       break;
     const LaunchInfo &l = p.launches[i];
+    const auto t0 = std::chrono::steady_clock::now();
     if (Status s = launch(*d_, l.fn, l.grid, l.block, l.shared, l.cooperative,
                           stream, g.args.ptr());
         !s)
       return Status::error(l.where + ": " + s.message());
+    if (profiling_) {
+      if (Status s =
+              d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
+          !s)
+        return Status::error(l.where + ": " + s.message());
+      auto &entry = profile_[l.profileKey];
+      entry.first +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count();
+      ++entry.second;
+    }
   }
   return Status::success();
 }
@@ -686,31 +740,30 @@ Status CudaEngine::enqueue(const Program &p, int64_t rows) {
 Status CudaEngine::captureDecode() {
   Gpu &g = *gpu_;
   CUstream stream = g.stream.get();
-  if (Status s = d_->check(d_->cuStreamBeginCapture(
-                               stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                           "cuStreamBeginCapture");
+  if (Status s = d_->check(
+          d_->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+          "cuStreamBeginCapture");
       !s)
-    return Status::error(where() + ": capturing the decode graph: " +
-                         s.message());
+    return Status::error(where() +
+                         ": capturing the decode graph: " + s.message());
   Status enq = enqueue(decode_, decode_.maxTokens);
   CUgraph graph = nullptr;
-  Status end = d_->check(d_->cuStreamEndCapture(stream, &graph),
-                         "cuStreamEndCapture");
+  Status end =
+      d_->check(d_->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
   if (graph)
     g.decodeGraph = Graph(*d_, graph);
   if (!enq)
-    return Status::error(where() + ": capturing the decode graph: " +
-                         enq.message());
+    return Status::error(where() +
+                         ": capturing the decode graph: " + enq.message());
   if (!end)
-    return Status::error(where() + ": capturing the decode graph: " +
-                         end.message());
+    return Status::error(where() +
+                         ": capturing the decode graph: " + end.message());
   CUgraphExec exec = nullptr;
-  if (Status s =
-          d_->check(d_->cuGraphInstantiateWithFlags(&exec, graph, 0),
-                    "cuGraphInstantiateWithFlags");
+  if (Status s = d_->check(d_->cuGraphInstantiateWithFlags(&exec, graph, 0),
+                           "cuGraphInstantiateWithFlags");
       !s)
-    return Status::error(where() + ": instantiating the decode graph: " +
-                         s.message());
+    return Status::error(where() +
+                         ": instantiating the decode graph: " + s.message());
   g.decodeExec = GraphExec(*d_, exec);
   return Status::success();
 }
@@ -731,8 +784,7 @@ Status CudaEngine::init(const EngineOptions &options) {
     std::vector<cpu::KvLayerShape> kv;
     if (storage_.hasAttention)
       kv.push_back({0, 0});
-    StatusOr<cpu::Caches> book =
-        cpu::Caches::create({}, kv, storage_.cache);
+    StatusOr<cpu::Caches> book = cpu::Caches::create({}, kv, storage_.cache);
     if (!book)
       return Status::error(plan_->path + ": " + book.message());
     book_ = std::move(*book);
@@ -778,16 +830,16 @@ Status CudaEngine::init(const EngineOptions &options) {
   const double gib = static_cast<double>(dev.totalMemory) / (1u << 30);
   char mem[32];
   std::snprintf(mem, sizeof mem, "%.0f GiB", gib);
-  info_.device = dev.name + " (" + dev.arch() + ", " +
-                 std::to_string(dev.multiprocessors) + " SMs, " + mem +
-                 "; driver " + std::to_string(d_->version / 1000) + "." +
-                 std::to_string(d_->version % 1000 / 10) + "); kernels: " +
-                 std::to_string(probe_->cubins) + " cubin, " +
-                 std::to_string(probe_->ptx) + " PTX JIT; decode " +
-                 (gpu_->decodeExec ? "graph" : "launches") + graphNote +
-                 (info_.numMoeLayers > 0 && !info_.expertStats
-                      ? "; no expert statistics"
-                      : "");
+  info_.device =
+      dev.name + " (" + dev.arch() + ", " +
+      std::to_string(dev.multiprocessors) + " SMs, " + mem + "; driver " +
+      std::to_string(d_->version / 1000) + "." +
+      std::to_string(d_->version % 1000 / 10) +
+      "); kernels: " + std::to_string(probe_->cubins) + " cubin, " +
+      std::to_string(probe_->ptx) + " PTX JIT; decode " +
+      (gpu_->decodeExec ? "graph" : "launches") + graphNote +
+      (info_.numMoeLayers > 0 && !info_.expertStats ? "; no expert statistics"
+                                                    : "");
   // The device holds the weights now: unmap the checkpoint.
   weights_.reset();
   return Status::success();
@@ -815,10 +867,9 @@ StatusOr<int32_t> CudaEngine::addSequence() {
       const size_t ssm =
           static_cast<size_t>(si.mamba.ssmStateSize()) * sizeof(float);
       const size_t s = static_cast<size_t>(*slot);
-      st = d_->check(
-          d_->cuMemsetD8Async(gpu_->storage[buffer].ptr() + s * conv, 0, conv,
-                              gpu_->stream.get()),
-          "cuMemsetD8Async");
+      st = d_->check(d_->cuMemsetD8Async(gpu_->storage[buffer].ptr() + s * conv,
+                                         0, conv, gpu_->stream.get()),
+                     "cuMemsetD8Async");
       if (st)
         st = d_->check(
             d_->cuMemsetD8Async(gpu_->storage[buffer + 1].ptr() + s * ssm, 0,
@@ -862,13 +913,13 @@ Status CudaEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
     // One static top-k override per step: nf_step_args has one.
     for (size_t i = 1; i < n; ++i)
       if (inputs[i].expertsPerToken != inputs[0].expertsPerToken)
-        return Status::error(
-            "step: input " + std::to_string(i) + " (sequence " +
-            std::to_string(inputs[i].sequence) + "): " +
-            std::to_string(inputs[i].expertsPerToken) +
-            " experts per token, input 0 asks for " +
-            std::to_string(inputs[0].expertsPerToken) +
-            "; the CUDA backend runs one override per step");
+        return Status::error("step: input " + std::to_string(i) +
+                             " (sequence " +
+                             std::to_string(inputs[i].sequence) +
+                             "): " + std::to_string(inputs[i].expertsPerToken) +
+                             " experts per token, input 0 asks for " +
+                             std::to_string(inputs[0].expertsPerToken) +
+                             "; the CUDA backend runs one override per step");
     StepRows sr;
     if (Status s = checkStep(inputs, which, info_, maxExpertsOverride_,
                              storage_.hasAttention, slotOf_, book_, sr);
@@ -890,9 +941,9 @@ Status CudaEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
     const Program &prog = sr.allOne ? decode_ : prefill_;
     for (const std::vector<Chunk> &chunks :
          splitIntoRuns(inputs, prog.maxTokens)) {
-      if (Status s = runProgram(prog, inputs, chunks, which, sr.tokenBase,
-                                logits.data(), stats,
-                                inputs[0].expertsPerToken);
+      if (Status s =
+              runProgram(prog, inputs, chunks, which, sr.tokenBase,
+                         logits.data(), stats, inputs[0].expertsPerToken);
           !s)
         return Status::error("step: " + s.message());
       for (const Chunk &c : chunks)
@@ -932,9 +983,9 @@ Status CudaEngine::runProgram(const Program &p,
   int64_t maxPages = 1;
   for (const Chunk &c : chunks)
     maxPages = std::max<int64_t>(
-        maxPages, static_cast<int64_t>(
-                      book_.pageTable(slotOf_.at(inputs[c.input].sequence))
-                          .size()));
+        maxPages,
+        static_cast<int64_t>(
+            book_.pageTable(slotOf_.at(inputs[c.input].sequence)).size()));
   if (numSeqs > L.maxSeqs || maxPages > L.maxPages)
     return Status::error("internal: run of " + std::to_string(numSeqs) +
                          " sequences / " + std::to_string(maxPages) +
@@ -993,7 +1044,7 @@ Status CudaEngine::runProgram(const Program &p,
       !s)
     return s;
 
-  if (&p == &decode_ && g.decodeExec) {
+  if (&p == &decode_ && g.decodeExec && !profiling_) {
     if (Status s = d_->check(d_->cuGraphLaunch(g.decodeExec.get(), stream),
                              "cuGraphLaunch");
         !s)
@@ -1010,28 +1061,28 @@ Status CudaEngine::runProgram(const Program &p,
   for (const Chunk &c : chunks) {
     CUresult r = CUDA_SUCCESS;
     if (which == LogitsFor::AllTokens)
-      r = d_->cuMemcpyDtoHAsync(
-          logitsOut + (tokenBase[c.input] + c.first) * V,
-          src + static_cast<size_t>(c.row) * rowBytes,
-          static_cast<size_t>(c.count) * rowBytes, stream);
+      r = d_->cuMemcpyDtoHAsync(logitsOut + (tokenBase[c.input] + c.first) * V,
+                                src + static_cast<size_t>(c.row) * rowBytes,
+                                static_cast<size_t>(c.count) * rowBytes,
+                                stream);
     else if (c.last)
-      r = d_->cuMemcpyDtoHAsync(
-          logitsOut + static_cast<int64_t>(c.input) * V,
-          src + static_cast<size_t>(c.row + c.count - 1) * rowBytes, rowBytes,
-          stream);
+      r = d_->cuMemcpyDtoHAsync(logitsOut + static_cast<int64_t>(c.input) * V,
+                                src + static_cast<size_t>(c.row + c.count - 1) *
+                                          rowBytes,
+                                rowBytes, stream);
     if (Status s = d_->check(r, "cuMemcpyDtoHAsync"); !s)
       return Status::error(where() + ": logits: " + s.message());
   }
   const bool haveStats = g.stats.ptr() != 0 && !p.copies.empty();
   if (haveStats)
-    if (Status s = d_->check(d_->cuMemcpyDtoHAsync(g.statsHost.data(),
-                                                   g.stats.ptr(),
-                                                   g.stats.bytes, stream),
-                             "cuMemcpyDtoHAsync");
+    if (Status s =
+            d_->check(d_->cuMemcpyDtoHAsync(g.statsHost.data(), g.stats.ptr(),
+                                            g.stats.bytes, stream),
+                      "cuMemcpyDtoHAsync");
         !s)
       return Status::error(where() + ": expert statistics: " + s.message());
-  if (Status s = d_->check(d_->cuStreamSynchronize(stream),
-                           "cuStreamSynchronize");
+  if (Status s =
+          d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
       !s)
     return Status::error(where() + ": " + p.phase + " run: " + s.message());
 
@@ -1041,9 +1092,9 @@ Status CudaEngine::runProgram(const Program &p,
     const auto *all = reinterpret_cast<const int32_t *>(g.statsHost.data());
     for (const StatCopy &sc : p.copies) {
       const int32_t *counts = all + static_cast<size_t>(sc.layer) * R;
-      const int32_t *experts = all + layers * R +
-                               static_cast<size_t>(sc.layer) * R *
-                                   static_cast<size_t>(maxK_);
+      const int32_t *experts =
+          all + layers * R +
+          static_cast<size_t>(sc.layer) * R * static_cast<size_t>(maxK_);
       std::vector<int64_t> &used = utilization_[static_cast<size_t>(sc.layer)];
       for (int64_t t = 0; t < T; ++t) {
         const int32_t kt = std::clamp(counts[t], 0, sc.k);
@@ -1066,11 +1117,9 @@ Status CudaEngine::runProgram(const Program &p,
 
 } // namespace
 
-StatusOr<std::unique_ptr<Engine>>
-createCudaEngine(std::unique_ptr<PlanFile> plan,
-                 std::unique_ptr<BoundWeights> weights,
-                 std::unique_ptr<CudaProbe> probe,
-                 const EngineOptions &options) {
+StatusOr<std::unique_ptr<Engine>> createCudaEngine(
+    std::unique_ptr<PlanFile> plan, std::unique_ptr<BoundWeights> weights,
+    std::unique_ptr<CudaProbe> probe, const EngineOptions &options) {
   try {
     auto engine = std::make_unique<CudaEngine>(
         std::move(plan), std::move(weights), std::move(probe));
