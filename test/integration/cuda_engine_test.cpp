@@ -1013,7 +1013,7 @@ protected:
     return o;
   }
   std::string arch() const {
-    return GetParam() == "device" ? arch() : "sm_90";
+    return GetParam() == "device" ? deviceArch() : "sm_90";
   }
   std::string driver_;
 };
