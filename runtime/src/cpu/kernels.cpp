@@ -350,12 +350,13 @@ void kvAppend(const float *k, int64_t ldK, const float *v, int64_t ldV,
 void pagedAttention(const float *q, int64_t ldQ, int64_t numHeads,
                     std::span<const SeqSpan> spans,
                     std::span<const std::span<const int32_t>> pageTables,
-                    const PagedKvLayer &cache, float *out, int64_t ldOut) {
+                    const PagedKvLayer &cache, float *out, int64_t ldOut,
+                    float scale) {
   const int64_t nkv = cache.numKvHeads, hd = cache.headDim;
   const int64_t ps = cache.pageSize, row = nkv * hd;
   const int64_t rep = numHeads / nkv;
-  const float scale =
-      static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  if (scale == 0.0f)
+    scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   // (span, token) pairs, flattened so that threads share all work.
   std::vector<std::pair<int32_t, int32_t>> toks;
   int64_t maxLen = 0, work = 0;

@@ -146,10 +146,12 @@ void kvAppend(const float *k, int64_t ldK, const float *v, int64_t ldV,
 /// span attends to cached positions [0, i] of its sequence; query head h uses
 /// kv head h / (nq / nkv); scale 1/sqrt(hd); softmax in f32 with an f64
 /// normaliser. q [T, ldQ] (nq·hd), out [T, ldOut] (nq·hd, head-major).
+/// `scale` multiplies q.k (0: the usual 1/sqrt(head dim)).
 void pagedAttention(const float *q, int64_t ldQ, int64_t numHeads,
                     std::span<const SeqSpan> spans,
                     std::span<const std::span<const int32_t>> pageTables,
-                    const PagedKvLayer &cache, float *out, int64_t ldOut);
+                    const PagedKvLayer &cache, float *out, int64_t ldOut,
+                    float scale = 0.0f);
 
 // ---------------------------------------------------------------------------
 // Mixture of experts

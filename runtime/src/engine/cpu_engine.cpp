@@ -127,19 +127,6 @@ struct Program : StepValues {
 // ---------------------------------------------------------------------------
 // Numerical helpers (the same arithmetic as cpu/kernels.cpp)
 
-inline float dotF32(const float *a, const float *b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j)
-      acc[j] += a[i + j] * b[i + j];
-  float tail = 0.0f;
-  for (; i < n; ++i)
-    tail += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
-         ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
-}
-
 inline double dotF64(const float *a, const float *b, int64_t n) {
   double acc[4] = {0, 0, 0, 0};
   int64_t i = 0;
@@ -199,77 +186,6 @@ public:
 private:
   int saved_ = 0;
 };
-
-/// pagedAttention of cpu/kernels.h with an explicit softmax scale (the plan's
-/// `scale` attribute); identical arithmetic.
-void attendPaged(const float *q, int64_t ldQ, int64_t numHeads, float scale,
-                 std::span<const SeqSpan> spans,
-                 std::span<const std::span<const int32_t>> pageTables,
-                 const PagedKvLayer &cache, float *out, int64_t ldOut) {
-  const int64_t nkv = cache.numKvHeads, hd = cache.headDim;
-  const int64_t ps = cache.pageSize, row = nkv * hd;
-  const int64_t rep = numHeads / nkv;
-  std::vector<std::pair<int32_t, int32_t>> toks;
-  int64_t maxLen = 0, work = 0;
-  for (size_t i = 0; i < spans.size(); ++i) {
-    for (int32_t j = 0; j < spans[i].count; ++j)
-      toks.push_back({static_cast<int32_t>(i), j});
-    const int64_t len = spans[i].startPos + spans[i].count;
-    maxLen = std::max(maxLen, len);
-    work += spans[i].count * len;
-  }
-  const int64_t items = static_cast<int64_t>(toks.size()) * numHeads;
-  const bool parallel = worthParallel(work * numHeads * hd);
-  const int nt = parallel ? maxThreads() : 1;
-  const size_t per = static_cast<size_t>(maxLen + hd);
-  std::vector<float> scratch(per * static_cast<size_t>(nt));
-#pragma omp parallel num_threads(nt) if (parallel)
-  {
-    float *score = scratch.data() + per * static_cast<size_t>(threadId());
-    float *acc = score + maxLen;
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t item = 0; item < items; ++item) {
-      const auto [si, j] = toks[static_cast<size_t>(item / numHeads)];
-      const int64_t h = item % numHeads, kvh = h / rep;
-      const SeqSpan &sp = spans[static_cast<size_t>(si)];
-      const std::span<const int32_t> pt = pageTables[static_cast<size_t>(si)];
-      const int64_t t = sp.begin + j;
-      const int64_t len = sp.startPos + j + 1; // causal: positions [0, pos]
-      const float *qh = q + t * ldQ + h * hd;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t p = 0; p < len; ++p) {
-        const int64_t off =
-            (static_cast<int64_t>(pt[static_cast<size_t>(p / ps)]) * ps +
-             p % ps) *
-                row +
-            kvh * hd;
-        score[p] = dotF32(qh, cache.k + off, hd) * scale;
-        mx = std::max(mx, score[p]);
-      }
-      double denom = 0.0;
-      for (int64_t p = 0; p < len; ++p) {
-        score[p] = std::exp(score[p] - mx);
-        denom += score[p];
-      }
-      std::fill(acc, acc + hd, 0.0f);
-      for (int64_t p = 0; p < len; ++p) {
-        const int64_t off =
-            (static_cast<int64_t>(pt[static_cast<size_t>(p / ps)]) * ps +
-             p % ps) *
-                row +
-            kvh * hd;
-        const float *vp = cache.v + off;
-        const float sc = score[p];
-        for (int64_t d = 0; d < hd; ++d)
-          acc[d] += sc * vp[d];
-      }
-      const float inv = static_cast<float>(1.0 / denom);
-      float *o = out + t * ldOut + h * hd;
-      for (int64_t d = 0; d < hd; ++d)
-        o[d] = acc[d] * inv;
-    }
-  }
-}
 
 void activate(Act act, float *x, int64_t n) {
   if (act == Act::Relu2) {
@@ -411,9 +327,9 @@ Status CpuEngine::initStorage(const EngineOptions &options) {
 Status CpuEngine::compileProgram(const pl::Step *step, const char *phase,
                                  Program &prog) {
   const std::string where = plan_->path + ": " + phase + " step";
-  if (Status s = readStepValues(
-          *plan_, step, phase, static_cast<int64_t>(weights_->weights.size()),
-          info_.vocabSize, prog);
+  if (Status s = readStepValues(*plan_, step, phase,
+                                static_cast<int64_t>(weights_->weights.size()),
+                                info_.vocabSize, prog);
       !s)
     return s;
 
@@ -1182,9 +1098,9 @@ void CpuEngine::execOp(Program &p, const OpInfo &o) {
   }
   case Code::KvAttend: {
     const int64_t qd = cols(o.in[1]);
-    attendPaged(f32(p, o.in[1]), qd, o.numHeads, o.scale, run_.spans,
-                run_.pageTables, caches_.kv().layer(o.ordinal),
-                f32(p, o.out[0]), qd);
+    cpu::pagedAttention(f32(p, o.in[1]), qd, o.numHeads, run_.spans,
+                        run_.pageTables, caches_.kv().layer(o.ordinal),
+                        f32(p, o.out[0]), qd, o.scale);
     return;
   }
   case Code::Router:
