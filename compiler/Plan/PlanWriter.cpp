@@ -218,8 +218,10 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
       auto it = index.find(in);
       if (it == index.end())
         return error(kernel, "kernel input defined outside the plan");
-      index[arg] = it->second;
-      inputs.push_back(it->second);
+      // Copy before inserting: index[arg] may grow the map and invalidate it.
+      const int id = it->second;
+      index[arg] = id;
+      inputs.push_back(id);
     }
     int64_t scratch = 0;
     std::vector<fb::Offset<pl::Op>> ops;
