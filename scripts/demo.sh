@@ -10,7 +10,7 @@ mkdir -p build/demo
 
 echo "== nfc import examples/pydoc-moe -> build/demo/pydoc-moe.mlir =="
 build/bin/nfc import examples/pydoc-moe -o build/demo/pydoc-moe.mlir
-grep -v 'nf.weight stacked' build/demo/pydoc-moe.mlir | head -n 20
+awk '!/nf.weight stacked/ && n++ < 20' build/demo/pydoc-moe.mlir
 echo "== $(grep -c '^ *%' build/demo/pydoc-moe.mlir) ops; full model in build/demo/pydoc-moe.mlir =="
 
 echo "== nfc compile build/demo/pydoc-moe.mlir -> build/demo/pydoc-moe.nfb =="
