@@ -423,6 +423,56 @@ void pagedAttention(const float *q, int64_t ldQ, int64_t numHeads,
 // ---------------------------------------------------------------------------
 // Mixture of experts
 
+void maskExpertGroups(std::span<double> sb, int64_t nGroup, int64_t topkGroup) {
+  const int64_t E = static_cast<int64_t>(sb.size());
+  const int64_t groups = std::max<int64_t>(nGroup, 1);
+  if (groups <= 1 || topkGroup >= groups)
+    return;
+  const int64_t gsize = E / groups;
+  const double ninf = -std::numeric_limits<double>::infinity();
+  std::vector<double> gscore(static_cast<size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g) {
+    double b1 = ninf, b2 = ninf;
+    for (int64_t e = g * gsize; e < (g + 1) * gsize; ++e) {
+      if (sb[e] > b1) {
+        b2 = b1;
+        b1 = sb[e];
+      } else if (sb[e] > b2) {
+        b2 = sb[e];
+      }
+    }
+    gscore[g] = gsize >= 2 ? b1 + b2 : b1;
+  }
+  std::vector<int64_t> order(static_cast<size_t>(groups));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return gscore[a] > gscore[b]; });
+  std::vector<bool> keep(static_cast<size_t>(groups), false);
+  for (int64_t i = 0; i < topkGroup; ++i)
+    keep[order[i]] = true;
+  for (int64_t e = 0; e < E; ++e)
+    if (!keep[e / gsize])
+      sb[e] = ninf;
+}
+
+ThreadCountScope::ThreadCountScope(int n) {
+#ifdef _OPENMP
+  if (n > 0) {
+    saved_ = omp_get_max_threads();
+    omp_set_num_threads(n);
+  }
+#else
+  (void)n;
+#endif
+}
+
+ThreadCountScope::~ThreadCountScope() {
+#ifdef _OPENMP
+  if (saved_ > 0)
+    omp_set_num_threads(saved_);
+#endif
+}
+
 int64_t maxExpertsPerToken(const RouterConfig &c) {
   if (c.nGroup <= 1)
     return c.numExperts;
@@ -461,42 +511,15 @@ void moeRoute(const float *x, int64_t T, int64_t H, const WeightView &gate,
   out.experts.assign(static_cast<size_t>(T * maxK), -1);
   out.weights.assign(static_cast<size_t>(T * maxK), 0.0f);
 
-  const int64_t groups = std::max<int64_t>(c.nGroup, 1);
-  const int64_t gsize = E / groups;
   std::vector<double> s(static_cast<size_t>(E)), sb(static_cast<size_t>(E));
-  std::vector<double> gscore(static_cast<size_t>(groups));
-  std::vector<int64_t> order(static_cast<size_t>(std::max(E, groups)));
-  const double ninf = -std::numeric_limits<double>::infinity();
+  std::vector<int64_t> order(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const int32_t kt = clampK(kPerToken.empty() ? k : kPerToken[t]);
     for (int64_t e = 0; e < E; ++e) {
       s[e] = 1.0 / (1.0 + std::exp(-logits[t * E + e]));
       sb[e] = s[e] + bias[e];
     }
-    if (groups > 1 && c.topkGroup < groups) {
-      for (int64_t g = 0; g < groups; ++g) {
-        double b1 = ninf, b2 = ninf;
-        for (int64_t e = g * gsize; e < (g + 1) * gsize; ++e) {
-          if (sb[e] > b1) {
-            b2 = b1;
-            b1 = sb[e];
-          } else if (sb[e] > b2) {
-            b2 = sb[e];
-          }
-        }
-        gscore[g] = gsize >= 2 ? b1 + b2 : b1;
-      }
-      std::iota(order.begin(), order.begin() + groups, 0);
-      std::stable_sort(
-          order.begin(), order.begin() + groups,
-          [&](int64_t a, int64_t b) { return gscore[a] > gscore[b]; });
-      std::vector<bool> keep(static_cast<size_t>(groups), false);
-      for (int64_t i = 0; i < c.topkGroup; ++i)
-        keep[order[i]] = true;
-      for (int64_t e = 0; e < E; ++e)
-        if (!keep[e / gsize])
-          sb[e] = ninf;
-    }
+    maskExpertGroups(sb, c.nGroup, c.topkGroup);
     std::iota(order.begin(), order.begin() + E, 0);
     std::partial_sort(order.begin(), order.begin() + kt, order.begin() + E,
                       [&](int64_t a, int64_t b) {

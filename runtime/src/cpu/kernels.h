@@ -178,6 +178,24 @@ struct RouterOutput {
 /// Largest k a router config allows (experts in the kept groups).
 int64_t maxExpertsPerToken(const RouterConfig &c);
 
+/// Group-limited routing: experts outside the `topkGroup` best of `nGroup`
+/// groups (ranked by the sum of their two best selection scores, ties to the
+/// lower group) get -inf in `selection`. No-op when every group is kept.
+void maskExpertGroups(std::span<double> selection, int64_t nGroup,
+                      int64_t topkGroup);
+
+/// Sets the calling thread's OpenMP thread count for a scope (n > 0).
+class ThreadCountScope {
+public:
+  explicit ThreadCountScope(int n);
+  ~ThreadCountScope();
+  ThreadCountScope(const ThreadCountScope &) = delete;
+  ThreadCountScope &operator=(const ThreadCountScope &) = delete;
+
+private:
+  int saved_ = 0;
+};
+
 /// Router (reference §5): logits = x · gate^T in f64, s = sigmoid(logits),
 /// selection on s + correctionBias (bias may be invalid: zero), group-limited
 /// (groups scored by the sum of their top-2), weights s[idx] renormalised

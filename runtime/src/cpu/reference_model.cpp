@@ -539,34 +539,6 @@ Status Executor::checkStep(Caches &caches, std::span<const SeqSpan> spans,
   return Status::success();
 }
 
-namespace {
-/// Sets the calling thread's OpenMP thread count for one step.
-class ThreadCountScope {
-public:
-  explicit ThreadCountScope(int n) {
-#ifdef _OPENMP
-    if (n > 0) {
-      saved_ = omp_get_max_threads();
-      omp_set_num_threads(n);
-    }
-#else
-    (void)n;
-#endif
-  }
-  ~ThreadCountScope() {
-#ifdef _OPENMP
-    if (saved_ > 0)
-      omp_set_num_threads(saved_);
-#endif
-  }
-  ThreadCountScope(const ThreadCountScope &) = delete;
-  ThreadCountScope &operator=(const ThreadCountScope &) = delete;
-
-private:
-  int saved_ = 0;
-};
-} // namespace
-
 Status Executor::step(Caches &caches, std::span<const SeqSpan> spans,
                       std::span<const int32_t> tokens,
                       std::vector<float> &logits, const StepOptions &opts) {

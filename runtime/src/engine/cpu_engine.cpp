@@ -161,32 +161,6 @@ int threadId() {
 #endif
 }
 
-/// Sets the calling thread's OpenMP thread count for one step.
-class ThreadCountScope {
-public:
-  explicit ThreadCountScope(int n) {
-#ifdef _OPENMP
-    if (n > 0) {
-      saved_ = omp_get_max_threads();
-      omp_set_num_threads(n);
-    }
-#else
-    (void)n;
-#endif
-  }
-  ~ThreadCountScope() {
-#ifdef _OPENMP
-    if (saved_ > 0)
-      omp_set_num_threads(saved_);
-#endif
-  }
-  ThreadCountScope(const ThreadCountScope &) = delete;
-  ThreadCountScope &operator=(const ThreadCountScope &) = delete;
-
-private:
-  int saved_ = 0;
-};
-
 void activate(Act act, float *x, int64_t n) {
   if (act == Act::Relu2) {
     cpu::relu2InPlace(x, n);
@@ -891,7 +865,7 @@ int64_t CpuEngine::sequenceLength(int32_t sequence) const {
 
 Status CpuEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
                        std::vector<float> &logits, StepStats *stats) {
-  ThreadCountScope threads(numThreads_);
+  cpu::ThreadCountScope threads(numThreads_);
   try {
     const size_t n = inputs.size();
     const int64_t V = info_.vocabSize;
@@ -1221,13 +1195,8 @@ void CpuEngine::opSelect(const Program &p, const OpInfo &o) {
   int32_t *experts = i32(p, o.out[0]);
   float *weights = f32(p, o.out[1]);
   int32_t *counts = i32(p, o.out[2]);
-  const int64_t groups = std::max<int64_t>(o.nGroup, 1);
-  const int64_t gsize = E / groups;
   std::vector<double> s(static_cast<size_t>(E)), sb(static_cast<size_t>(E));
-  std::vector<double> gscore(static_cast<size_t>(groups));
-  std::vector<int64_t> order(static_cast<size_t>(std::max(E, groups)));
-  std::vector<bool> keep(static_cast<size_t>(groups));
-  const double ninf = -std::numeric_limits<double>::infinity();
+  std::vector<int64_t> order(static_cast<size_t>(E));
   // Pass 1: every token's K best candidates, in rank order, with their
   // routing weights (sigmoid scores).
   std::vector<int32_t> &ranked = run_.rankedExperts;
@@ -1244,31 +1213,7 @@ void CpuEngine::opSelect(const Program &p, const OpInfo &o) {
         sb[e] = sbF[t * E + e];
       }
     }
-    // Group-limited selection: groups ranked by the sum of their top-2.
-    if (groups > 1 && o.topkGroup < groups) {
-      for (int64_t g = 0; g < groups; ++g) {
-        double b1 = ninf, b2 = ninf;
-        for (int64_t e = g * gsize; e < (g + 1) * gsize; ++e) {
-          if (sb[e] > b1) {
-            b2 = b1;
-            b1 = sb[e];
-          } else if (sb[e] > b2) {
-            b2 = sb[e];
-          }
-        }
-        gscore[g] = gsize >= 2 ? b1 + b2 : b1;
-      }
-      std::iota(order.begin(), order.begin() + groups, 0);
-      std::stable_sort(
-          order.begin(), order.begin() + groups,
-          [&](int64_t a, int64_t b) { return gscore[a] > gscore[b]; });
-      std::fill(keep.begin(), keep.end(), false);
-      for (int64_t i = 0; i < o.topkGroup; ++i)
-        keep[order[i]] = true;
-      for (int64_t e = 0; e < E; ++e)
-        if (!keep[e / gsize])
-          sb[e] = ninf;
-    }
+    cpu::maskExpertGroups(sb, o.nGroup, o.topkGroup);
     std::iota(order.begin(), order.begin() + E, 0);
     std::partial_sort(order.begin(), order.begin() + K, order.begin() + E,
                       [&](int64_t a, int64_t b) {
