@@ -24,8 +24,8 @@ __device__ __forceinline__ long long kv_row_offset(const nf_step_args *a,
 
 /// Writes the step's K/V rows ([T, ROW] each) at their positions.
 template <int ROW, int PS>
-__device__ void kv_append(const nf_step_args *a, const float *k,
-                          const float *v, float *kcache, float *vcache) {
+__device__ void kv_append(const nf_step_args *a, const float *k, const float *v,
+                          float *kcache, float *vcache) {
   const long long n = static_cast<long long>(a->num_tokens) * ROW;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
     const int t = static_cast<int>(i / ROW), c = static_cast<int>(i % ROW);
@@ -46,8 +46,8 @@ __device__ void kv_append(const nf_step_args *a, const float *k,
 /// and accumulates V with the head dimension spread over the lanes.
 template <int NQ, int NKV, int HD, int PS, int WARPS>
 __device__ void kv_attend(const nf_step_args *a, const float *q,
-                          const float *kcache, const float *vcache,
-                          float scale, float *out) {
+                          const float *kcache, const float *vcache, float scale,
+                          float *out) {
   constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
   constexpr int HPW = (REP + WARPS - 1) / WARPS; // heads per warp
   __shared__ float sK[32][HD + 1], sV[32][HD], sQ[WARPS * HPW][HD];
@@ -55,7 +55,8 @@ __device__ void kv_attend(const nf_step_args *a, const float *q,
   const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
   const long long items = static_cast<long long>(a->num_tokens) * NKV;
   for (long long item = blockIdx.x; item < items; item += gridDim.x) {
-    const int t = static_cast<int>(item / NKV), kvh = static_cast<int>(item % NKV);
+    const int t = static_cast<int>(item / NKV),
+              kvh = static_cast<int>(item % NKV);
     const TokenPos tp = token_pos(a, t);
     const int len = tp.pos + 1; // causal: positions [0, pos]
     const int32_t *pt =
@@ -79,10 +80,10 @@ __device__ void kv_attend(const nf_step_args *a, const float *q,
       __syncthreads(); // the previous tile is consumed
       if (tid < 32) {
         const int p = p0 + tid;
-        s_off[tid] = p < len ? (static_cast<long long>(pt[p / PS]) * PS + p % PS) *
-                                       ROW +
-                                   static_cast<long long>(kvh) * HD
-                             : -1;
+        s_off[tid] =
+            p < len ? (static_cast<long long>(pt[p / PS]) * PS + p % PS) * ROW +
+                          static_cast<long long>(kvh) * HD
+                    : -1;
       }
       __syncthreads();
       for (int i = tid; i < 32 * HD; i += blockDim.x) {
@@ -143,21 +144,94 @@ __device__ void kv_attend(const nf_step_args *a, const float *q,
   }
 }
 
+/// Online softmax of one warp over positions [p_begin, p_end) of one head:
+/// m (running max), l (sum of exponentials) and acc (sum of e * V, the head
+/// dimension spread over the lanes). K rows: one position per lane, 16-byte
+/// loads; V rows: 8 positions at a time with their loads issued together.
+template <int NKV, int HD, int PS>
+__device__ __forceinline__ void
+attend_range(const int32_t *pt, const float *sq, const float *kcache,
+             const float *vcache, float scale, int kvh, int p_begin, int p_end,
+             float &m, float &l, float (&acc)[(HD + 31) / 32]) {
+  constexpr int ROW = NKV * HD, DPL = (HD + 31) / 32;
+  const int lane = lane_id();
+  m = -f32_inf();
+  l = 0.0f;
+#pragma unroll
+  for (int dd = 0; dd < DPL; ++dd)
+    acc[dd] = 0.0f;
+  for (int p0 = p_begin; p0 < p_end; p0 += 32) {
+    const int p = p0 + lane;
+    long long off = 0;
+    float score = -f32_inf();
+    if (p < p_end) {
+      const int page = pt[p / PS];
+      off = (static_cast<long long>(page) * PS + p % PS) * ROW + kvh * HD;
+      const float *kr = kcache + off;
+      float dot = 0.0f;
+      if (HD % 4 == 0) {
+#pragma unroll 8
+        for (int d = 0; d < HD; d += 4) {
+          const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
+          const float4 qv = *reinterpret_cast<const float4 *>(sq + d);
+          dot = fmaf(qv.x, kv.x, dot);
+          dot = fmaf(qv.y, kv.y, dot);
+          dot = fmaf(qv.z, kv.z, dot);
+          dot = fmaf(qv.w, kv.w, dot);
+        }
+      } else {
+        for (int d = 0; d < HD; ++d)
+          dot = fmaf(sq[d], kr[d], dot);
+      }
+      score = dot * scale;
+    }
+    const float mn = fmaxf(m, warp_max(score));
+    const float corr = expf(m - mn);
+    const float e = p < p_end ? expf(score - mn) : 0.0f;
+    l = l * corr + warp_sum(e);
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd)
+      acc[dd] *= corr;
+    const int cnt = min(32, p_end - p0);
+    for (int j0 = 0; j0 < cnt; j0 += 8) {
+      float ev[8];
+      long long ov[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        ev[u] = __shfl_sync(0xffffffffu, e, j0 + u);
+        ov[u] = __shfl_sync(0xffffffffu, off, j0 + u);
+      }
+#pragma unroll
+      for (int dd = 0; dd < DPL; ++dd) {
+        const int d = lane + 32 * dd;
+        if (d >= HD)
+          continue;
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          v[u] = j0 + u < cnt ? vcache[ov[u] + d] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          acc[dd] = fmaf(ev[u], v[u], acc[dd]);
+      }
+    }
+    m = mn;
+  }
+}
+
 /// The same with one warp per (token, head) and no shared tiles: for head
 /// dimensions whose K/V tiles do not fit in static shared memory (> 128).
 template <int NQ, int NKV, int HD, int PS, int WARPS>
 __device__ void kv_attend_warp(const nf_step_args *a, const float *q,
-                          const float *kcache, const float *vcache,
-                          float scale, float *out) {
-  constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
+                               const float *kcache, const float *vcache,
+                               float scale, float *out) {
+  constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
   __shared__ __align__(16) float sq[WARPS][HD];
   const int lane = lane_id(), wib = threadIdx.x >> 5;
   const long long items = static_cast<long long>(a->num_tokens) * NQ;
   for (long long item = global_warp(); item < items; item += grid_warps()) {
     const int t = static_cast<int>(item / NQ), h = static_cast<int>(item % NQ);
-    const int kvh = h / REP;
     const TokenPos tp = token_pos(a, t);
-    const int len = tp.pos + 1; // causal: positions [0, pos]
     const int32_t *pt =
         a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq;
     const float *qh = q + static_cast<long long>(t) * NQ * HD + h * HD;
@@ -165,71 +239,97 @@ __device__ void kv_attend_warp(const nf_step_args *a, const float *q,
     for (int d = lane; d < HD; d += 32)
       sq[wib][d] = qh[d];
     __syncwarp();
-    float m = -f32_inf(), l = 0.0f, acc[DPL];
+    float m, l, acc[DPL];
+    attend_range<NKV, HD, PS>(pt, sq[wib], kcache, vcache, scale, h / REP, 0,
+                              tp.pos + 1, m, l, acc);
+    const float inv = 1.0f / l;
+    float *o = out + static_cast<long long>(t) * NQ * HD + h * HD;
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd) {
+      const int d = lane + 32 * dd;
+      if (d < HD)
+        o[d] = acc[dd] * inv;
+    }
+  }
+}
+
+/// Decode attention split over the context (flash decoding): one warp per
+/// (token, head, split), split s takes its share of the positions (multiples
+/// of 32) and writes (m, l, acc[HD]) to `part`; kv_attend_combine merges the
+/// NSPLIT partial softmaxes. A long context then keeps the GPU busy at
+/// batch 1 instead of one block walking it.
+template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT>
+__device__ void kv_attend_split(const nf_step_args *a, const float *q,
+                                const float *kcache, const float *vcache,
+                                float scale, float *part) {
+  constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
+  __shared__ __align__(16) float sq[WARPS][HD];
+  const int lane = lane_id(), wib = threadIdx.x >> 5;
+  const long long items = static_cast<long long>(a->num_tokens) * NQ * NSPLIT;
+  for (long long item = global_warp(); item < items; item += grid_warps()) {
+    const int sp = static_cast<int>(item % NSPLIT);
+    const long long th = item / NSPLIT;
+    const int t = static_cast<int>(th / NQ), h = static_cast<int>(th % NQ);
+    const TokenPos tp = token_pos(a, t);
+    const int len = tp.pos + 1;
+    const int per = ((len + NSPLIT - 1) / NSPLIT + 31) / 32 * 32;
+    const int p_begin = min(len, sp * per), p_end = min(len, p_begin + per);
+    const int32_t *pt =
+        a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq;
+    const float *qh = q + static_cast<long long>(t) * NQ * HD + h * HD;
+    __syncwarp();
+    for (int d = lane; d < HD; d += 32)
+      sq[wib][d] = qh[d];
+    __syncwarp();
+    float m, l, acc[DPL];
+    attend_range<NKV, HD, PS>(pt, sq[wib], kcache, vcache, scale, h / REP,
+                              p_begin, p_end, m, l, acc);
+    float *o = part + item * (HD + 2);
+    if (lane == 0) {
+      o[0] = m;
+      o[1] = l;
+    }
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd) {
+      const int d = lane + 32 * dd;
+      if (d < HD)
+        o[2 + d] = acc[dd];
+    }
+  }
+}
+
+/// out[t, h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M): one warp per
+/// (token, head), splits in order.
+template <int NQ, int HD, int NSPLIT>
+__device__ void kv_attend_combine(const nf_step_args *a, const float *part,
+                                  float *out) {
+  constexpr int DPL = (HD + 31) / 32;
+  const int lane = lane_id();
+  const long long items = static_cast<long long>(a->num_tokens) * NQ;
+  for (long long item = global_warp(); item < items; item += grid_warps()) {
+    const float *p = part + item * NSPLIT * (HD + 2);
+    float M = -f32_inf();
+    for (int s = 0; s < NSPLIT; ++s)
+      M = fmaxf(M, p[s * (HD + 2)]);
+    float l = 0.0f, acc[DPL];
 #pragma unroll
     for (int dd = 0; dd < DPL; ++dd)
       acc[dd] = 0.0f;
-    for (int p0 = 0; p0 < len; p0 += 32) {
-      const int p = p0 + lane;
-      long long off = 0;
-      float score = -f32_inf();
-      if (p < len) {
-        const int page = pt[p / PS];
-        off = (static_cast<long long>(page) * PS + p % PS) * ROW + kvh * HD;
-        const float *kr = kcache + off;
-        float dot = 0.0f;
-        if (HD % 4 == 0) {
-#pragma unroll 8
-          for (int d = 0; d < HD; d += 4) {
-            const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
-            const float4 qv = *reinterpret_cast<const float4 *>(&sq[wib][d]);
-            dot = fmaf(qv.x, kv.x, dot);
-            dot = fmaf(qv.y, kv.y, dot);
-            dot = fmaf(qv.z, kv.z, dot);
-            dot = fmaf(qv.w, kv.w, dot);
-          }
-        } else {
-          for (int d = 0; d < HD; ++d)
-            dot = fmaf(sq[wib][d], kr[d], dot);
-        }
-        score = dot * scale;
+    for (int s = 0; s < NSPLIT; ++s) {
+      const float *ps = p + s * (HD + 2);
+      if (ps[1] == 0.0f) // an empty split (m = -inf)
+        continue;
+      const float c = expf(ps[0] - M);
+      l += ps[1] * c;
+#pragma unroll
+      for (int dd = 0; dd < DPL; ++dd) {
+        const int d = lane + 32 * dd;
+        if (d < HD)
+          acc[dd] = fmaf(ps[2 + d], c, acc[dd]);
       }
-      const float mn = fmaxf(m, warp_max(score));
-      const float corr = expf(m - mn);
-      const float e = p < len ? expf(score - mn) : 0.0f;
-      l = l * corr + warp_sum(e);
-#pragma unroll
-      for (int dd = 0; dd < DPL; ++dd)
-        acc[dd] *= corr;
-      // V rows of the tile, 8 positions at a time with their loads issued
-      // together (lanes past the sequence have e = 0 and are skipped).
-      const int cnt = min(32, len - p0);
-      for (int j0 = 0; j0 < cnt; j0 += 8) {
-        float ev[8];
-        long long ov[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          ev[u] = __shfl_sync(0xffffffffu, e, j0 + u);
-          ov[u] = __shfl_sync(0xffffffffu, off, j0 + u);
-        }
-#pragma unroll
-        for (int dd = 0; dd < DPL; ++dd) {
-          const int d = lane + 32 * dd;
-          if (d >= HD)
-            continue;
-          float v[8];
-#pragma unroll
-          for (int u = 0; u < 8; ++u)
-            v[u] = j0 + u < cnt ? vcache[ov[u] + d] : 0.0f;
-#pragma unroll
-          for (int u = 0; u < 8; ++u)
-            acc[dd] = fmaf(ev[u], v[u], acc[dd]);
-        }
-      }
-      m = mn;
     }
     const float inv = 1.0f / l;
-    float *o = out + static_cast<long long>(t) * NQ * HD + h * HD;
+    float *o = out + item * HD;
 #pragma unroll
     for (int dd = 0; dd < DPL; ++dd) {
       const int d = lane + 32 * dd;

@@ -44,9 +44,7 @@ __device__ __forceinline__ float load(const T *p, long long i) {
 }
 
 /// Elements per 16-byte vector.
-template <class T> struct Vec16 {
-  static constexpr int N = 16 / sizeof(T);
-};
+template <class T> struct Vec16 { static constexpr int N = 16 / sizeof(T); };
 
 __device__ __forceinline__ void unpack_bf16x2(unsigned w, float *out) {
   out[0] = __uint_as_float(w << 16);
@@ -105,6 +103,19 @@ __device__ __forceinline__ void load4_act(const float *p, float *out) {
 }
 
 // ---------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+): a generated function first waits
+// until the grids it depends on have completed and their writes are visible,
+// then allows the next launch to begin (its blocks start and wait in turn),
+// so launch latency overlaps execution. Without a programmatic launch both
+// are no-ops.
+__device__ __forceinline__ void wait_for_previous_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// ---------------------------------------------------------------------------
 // Step arguments
 
 template <class T>
@@ -147,7 +158,9 @@ __device__ __forceinline__ long long grid_threads() {
 __device__ __forceinline__ long long global_warp() {
   return global_thread() >> 5;
 }
-__device__ __forceinline__ long long grid_warps() { return grid_threads() >> 5; }
+__device__ __forceinline__ long long grid_warps() {
+  return grid_threads() >> 5;
+}
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 
 // ---------------------------------------------------------------------------
@@ -194,12 +207,27 @@ __device__ __forceinline__ int block_sum(int v) {
   return total;
 }
 
+/// f64 sum over the block in a fixed order (deterministic); every thread
+/// gets the result. Contains __syncthreads: call from all threads.
+__device__ __forceinline__ double block_sum(double v) {
+  __shared__ double s_part[32];
+  v = warp_sum(v);
+  const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane_id() == 0)
+    s_part[warp] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < nwarps; ++w)
+    total += s_part[w];
+  return total;
+}
+
 /// Exclusive prefix sum over the block in thread order; `total` gets the sum.
 /// Contains __syncthreads: call from all threads.
 __device__ __forceinline__ int block_exclusive_scan(int v, int &total) {
   __shared__ int s_warp[32];
-  const int lane = lane_id(), warp = threadIdx.x >> 5,
-            nwarps = blockDim.x >> 5;
+  const int lane = lane_id(), warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   int incl = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -238,7 +266,9 @@ template <int A> __device__ __forceinline__ float activate(float x) {
   return x;
 }
 
-__device__ __forceinline__ float f32_inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float f32_inf() {
+  return __int_as_float(0x7f800000);
+}
 __device__ __forceinline__ double f64_inf() {
   return __longlong_as_double(0x7ff0000000000000ll);
 }

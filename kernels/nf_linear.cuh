@@ -46,8 +46,7 @@ struct DenseGroups {
 
 /// Groups of routed experts: expert g owns dispatch rows
 /// [offsets[g], offsets[g + 1]) (dispatch layout of nf_moe.cuh).
-template <int E, long long DISPATCH>
-struct DispatchGroups {
+template <int E, long long DISPATCH> struct DispatchGroups {
   static constexpr int G = E;
   __device__ static __forceinline__ const int32_t *
   offsets(const nf_step_args *a) {
@@ -178,8 +177,7 @@ __device__ __forceinline__ void mma_bf16(float *c, const unsigned *a,
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-                 "r"(b1));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 struct MmaSmem {
@@ -188,18 +186,17 @@ struct MmaSmem {
 };
 
 template <class S>
-__device__ __forceinline__ void mma_tile(const nf_step_args *a, int g,
-                                         int row0, int rows, int n0,
-                                         MmaSmem &sm) {
+__device__ __forceinline__ void mma_tile(const nf_step_args *a, int g, int row0,
+                                         int rows, int n0, MmaSmem &sm) {
   static_assert(S::K % 8 == 0, "16-byte weight rows");
   const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
   // Loader: A 64 x 32 f32 (8 per thread), B 128 x 32 bf16 (16 per thread).
   const int ar = tid >> 2, ak = (tid & 3) * 8;
   const float *xrow = ar < rows ? S::row(a, row0 + ar) : nullptr;
   const int bn = tid >> 1, bk = (tid & 1) * 16;
-  const bf16 *wrow = n0 + bn < S::N ? S::weight(a, g) +
-                                          static_cast<long long>(n0 + bn) * S::K
-                                    : nullptr;
+  const bf16 *wrow =
+      n0 + bn < S::N ? S::weight(a, g) + static_cast<long long>(n0 + bn) * S::K
+                     : nullptr;
   float ra[8];
   uint4 rb[2];
   auto fetch = [&](int k0) {
@@ -290,11 +287,12 @@ __device__ __forceinline__ void mma_tile(const nf_step_args *a, int g,
         for (int i = 0; i < 2; ++i) {
           const int r = wm * 32 + i * 16 + gid;
           unsigned af[4];
-          af[0] = *reinterpret_cast<const unsigned *>(&sm.a[sp][r][kk + 2 * tig]);
-          af[1] =
-              *reinterpret_cast<const unsigned *>(&sm.a[sp][r + 8][kk + 2 * tig]);
-          af[2] =
-              *reinterpret_cast<const unsigned *>(&sm.a[sp][r][kk + 2 * tig + 8]);
+          af[0] =
+              *reinterpret_cast<const unsigned *>(&sm.a[sp][r][kk + 2 * tig]);
+          af[1] = *reinterpret_cast<const unsigned *>(
+              &sm.a[sp][r + 8][kk + 2 * tig]);
+          af[2] = *reinterpret_cast<const unsigned *>(
+              &sm.a[sp][r][kk + 2 * tig + 8]);
           af[3] = *reinterpret_cast<const unsigned *>(
               &sm.a[sp][r + 8][kk + 2 * tig + 8]);
 #pragma unroll
@@ -324,18 +322,13 @@ __device__ __forceinline__ void mma_tile(const nf_step_args *a, int g,
       }
 }
 
-template <class T> struct IsBf16 {
-  static constexpr bool value = false;
-};
-template <> struct IsBf16<bf16> {
-  static constexpr bool value = true;
-};
+template <class T> struct IsBf16 { static constexpr bool value = false; };
+template <> struct IsBf16<bf16> { static constexpr bool value = true; };
 
 /// Output feature n for `count` (<= kGemvRows) rows starting at `begin`.
 template <class S>
-__device__ __forceinline__ void gemv_item(const nf_step_args *a, int g,
-                                          int begin, int count, int n,
-                                          int lane) {
+__device__ __forceinline__ void
+gemv_item(const nf_step_args *a, int g, int begin, int count, int n, int lane) {
   using W = typename S::W;
   constexpr int V = Vec16<W>::N;
   const W *w = S::weight(a, g) + static_cast<long long>(n) * S::K;
@@ -445,9 +438,10 @@ template <class S> __device__ void linear(const nf_step_args *a) {
       mma_tile<S>(a, lo, s_begin[lo] + mt * kTileM, rows, nt * TN,
                   *reinterpret_cast<MmaSmem *>(s_tiles));
     } else {
-      gemm_tile<S>(a, lo, s_begin[lo] + mt * kTileM, rows, nt * TN,
-                   reinterpret_cast<float(*)[kTileM + 4]>(s_tiles),
-                   reinterpret_cast<float(*)[kTileN + 4]>(s_tiles + kSimtBytes / 2));
+      gemm_tile<S>(
+          a, lo, s_begin[lo] + mt * kTileM, rows, nt * TN,
+          reinterpret_cast<float(*)[kTileM + 4]>(s_tiles),
+          reinterpret_cast<float(*)[kTileN + 4]>(s_tiles + kSimtBytes / 2));
     }
   }
   // GEMV items of the groups with 1..kGemvRows rows.
@@ -458,6 +452,242 @@ template <class S> __device__ void linear(const nf_step_args *a) {
     if (c == 0 || c > kGemvRows)
       continue;
     gemv_item<S>(a, g, s_begin[g], c, static_cast<int>(item % S::N), lane);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Skinny linears on tensor cores (decode: a few rows per weight), bf16
+// weights, K a multiple of 32. The operands are swapped: the weight is mma's
+// A (16 output features per m-tile), the activation rows are B (8 rows per
+// n-tile), so one row costs no more weight traffic than 64 rows. Each thread
+// loads 16 contiguous bytes of a weight row per 32-deep K step and the
+// activations of the same 8 K positions: the dot product does not care in
+// which order K is visited, so the mma fragments take K permuted (physical
+// 8*tig + 4*s + {0,1,2,3} is logical {2tig, 2tig+1, 2tig+8, 2tig+9} of mma s)
+// and every load is a full 16-byte vector. Activations are split into three
+// bf16 terms as in mma_tile, so products are exact and only the order of the
+// f32 sums differs from the other paths.
+//
+// A block (KW warps) owns one item: MT m-tiles of features of one
+// group and up to ROWS of its rows; its warps split K (warp w takes the K
+// steps w, w + KW, ...) with the next step's weight loads in
+// flight, and the partial sums are folded pairwise through shared memory in
+// a fixed order (deterministic). Two variants, chosen per launch by the
+// step's token count (the plan's launch token ranges): narrow (MT 1, 4 K
+// steps in flight: many bytes in flight for few rows) and wide (MT 2, 2 K
+// steps in flight: half the activation reads per weight byte). Items take
+// at most 16 rows (NT <= 2: few registers, several blocks per SM); a group
+// with more rows takes several items of the same feature tile, neighbours
+// in the item order, so the second read of a weight tile comes from L2.
+
+__device__ __forceinline__ unsigned pack_bf16x2(unsigned short lo,
+                                                unsigned short hi) {
+  return static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16);
+}
+__device__ __forceinline__ unsigned uint4_at(const uint4 &v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <class S, int KW, int MT, int NT, int STAGES>
+__device__ __forceinline__ void skinny_item(const nf_step_args *a, int g,
+                                            int row0, int rows, int n0,
+                                            float *red) {
+  constexpr int KSTEPS = S::K / 32;
+  const int lane = lane_id(), warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const bf16 *wbase = S::weight(a, g);
+  const bf16 *wr[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = n0 + mt * 16 + gid + 8 * h;
+      wr[mt][h] = n < S::N ? wbase + static_cast<long long>(n) * S::K + 8 * tig
+                           : nullptr;
+    }
+  const float *xr[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int r = nt * 8 + gid;
+    xr[nt] = r < rows ? S::row(a, row0 + r) + 8 * tig : nullptr;
+  }
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        acc[mt][nt][c] = 0.0f;
+  // STAGES K steps' weight loads in flight per warp: w[st] holds step
+  // ks0 + st * KW (the ring index is unrolled, so it stays in
+  // registers).
+  uint4 w[STAGES][MT][2];
+  auto fetch = [&](uint4(&wv)[MT][2], int ks) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        wv[mt][h] =
+            wr[mt][h] && ks < KSTEPS
+                ? __ldg(reinterpret_cast<const uint4 *>(wr[mt][h] + ks * 32))
+                : make_uint4(0u, 0u, 0u, 0u);
+  };
+#pragma unroll
+  for (int st = 0; st < STAGES; ++st)
+    fetch(w[st], warp + st * KW);
+  for (int ks0 = warp; ks0 < KSTEPS; ks0 += STAGES * KW) {
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+      const int ks = ks0 + st * KW;
+      if (ks >= KSTEPS)
+        break;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float x[8];
+        if (xr[nt]) {
+          load4_act(xr[nt] + ks * 32, x);
+          load4_act(xr[nt] + ks * 32 + 4, x + 4);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            x[i] = 0.0f;
+        }
+        unsigned b[3][4]; // [term: lo, mid, hi][2 * s + reg]
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+          unsigned short h[2], m[2], l[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const float v = x[i + u];
+            h[u] = f32_to_bf16_rn(v);
+            const float r1 = v - bf16_bits_to_f32(h[u]);
+            m[u] = f32_to_bf16_rn(r1);
+            l[u] = f32_to_bf16_rn(r1 - bf16_bits_to_f32(m[u]));
+          }
+          b[0][i / 2] = pack_bf16x2(l[0], l[1]);
+          b[1][i / 2] = pack_bf16x2(m[0], m[1]);
+          b[2][i / 2] = pack_bf16x2(h[0], h[1]);
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const unsigned af[4] = {uint4_at(w[st][mt][0], 2 * s),
+                                    uint4_at(w[st][mt][1], 2 * s),
+                                    uint4_at(w[st][mt][0], 2 * s + 1),
+                                    uint4_at(w[st][mt][1], 2 * s + 1)};
+#pragma unroll
+            for (int term = 0; term < 3; ++term) // small terms first
+              mma_bf16(acc[mt][nt], af, b[term][2 * s], b[term][2 * s + 1]);
+          }
+      }
+      fetch(w[st], ks + STAGES * KW);
+    }
+  }
+  // Fold the warps' partial sums: the upper half adds into the lower half.
+  constexpr int kFrag = MT * NT * 4;
+#pragma unroll
+  for (int half = KW / 2; half >= 1; half /= 2) {
+    __syncthreads(); // red is free
+    if (warp >= half && warp < 2 * half) {
+      float *dst = red + (warp - half) * kFrag * 32;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            dst[((mt * NT + nt) * 4 + c) * 32 + lane] = acc[mt][nt][c];
+    }
+    __syncthreads();
+    if (warp < half) {
+      const float *src = red + warp * kFrag * 32;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            acc[mt][nt][c] += src[((mt * NT + nt) * 4 + c) * 32 + lane];
+    }
+  }
+  if (warp == 0) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int n = n0 + mt * 16 + gid + (c >> 1) * 8;
+          const int r = nt * 8 + 2 * tig + (c & 1);
+          if (n < S::N && r < rows)
+            S::store(a, row0 + r, n, acc[mt][nt][c]);
+        }
+  }
+}
+
+/// y = x . W^T for groups of few rows (see above); launch with KW warps
+/// (the K split) per block. A group's rows past ROWS take further items.
+template <class S, int MT, int STAGES, int KW>
+__device__ void skinny_linear(const nf_step_args *a) {
+  static_assert(S::K % 32 == 0, "32-deep K steps");
+  constexpr int ROWS = 16;
+  constexpr int FT = 16 * MT; // features per item
+  constexpr int NTILES = (S::N + FT - 1) / FT;
+  __shared__ int s_begin[S::G], s_count[S::G], s_item[S::G + 1];
+  __shared__ __align__(
+      16) float s_red[(KW > 1 ? KW / 2 : 1) * MT * (ROWS / 8) * 4 * 32];
+  const int tid = threadIdx.x, lane = lane_id();
+  for (int g = tid; g < S::G; g += blockDim.x) {
+    int b, c;
+    S::group(a, g, b, c);
+    s_begin[g] = b;
+    s_count[g] = c;
+  }
+  __syncthreads();
+  if (tid < 32) { // items per group: row chunks x feature tiles; prefix
+    int carry = 0;
+    for (int g0 = 0; g0 < S::G; g0 += 32) {
+      const int g = g0 + lane;
+      const int c = g < S::G ? s_count[g] : 0;
+      const int items = (c + ROWS - 1) / ROWS * NTILES;
+      int incl = items;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+          incl += u;
+      }
+      if (g < S::G)
+        s_item[g] = carry + incl - items;
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0)
+      s_item[S::G] = carry;
+  }
+  __syncthreads();
+  const int items = s_item[S::G];
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    int lo = 0, hi = S::G - 1; // last group whose first item <= item
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (s_item[mid] <= item)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    // Chunks of one feature tile are neighbours: a weight tile read twice
+    // (more than ROWS rows) is read close in time, from L2.
+    const int local = item - s_item[lo];
+    const int chunks = (s_count[lo] + ROWS - 1) / ROWS;
+    const int nt = local / chunks, chunk = local % chunks;
+    const int row0 = s_begin[lo] + chunk * ROWS;
+    const int rows = min(ROWS, s_count[lo] - chunk * ROWS);
+    if (rows <= 8)
+      skinny_item<S, KW, MT, 1, STAGES>(a, lo, row0, rows, nt * FT, s_red);
+    else
+      skinny_item<S, KW, MT, 2, STAGES>(a, lo, row0, rows, nt * FT, s_red);
   }
 }
 

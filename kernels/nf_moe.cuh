@@ -16,6 +16,49 @@
 
 namespace nf {
 
+/// Router logits over the whole grid (decode: one block per token would
+/// leave the GPU idle while it reads the gate): one warp per (token,
+/// expert), f64 sums of f32 x bf16/f32 products, s and sb written as f64
+/// pairs to `pre` for moe_route and as f32 to `scores` / `sel`.
+template <class WG, class WB, int E, int H>
+__device__ void moe_router_logits(const nf_step_args *a, const float *x,
+                                  const WG *gate, const WB *bias, float *scores,
+                                  float *sel, double *pre) {
+  constexpr int V = Vec16<WG>::N;
+  const long long items = static_cast<long long>(a->num_tokens) * E;
+  const int lane = lane_id();
+  for (long long item = global_warp(); item < items; item += grid_warps()) {
+    const int t = static_cast<int>(item / E), e = static_cast<int>(item % E);
+    const float *xr = x + static_cast<long long>(t) * H;
+    const WG *gr = gate + static_cast<long long>(e) * H;
+    double acc = 0.0;
+    if (H % V == 0) {
+      for (int k = lane * V; k < H; k += 32 * V) {
+        float wv[V], xv[V];
+        load16(gr + k, wv);
+#pragma unroll
+        for (int v = 0; v < V; v += 4)
+          load4_act(xr + k + v, xv + v);
+#pragma unroll
+        for (int v = 0; v < V; ++v)
+          acc += static_cast<double>(xv[v]) * static_cast<double>(wv[v]);
+      }
+    } else {
+      for (int k = lane; k < H; k += 32)
+        acc += static_cast<double>(xr[k]) * static_cast<double>(load(gr, k));
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      const double sc = 1.0 / (1.0 + exp(-acc));
+      const double sb = sc + static_cast<double>(load(bias, e));
+      pre[item * 2] = sc;
+      pre[item * 2 + 1] = sb;
+      scores[item] = static_cast<float>(sc);
+      sel[item] = static_cast<float>(sb);
+    }
+  }
+}
+
 /// Router (logits x . gate^T in f64, s = sigmoid, sb = s + bias) and/or the
 /// per-token part of select (group-limited top-K on sb, by descending sb then
 /// ascending expert). One block per token.
@@ -25,12 +68,14 @@ namespace nf {
 ///            budget policy, unless a->experts_per_token overrides it) the K
 ///            candidates and their raw scores are written for moe_budget,
 ///            which decides the counts and normalises.
+///   pre:     when not null (with kRouter), s and sb were computed by
+///            moe_router_logits (f64 pairs per token and expert): read them.
 template <class WG, class WB, int E, int H, int K, int NGROUP, int TOPKG,
           bool kRouter, bool kSelect, bool kDefer, bool kNorm>
-__device__ void moe_route(const nf_step_args *a, const float *x,
-                          const WG *gate, const WB *bias, float *scores,
-                          float *sel, int32_t *experts, float *weights,
-                          int32_t *counts, float rsf) {
+__device__ void moe_route(const nf_step_args *a, const float *x, const WG *gate,
+                          const WB *bias, float *scores, float *sel,
+                          int32_t *experts, float *weights, int32_t *counts,
+                          float rsf, const double *pre = nullptr) {
   constexpr int CPL = (E + 31) / 32; // candidates per lane
   static_assert(CPL <= 32, "at most 1024 experts");
   __shared__ double s_s[E], s_sb[E], s_rs[K], s_g[NGROUP];
@@ -40,7 +85,12 @@ __device__ void moe_route(const nf_step_args *a, const float *x,
             nwarps = blockDim.x >> 5;
   for (int t = blockIdx.x; t < T; t += gridDim.x) {
     __syncthreads(); // shared state of the previous token is consumed
-    if (kRouter) {
+    if (kRouter && pre) {
+      for (int e = tid; e < E; e += blockDim.x) {
+        s_s[e] = pre[(static_cast<long long>(t) * E + e) * 2];
+        s_sb[e] = pre[(static_cast<long long>(t) * E + e) * 2 + 1];
+      }
+    } else if (kRouter) {
       const float *xr = x + static_cast<long long>(t) * H;
       for (int e = warp; e < E; e += nwarps) {
         const WG *gr = gate + static_cast<long long>(e) * H;
@@ -219,9 +269,11 @@ __device__ void moe_budget(const nf_step_args *a, const float *budget,
     calls = min(max(calls, static_cast<long long>(mk) * n),
                 static_cast<long long>(K) * n);
     const long long R = calls - static_cast<long long>(mk) * n;
+    // A budget that covers every candidate (B = 1) needs no selection.
+    const bool all = R >= static_cast<long long>(K - mk) * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
-      cnt[i] = mk;
-    if (R > 0 && mk < K) {
+      cnt[i] = all ? K : mk;
+    if (!all && R > 0 && mk < K) {
       // Radix select of v* = the R-th largest key, most significant byte
       // first; `want` ends as the number of keys equal to v* to take.
       unsigned long long prefix = 0, mask = 0;
@@ -266,7 +318,8 @@ __device__ void moe_budget(const nf_step_args *a, const float *budget,
               }
               above += bins[b];
             }
-            s_prefix = prefix | (static_cast<unsigned long long>(digit) << shift);
+            s_prefix =
+                prefix | (static_cast<unsigned long long>(digit) << shift);
             s_want = want - above;
           }
         }
@@ -329,9 +382,8 @@ __device__ void moe_budget(const nf_step_args *a, const float *budget,
       const double nrm = norm_topk ? 1.0 / (sum + 1e-20) : 1.0;
       for (int j = 0; j < K; ++j) {
         if (j < kt) {
-          weights[row + j] =
-              static_cast<float>(static_cast<double>(weights[row + j]) * nrm *
-                                 rsf);
+          weights[row + j] = static_cast<float>(
+              static_cast<double>(weights[row + j]) * nrm * rsf);
         } else {
           experts[row + j] = -1;
           weights[row + j] = 0.0f;

@@ -10,8 +10,8 @@ namespace nf {
 
 /// out[t, :] = table[ids[t], :] (ids: the step's token ids or an i32 column).
 template <class W, int H>
-__device__ void embed(const nf_step_args *a, const int32_t *ids,
-                      const W *table, float *out) {
+__device__ void embed(const nf_step_args *a, const int32_t *ids, const W *table,
+                      float *out) {
   const long long n = static_cast<long long>(a->num_tokens) * H;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
     const long long t = i / H, c = i % H;
@@ -47,70 +47,71 @@ __device__ void copy_columns(const nf_step_args *a, const float *x,
   }
 }
 
-/// One row of an RMSNorm: out = w * (x * rsqrt(mean(x^2) + eps)), the sum of
-/// squares in f64 as on the CPU. One warp per row.
+/// One row of an RMSNorm over a block: out = w * (x * rsqrt(mean(x^2) +
+/// eps)), the sum of squares in f64 as on the CPU. A block per row keeps the
+/// chain of dependent loads short (a warp per row is latency bound at small
+/// batches). Each thread reads back only the elements it wrote, so x may be
+/// the block's own output of a moment ago.
 template <class W, int H>
 __device__ __forceinline__ void rms_norm_row(const float *x, const W *w,
-                                             double eps, float *out,
-                                             int lane) {
+                                             double eps, float *out) {
   double ss = 0.0;
-  for (int i = lane; i < H; i += 32) {
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
     const double v = x[i];
     ss += v * v;
   }
-  ss = warp_sum(ss);
+  ss = block_sum(ss);
   const float r =
       static_cast<float>(1.0 / sqrt(ss / static_cast<double>(H) + eps));
-  for (int i = lane; i < H; i += 32)
+  for (int i = threadIdx.x; i < H; i += blockDim.x)
     out[i] = load(w, i) * (x[i] * r);
 }
 
+/// RMSNorm, one block per row.
 template <class W, int H>
 __device__ void rms_norm(const nf_step_args *a, const float *x, const W *w,
                          double eps, float *out) {
-  const int T = a->num_tokens, lane = lane_id();
-  for (long long t = global_warp(); t < T; t += grid_warps())
-    rms_norm_row<W, H>(x + t * H, w, eps, out + t * H, lane);
+  const int T = a->num_tokens;
+  for (long long t = blockIdx.x; t < T; t += gridDim.x)
+    rms_norm_row<W, H>(x + t * H, w, eps, out + t * H);
 }
 
-/// sum = x + y; out = rms_norm(sum). One warp per row; each lane reads back
-/// only the elements it wrote.
+/// sum = x + y; out = rms_norm(sum). One block per row.
 template <class W, int H>
 __device__ void add_rms_norm(const nf_step_args *a, const float *x,
-                             const float *y, float *sum, const W *w,
-                             double eps, float *out) {
-  const int T = a->num_tokens, lane = lane_id();
-  for (long long t = global_warp(); t < T; t += grid_warps()) {
+                             const float *y, float *sum, const W *w, double eps,
+                             float *out) {
+  const int T = a->num_tokens;
+  for (long long t = blockIdx.x; t < T; t += gridDim.x) {
     const float *xr = x + t * H, *yr = y + t * H;
     float *sr = sum + t * H;
-    for (int i = lane; i < H; i += 32)
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
       sr[i] = xr[i] + yr[i];
-    rms_norm_row<W, H>(sr, w, eps, out + t * H, lane);
+    rms_norm_row<W, H>(sr, w, eps, out + t * H);
   }
 }
 
 /// Gated grouped RMSNorm (norm after gate): u = y * silu(z), normalised per
-/// group of I/G features, times w. One warp per (token, group).
+/// group of I/G features, times w. One block per (token, group).
 template <class W, int I, int G>
 __device__ void gated_rms_norm(const nf_step_args *a, const float *y,
                                const float *z, const W *w, double eps,
                                float *out) {
   constexpr int GS = I / G;
   const long long items = static_cast<long long>(a->num_tokens) * G;
-  const int lane = lane_id();
-  for (long long item = global_warp(); item < items; item += grid_warps()) {
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
     const long long t = item / G;
     const int q = static_cast<int>(item % G);
     const long long base = t * I + static_cast<long long>(q) * GS;
     double ss = 0.0;
-    for (int i = lane; i < GS; i += 32) {
+    for (int i = threadIdx.x; i < GS; i += blockDim.x) {
       const double u = y[base + i] * silu(z[base + i]);
       ss += u * u;
     }
-    ss = warp_sum(ss);
+    ss = block_sum(ss);
     const float r =
         static_cast<float>(1.0 / sqrt(ss / static_cast<double>(GS) + eps));
-    for (int i = lane; i < GS; i += 32) {
+    for (int i = threadIdx.x; i < GS; i += blockDim.x) {
       const float u = y[base + i] * silu(z[base + i]);
       out[base + i] = load(w, q * GS + i) * (u * r);
     }
@@ -124,8 +125,7 @@ __device__ void moe_combine(const nf_step_args *a, const float *rows,
                             const int32_t *dispatch, const float *w,
                             float *out) {
   const int T = a->num_tokens;
-  const int32_t *slot_row =
-      dispatch + E + 1 + static_cast<long long>(T) * M;
+  const int32_t *slot_row = dispatch + E + 1 + static_cast<long long>(T) * M;
   const long long n = static_cast<long long>(T) * HE;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
     const long long t = i / HE, c = i % HE;

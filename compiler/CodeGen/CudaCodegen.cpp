@@ -15,8 +15,8 @@
 //   nf_moe.select (budget policy)            per-token ranking, then one
 //                                            block per sequence decides counts
 //   nf_moe.shared_expert                     up GEMM (+act), then down GEMM
-// Function names: <p|d>k<kernel>_op<first op>_<what>, e.g. pk12_op0_add_rms_norm
-// for prefill kernel 12.
+// Function names: <p|d>k<kernel>_op<first op>_<what>, e.g.
+// pk12_op0_add_rms_norm for prefill kernel 12.
 //
 //===----------------------------------------------------------------------===//
 
@@ -28,6 +28,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <set>
@@ -124,9 +125,9 @@ std::string opName(const pl::Op &op) {
   return op.name() ? op.name()->str() : std::string("<unnamed>");
 }
 std::vector<int> operands(const pl::Op &op) {
-  return op.operands() ? std::vector<int>(op.operands()->begin(),
-                                          op.operands()->end())
-                       : std::vector<int>();
+  return op.operands()
+             ? std::vector<int>(op.operands()->begin(), op.operands()->end())
+             : std::vector<int>();
 }
 std::vector<int> results(const pl::Op &op) {
   return op.results()
@@ -151,17 +152,16 @@ public:
                 const std::string &phase, int index, const pl::Kernel &kernel,
                 int64_t maxTokens, int64_t arenaBytes,
                 const CudaCodegenOptions &opts)
-      : plan(plan), values(values), phase(phase), index(index),
-        kernel(kernel), maxTokens(maxTokens), arenaBytes(arenaBytes),
-        opts(opts) {}
+      : plan(plan), values(values), phase(phase), index(index), kernel(kernel),
+        maxTokens(maxTokens), arenaBytes(arenaBytes), opts(opts) {}
 
   StatusOr<CudaKernelSource> run(int64_t &scratchEnd);
 
 private:
   // Diagnostics
   Status fail(size_t op, const std::string &message) const {
-    std::string where = phase + " kernel " + std::to_string(index) + " '" +
-                        kname() + "'";
+    std::string where =
+        phase + " kernel " + std::to_string(index) + " '" + kname() + "'";
     if (op < ops.size())
       where += " op " + std::to_string(op) + " " + opName(*ops[op]);
     return Status::error("cuda: " + where + ": " + message);
@@ -189,9 +189,9 @@ private:
   }
   std::vector<int64_t> weightShape(int v) const {
     const pl::Weight *w = weightOf(v);
-    return w && w->shape() ? std::vector<int64_t>(w->shape()->begin(),
-                                                  w->shape()->end())
-                           : std::vector<int64_t>();
+    return w && w->shape()
+               ? std::vector<int64_t>(w->shape()->begin(), w->shape()->end())
+               : std::vector<int64_t>();
   }
   int64_t weightNumel(int v) const {
     int64_t n = 1;
@@ -256,8 +256,13 @@ private:
     return std::string(phase == "prefill" ? "p" : "d") + "k" +
            std::to_string(index) + "_op" + std::to_string(op) + "_" + label;
   }
+  /// One __global__ function and its launch. Every function first waits
+  /// for the grids before it (griddepcontrol.wait, a no-op unless launched
+  /// as a programmatic dependent) and then lets the next launch start
+  /// (launch_dependents): the next kernel's launch overlaps this one's run.
   void addLaunch(const std::string &fn, uint32_t grid, uint32_t block,
-                 const std::string &body, const std::string &comment) {
+                 const std::string &body, const std::string &comment,
+                 uint32_t minTokens = 0, uint32_t maxTokens = 0) {
     std::string inject;
     if (!opts.injectError.empty() &&
         fn.find(opts.injectError) != std::string::npos)
@@ -265,14 +270,22 @@ private:
     text << "// " << comment << "\n"
          << "extern \"C\" __global__ void __launch_bounds__(" << block << ") "
          << fn << "(const nf_step_args *__restrict__ a) {\n"
-         << inject << body << "}\n\n";
-    launches.push_back({fn, grid, block, 0, false});
+         << inject << "  nf::wait_for_previous_grids();\n"
+         << body << "}\n\n";
+    CudaLaunchInfo l;
+    l.function = fn;
+    l.grid = grid;
+    l.block = block;
+    l.minTokens = minTokens;
+    l.maxTokens = maxTokens;
+    l.programmatic = true;
+    launches.push_back(l);
   }
   uint32_t elementGrid(int64_t elements) const {
     return gridOf(ceilDiv(elements, 256), int64_t(opts.smCount) * 8);
   }
-  uint32_t rowGrid(int64_t rows) const { // warp per row, 8 warps a block
-    return gridOf(ceilDiv(rows, 8), int64_t(opts.smCount) * 8);
+  uint32_t blockGrid(int64_t items) const { // a block per item
+    return gridOf(items, int64_t(opts.smCount) * 8);
   }
   void emitLinear(const std::string &fn, const LinearSpec &s,
                   const std::string &comment);
@@ -346,12 +359,47 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
        << "  __device__ static __forceinline__ void store(const nf_step_args "
           "*a, int r, int n, float v) {\n"
        << s.store << "  }\n};\n";
+  // Decode with bf16 weights: the skinny tensor-core kernel (weights as mma's
+  // A operand, K split across a block's warps), which reads each weight byte
+  // once at any batch size up to 64 rows per group.
+  // Two variants: up to kNarrowTokens tokens (16 features a block, 4 K
+  // steps in flight) and more (32 features a block); the plan says which
+  // runs for how many tokens.
+  if (phase == "decode" && s.wtype == "nf::bf16" && s.K % 32 == 0) {
+    constexpr int64_t kNarrowTokens = 16;
+    const char *kwEnv = std::getenv("NF_SKINNY_KW");
+    const char *capEnv = std::getenv("NF_SKINNY_CAP");
+    const int64_t kw = kwEnv ? std::atoi(kwEnv) : 8;
+    const int64_t cap =
+        int64_t(opts.smCount) * (capEnv ? std::atoi(capEnv) : 8);
+    const int64_t narrowRows = std::min(s.maxRows, kNarrowTokens);
+    const int64_t narrowItems =
+        (std::min(s.G, narrowRows) + 1) * ceilDiv(s.N, 16);
+    const bool wide = maxTokens > kNarrowTokens;
+    const char *mtEnv = std::getenv("NF_SKINNY_WIDE_MT");
+    const char *stEnv = std::getenv("NF_SKINNY_WIDE_STAGES");
+    const int64_t wmt = mtEnv ? std::atoi(mtEnv) : 2;
+    const int64_t wst = stEnv ? std::atoi(stEnv) : 2;
+    addLaunch(fn + (wide ? "_narrow" : ""), gridOf(narrowItems, cap),
+              static_cast<uint32_t>(32 * kw),
+              "  nf::skinny_linear<" + spec + ", 1, 4, " + num(kw) + ">(a);\n",
+              comment, 0, wide ? kNarrowTokens : 0);
+    if (wide) {
+      const int64_t items =
+          (std::min(s.G, s.maxRows) + ceilDiv(s.maxRows, 16)) *
+          ceilDiv(s.N, 16 * wmt);
+      addLaunch(fn + "_wide", gridOf(items, cap),
+                static_cast<uint32_t>(32 * kw),
+                "  nf::skinny_linear<" + spec + ", " + num(wmt) + ", " +
+                    num(wst) + ", " + num(kw) + ">(a);\n",
+                comment, kNarrowTokens + 1, 0);
+    }
+    return;
+  }
   const int64_t nt = ceilDiv(s.N, 64);
-  const int64_t tiles =
-      (ceilDiv(s.maxRows, 64) + (s.G > 1 ? s.G : 0)) * nt;
+  const int64_t tiles = (ceilDiv(s.maxRows, 64) + (s.G > 1 ? s.G : 0)) * nt;
   const int64_t gemvBlocks = ceilDiv(s.G * s.N, 8);
-  addLaunch(fn,
-            gridOf(std::max(tiles, gemvBlocks), int64_t(opts.smCount) * 4),
+  addLaunch(fn, gridOf(std::max(tiles, gemvBlocks), int64_t(opts.smCount) * 4),
             256, "  nf::linear<" + spec + ">(a);\n", comment);
 }
 
@@ -395,7 +443,7 @@ StatusOr<size_t> KernelEmitter::rmsNorm(size_t i) {
     return fail(i, "weight, result or epsilon does not match " +
                        std::to_string(H) + " features");
   includes.insert("nf_rows.cuh");
-  addLaunch(fnName(i, "rms_norm"), rowGrid(maxTokens), 256,
+  addLaunch(fnName(i, "rms_norm"), blockGrid(maxTokens), 256,
             "  nf::rms_norm<" + *wt + ", " + num(H) + ">(a, " +
                 arenaPtr(in[0]) + ", " + weightPtr(in[1]) + ", " +
                 doubleLit(*eps) + ", " + arenaPtr(out[0]) + ");\n",
@@ -421,7 +469,7 @@ StatusOr<size_t> KernelEmitter::add(size_t i) {
     if (nin.size() == 2 && nin[0] == out[0] && nout.size() == 1 &&
         isAct(nout[0]) && V(nout[0]).cols == H && wt &&
         weightNumel(nin[1]) == H && eps) {
-      addLaunch(fnName(i, "add_rms_norm"), rowGrid(maxTokens), 256,
+      addLaunch(fnName(i, "add_rms_norm"), blockGrid(maxTokens), 256,
                 "  nf::add_rms_norm<" + *wt + ", " + num(H) + ">(a, " +
                     arenaPtr(in[0]) + ", " + arenaPtr(in[1]) + ", " +
                     arenaPtr(out[0]) + ", " + weightPtr(nin[1]) + ", " +
@@ -492,11 +540,10 @@ StatusOr<size_t> KernelEmitter::gatedRmsNorm(size_t i) {
   auto eps = floatAttr(op, "epsilon");
   auto wt = weightType(in[2]);
   if (V(in[1]).cols != I || V(out[0]).cols != I || !wt ||
-      weightNumel(in[2]) != I || !groups || *groups <= 0 || I % *groups ||
-      !eps)
+      weightNumel(in[2]) != I || !groups || *groups <= 0 || I % *groups || !eps)
     return fail(i, "shapes, groups or epsilon do not match");
   includes.insert("nf_rows.cuh");
-  addLaunch(fnName(i, "gated_rms_norm"), rowGrid(maxTokens * *groups), 256,
+  addLaunch(fnName(i, "gated_rms_norm"), blockGrid(maxTokens * *groups), 256,
             "  nf::gated_rms_norm<" + *wt + ", " + num(I) + ", " +
                 num(*groups) + ">(a, " + arenaPtr(in[0]) + ", " +
                 arenaPtr(in[1]) + ", " + weightPtr(in[2]) + ", " +
@@ -526,7 +573,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   s.row = arenaPtr(in[0]) + " + static_cast<long long>(r) * " + num(s.K);
   s.maxRows = maxTokens;
   const std::string rn = "static_cast<long long>(r) * ";
-  std::string label = opName(op) == "nf.lm_head"          ? "lm_head"
+  std::string label = opName(op) == "nf.lm_head"           ? "lm_head"
                       : opName(op) == "nf_moe.latent_proj" ? "latent_proj"
                                                            : "linear";
   std::string comment = opName(op);
@@ -545,8 +592,8 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     int64_t sum = 0;
     for (size_t r = 0; r < pieces.size(); ++r) {
       if (!isAct(pieces[r]) || V(pieces[r]).cols != (*sizes)[r])
-        return fail(i + 1, "result " + std::to_string(r) +
-                               " does not match its size");
+        return fail(i + 1,
+                    "result " + std::to_string(r) + " does not match its size");
       sum += (*sizes)[r];
     }
     if (sum != s.N)
@@ -561,9 +608,8 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
         auto k = std::find(pieces.begin(), pieces.end(), ain[1]);
         auto v = std::find(pieces.begin(), pieces.end(), ain[2]);
         const int64_t row = st->kv_heads() * st->head_dim();
-        if (k != pieces.end() && v != pieces.end() &&
-            V(ain[1]).cols == row && V(ain[2]).cols == row &&
-            st->dtype() == pl::DType::F32) {
+        if (k != pieces.end() && v != pieces.end() && V(ain[1]).cols == row &&
+            V(ain[2]).cols == row && st->dtype() == pl::DType::F32) {
           includes.insert("nf_attention.cuh");
           const std::string off = "nf::kv_row_offset<" + num(row) + ", " +
                                   num(st->page_size()) + ">(a, r)";
@@ -662,7 +708,8 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   s1.maxRows = maxTokens;
   emitLinear(fnName(i, "shared_up"), s1,
              "nf_moe.shared_expert: hidden = act(x . up^T) (codegen scratch "
-             "at " + num(hidden) + ")");
+             "at " +
+                 num(hidden) + ")");
   LinearSpec s2;
   s2.wtype = *dt;
   s2.N = down[0];
@@ -699,8 +746,8 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
   s.N = shape[1];
   s.K = shape[2];
   s.G = d.numExperts;
-  s.groups = "nf::DispatchGroups<" + num(d.numExperts) + ", " +
-             num(d.offset) + "ll>";
+  s.groups =
+      "nf::DispatchGroups<" + num(d.numExperts) + ", " + num(d.offset) + "ll>";
   s.weight = weightPtr(in[2]) + " + static_cast<long long>(g) * " +
              num(s.N * s.K) + "ll";
   if (up)
@@ -780,11 +827,11 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   if (!st)
     return fail(i, "needs a MambaState storage");
   if (in.size() != 6 || out.size() != 1 ||
-      V(in[0]).kind != pl::ValueKind::Batch || !isAct(in[1]) ||
-      !isAct(in[2]) || !isAct(out[0]))
+      V(in[0]).kind != pl::ValueKind::Batch || !isAct(in[1]) || !isAct(in[2]) ||
+      !isAct(out[0]))
     return fail(i, "expects (batch, xbc, dt, dt_bias, A_log, D) -> y");
-  const int64_t NH = st->num_heads(), P = st->head_dim(),
-                N = st->state_size(), CD = st->conv_dim();
+  const int64_t NH = st->num_heads(), P = st->head_dim(), N = st->state_size(),
+                CD = st->conv_dim();
   if (NH <= 0 || P <= 0 || N <= 0 || CD <= NH * P ||
       (CD - NH * P) % (2 * N) != 0)
     return fail(i, "bad mamba state sizes");
@@ -811,22 +858,18 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
     TC /= 2;
   const int64_t block = PT * NS;
   includes.insert("nf_mamba.cuh");
-  const std::string state =
-      "nf::storage(a, " + num(2 * op.storage() + 1) + ")";
+  const std::string state = "nf::storage(a, " + num(2 * op.storage() + 1) + ")";
   const int64_t items = maxTokens * NH * (P / PT);
-  addLaunch(fnName(i, opName(op) == "nf_kv.ssm_update" ? "ssm_update"
-                                                        : "ssm_scan"),
-            gridOf(items, int64_t(opts.smCount) * 8),
-            static_cast<uint32_t>(block),
-            "  nf::ssm_scan<" + *t3 + ", " + *t4 + ", " + *t5 + ", " +
-                num(NH) + ", " + num(P) + ", " + num(N) + ", " + num(G) +
-                ", " + num(PT) + ", " + num(NS) + ", " + num(TC) + ">(a, " +
-                arenaPtr(in[1]) + ", " + arenaPtr(in[2]) + ", " +
-                weightPtr(in[3]) + ", " + weightPtr(in[4]) + ", " +
-                weightPtr(in[5]) + ", " + floatLit(*lo) + ", " +
-                floatLit(*hi) + ", " + state + ", " + arenaPtr(out[0]) +
-                ");\n",
-            opName(op) + ": sequential over each sequence's tokens");
+  addLaunch(
+      fnName(i, opName(op) == "nf_kv.ssm_update" ? "ssm_update" : "ssm_scan"),
+      gridOf(items, int64_t(opts.smCount) * 8), static_cast<uint32_t>(block),
+      "  nf::ssm_scan<" + *t3 + ", " + *t4 + ", " + *t5 + ", " + num(NH) +
+          ", " + num(P) + ", " + num(N) + ", " + num(G) + ", " + num(PT) +
+          ", " + num(NS) + ", " + num(TC) + ">(a, " + arenaPtr(in[1]) + ", " +
+          arenaPtr(in[2]) + ", " + weightPtr(in[3]) + ", " + weightPtr(in[4]) +
+          ", " + weightPtr(in[5]) + ", " + floatLit(*lo) + ", " +
+          floatLit(*hi) + ", " + state + ", " + arenaPtr(out[0]) + ");\n",
+      opName(op) + ": sequential over each sequence's tokens");
   return size_t(1);
 }
 
@@ -877,33 +920,56 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   const std::string args = "(a, " + arenaPtr(in[1]) + ", nf::storage(a, " +
                            num(2 * op.storage()) + "), nf::storage(a, " +
                            num(2 * op.storage() + 1) + "), " +
-                           floatLit(*scale) + ", " + arenaPtr(out[0]) +
-                           ");\n";
+                           floatLit(*scale) + ", " + arenaPtr(out[0]) + ");\n";
+  // Decode: split over the context, then combine (flash decoding).
+  if (phase == "decode") {
+    constexpr int64_t kSplits = 16, perBlock = 8;
+    const int64_t part =
+        newScratch(maxTokens * *heads * kSplits * (HD + 2) * 4);
+    const std::string partPtr = "nf::arena<float>(a, " + num(part) + "ll)";
+    addLaunch(fnName(i, "attend_split"),
+              gridOf(ceilDiv(maxTokens * *heads * kSplits, perBlock),
+                     int64_t(opts.smCount) * 8),
+              32 * perBlock,
+              "  nf::kv_attend_split<" + num(*heads) + ", " + num(NKV) + ", " +
+                  num(HD) + ", " + num(st->page_size()) + ", " + num(perBlock) +
+                  ", " + num(kSplits) + ">(a, " + arenaPtr(in[1]) +
+                  ", nf::storage(a, " + num(2 * op.storage()) +
+                  "), nf::storage(a, " + num(2 * op.storage() + 1) + "), " +
+                  floatLit(*scale) + ", " + partPtr + ");\n",
+              "nf_kv.attend (decode): a warp per (token, head, context "
+              "split), online softmax per split");
+    addLaunch(
+        fnName(i, "attend_combine"),
+        gridOf(ceilDiv(maxTokens * *heads, 8), int64_t(opts.smCount) * 8), 256,
+        "  nf::kv_attend_combine<" + num(*heads) + ", " + num(HD) + ", " +
+            num(kSplits) + ">(a, " + partPtr + ", " + arenaPtr(out[0]) + ");\n",
+        "nf_kv.attend (decode): the splits' softmaxes merged");
+    return size_t(1);
+  }
   // Block per (token, kv head), K/V tiles in shared memory, when they fit.
   const int64_t rep = *heads / NKV;
   const int64_t warps = std::min<int64_t>(rep, 16);
   const int64_t hpw = ceilDiv(rep, warps);
   const int64_t smem = 32 * (2 * HD + 1) * 4 + warps * hpw * HD * 4 + 256;
   if (smem <= 48 * 1024) {
-    addLaunch(fnName(i, "attend"),
-              gridOf(maxTokens * NKV, int64_t(opts.smCount) * 8),
-              static_cast<uint32_t>(32 * warps),
-              "  nf::kv_attend<" + num(*heads) + ", " + num(NKV) + ", " +
-                  num(HD) + ", " + num(st->page_size()) + ", " + num(warps) +
-                  ">" + args,
-              "nf_kv.attend: one block per (token, kv head), K/V tiles in "
-              "shared memory, online softmax");
+    addLaunch(
+        fnName(i, "attend"), gridOf(maxTokens * NKV, int64_t(opts.smCount) * 8),
+        static_cast<uint32_t>(32 * warps),
+        "  nf::kv_attend<" + num(*heads) + ", " + num(NKV) + ", " + num(HD) +
+            ", " + num(st->page_size()) + ", " + num(warps) + ">" + args,
+        "nf_kv.attend: one block per (token, kv head), K/V tiles in "
+        "shared memory, online softmax");
     return size_t(1);
   }
   constexpr int perBlock = 4;
-  addLaunch(fnName(i, "attend"),
-            gridOf(ceilDiv(maxTokens * *heads, perBlock),
-                   int64_t(opts.smCount) * 8),
-            32 * perBlock,
-            "  nf::kv_attend_warp<" + num(*heads) + ", " + num(NKV) + ", " +
-                num(HD) + ", " + num(st->page_size()) + ", " + num(perBlock) +
-                ">" + args,
-            "nf_kv.attend: one warp per (token, head), online softmax");
+  addLaunch(
+      fnName(i, "attend"),
+      gridOf(ceilDiv(maxTokens * *heads, perBlock), int64_t(opts.smCount) * 8),
+      32 * perBlock,
+      "  nf::kv_attend_warp<" + num(*heads) + ", " + num(NKV) + ", " + num(HD) +
+          ", " + num(st->page_size()) + ", " + num(perBlock) + ">" + args,
+      "nf_kv.attend: one warp per (token, head), online softmax");
   return size_t(1);
 }
 
@@ -920,8 +986,8 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
   size_t sel = i;
   if (isRouter) {
     auto in = operands(first), out = results(first);
-    if (in.size() != 3 || out.size() != 2 || !isAct(in[0]) ||
-        !isAct(out[0]) || !isAct(out[1]))
+    if (in.size() != 3 || out.size() != 2 || !isAct(in[0]) || !isAct(out[0]) ||
+        !isAct(out[1]))
       return fail(i, "expects (input, weight, correction_bias) -> (scores, "
                      "selection_scores)");
     auto shape = weightShape(in[1]);
@@ -954,9 +1020,8 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
               256,
               "  nf::moe_route<" + wg + ", " + wb + ", " + num(E) + ", " +
                   num(H) + ", 1, 1, 1, true, false, false, false>(a, " + x +
-                  ", " + gate + ", " + bias + ", " + arenaPtr(scoresV) +
-                  ", " + arenaPtr(selV) +
-                  ", nullptr, nullptr, nullptr, 1.0f);\n",
+                  ", " + gate + ", " + bias + ", " + arenaPtr(scoresV) + ", " +
+                  arenaPtr(selV) + ", nullptr, nullptr, nullptr, 1.0f);\n",
               "nf_moe.router: one block per token, logits in f64");
     return size_t(1);
   }
@@ -1003,26 +1068,39 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
   const std::string experts = arenaPtr(out[0], "int32_t"),
                     weights = arenaPtr(out[1]),
                     counts = arenaPtr(out[2], "int32_t");
-  addLaunch(fnName(i, isRouter ? "moe_route" : "moe_select"),
-            gridOf(maxTokens, int64_t(opts.smCount) * 4), 256,
-            "  nf::moe_route<" + wg + ", " + wb + ", " + num(E) + ", " +
-                num(H) + ", " + num(*K) + ", " + num(*nGroup) + ", " +
-                num(*topkGroup) + ", " + (isRouter ? "true" : "false") +
-                ", true, " + (defer ? "true" : "false") + ", " +
-                (*norm ? "true" : "false") + ">(a, " + x + ", " + gate + ", " +
-                bias + ", " + arenaPtr(scoresV) + ", " + arenaPtr(selV) +
-                ", " + experts + ", " + weights + ", " + counts + ", " +
-                floatLit(*rsf) + ");\n",
-            std::string(isRouter ? "nf_moe.router + " : "") +
-                "nf_moe.select (" + policy +
-                "): one block per token, ranking by warp argmax");
+  // Decode: the logits over the whole grid first (a warp per token and
+  // expert); the per-token blocks then only rank.
+  std::string pre = "nullptr";
+  if (isRouter && phase == "decode") {
+    const int64_t off = newScratch(maxTokens * E * 2 * 8);
+    pre = "nf::arena<double>(a, " + num(off) + "ll)";
+    addLaunch(fnName(i, "router_logits"),
+              gridOf(ceilDiv(maxTokens * E, 8), int64_t(opts.smCount) * 8), 256,
+              "  nf::moe_router_logits<" + wg + ", " + wb + ", " + num(E) +
+                  ", " + num(H) + ">(a, " + x + ", " + gate + ", " + bias +
+                  ", " + arenaPtr(scoresV) + ", " + arenaPtr(selV) + ", " +
+                  pre + ");\n",
+              "nf_moe.router: logits, a warp per (token, expert), f64");
+  }
+  addLaunch(
+      fnName(i, isRouter ? "moe_route" : "moe_select"),
+      gridOf(maxTokens, int64_t(opts.smCount) * 4), 256,
+      "  nf::moe_route<" + wg + ", " + wb + ", " + num(E) + ", " + num(H) +
+          ", " + num(*K) + ", " + num(*nGroup) + ", " + num(*topkGroup) + ", " +
+          (isRouter ? "true" : "false") + ", true, " +
+          (defer ? "true" : "false") + ", " + (*norm ? "true" : "false") +
+          ">(a, " + x + ", " + gate + ", " + bias + ", " + arenaPtr(scoresV) +
+          ", " + arenaPtr(selV) + ", " + experts + ", " + weights + ", " +
+          counts + ", " + floatLit(*rsf) + ", " + pre + ");\n",
+      std::string(isRouter ? "nf_moe.router + " : "") + "nf_moe.select (" +
+          policy + "): one block per token, ranking by warp argmax");
   if (defer)
     addLaunch(fnName(sel, "moe_budget"),
               gridOf(maxTokens, int64_t(opts.smCount)), 256,
               "  nf::moe_budget<" + num(*K) + ">(a, " + budget + ", " +
-                  experts + ", " + weights + ", " + counts + ", " +
-                  num(minK) + ", " + (*norm ? "true" : "false") + ", " +
-                  floatLit(*rsf) + ");\n",
+                  experts + ", " + weights + ", " + counts + ", " + num(minK) +
+                  ", " + (*norm ? "true" : "false") + ", " + floatLit(*rsf) +
+                  ");\n",
               "nf_moe.select (budget): one block per sequence decides each "
               "token's expert count");
   return sel + 1 - i;
@@ -1031,9 +1109,9 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
 StatusOr<size_t> KernelEmitter::dispatch(size_t i) {
   const pl::Op &op = *ops[i];
   auto in = operands(op), out = results(op);
-  if (in.size() != 2 || out.size() != 1 ||
-      !isTensor(in[0], pl::DType::I32) || !isTensor(in[1], pl::DType::I32) ||
-      V(in[1]).cols != 1 || V(out[0]).kind != pl::ValueKind::Dispatch)
+  if (in.size() != 2 || out.size() != 1 || !isTensor(in[0], pl::DType::I32) ||
+      !isTensor(in[1], pl::DType::I32) || V(in[1]).cols != 1 ||
+      V(out[0]).kind != pl::ValueKind::Dispatch)
     return fail(i, "expects (experts i32 [T, k], counts i32 [T]) -> dispatch");
   const ValueInfo &d = V(out[0]);
   const int64_t K = V(in[0]).cols;
@@ -1180,8 +1258,7 @@ StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
     vi.rows = v->rows();
     if (v->shape())
       vi.shape.assign(v->shape()->begin(), v->shape()->end());
-    for (size_t d = vi.rows != pl::Rows::None ? 1 : 0; d < vi.shape.size();
-         ++d)
+    for (size_t d = vi.rows != pl::Rows::None ? 1 : 0; d < vi.shape.size(); ++d)
       vi.cols *= vi.shape[d];
     vi.offset = v->offset();
     vi.bytes = v->bytes();

@@ -31,6 +31,8 @@ struct CudaLaunchInfo {
   uint32_t block = 256;
   uint32_t sharedBytes = 0; // dynamic shared memory (the kernels use static)
   bool cooperative = false; // no generated kernel needs a grid barrier
+  uint32_t minTokens = 0, maxTokens = 0; // run only for steps in this range
+  bool programmatic = false; // waits on its predecessor (griddepcontrol)
 };
 
 /// The generated module of one plan kernel.

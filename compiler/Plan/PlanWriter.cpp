@@ -311,7 +311,8 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
     for (const codegen::CudaLaunchInfo &l : bin.launches)
       launches.push_back(pl::CreateLaunch(b, b.CreateString(l.function),
                                           l.grid, l.block, l.sharedBytes,
-                                          l.cooperative));
+                                          l.cooperative, l.minTokens,
+                                          l.maxTokens, l.programmatic));
     kernels.push_back(pl::CreateKernel(
         b, b.CreateString(kernel.getName().str()), b.CreateVector(inputs),
         b.CreateVector(outputs), b.CreateVector(ops), b.CreateVector(archs),

@@ -7,6 +7,7 @@
 
 namespace nf {
 inline constexpr uint32_t kPlanVersionMajor = 1;
-inline constexpr uint32_t kPlanVersionMinor = 1; // 1.1: CUDA launches
+// 1.1: CUDA launches; 1.2: launch token ranges, programmatic launches.
+inline constexpr uint32_t kPlanVersionMinor = 2;
 inline constexpr char kPlanFileIdentifier[] = "NFPL";
 } // namespace nf

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <set>
 #include <string_view>
 #include <unordered_map>
 
@@ -139,6 +140,11 @@ struct LaunchInfo {
   CUfunction fn = nullptr;
   unsigned grid = 0, block = 0, shared = 0;
   bool cooperative = false;
+  bool programmatic = false; // may start while its predecessor runs (PDL)
+  int64_t minTokens = 0, maxTokens = 0; // runs for steps in range (0: open)
+  bool runsFor(int64_t rows) const {
+    return rows >= minTokens && (maxTokens == 0 || rows <= maxTokens);
+  }
   std::string where;
   std::string profileKey; // "<phase> <kernel name>: <function sans k#_op#_>"
 };
@@ -177,8 +183,13 @@ struct Gpu {
   PinnedBuffer staging;              // its host image
   DeviceBuffer stats;                // select results, [layer] counts, experts
   PinnedBuffer statsHost;
-  Graph decodeGraph;
-  GraphExec decodeExec;
+  /// Decode graphs, one per bucket of token counts (launches with token
+  /// ranges differ between buckets): graph i serves steps of up to
+  /// decodeBuckets[i] tokens.
+  std::vector<int64_t> decodeBuckets;
+  std::vector<Graph> decodeGraphs;
+  std::vector<GraphExec> decodeExecs;
+  Event profileStart, profileEnd; // NF_CUDA_PROFILE with CUDA events
 };
 
 class CudaEngine final : public Engine {
@@ -200,10 +211,12 @@ public:
 
   Status init(const EngineOptions &options);
 
-  /// NF_CUDA_PROFILE=1: every launch is followed by a stream synchronize
-  /// and timed on the host (launch overhead included), graphs are not used,
-  /// and the time per kernel is printed to stderr when the engine goes away.
-  /// A coarse profile for machines without Nsight; never for measurements.
+  /// NF_CUDA_PROFILE=1: graphs are not used, every launch is timed on its
+  /// own (GPU time between two CUDA events; host time around a synchronize
+  /// where the driver has no events) and the time per kernel is printed to
+  /// stderr when the engine goes away. Launches run one at a time, so the
+  /// sum is more than a step takes; for finding hot kernels, not a
+  /// measurement.
   void printProfile() const {
     if (profile_.empty())
       return;
@@ -214,9 +227,11 @@ public:
       total += t.first;
     }
     std::sort(rows.rbegin(), rows.rend());
-    std::fprintf(stderr, "nf: CUDA profile (host-timed launches, %.1f ms):\n",
+    std::fprintf(stderr, "nf: CUDA profile (%s, %.1f ms):\n",
+                 profileEvents_ ? "GPU time of each launch, CUDA events"
+                                : "host-timed launches",
                  total * 1e3);
-    for (size_t i = 0; i < rows.size() && i < 25; ++i)
+    for (size_t i = 0; i < rows.size() && i < 80; ++i)
       std::fprintf(stderr, "  %8.2f ms %5.1f%%  %6lld x  %s\n",
                    rows[i].first * 1e3, 100.0 * rows[i].first / total,
                    static_cast<long long>(profile_.at(rows[i].second).second),
@@ -243,6 +258,16 @@ private:
   Status allocate();
   Status uploadWeights();
   Status captureDecode();
+  /// "graph", or "graphs for <= 16 | <= 64 tokens".
+  std::string decodeGraphs() const {
+    const std::vector<int64_t> &b = gpu_->decodeBuckets;
+    if (b.size() <= 1)
+      return "graph";
+    std::string s = "graphs for";
+    for (size_t i = 0; i < b.size(); ++i)
+      s += (i ? " | <= " : " <= ") + std::to_string(b[i]);
+    return s + " tokens";
+  }
   Status enqueue(const Program &p, int64_t rows);
   Status runProgram(const Program &p, std::span<const SequenceInput> inputs,
                     std::span<const Chunk> chunks, LogitsFor which,
@@ -257,6 +282,8 @@ private:
     return e && *e && *e != '0';
   }();
   std::map<std::string, std::pair<double, int64_t>> profile_; // where -> (s, n)
+  bool profileEvents_ = false;
+  bool usePdl_ = false;
   std::unique_ptr<CudaProbe> probe_;
   const Driver *d_;
   ModelInfo info_;
@@ -398,6 +425,13 @@ Status CudaEngine::loadKernels() {
   const pl::Plan &plan = *plan_->plan;
   const DeviceInfo &dev = probe_->device;
   Gpu &g = *gpu_;
+  // Programmatic dependent launches (sm_90+, through cuLaunchKernelEx);
+  // NF_CUDA_PDL=0 turns them off.
+  {
+    const char *e = std::getenv("NF_CUDA_PDL");
+    usePdl_ = dev.major >= 9 && d_->cuLaunchKernelEx != nullptr &&
+              !(e && std::string_view(e) == "0");
+  }
   // Kernels with identical images share a module.
   std::unordered_map<std::string_view, size_t> moduleOf;
   for (int phase = 0; phase < 2; ++phase) {
@@ -445,6 +479,9 @@ Status CudaEngine::loadKernels() {
         li.block = l.block();
         li.shared = l.shared_bytes();
         li.cooperative = l.cooperative();
+        li.programmatic = l.programmatic() && usePdl_ && !li.cooperative;
+        li.minTokens = l.min_tokens();
+        li.maxTokens = l.max_tokens();
         if (li.grid == 0 || li.grid > 0x7fffffffu || li.block == 0 ||
             static_cast<int64_t>(li.block) > dev.maxThreadsPerBlock)
           return Status::error(
@@ -717,20 +754,36 @@ Status CudaEngine::enqueue(const Program &p, int64_t rows) {
     if (i == p.launches.size())
       break;
     const LaunchInfo &l = p.launches[i];
+    if (!l.runsFor(rows))
+      continue;
     const auto t0 = std::chrono::steady_clock::now();
+    const bool timed = profiling_ && g.profileStart && g.profileEnd;
+    if (timed)
+      (void)d_->cuEventRecord(g.profileStart.get(), stream);
     if (Status s = launch(*d_, l.fn, l.grid, l.block, l.shared, l.cooperative,
-                          stream, g.args.ptr());
+                          l.programmatic && !profiling_, stream, g.args.ptr());
         !s)
       return Status::error(l.where + ": " + s.message());
     if (profiling_) {
-      if (Status s =
-              d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
-          !s)
-        return Status::error(l.where + ": " + s.message());
+      double seconds = 0.0;
+      float ms = 0.0f;
+      if (timed &&
+          d_->cuEventRecord(g.profileEnd.get(), stream) == CUDA_SUCCESS &&
+          d_->cuEventSynchronize(g.profileEnd.get()) == CUDA_SUCCESS &&
+          d_->cuEventElapsedTime(&ms, g.profileStart.get(),
+                                 g.profileEnd.get()) == CUDA_SUCCESS) {
+        seconds = ms * 1e-3;
+      } else {
+        if (Status s = d_->check(d_->cuStreamSynchronize(stream),
+                                 "cuStreamSynchronize");
+            !s)
+          return Status::error(l.where + ": " + s.message());
+        seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                .count();
+      }
       auto &entry = profile_[l.profileKey];
-      entry.first +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-              .count();
+      entry.first += seconds;
       ++entry.second;
     }
   }
@@ -740,31 +793,43 @@ Status CudaEngine::enqueue(const Program &p, int64_t rows) {
 Status CudaEngine::captureDecode() {
   Gpu &g = *gpu_;
   CUstream stream = g.stream.get();
-  if (Status s = d_->check(
-          d_->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-          "cuStreamBeginCapture");
-      !s)
-    return Status::error(where() +
-                         ": capturing the decode graph: " + s.message());
-  Status enq = enqueue(decode_, decode_.maxTokens);
-  CUgraph graph = nullptr;
-  Status end =
-      d_->check(d_->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
-  if (graph)
-    g.decodeGraph = Graph(*d_, graph);
-  if (!enq)
-    return Status::error(where() +
-                         ": capturing the decode graph: " + enq.message());
-  if (!end)
-    return Status::error(where() +
-                         ": capturing the decode graph: " + end.message());
-  CUgraphExec exec = nullptr;
-  if (Status s = d_->check(d_->cuGraphInstantiateWithFlags(&exec, graph, 0),
-                           "cuGraphInstantiateWithFlags");
-      !s)
-    return Status::error(where() +
-                         ": instantiating the decode graph: " + s.message());
-  g.decodeExec = GraphExec(*d_, exec);
+  // Bucket bounds: where the set of launches that run changes, and the most.
+  std::set<int64_t> bounds{decode_.maxTokens};
+  for (const LaunchInfo &l : decode_.launches) {
+    if (l.maxTokens > 0 && l.maxTokens < decode_.maxTokens)
+      bounds.insert(l.maxTokens);
+    if (l.minTokens > 1 && l.minTokens - 1 < decode_.maxTokens)
+      bounds.insert(l.minTokens - 1);
+  }
+  for (int64_t bound : bounds) {
+    const std::string what = ": capturing the decode graph for " +
+                             std::to_string(bound) + " tokens: ";
+    if (Status s = d_->check(d_->cuStreamBeginCapture(
+                                 stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                             "cuStreamBeginCapture");
+        !s)
+      return Status::error(where() + what + s.message());
+    Status enq = enqueue(decode_, bound);
+    CUgraph graph = nullptr;
+    Status end =
+        d_->check(d_->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+    Graph owned;
+    if (graph)
+      owned = Graph(*d_, graph);
+    if (!enq)
+      return Status::error(where() + what + enq.message());
+    if (!end)
+      return Status::error(where() + what + end.message());
+    CUgraphExec exec = nullptr;
+    if (Status s = d_->check(d_->cuGraphInstantiateWithFlags(&exec, graph, 0),
+                             "cuGraphInstantiateWithFlags");
+        !s)
+      return Status::error(where() + ": instantiating the decode graph for " +
+                           std::to_string(bound) + " tokens: " + s.message());
+    g.decodeBuckets.push_back(bound);
+    g.decodeGraphs.push_back(std::move(owned));
+    g.decodeExecs.push_back(GraphExec(*d_, exec));
+  }
   return Status::success();
 }
 
@@ -805,6 +870,15 @@ Status CudaEngine::init(const EngineOptions &options) {
   if (!stream)
     return Status::error(where() + ": " + stream.message());
   gpu_->stream = std::move(*stream);
+  if (profiling_ && d_->cuEventCreate && d_->cuEventDestroy &&
+      d_->cuEventRecord && d_->cuEventSynchronize && d_->cuEventElapsedTime) {
+    CUevent e0 = nullptr, e1 = nullptr;
+    if (d_->cuEventCreate(&e0, 0) == CUDA_SUCCESS)
+      gpu_->profileStart = Event(*d_, e0);
+    if (d_->cuEventCreate(&e1, 0) == CUDA_SUCCESS)
+      gpu_->profileEnd = Event(*d_, e1);
+    profileEvents_ = gpu_->profileStart && gpu_->profileEnd;
+  }
   if (Status s = loadKernels(); !s)
     return s;
   if (Status s = allocate(); !s)
@@ -815,10 +889,11 @@ Status CudaEngine::init(const EngineOptions &options) {
   // cooperative launches, say) still runs, launch by launch: the reason is
   // kept in ModelInfo::device.
   std::string graphNote;
-  if (options.cudaGraphs)
+  if (options.cudaGraphs && !profiling_)
     if (Status s = captureDecode(); !s) {
-      gpu_->decodeExec.reset();
-      gpu_->decodeGraph.reset();
+      gpu_->decodeExecs.clear();
+      gpu_->decodeGraphs.clear();
+      gpu_->decodeBuckets.clear();
       graphNote = " (graph capture failed: " + s.message() + ")";
     }
   if (Status s = d_->check(d_->cuStreamSynchronize(gpu_->stream.get()),
@@ -837,7 +912,8 @@ Status CudaEngine::init(const EngineOptions &options) {
       std::to_string(d_->version % 1000 / 10) +
       "); kernels: " + std::to_string(probe_->cubins) + " cubin, " +
       std::to_string(probe_->ptx) + " PTX JIT; decode " +
-      (gpu_->decodeExec ? "graph" : "launches") + graphNote +
+      (gpu_->decodeExecs.empty() ? std::string("launches") : decodeGraphs()) +
+      (usePdl_ ? ", programmatic launches" : "") + graphNote +
       (info_.numMoeLayers > 0 && !info_.expertStats ? "; no expert statistics"
                                                     : "");
   // The device holds the weights now: unmap the checkpoint.
@@ -1044,9 +1120,13 @@ Status CudaEngine::runProgram(const Program &p,
       !s)
     return s;
 
-  if (&p == &decode_ && g.decodeExec && !profiling_) {
-    if (Status s = d_->check(d_->cuGraphLaunch(g.decodeExec.get(), stream),
-                             "cuGraphLaunch");
+  size_t bucket = 0;
+  while (bucket < g.decodeBuckets.size() && g.decodeBuckets[bucket] < T)
+    ++bucket;
+  if (&p == &decode_ && bucket < g.decodeExecs.size() && !profiling_) {
+    if (Status s =
+            d_->check(d_->cuGraphLaunch(g.decodeExecs[bucket].get(), stream),
+                      "cuGraphLaunch");
         !s)
       return Status::error(where() + ": decode graph: " + s.message());
   } else if (Status s = enqueue(p, T); !s) {

@@ -90,7 +90,8 @@ StatusOr<std::unique_ptr<Driver>> openDriver(const std::string &library) {
       {slotOf(d->cuCtxPushCurrent),
        {"cuCtxPushCurrent_v2", "cuCtxPushCurrent"},
        true},
-      {slotOf(d->cuCtxPopCurrent), {"cuCtxPopCurrent_v2", "cuCtxPopCurrent"},
+      {slotOf(d->cuCtxPopCurrent),
+       {"cuCtxPopCurrent_v2", "cuCtxPopCurrent"},
        true},
       {slotOf(d->cuMemGetInfo), {"cuMemGetInfo_v2"}, true},
       {slotOf(d->cuMemAlloc), {"cuMemAlloc_v2"}, true},
@@ -109,10 +110,13 @@ StatusOr<std::unique_ptr<Driver>> openDriver(const std::string &library) {
        {"cuOccupancyMaxActiveBlocksPerMultiprocessor"},
        true},
       {slotOf(d->cuLaunchKernel), {"cuLaunchKernel"}, true},
-      {slotOf(d->cuLaunchCooperativeKernel), {"cuLaunchCooperativeKernel"}, true},
+      {slotOf(d->cuLaunchCooperativeKernel),
+       {"cuLaunchCooperativeKernel"},
+       true},
       {slotOf(d->cuLaunchKernelEx), {"cuLaunchKernelEx"}, false},
       {slotOf(d->cuStreamCreate), {"cuStreamCreate"}, true},
-      {slotOf(d->cuStreamDestroy), {"cuStreamDestroy_v2", "cuStreamDestroy"},
+      {slotOf(d->cuStreamDestroy),
+       {"cuStreamDestroy_v2", "cuStreamDestroy"},
        true},
       {slotOf(d->cuStreamSynchronize), {"cuStreamSynchronize"}, true},
       // Not the unversioned cuStreamBeginCapture: that one has no mode.
@@ -124,6 +128,15 @@ StatusOr<std::unique_ptr<Driver>> openDriver(const std::string &library) {
       {slotOf(d->cuGraphLaunch), {"cuGraphLaunch"}, true},
       {slotOf(d->cuGraphDestroy), {"cuGraphDestroy"}, true},
       {slotOf(d->cuGraphExecDestroy), {"cuGraphExecDestroy"}, true},
+      {slotOf(d->cuEventCreate), {"cuEventCreate"}, false},
+      {slotOf(d->cuEventDestroy),
+       {"cuEventDestroy_v2", "cuEventDestroy"},
+       false},
+      {slotOf(d->cuEventRecord), {"cuEventRecord"}, false},
+      {slotOf(d->cuEventSynchronize), {"cuEventSynchronize"}, false},
+      {slotOf(d->cuEventElapsedTime),
+       {"cuEventElapsedTime_v2", "cuEventElapsedTime"},
+       false},
   };
   for (const Symbol &s : symbols) {
     for (const char *name : s.names) {
@@ -143,8 +156,8 @@ StatusOr<std::unique_ptr<Driver>> openDriver(const std::string &library) {
   }
   if (Status s = d->check(d->cuInit(0), "cuInit"); !s)
     return s;
-  if (Status s = d->check(d->cuDriverGetVersion(&d->version),
-                          "cuDriverGetVersion");
+  if (Status s =
+          d->check(d->cuDriverGetVersion(&d->version), "cuDriverGetVersion");
       !s)
     return s;
   return d;
@@ -337,18 +350,19 @@ StatusOr<Module> loadModule(const Driver &d, const void *image, size_t size,
 }
 
 Status launch(const Driver &d, CUfunction f, unsigned grid, unsigned block,
-              unsigned sharedBytes, bool cooperative, CUstream stream,
-              CUdeviceptr arg) {
+              unsigned sharedBytes, bool cooperative, bool programmatic,
+              CUstream stream, CUdeviceptr arg) {
   void *params[] = {&arg};
-  if (!cooperative)
-    return d.check(d.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, sharedBytes,
-                                    stream, params, nullptr),
-                   "cuLaunchKernel");
-  if (d.cuLaunchKernelEx) {
+  if ((cooperative || programmatic) && d.cuLaunchKernelEx) {
     CUlaunchAttribute attr;
     std::memset(&attr, 0, sizeof attr);
-    attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    attr.value.cooperative = 1;
+    if (cooperative) {
+      attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+      attr.value.cooperative = 1;
+    } else {
+      attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attr.value.programmaticStreamSerializationAllowed = 1;
+    }
     CUlaunchConfig cfg;
     std::memset(&cfg, 0, sizeof cfg);
     cfg.gridDimX = grid;
@@ -362,9 +376,13 @@ Status launch(const Driver &d, CUfunction f, unsigned grid, unsigned block,
     return d.check(d.cuLaunchKernelEx(&cfg, f, params, nullptr),
                    "cuLaunchKernelEx");
   }
-  return d.check(d.cuLaunchCooperativeKernel(f, grid, 1, 1, block, 1, 1,
-                                             sharedBytes, stream, params),
-                 "cuLaunchCooperativeKernel");
+  if (cooperative)
+    return d.check(d.cuLaunchCooperativeKernel(f, grid, 1, 1, block, 1, 1,
+                                               sharedBytes, stream, params),
+                   "cuLaunchCooperativeKernel");
+  return d.check(d.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, sharedBytes,
+                                  stream, params, nullptr),
+                 "cuLaunchKernel");
 }
 
 } // namespace nf::cuda

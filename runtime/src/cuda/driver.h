@@ -41,12 +41,14 @@ struct CUfunc_st;
 struct CUstream_st;
 struct CUgraph_st;
 struct CUgraphExec_st;
+struct CUevent_st;
 using CUcontext = CUctx_st *;
 using CUmodule = CUmod_st *;
 using CUfunction = CUfunc_st *;
 using CUstream = CUstream_st *;
 using CUgraph = CUgraph_st *;
 using CUgraphExec = CUgraphExec_st *;
+using CUevent = CUevent_st *;
 using CUjit_option = int;
 using CUdevice_attribute = int;
 using CUfunction_attribute = int;
@@ -65,8 +67,8 @@ constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95;
 constexpr CUdevice_attribute
     CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
 
-constexpr CUfunction_attribute
-    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+constexpr CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES =
+    8;
 
 constexpr CUjit_option CU_JIT_INFO_LOG_BUFFER = 3;
 constexpr CUjit_option CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4;
@@ -77,6 +79,7 @@ constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 constexpr CUstreamCaptureMode CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
 
 constexpr int CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2;
+constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 
 /// CUlaunchAttribute: an 8-byte id slot and a 64-byte value union.
 struct CUlaunchAttribute {
@@ -85,6 +88,7 @@ struct CUlaunchAttribute {
   union {
     char pad[64];
     int cooperative;
+    int programmaticStreamSerializationAllowed;
   } value;
 };
 static_assert(sizeof(CUlaunchAttribute) == 72);
@@ -142,10 +146,11 @@ struct Driver {
   CUresult (*cuFuncSetAttribute)(CUfunction, CUfunction_attribute,
                                  int) = nullptr;
   CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *, CUfunction,
-                                                         int, size_t) = nullptr;
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned,
-                             unsigned, unsigned, unsigned, unsigned, CUstream,
-                             void **, void **) = nullptr;
+                                                          int,
+                                                          size_t) = nullptr;
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, unsigned, CUstream, void **,
+                             void **) = nullptr;
   CUresult (*cuLaunchCooperativeKernel)(CUfunction, unsigned, unsigned,
                                         unsigned, unsigned, unsigned, unsigned,
                                         unsigned, CUstream, void **) = nullptr;
@@ -162,6 +167,12 @@ struct Driver {
   CUresult (*cuGraphLaunch)(CUgraphExec, CUstream) = nullptr;
   CUresult (*cuGraphDestroy)(CUgraph) = nullptr;
   CUresult (*cuGraphExecDestroy)(CUgraphExec) = nullptr;
+  /// Optional: events time kernels for NF_CUDA_PROFILE.
+  CUresult (*cuEventCreate)(CUevent *, unsigned) = nullptr;
+  CUresult (*cuEventDestroy)(CUevent) = nullptr;
+  CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*cuEventSynchronize)(CUevent) = nullptr;
+  CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent) = nullptr;
 
   /// "out of memory (CUDA_ERROR_OUT_OF_MEMORY)"; "CUDA error 999" for codes
   /// the driver does not name.
@@ -276,7 +287,13 @@ struct GraphExecTraits {
   }
 };
 
+struct EventTraits {
+  using Type = CUevent;
+  static void release(const Driver &d, CUevent e) { (void)d.cuEventDestroy(e); }
+};
+
 using Module = Owned<ModuleTraits>;
+using Event = Owned<EventTraits>;
 using Stream = Owned<StreamTraits>;
 using Graph = Owned<GraphTraits>;
 using GraphExec = Owned<GraphExecTraits>;
@@ -343,11 +360,13 @@ StatusOr<Module> loadModule(const Driver &d, const void *image, size_t size,
                             bool ptx);
 
 /// Launches `f` with one kernel parameter, `arg` (a device pointer):
-/// cuLaunchKernel, or for cooperative launches cuLaunchKernelEx with the
-/// cooperative attribute (capturable into graphs), else
-/// cuLaunchCooperativeKernel.
+/// cuLaunchKernel, or cuLaunchKernelEx with the cooperative attribute
+/// (capturable into graphs; else cuLaunchCooperativeKernel) or the
+/// programmatic-stream-serialization attribute (the kernel may start before
+/// the previous one in the stream ends; it must wait with
+/// griddepcontrol.wait).
 Status launch(const Driver &d, CUfunction f, unsigned grid, unsigned block,
-              unsigned sharedBytes, bool cooperative, CUstream stream,
-              CUdeviceptr arg);
+              unsigned sharedBytes, bool cooperative, bool programmatic,
+              CUstream stream, CUdeviceptr arg);
 
 } // namespace nf::cuda
