@@ -4,7 +4,8 @@
 #   2. nfrun bench on the plan with seeded random weights,
 #   3. Hugging Face transformers on the same shape (bench/hf_baseline.py).
 # Usage (the device tool provides $OUT; CARRY holds bin/nfrun, lib/libnf.so*,
-# plans/nano.nfb, prepared as docs/performance.md says):
+# plans/nano.nfb and optionally plans/nano-bf16.nfb, prepared as
+# docs/performance.md says):
 #   OUT=/dir bash bench/run_gpu_bench.sh CARRY [hf batches]
 set -uo pipefail
 carry=$(cd "$1" && pwd)
@@ -14,8 +15,15 @@ python3 bench/make_nano_shape.py /tmp/nano > /dev/null
 python3 bench/hf_baseline.py /tmp/nano --ceilings-only --out "$OUT/ceilings.json"
 read -r copy matmul < <(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['ceilings']; print(c['copy_bytes_per_s'], c['bf16_matmul_flops'])" "$OUT/ceilings.json")
 echo "ceilings: copy $copy B/s, bf16 matmul $matmul FLOP/s"
-"$carry/bin/nfrun" bench "$carry/plans/nano.nfb" --backend cuda --random-weights \
-  --seed 1 --batch 1,8,32,64 --context 1024 --prefill 1024,8192 --steps 32 \
-  --copy-bandwidth "$copy" --matmul-rate "$matmul" 2>&1 | tee "$OUT/nf_bench.md"
+# The plan compiled with the default exact GEMM inputs, and (when present)
+# the one compiled with --matmul-inputs=bf16.
+: > "$OUT/nf_bench.md"
+for plan in nano nano-bf16; do
+  [ -f "$carry/plans/$plan.nfb" ] || continue
+  echo "plan: $plan.nfb" | tee -a "$OUT/nf_bench.md"
+  "$carry/bin/nfrun" bench "$carry/plans/$plan.nfb" --backend cuda --random-weights \
+    --seed 1 --batch 1,8,32,64 --context 1024 --prefill 1024,8192 --steps 32 \
+    --copy-bandwidth "$copy" --matmul-rate "$matmul" 2>&1 | tee -a "$OUT/nf_bench.md"
+done
 PYTHONUNBUFFERED=1 python3 bench/hf_baseline.py /tmp/nano --batches "$hf_batches" \
   --out "$OUT/hf_baseline.json" 2>&1 | grep -v -i "warn\|falling back" | tee "$OUT/hf_baseline.log"

@@ -104,13 +104,19 @@ __device__ __forceinline__ void load4_act(const float *p, float *out) {
 
 // ---------------------------------------------------------------------------
 // Programmatic dependent launch (sm_90+): a generated function first waits
-// until the grids it depends on have completed and their writes are visible,
-// then allows the next launch to begin (its blocks start and wait in turn),
-// so launch latency overlaps execution. Without a programmatic launch both
-// are no-ops.
+// until the grids it depends on have completed and their writes are visible;
+// when its work is done it allows the next launch to begin, so that launch's
+// set-up overlaps this grid's tail (blocks still finishing, the memory
+// flush). Triggering at the start instead would park the next kernel's
+// blocks on the SMs while this one runs (measured slower for large grids).
+// Without a programmatic launch both are no-ops.
 __device__ __forceinline__ void wait_for_previous_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }

@@ -180,14 +180,31 @@ __device__ __forceinline__ void mma_bf16(float *c, const unsigned *a,
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-struct MmaSmem {
-  unsigned short a[3][kTileM][kMmaTileK + kMmaPad]; // hi, mid, lo
+__device__ __forceinline__ unsigned pack_bf16x2(unsigned short lo,
+                                                unsigned short hi) {
+  return static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16);
+}
+
+template <int TERMS> struct MmaSmem {
+  unsigned short a[TERMS][kTileM][kMmaTileK + kMmaPad]; // hi, mid, lo
   unsigned short b[kMmaTileN][kMmaTileK + kMmaPad];
 };
 
-template <class S>
+/// TERMS bf16 terms of x: 3 (hi, mid, lo: x to 2^-24 relative, exact
+/// products) or 1 (x rounded to bf16, as bf16 frameworks compute).
+template <int TERMS>
+__device__ __forceinline__ void split_bf16(float x, unsigned short (&t)[3]) {
+  t[0] = f32_to_bf16_rn(x);
+  if (TERMS > 1) {
+    const float r1 = x - bf16_bits_to_f32(t[0]);
+    t[1] = f32_to_bf16_rn(r1);
+    t[2] = f32_to_bf16_rn(r1 - bf16_bits_to_f32(t[1]));
+  }
+}
+
+template <class S, int TERMS>
 __device__ __forceinline__ void mma_tile(const nf_step_args *a, int g, int row0,
-                                         int rows, int n0, MmaSmem &sm) {
+                                         int rows, int n0, MmaSmem<TERMS> &sm) {
   static_assert(S::K % 8 == 0, "16-byte weight rows");
   const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
   // Loader: A 64 x 32 f32 (8 per thread), B 128 x 32 bf16 (16 per thread).
@@ -232,21 +249,13 @@ __device__ __forceinline__ void mma_tile(const nf_step_args *a, int g, int row0,
     __syncthreads(); // the previous slice is consumed
 #pragma unroll
     for (int i = 0; i < 8; i += 2) {
-      unsigned short h[2], m[2], l[2];
+      unsigned short t0[3], t1[3];
+      split_bf16<TERMS>(ra[i], t0);
+      split_bf16<TERMS>(ra[i + 1], t1);
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const float x = ra[i + u];
-        h[u] = f32_to_bf16_rn(x);
-        const float r1 = x - bf16_bits_to_f32(h[u]);
-        m[u] = f32_to_bf16_rn(r1);
-        l[u] = f32_to_bf16_rn(r1 - bf16_bits_to_f32(m[u]));
-      }
-      *reinterpret_cast<unsigned *>(&sm.a[0][ar][ak + i]) =
-          h[0] | (static_cast<unsigned>(h[1]) << 16);
-      *reinterpret_cast<unsigned *>(&sm.a[1][ar][ak + i]) =
-          m[0] | (static_cast<unsigned>(m[1]) << 16);
-      *reinterpret_cast<unsigned *>(&sm.a[2][ar][ak + i]) =
-          l[0] | (static_cast<unsigned>(l[1]) << 16);
+      for (int sp = 0; sp < TERMS; ++sp)
+        *reinterpret_cast<unsigned *>(&sm.a[sp][ar][ak + i]) =
+            t0[sp] | (static_cast<unsigned>(t1[sp]) << 16);
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -282,7 +291,7 @@ __device__ __forceinline__ void mma_tile(const nf_step_args *a, int g, int row0,
             *reinterpret_cast<const unsigned *>(&sm.b[n][kk + 2 * tig + 8]);
       }
 #pragma unroll
-      for (int sp = 2; sp >= 0; --sp) { // lo, mid, hi: small terms first
+      for (int sp = TERMS - 1; sp >= 0; --sp) { // small terms first
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int r = wm * 32 + i * 16 + gid;
@@ -316,6 +325,126 @@ __device__ __forceinline__ void mma_tile(const nf_step_args *a, int g, int row0,
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int r = wm * 32 + i * 16 + gid + (c >> 1) * 8;
+        const int n = n0 + wn * 32 + j * 8 + 2 * tig + (c & 1);
+        if (r < rows && n < S::N)
+          S::store(a, row0 + r, n, acc[i][j][c]);
+      }
+}
+
+// ---------------------------------------------------------------------------
+// Large tensor-core tiles for bf16 inputs (--matmul-inputs=bf16): 128 x 128
+// outputs, 8 warps of 64 x 32, 32-deep K slices double-buffered in shared
+// memory (one barrier per slice; the next slice's global loads are in flight
+// while the current one is multiplied), fragments read with ldmatrix, the
+// whole K accumulated on the tensor cores (as cuBLAS does for bf16).
+
+constexpr int kBigTileM = 128;
+
+struct BigMmaSmem {
+  unsigned short a[2][kBigTileM][kMmaTileK + kMmaPad];
+  unsigned short b[2][kMmaTileN][kMmaTileK + kMmaPad];
+};
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned *r, const void *p) {
+  const unsigned addr =
+      static_cast<unsigned>(__cvta_generic_to_shared(const_cast<void *>(p)));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <class S>
+__device__ __forceinline__ void big_mma_tile(const nf_step_args *a, int g,
+                                             int row0, int rows, int n0,
+                                             BigMmaSmem &sm) {
+  static_assert(S::K % 8 == 0, "16-byte weight rows");
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  // Loader: A 128 x 32 f32 (16 per thread: row tid / 2, half (tid & 1)),
+  // B 128 x 32 bf16 (16 per thread: feature tid / 2, half (tid & 1)).
+  const int lr = tid >> 1, lk = (tid & 1) * 16;
+  const float *xrow = lr < rows ? S::row(a, row0 + lr) : nullptr;
+  const bf16 *wrow =
+      n0 + lr < S::N ? S::weight(a, g) + static_cast<long long>(n0 + lr) * S::K
+                     : nullptr;
+  float ra[16];
+  uint4 rb[2];
+  auto fetch = [&](int k0) {
+#pragma unroll
+    for (int i = 0; i < 16; i += 4) {
+      const int k = k0 + lk + i;
+      if (xrow && k < S::K)
+        load4_act(xrow + k, ra + i);
+      else
+        ra[i] = ra[i + 1] = ra[i + 2] = ra[i + 3] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int k = k0 + lk + 8 * i;
+      rb[i] = wrow && k < S::K
+                  ? __ldg(reinterpret_cast<const uint4 *>(wrow + k))
+                  : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  auto stash = [&](int buf) {
+#pragma unroll
+    for (int i = 0; i < 16; i += 2)
+      *reinterpret_cast<unsigned *>(&sm.a[buf][lr][lk + i]) =
+          pack_bf16x2(f32_to_bf16_rn(ra[i]), f32_to_bf16_rn(ra[i + 1]));
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      *reinterpret_cast<uint4 *>(&sm.b[buf][lr][lk + 8 * i]) = rb[i];
+  };
+  // Warp tile: rows wm*64 .. +64 (4 m16), features wn*32 .. +32 (4 n8).
+  const int wm = warp >> 2, wn = warp & 3, gid = lane >> 2, tig = lane & 3;
+  float acc[4][4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        acc[i][j][c] = 0.0f;
+  __syncthreads(); // the previous tile is done with the buffers
+  fetch(0);
+  stash(0);
+  __syncthreads();
+  int buf = 0;
+  for (int k0 = 0; k0 < S::K; k0 += kMmaTileK) {
+    const bool more = k0 + kMmaTileK < S::K;
+    if (more)
+      fetch(k0 + kMmaTileK);
+#pragma unroll
+    for (int kk = 0; kk < kMmaTileK; kk += 16) {
+      unsigned af[4][4], bfr[2][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        ldmatrix_x4(
+            af[i],
+            &sm.a[buf][wm * 64 + i * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj)
+        ldmatrix_x4(bfr[jj],
+                    &sm.b[buf][wn * 32 + jj * 16 + (lane >> 4) * 8 + (lane & 7)]
+                         [kk + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          mma_bf16(acc[i][j], af[i], bfr[j >> 1][(j & 1) * 2],
+                   bfr[j >> 1][(j & 1) * 2 + 1]);
+    }
+    if (more)
+      stash(buf ^ 1);
+    __syncthreads();
+    buf ^= 1;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = wm * 64 + i * 16 + gid + (c >> 1) * 8;
         const int n = n0 + wn * 32 + j * 8 + 2 * tig + (c & 1);
         if (r < rows && n < S::N)
           S::store(a, row0 + r, n, acc[i][j][c]);
@@ -378,17 +507,21 @@ gemv_item(const nf_step_args *a, int g, int begin, int count, int n, int lane) {
     S::store(a, begin + lane, n, mine);
 }
 
-template <class S> __device__ void linear(const nf_step_args *a) {
+template <class S, int TERMS = 3>
+__device__ void linear(const nf_step_args *a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr bool kMma = IsBf16<typename S::W>::value && S::K % 8 == 0;
 #else
   constexpr bool kMma = false;
 #endif
+  constexpr bool kBig = kMma && TERMS == 1;
   constexpr int TN = kMma ? kMmaTileN : kTileN;
+  constexpr int TM = kBig ? kBigTileM : kTileM;
   constexpr int NT = (S::N + TN - 1) / TN;
   constexpr int kSimtBytes = 2 * kTileK * (kTileM + 4) * sizeof(float);
-  constexpr int kTileBytes =
-      kMma ? static_cast<int>(sizeof(MmaSmem)) : kSimtBytes;
+  constexpr int kTileBytes = kBig   ? static_cast<int>(sizeof(BigMmaSmem))
+                             : kMma ? static_cast<int>(sizeof(MmaSmem<TERMS>))
+                                    : kSimtBytes;
   __shared__ int s_begin[S::G], s_count[S::G], s_tile[S::G + 1];
   __shared__ __align__(16) unsigned char s_tiles[kTileBytes];
   const int tid = threadIdx.x, lane = lane_id();
@@ -405,7 +538,7 @@ template <class S> __device__ void linear(const nf_step_args *a) {
     for (int g0 = 0; g0 < S::G; g0 += 32) {
       const int g = g0 + lane;
       const int c = g < S::G ? s_count[g] : 0;
-      const int tiles = c > kGemvRows ? (c + kTileM - 1) / kTileM * NT : 0;
+      const int tiles = c > kGemvRows ? (c + TM - 1) / TM * NT : 0;
       int incl = tiles;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -433,10 +566,13 @@ template <class S> __device__ void linear(const nf_step_args *a) {
     }
     const int local = tile - s_tile[lo];
     const int mt = local / NT, nt = local % NT;
-    const int rows = min(kTileM, s_count[lo] - mt * kTileM);
-    if constexpr (kMma) {
-      mma_tile<S>(a, lo, s_begin[lo] + mt * kTileM, rows, nt * TN,
-                  *reinterpret_cast<MmaSmem *>(s_tiles));
+    const int rows = min(TM, s_count[lo] - mt * TM);
+    if constexpr (kBig) {
+      big_mma_tile<S>(a, lo, s_begin[lo] + mt * TM, rows, nt * TN,
+                      *reinterpret_cast<BigMmaSmem *>(s_tiles));
+    } else if constexpr (kMma) {
+      mma_tile<S, TERMS>(a, lo, s_begin[lo] + mt * kTileM, rows, nt * TN,
+                         *reinterpret_cast<MmaSmem<TERMS> *>(s_tiles));
     } else {
       gemm_tile<S>(
           a, lo, s_begin[lo] + mt * kTileM, rows, nt * TN,
@@ -480,15 +616,11 @@ template <class S> __device__ void linear(const nf_step_args *a) {
 // with more rows takes several items of the same feature tile, neighbours
 // in the item order, so the second read of a weight tile comes from L2.
 
-__device__ __forceinline__ unsigned pack_bf16x2(unsigned short lo,
-                                                unsigned short hi) {
-  return static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16);
-}
 __device__ __forceinline__ unsigned uint4_at(const uint4 &v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-template <class S, int KW, int MT, int NT, int STAGES>
+template <class S, int KW, int MT, int NT, int STAGES, int TERMS>
 __device__ __forceinline__ void skinny_item(const nf_step_args *a, int g,
                                             int row0, int rows, int n0,
                                             float *red) {
@@ -553,21 +685,15 @@ __device__ __forceinline__ void skinny_item(const nf_step_args *a, int g,
           for (int i = 0; i < 8; ++i)
             x[i] = 0.0f;
         }
-        unsigned b[3][4]; // [term: lo, mid, hi][2 * s + reg]
+        unsigned b[3][4]; // [term: hi, mid, lo][2 * s + reg]
 #pragma unroll
         for (int i = 0; i < 8; i += 2) {
-          unsigned short h[2], m[2], l[2];
+          unsigned short t0[3], t1[3];
+          split_bf16<TERMS>(x[i], t0);
+          split_bf16<TERMS>(x[i + 1], t1);
 #pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const float v = x[i + u];
-            h[u] = f32_to_bf16_rn(v);
-            const float r1 = v - bf16_bits_to_f32(h[u]);
-            m[u] = f32_to_bf16_rn(r1);
-            l[u] = f32_to_bf16_rn(r1 - bf16_bits_to_f32(m[u]));
-          }
-          b[0][i / 2] = pack_bf16x2(l[0], l[1]);
-          b[1][i / 2] = pack_bf16x2(m[0], m[1]);
-          b[2][i / 2] = pack_bf16x2(h[0], h[1]);
+          for (int term = 0; term < TERMS; ++term)
+            b[term][i / 2] = pack_bf16x2(t0[term], t1[term]);
         }
 #pragma unroll
         for (int s = 0; s < 2; ++s)
@@ -578,7 +704,7 @@ __device__ __forceinline__ void skinny_item(const nf_step_args *a, int g,
                                     uint4_at(w[st][mt][0], 2 * s + 1),
                                     uint4_at(w[st][mt][1], 2 * s + 1)};
 #pragma unroll
-            for (int term = 0; term < 3; ++term) // small terms first
+            for (int term = TERMS - 1; term >= 0; --term) // small first
               mma_bf16(acc[mt][nt], af, b[term][2 * s], b[term][2 * s + 1]);
           }
       }
@@ -629,7 +755,7 @@ __device__ __forceinline__ void skinny_item(const nf_step_args *a, int g,
 
 /// y = x . W^T for groups of few rows (see above); launch with KW warps
 /// (the K split) per block. A group's rows past ROWS take further items.
-template <class S, int MT, int STAGES, int KW>
+template <class S, int MT, int STAGES, int KW, int TERMS = 3>
 __device__ void skinny_linear(const nf_step_args *a) {
   static_assert(S::K % 32 == 0, "32-deep K steps");
   constexpr int ROWS = 16;
@@ -685,9 +811,11 @@ __device__ void skinny_linear(const nf_step_args *a) {
     const int row0 = s_begin[lo] + chunk * ROWS;
     const int rows = min(ROWS, s_count[lo] - chunk * ROWS);
     if (rows <= 8)
-      skinny_item<S, KW, MT, 1, STAGES>(a, lo, row0, rows, nt * FT, s_red);
+      skinny_item<S, KW, MT, 1, STAGES, TERMS>(a, lo, row0, rows, nt * FT,
+                                               s_red);
     else
-      skinny_item<S, KW, MT, 2, STAGES>(a, lo, row0, rows, nt * FT, s_red);
+      skinny_item<S, KW, MT, 2, STAGES, TERMS>(a, lo, row0, rows, nt * FT,
+                                               s_red);
   }
 }
 

@@ -166,13 +166,13 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
       }
       for (int i = tid; i < nt * PT; i += blockDim.x) {
         const int tt = i / PT, pp = i % PT;
-        sX[tt][pp] =
-            xbc[static_cast<long long>(d.begin + t0 + tt) * CD + h * P + p0 + pp];
+        sX[tt][pp] = xbc[static_cast<long long>(d.begin + t0 + tt) * CD +
+                         h * P + p0 + pp];
       }
       for (int i = tid; i < nt; i += blockDim.x) {
-        const float dt = mamba_dt(
-            dt_raw[static_cast<long long>(d.begin + t0 + i) * NH + h], bias,
-            dt_min, dt_max);
+        const float dt =
+            mamba_dt(dt_raw[static_cast<long long>(d.begin + t0 + i) * NH + h],
+                     bias, dt_min, dt_max);
         sDt[i] = dt;
         sDA[i] = expf(dt * Ah);
       }

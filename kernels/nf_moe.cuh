@@ -70,12 +70,18 @@ __device__ void moe_router_logits(const nf_step_args *a, const float *x,
 ///            which decides the counts and normalises.
 ///   pre:     when not null (with kRouter), s and sb were computed by
 ///            moe_router_logits (f64 pairs per token and expert): read them.
+///   kOneTokenBudget (with kDefer): every sequence of the step has one token
+///            (decode), so the budget decision of moe_budget reduces to
+///            count = clamp(round(B * K), min_k, K) per token; made here, and
+///            moe_budget is not launched. The same arithmetic as moe_budget.
 template <class WG, class WB, int E, int H, int K, int NGROUP, int TOPKG,
-          bool kRouter, bool kSelect, bool kDefer, bool kNorm>
+          bool kRouter, bool kSelect, bool kDefer, bool kNorm,
+          bool kOneTokenBudget = false>
 __device__ void moe_route(const nf_step_args *a, const float *x, const WG *gate,
                           const WB *bias, float *scores, float *sel,
                           int32_t *experts, float *weights, int32_t *counts,
-                          float rsf, const double *pre = nullptr) {
+                          float rsf, const double *pre = nullptr,
+                          const float *budget = nullptr, int min_k = 0) {
   constexpr int CPL = (E + 31) / 32; // candidates per lane
   static_assert(CPL <= 32, "at most 1024 experts");
   __shared__ double s_s[E], s_sb[E], s_rs[K], s_g[NGROUP];
@@ -185,7 +191,26 @@ __device__ void moe_route(const nf_step_args *a, const float *x, const WG *gate,
     if (lane == 0) {
       const int ept = a->experts_per_token;
       const long long row = static_cast<long long>(t) * K;
-      if (kDefer && ept <= 0) {
+      if (kDefer && kOneTokenBudget && ept <= 0) {
+        const int mk = min(max(min_k, 0), K);
+        long long calls = llround(static_cast<double>(budget[t]) * K);
+        calls = min(max(calls, static_cast<long long>(mk)),
+                    static_cast<long long>(K));
+        const int kt = static_cast<int>(calls);
+        double sum = 0.0; // of the f32 candidate weights, as moe_budget
+        for (int j = 0; j < kt; ++j)
+          sum += static_cast<double>(static_cast<float>(s_rs[j]));
+        const double nrm = kNorm ? 1.0 / (sum + 1e-20) : 1.0;
+        for (int j = 0; j < K; ++j) {
+          experts[row + j] = j < kt ? s_rank[j] : -1;
+          weights[row + j] =
+              j < kt ? static_cast<float>(
+                           static_cast<double>(static_cast<float>(s_rs[j])) *
+                           nrm * rsf)
+                     : 0.0f;
+        }
+        counts[t] = kt;
+      } else if (kDefer && ept <= 0) {
         for (int j = 0; j < K; ++j) {
           experts[row + j] = s_rank[j];
           weights[row + j] = static_cast<float>(s_rs[j]);

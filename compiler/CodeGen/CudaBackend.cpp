@@ -25,7 +25,8 @@ Status parseCudaTarget(const std::string &spec, CudaOptions &opts) {
   }
   if (spec.rfind("cuda:", 0) != 0)
     return Status::error("--target: expected cpu, cuda or cuda:sm_XX[,sm_YY], "
-                         "not '" + spec + "'");
+                         "not '" +
+                         spec + "'");
   std::vector<std::string> archs;
   std::stringstream in(spec.substr(5));
   for (std::string a; std::getline(in, a, ',');) {
@@ -75,6 +76,7 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
                          "toolkit was not found at configure time)");
   CudaCodegenOptions cg;
   cg.injectError = opts.injectError;
+  cg.matmulTerms = opts.matmulTerms;
   auto sources = generateCudaSources(plan, cg);
   if (!sources)
     return sources.status();
@@ -173,9 +175,8 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
   CudaPlanBinaries out;
   out.archs = opts.archs;
   size_t j = 0;
-  for (auto [src, dst] :
-       {std::pair{&sources->prefill, &out.prefill},
-        std::pair{&sources->decode, &out.decode}}) {
+  for (auto [src, dst] : {std::pair{&sources->prefill, &out.prefill},
+                          std::pair{&sources->decode, &out.decode}}) {
     for (const CudaKernelSource &k : src->kernels) {
       CudaKernelBinary bin;
       bin.archs = opts.archs;
@@ -195,9 +196,9 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
   out.cacheHits = cache.hits;
   out.cacheMisses = cache.misses;
   out.cacheDir = cache.directory();
-  out.seconds = std::chrono::duration<double>(
-                    std::chrono::steady_clock::now() - start)
-                    .count();
+  out.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   return out;
 }
 

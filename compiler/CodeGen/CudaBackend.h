@@ -1,4 +1,5 @@
-//===- CudaBackend.h - plan -> CUDA binaries ---------------------*- C++ -*-===//
+//===- CudaBackend.h - plan -> CUDA binaries ---------------------*- C++
+//-*-===//
 //
 // The CUDA target of `nfc compile --target=cuda[:sm_90,...]`: generates a
 // module per plan kernel (CudaCodegen.h), compiles each with NVRTC for every
@@ -28,6 +29,7 @@ struct CudaOptions {
   std::string cacheDir;    // "" = no cache (see KernelCache::defaultDirectory)
   std::string injectError; // testing: see CudaCodegenOptions::injectError
   int jobs = 0;            // parallel NVRTC compiles; 0 = hardware threads
+  int matmulTerms = 3;     // see CudaCodegenOptions::matmulTerms
 };
 
 /// "cuda" or "cuda:sm_90,sm_100" -> archs (sorted, deduplicated). The

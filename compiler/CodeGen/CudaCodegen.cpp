@@ -28,7 +28,6 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <optional>
 #include <set>
@@ -258,8 +257,8 @@ private:
   }
   /// One __global__ function and its launch. Every function first waits
   /// for the grids before it (griddepcontrol.wait, a no-op unless launched
-  /// as a programmatic dependent) and then lets the next launch start
-  /// (launch_dependents): the next kernel's launch overlaps this one's run.
+  /// as a programmatic dependent) and, its work done, lets the next launch
+  /// start (launch_dependents), which overlaps this grid's tail.
   void addLaunch(const std::string &fn, uint32_t grid, uint32_t block,
                  const std::string &body, const std::string &comment,
                  uint32_t minTokens = 0, uint32_t maxTokens = 0) {
@@ -271,7 +270,7 @@ private:
          << "extern \"C\" __global__ void __launch_bounds__(" << block << ") "
          << fn << "(const nf_step_args *__restrict__ a) {\n"
          << inject << "  nf::wait_for_previous_grids();\n"
-         << body << "}\n\n";
+         << body << "  nf::allow_next_grid();\n}\n\n";
     CudaLaunchInfo l;
     l.function = fn;
     l.grid = grid;
@@ -366,32 +365,28 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // steps in flight) and more (32 features a block); the plan says which
   // runs for how many tokens.
   if (phase == "decode" && s.wtype == "nf::bf16" && s.K % 32 == 0) {
-    constexpr int64_t kNarrowTokens = 16;
-    const char *kwEnv = std::getenv("NF_SKINNY_KW");
-    const char *capEnv = std::getenv("NF_SKINNY_CAP");
-    const int64_t kw = kwEnv ? std::atoi(kwEnv) : 8;
-    const int64_t cap =
-        int64_t(opts.smCount) * (capEnv ? std::atoi(capEnv) : 8);
+    constexpr int64_t kNarrowTokens = 16, kWarps = 8;
+    // Two blocks per SM fit (registers); blocks loop over items, so the
+    // group scan at their start is paid once (measured on the H200: equal
+    // to or faster than a block per item, at batch 1 to 32).
+    const int64_t cap = int64_t(opts.smCount) * 2;
+    const std::string terms = num(opts.matmulTerms);
     const int64_t narrowRows = std::min(s.maxRows, kNarrowTokens);
     const int64_t narrowItems =
         (std::min(s.G, narrowRows) + 1) * ceilDiv(s.N, 16);
     const bool wide = maxTokens > kNarrowTokens;
-    const char *mtEnv = std::getenv("NF_SKINNY_WIDE_MT");
-    const char *stEnv = std::getenv("NF_SKINNY_WIDE_STAGES");
-    const int64_t wmt = mtEnv ? std::atoi(mtEnv) : 2;
-    const int64_t wst = stEnv ? std::atoi(stEnv) : 2;
     addLaunch(fn + (wide ? "_narrow" : ""), gridOf(narrowItems, cap),
-              static_cast<uint32_t>(32 * kw),
-              "  nf::skinny_linear<" + spec + ", 1, 4, " + num(kw) + ">(a);\n",
+              32 * kWarps,
+              "  nf::skinny_linear<" + spec + ", 1, 4, " + num(kWarps) + ", " +
+                  terms + ">(a);\n",
               comment, 0, wide ? kNarrowTokens : 0);
     if (wide) {
       const int64_t items =
           (std::min(s.G, s.maxRows) + ceilDiv(s.maxRows, 16)) *
-          ceilDiv(s.N, 16 * wmt);
-      addLaunch(fn + "_wide", gridOf(items, cap),
-                static_cast<uint32_t>(32 * kw),
-                "  nf::skinny_linear<" + spec + ", " + num(wmt) + ", " +
-                    num(wst) + ", " + num(kw) + ">(a);\n",
+          ceilDiv(s.N, 32);
+      addLaunch(fn + "_wide", gridOf(items, cap), 32 * kWarps,
+                "  nf::skinny_linear<" + spec + ", 2, 2, " + num(kWarps) +
+                    ", " + terms + ">(a);\n",
                 comment, kNarrowTokens + 1, 0);
     }
     return;
@@ -400,7 +395,9 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   const int64_t tiles = (ceilDiv(s.maxRows, 64) + (s.G > 1 ? s.G : 0)) * nt;
   const int64_t gemvBlocks = ceilDiv(s.G * s.N, 8);
   addLaunch(fn, gridOf(std::max(tiles, gemvBlocks), int64_t(opts.smCount) * 4),
-            256, "  nf::linear<" + spec + ">(a);\n", comment);
+            256,
+            "  nf::linear<" + spec + ", " + num(opts.matmulTerms) + ">(a);\n",
+            comment);
 }
 
 // ---------------------------------------------------------------------------
@@ -1082,6 +1079,9 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
                   pre + ");\n",
               "nf_moe.router: logits, a warp per (token, expert), f64");
   }
+  // Decode steps have one token per sequence: the budget decision is then
+  // per token and made by moe_route itself (no moe_budget launch).
+  const bool oneTokenBudget = defer && phase == "decode";
   addLaunch(
       fnName(i, isRouter ? "moe_route" : "moe_select"),
       gridOf(maxTokens, int64_t(opts.smCount) * 4), 256,
@@ -1089,12 +1089,15 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
           ", " + num(*K) + ", " + num(*nGroup) + ", " + num(*topkGroup) + ", " +
           (isRouter ? "true" : "false") + ", true, " +
           (defer ? "true" : "false") + ", " + (*norm ? "true" : "false") +
-          ">(a, " + x + ", " + gate + ", " + bias + ", " + arenaPtr(scoresV) +
-          ", " + arenaPtr(selV) + ", " + experts + ", " + weights + ", " +
-          counts + ", " + floatLit(*rsf) + ", " + pre + ");\n",
+          ", " + (oneTokenBudget ? "true" : "false") + ">(a, " + x + ", " +
+          gate + ", " + bias + ", " + arenaPtr(scoresV) + ", " +
+          arenaPtr(selV) + ", " + experts + ", " + weights + ", " + counts +
+          ", " + floatLit(*rsf) + ", " + pre + ", " +
+          (oneTokenBudget ? budget + ", " + num(minK) : "nullptr, 0") + ");\n",
       std::string(isRouter ? "nf_moe.router + " : "") + "nf_moe.select (" +
-          policy + "): one block per token, ranking by warp argmax");
-  if (defer)
+          policy + (oneTokenBudget ? ", one token per sequence" : "") +
+          "): one block per token, ranking by warp argmax");
+  if (defer && !oneTokenBudget)
     addLaunch(fnName(sel, "moe_budget"),
               gridOf(maxTokens, int64_t(opts.smCount)), 256,
               "  nf::moe_budget<" + num(*K) + ">(a, " + budget + ", " +

@@ -57,6 +57,9 @@ struct CudaCodegenOptions {
   int smCount = 132;
   /// Testing: functions whose name contains this get a syntax error.
   std::string injectError;
+  /// bf16 terms an f32 activation is split into before tensor-core GEMMs
+  /// with bf16 weights: 3 (exact products) or 1 (rounded to bf16).
+  int matmulTerms = 3;
 };
 
 struct CudaPlanSources {

@@ -125,7 +125,7 @@ struct CompileFlags {
   std::string input, output = "-", compileTo;
   bool printIrAfterAll = false, timing = false, generic = false;
   nf::compiler::PipelineOptions pipeline;
-  std::string target = "cpu", cudaSourceDir;
+  std::string target = "cpu", cudaSourceDir, matmulInputs = "exact";
   bool printCacheStats = false;
 };
 
@@ -148,11 +148,14 @@ int runCompile(const CompileFlags &flags) {
       return fail("--target=" + flags.target +
                   " applies to plans: drop --compile-to");
     cuda->sourceDir = flags.cudaSourceDir;
+    cuda->matmulTerms = flags.matmulInputs == "bf16" ? 1 : 3;
     cuda->cacheDir = nf::codegen::KernelCache::defaultDirectory();
     if (const char *inject = std::getenv("NF_CUDA_INJECT_ERROR"))
       cuda->injectError = inject; // testing: a syntax error in these kernels
   } else if (!flags.cudaSourceDir.empty()) {
     return fail("--cuda-source-dir needs --target=cuda");
+  } else if (flags.matmulInputs != "exact") {
+    return fail("--matmul-inputs needs --target=cuda");
   }
   mlir::DialectRegistry registry;
   nf::compiler::registerDialects(registry);
@@ -208,8 +211,7 @@ int runCompile(const CompileFlags &flags) {
     nf::codegen::CudaPlanBinaries binaries;
     auto plan = nf::compiler::writePlan(
         *module, std::string("nfc ") + NF_VERSION,
-        flags.pipeline.defaultExpertBudget, cuda ? &*cuda : nullptr,
-        &binaries);
+        flags.pipeline.defaultExpertBudget, cuda ? &*cuda : nullptr, &binaries);
     if (!plan)
       return fail(flags.input + ": " + plan.message());
     if (cuda && flags.printCacheStats)
@@ -312,6 +314,14 @@ int main(int argc, char **argv) {
   compileCmd->add_option("--cuda-source-dir", compile.cudaSourceDir,
                          "Also write the generated CUDA sources (.cu per "
                          "kernel, and the kernels/ headers) to this directory");
+  compileCmd
+      ->add_option("--matmul-inputs", compile.matmulInputs,
+                   "Activations entering tensor-core GEMMs with bf16 weights "
+                   "(CUDA): exact (three bf16 terms, products exact) or bf16 "
+                   "(rounded once, as bf16 frameworks do: a third of the "
+                   "tensor-core work)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"exact", "bf16"}));
   compileCmd->add_flag("--print-kernel-cache-stats", compile.printCacheStats,
                        "Report kernel cache hits and misses (stderr; "
                        "cache: $NF_KERNEL_CACHE, see docs/cuda.md)");
