@@ -632,12 +632,10 @@ std::vector<float> denseRow(int32_t token) {
 void writeSmokeWeights(const std::string &dir) {
   nlohmann::json header;
   const uint64_t n = kV * kH * 4;
-  header["embed"] = {{"dtype", "F32"},
-                     {"shape", {kV, kH}},
-                     {"data_offsets", {0, n}}};
-  header["head"] = {{"dtype", "F32"},
-                    {"shape", {kV, kH}},
-                    {"data_offsets", {n, 2 * n}}};
+  header["embed"] = {
+      {"dtype", "F32"}, {"shape", {kV, kH}}, {"data_offsets", {0, n}}};
+  header["head"] = {
+      {"dtype", "F32"}, {"shape", {kV, kH}}, {"data_offsets", {n, 2 * n}}};
   std::string text = header.dump();
   while (text.size() % 8)
     text += ' ';
@@ -680,8 +678,8 @@ std::string writeSmokePlan(const std::string &dir, const std::string &name,
   flatbuffers::FlatBufferBuilder b;
   using flatbuffers::Offset;
   auto kernel = [&](const char *kname, std::vector<Offset<pl::Op>> ops,
-                    std::vector<int32_t> outputs, const char *fn,
-                    uint32_t grid, uint32_t block, bool coop) {
+                    std::vector<int32_t> outputs, const char *fn, uint32_t grid,
+                    uint32_t block, bool coop) {
     std::vector<Offset<flatbuffers::String>> archs;
     std::vector<Offset<pl::CubinBlob>> blobs;
     for (const auto &[arch, image] : spec.cubins) {
@@ -691,10 +689,9 @@ std::string writeSmokePlan(const std::string &dir, const std::string &name,
     std::vector<Offset<pl::Launch>> launches = {
         pl::CreateLaunchDirect(b, fn, grid, block, 0, coop)};
     std::vector<int32_t> inputs;
-    return pl::CreateKernelDirect(b, kname, &inputs, &outputs, &ops, &archs,
-                                  &blobs,
-                                  spec.ptx ? spec.ptxText.c_str() : nullptr,
-                                  &launches, "smoke");
+    return pl::CreateKernelDirect(
+        b, kname, &inputs, &outputs, &ops, &archs, &blobs,
+        spec.ptx ? spec.ptxText.c_str() : nullptr, &launches, "smoke");
   };
   auto tensor = [&](pl::DType dt, int64_t cols, int64_t offset, int64_t maxT) {
     std::vector<int64_t> shape = {-1, cols};
@@ -718,26 +715,26 @@ std::string writeSmokePlan(const std::string &dir, const std::string &name,
       values.push_back(pl::CreateValueDirect(b, pl::ValueKind::Weight,
                                              pl::DType::F32, pl::Rows::None,
                                              nullptr, -1, 0, 1));
-      values.push_back(tensor(pl::DType::F32, kH, 0, maxT));      // 5 hidden
-      values.push_back(tensor(pl::DType::F32, kV, 65536, maxT));  // 6 logits
+      values.push_back(tensor(pl::DType::F32, kH, 0, maxT));     // 5 hidden
+      values.push_back(tensor(pl::DType::F32, kV, 65536, maxT)); // 6 logits
       std::vector<int32_t> in = {0, 3}, out = {5};
-      kernels.push_back(kernel(
-          "embed", {pl::CreateOpDirect(b, "nf.embed", &in, &out)}, {5},
-          "smoke_embed", 4, 128, false));
+      kernels.push_back(kernel("embed",
+                               {pl::CreateOpDirect(b, "nf.embed", &in, &out)},
+                               {5}, "smoke_embed", 4, 128, false));
       in = {5, 4};
       out = {6};
-      kernels.push_back(kernel(
-          "lm_head", {pl::CreateOpDirect(b, "nf.lm_head", &in, &out)}, {6},
-          "smoke_lm_head", 8, 128, false));
+      kernels.push_back(kernel("lm_head",
+                               {pl::CreateOpDirect(b, "nf.lm_head", &in, &out)},
+                               {6}, "smoke_lm_head", 8, 128, false));
       logits = 6;
       arena = 65536 + maxT * kV * 4;
     } else {
-      values.push_back(tensor(pl::DType::F32, kV, 0, maxT));     // 3 logits
-      values.push_back(tensor(pl::DType::F32, 4, 40960, maxT));  // 4 scores
-      values.push_back(tensor(pl::DType::I32, 2, 36864, maxT));  // 5 experts
-      values.push_back(tensor(pl::DType::F32, 2, 45056, maxT));  // 6 weights
-      values.push_back(tensor(pl::DType::I32, 1, 32768, maxT));  // 7 counts
-      values.push_back(tensor(pl::DType::F32, 1, 32768, maxT));  // 8 over counts
+      values.push_back(tensor(pl::DType::F32, kV, 0, maxT));    // 3 logits
+      values.push_back(tensor(pl::DType::F32, 4, 40960, maxT)); // 4 scores
+      values.push_back(tensor(pl::DType::I32, 2, 36864, maxT)); // 5 experts
+      values.push_back(tensor(pl::DType::F32, 2, 45056, maxT)); // 6 weights
+      values.push_back(tensor(pl::DType::I32, 1, 32768, maxT)); // 7 counts
+      values.push_back(tensor(pl::DType::F32, 1, 32768, maxT)); // 8 over counts
       std::vector<int32_t> in = {4, 4, 2}, out = {5, 6, 7};
       std::vector<Offset<pl::IntAttr>> ints = {
           pl::CreateIntAttrDirect(b, "top_k", 2)};
@@ -748,8 +745,9 @@ std::string writeSmokePlan(const std::string &dir, const std::string &name,
         ops.push_back(pl::CreateOpDirect(b, "nf.add", &addIn, &addOut));
       }
       kernels.push_back(kernel("state", ops,
-                               spec.selectOutputs ? std::vector<int32_t>{3, 5, 7}
-                                                  : std::vector<int32_t>{3},
+                               spec.selectOutputs
+                                   ? std::vector<int32_t>{3, 5, 7}
+                                   : std::vector<int32_t>{3},
                                "smoke_state", 2, 32, false));
       logits = 3;
       arena = 49152;
@@ -780,8 +778,8 @@ std::string writeSmokePlan(const std::string &dir, const std::string &name,
   }
   std::vector<Offset<flatbuffers::String>> files = {
       b.CreateString("w.safetensors")};
-  auto config = pl::CreateModelConfigDirect(b, "smoke", kV, kH, -1, nullptr,
-                                            -1, spec.state ? "M*E" : "-",
+  auto config = pl::CreateModelConfigDirect(b, "smoke", kV, kH, -1, nullptr, -1,
+                                            spec.state ? "M*E" : "-",
                                             dir.c_str(), &files);
   std::vector<Offset<flatbuffers::String>> archs;
   for (const auto &c : spec.cubins)
@@ -792,9 +790,9 @@ std::string writeSmokePlan(const std::string &dir, const std::string &name,
                                    &storage, prefill, decode, target, "topk");
   pl::FinishPlanBuffer(b, plan);
   const std::string path = dir + "/" + name + ".nfb";
-  test::writeFile(path, std::string(reinterpret_cast<const char *>(
-                                        b.GetBufferPointer()),
-                                    b.GetSize()));
+  test::writeFile(
+      path, std::string(reinterpret_cast<const char *>(b.GetBufferPointer()),
+                        b.GetSize()));
   return path;
 }
 
@@ -1002,7 +1000,8 @@ protected:
     // Every engine is gone: the fake driver holds no allocation.
     void *h = dlopen(driver_.c_str(), RTLD_NOW | RTLD_NOLOAD);
     ASSERT_NE(h, nullptr);
-    auto live = reinterpret_cast<int (*)()>(dlsym(h, "nfFakeCudaLiveAllocations"));
+    auto live =
+        reinterpret_cast<int (*)()>(dlsym(h, "nfFakeCudaLiveAllocations"));
     ASSERT_NE(live, nullptr);
     EXPECT_EQ(live(), 0) << "device or pinned allocations leaked";
     dlclose(h);
@@ -1115,11 +1114,11 @@ TEST_P(CudaSmoke, DenseMatchesTheCpuExactly) {
     for (size_t r = 0; r < a[i].size(); ++r) {
       EXPECT_EQ(maxAbsDiff(a[i][r].data(), b[i][r].data(), kV), 0.0)
           << "sequence " << i << " row " << r;
-      const int32_t tok = r < kSmokePrompts[i].size()
-                              ? kSmokePrompts[i][r]
-                              : static_cast<int32_t>(
-                                    ((r - kSmokePrompts[i].size()) * 7 + i) %
-                                    kV);
+      const int32_t tok =
+          r < kSmokePrompts[i].size()
+              ? kSmokePrompts[i][r]
+              : static_cast<int32_t>(((r - kSmokePrompts[i].size()) * 7 + i) %
+                                     kV);
       EXPECT_EQ(maxAbsDiff(a[i][r].data(), denseRow(tok).data(), kV), 0.0);
     }
   }
@@ -1131,8 +1130,8 @@ TEST_P(CudaSmoke, ChunkedStepsGraphsAndCubins) {
   small.prefillTokens = 4;
   small.decodeTokens = 2;
   const std::string plan = writeSmokePlan(dir.path(), "small", small);
-  std::unique_ptr<Engine> ref = load(writeSmokePlan(dir.path(), "dense", {}),
-                                     opts("cuda"));
+  std::unique_ptr<Engine> ref =
+      load(writeSmokePlan(dir.path(), "dense", {}), opts("cuda"));
   std::unique_ptr<Engine> chunked = load(plan, opts("cuda"));
   EngineOptions noGraph = opts("cuda");
   noGraph.cudaGraphs = false;
@@ -1190,8 +1189,7 @@ TEST_P(CudaSmoke, NoBinaryForThisDevice) {
   spec.ptx = false;
   spec.cubins = {{"sm_10", {1, 2, 3}}};
   const std::string plan = writeSmokePlan(dir.path(), "foreign", spec);
-  StatusOr<std::unique_ptr<Engine>> forced =
-      Engine::load(plan, opts("cuda"));
+  StatusOr<std::unique_ptr<Engine>> forced = Engine::load(plan, opts("cuda"));
   ASSERT_FALSE(forced.ok());
   EXPECT_NE(forced.message().find("has no cubin for " + arch() +
                                   " (only sm_10) and no PTX"),
@@ -1307,16 +1305,16 @@ void checkStateRows(const std::vector<std::vector<std::vector<float>>> &got,
     std::vector<int32_t> history;
     ASSERT_EQ(got[i].size(), prompts[i].size() + steps);
     for (size_t r = 0; r < got[i].size(); ++r) {
-      history.push_back(r < prompts[i].size()
-                            ? prompts[i][r]
-                            : static_cast<int32_t>(
-                                  ((r - prompts[i].size()) * 7 + i) % kV));
+      history.push_back(
+          r < prompts[i].size()
+              ? prompts[i][r]
+              : static_cast<int32_t>(((r - prompts[i].size()) * 7 + i) % kV));
       const std::vector<float> want = stateRow(history, 1.0f, 0);
       EXPECT_EQ(maxAbsDiff(got[i][r].data(), want.data(), kV), 0.0)
           << "sequence " << i << " row " << r << ": got [" << got[i][r][0]
           << " " << got[i][r][1] << " " << got[i][r][2] << " " << got[i][r][3]
-          << " " << got[i][r][4] << " " << got[i][r][5] << " "
-          << got[i][r][6] << " " << got[i][r][7] << "]";
+          << " " << got[i][r][4] << " " << got[i][r][5] << " " << got[i][r][6]
+          << " " << got[i][r][7] << "]";
     }
   }
 }
@@ -1391,7 +1389,7 @@ TEST_P(CudaSmoke, StateSlotsPagesAndStatistics) {
   in[0].expertsPerToken = in[1].expertsPerToken = 1;
   st = e->step(in, LogitsFor::LastTokenPerSequence, logits, &stats);
   ASSERT_TRUE(st.ok()) << st.message();
-  EXPECT_EQ(logits[9], 1.0f);      // experts_per_token
+  EXPECT_EQ(logits[9], 1.0f); // experts_per_token
   EXPECT_EQ(logits[kV + 9], 1.0f);
   EXPECT_EQ(stats.expertCalls, (std::vector<int64_t>{2, 1}));
 
@@ -1436,7 +1434,7 @@ INSTANTIATE_TEST_SUITE_P(Drivers, CudaSmoke,
 // ---------------------------------------------------------------------------
 // Plans compiled for CUDA from the fixtures
 
-constexpr double kCudaTol = 1e-3; // * max(1, max |ref|)
+constexpr double kCudaTol = 1e-3;  // * max(1, max |ref|)
 constexpr double kBatchTol = 1e-5; // batched vs one at a time, relative
 
 /// Each prompt alone: prefill, then its greedy tokens one step at a time.
@@ -1608,13 +1606,67 @@ TEST_P(CudaFixture, BatchedEqualsOneAtATime) {
   std::cout << "[ cuda ] " << GetParam()
             << " batched: max rel |batched - single| " << diff
             << (diff == 0 ? " (bit-identical)" : "")
-            << ", worst rel err prefill " << worst << ", decode "
-            << worstDecode << "\n";
+            << ", worst rel err prefill " << worst << ", decode " << worstDecode
+            << "\n";
   for (int i = 0; i < n; ++i)
     EXPECT_TRUE(e.removeSequence(seqs[i]).ok());
 }
 
 // The CPU backend on the same plan (it ignores the binaries) agrees.
+// More than 16 sequences decode through the "wide" variants of the decode
+// linears (their own decode graph bucket); each sequence's logits must match
+// its one-at-a-time decode, which ran the "narrow" variants, to rounding.
+TEST_P(CudaFixture, WideDecodeBucketEqualsOneAtATime) {
+  constexpr int n = 24; // > 16: the wide bucket
+  EngineOptions o = options("cuda", modelDir(GetParam()));
+  o.maxSequences = n;
+  o.kvPages = 512;
+  std::unique_ptr<Engine> wide = load(plan_, o);
+  ASSERT_NE(wide, nullptr);
+  Engine &e = *wide;
+  if (e.info().maxDecodeTokens < n)
+    GTEST_SKIP() << "decode steps of " << e.info().maxDecodeTokens
+                 << " tokens at most";
+  const std::vector<SingleRun> single = runOneAtATime(*engine_, prompts_);
+  ASSERT_EQ(single.size(), prompts_.size());
+  const size_t P = prompts_.size();
+  std::vector<int32_t> seqs(n);
+  std::vector<SequenceInput> inputs(n);
+  for (int i = 0; i < n; ++i) {
+    StatusOr<int32_t> s = e.addSequence();
+    ASSERT_TRUE(s.ok()) << s.message();
+    seqs[i] = *s;
+    inputs[i].sequence = seqs[i];
+    inputs[i].tokens = prompts_[i % P].tokens;
+  }
+  std::vector<float> logits;
+  Status s = e.step(inputs, LogitsFor::LastTokenPerSequence, logits);
+  ASSERT_TRUE(s.ok()) << s.message();
+  size_t S = prompts_[0].greedyTokens.size();
+  for (const Prompt &p : prompts_)
+    S = std::min(S, p.greedyTokens.size());
+  std::vector<int32_t> next(n);
+  double diff = 0;
+  for (size_t st = 0; st < S; ++st) {
+    for (int i = 0; i < n; ++i) {
+      next[i] = static_cast<int32_t>(prompts_[i % P].greedyTokens[st]);
+      inputs[i].tokens = {&next[i], 1};
+    }
+    s = e.step(inputs, LogitsFor::LastTokenPerSequence, logits);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_EQ(logits.size(), size_t(n * V_));
+    for (int i = 0; i < n; ++i)
+      diff = std::max(diff, relError(logits.data() + i * V_,
+                                     single[i % P].decode[st].data(), V_));
+  }
+  for (int i = 0; i < n; ++i)
+    ASSERT_TRUE(e.removeSequence(seqs[i]).ok());
+  EXPECT_LE(diff, kBatchTol) << "wide decode differs from one at a time";
+  std::cout << "[ cuda ] " << GetParam() << " wide decode (" << n
+            << " sequences): max rel |batched - single| " << diff
+            << (diff == 0 ? " (bit-identical)" : "") << "\n";
+}
+
 TEST_P(CudaFixture, MatchesTheCpuBackend) {
   std::unique_ptr<Engine> cpu =
       load(plan_, options("cpu", modelDir(GetParam())));
@@ -1627,8 +1679,8 @@ TEST_P(CudaFixture, MatchesTheCpuBackend) {
     worst = std::max(worst, relError(a[i].prefill.data(), b[i].prefill.data(),
                                      a[i].prefill.size()));
     for (size_t s = 0; s < a[i].decode.size(); ++s)
-      worst = std::max(worst, relError(a[i].decode[s].data(),
-                                       b[i].decode[s].data(), V_));
+      worst = std::max(
+          worst, relError(a[i].decode[s].data(), b[i].decode[s].data(), V_));
   }
   EXPECT_LE(worst, kCudaTol);
   std::cout << "[ cuda ] " << GetParam() << ": max rel |cuda - cpu| " << worst
@@ -1647,8 +1699,8 @@ TEST_P(CudaFixture, GraphEqualsLaunches) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i)
     for (size_t s = 0; s < a[i].decode.size(); ++s)
-      worst = std::max(worst, relError(a[i].decode[s].data(),
-                                       b[i].decode[s].data(), V_));
+      worst = std::max(
+          worst, relError(a[i].decode[s].data(), b[i].decode[s].data(), V_));
   EXPECT_LE(worst, kBatchTol);
   std::cout << "[ cuda ] " << GetParam() << ": graph vs launches " << worst
             << "\n";
@@ -1771,8 +1823,8 @@ TEST(CudaPlans, PydocExpertCalls) {
     EXPECT_EQ(sg.expertCalls, sc.expertCalls) << "budget " << budget;
     EXPECT_EQ(sg.expertCallsPerLayer, sc.expertCallsPerLayer);
     std::cout << "[ cuda ] pydoc-moe budget " << budget << ": "
-              << sg.expertCalls[0] << " expert calls (CPU "
-              << sc.expertCalls[0] << "), max rel |cuda - cpu| logits "
+              << sg.expertCalls[0] << " expert calls (CPU " << sc.expertCalls[0]
+              << "), max rel |cuda - cpu| logits "
               << relError(lg.data(), lc.data(), lg.size()) << "\n";
   }
 }
