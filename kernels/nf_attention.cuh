@@ -144,6 +144,145 @@ __device__ void kv_attend(const nf_step_args *a, const float *q,
   }
 }
 
+/// The same for QT consecutive tokens per block (prefill): when the block's
+/// tokens belong to one sequence (consecutive positions), each K/V tile is
+/// loaded once for all of them; every (token, head) runs exactly the
+/// operations of kv_attend (tiles past its own length skipped, positions
+/// past it masked: e = 0), so the results are bit-identical. Tokens of a
+/// group that straddles sequences are taken one at a time. Shared memory is
+/// dynamic: 4 * (32 * (HD + 1) + 32 * HD + QT * WARPS * HPW * HD) bytes.
+template <int NQ, int NKV, int HD, int PS, int WARPS, int QT>
+__device__ void kv_attend_multi(const nf_step_args *a, const float *q,
+                                const float *kcache, const float *vcache,
+                                float scale, float *out) {
+  constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
+  constexpr int HPW = (REP + WARPS - 1) / WARPS; // heads per warp
+  constexpr int NH = WARPS * HPW;
+  extern __shared__ float4 nf_attend_smem[];
+  float(*sK)[HD + 1] = reinterpret_cast<float(*)[HD + 1]>(nf_attend_smem);
+  float(*sV)[HD] = reinterpret_cast<float(*)[HD]>(
+      reinterpret_cast<float *>(nf_attend_smem) + 32 * (HD + 1));
+  float(*sQ)[NH][HD] = reinterpret_cast<float(*)[NH][HD]>(
+      reinterpret_cast<float *>(nf_attend_smem) + 32 * (HD + 1) + 32 * HD);
+  __shared__ long long s_off[32];
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  const int T = a->num_tokens;
+  const long long items = static_cast<long long>((T + QT - 1) / QT) * NKV;
+  // Tokens [t0, t0 + cnt) of one sequence, the first at position pos0.
+  auto group = [&](int t0, int cnt, const TokenPos &tp0, int kvh) {
+    const int32_t *pt = a->page_tables +
+                        static_cast<long long>(tp0.seq) * a->max_pages_per_seq;
+    __syncthreads(); // the previous group is done with the shared tiles
+    for (int i = tid; i < cnt * REP * HD; i += blockDim.x) {
+      const int tok = i / (REP * HD), r = i % (REP * HD);
+      sQ[tok][r / HD][r % HD] =
+          q[static_cast<long long>(t0 + tok) * NQ * HD +
+            static_cast<long long>(kvh) * REP * HD + r];
+    }
+    float m[QT][HPW], l[QT][HPW], acc[QT][HPW][DPL];
+#pragma unroll
+    for (int i = 0; i < QT; ++i)
+#pragma unroll
+      for (int r = 0; r < HPW; ++r) {
+        m[i][r] = -f32_inf();
+        l[i][r] = 0.0f;
+#pragma unroll
+        for (int dd = 0; dd < DPL; ++dd)
+          acc[i][r][dd] = 0.0f;
+      }
+    const int lenMax = tp0.pos + cnt; // the last token's causal length
+    for (int p0 = 0; p0 < lenMax; p0 += 32) {
+      __syncthreads(); // the previous tile is consumed
+      if (tid < 32) {
+        const int p = p0 + tid;
+        s_off[tid] = p < lenMax ? (static_cast<long long>(pt[p / PS]) * PS +
+                                   p % PS) * ROW +
+                                      static_cast<long long>(kvh) * HD
+                                : -1;
+      }
+      __syncthreads();
+      for (int i = tid; i < 32 * HD; i += blockDim.x) {
+        const int j = i / HD, d = i % HD;
+        const long long o = s_off[j];
+        sK[j][d] = o >= 0 ? kcache[o + d] : 0.0f;
+        sV[j][d] = o >= 0 ? vcache[o + d] : 0.0f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < QT; ++i) {
+        const int len = tp0.pos + i + 1;
+        if (i >= cnt || p0 >= len)
+          continue;
+        const int n = min(32, len - p0);
+#pragma unroll
+        for (int r = 0; r < HPW; ++r) {
+          const int head = warp + WARPS * r;
+          if (head >= REP)
+            continue;
+          float score = -f32_inf();
+          if (lane < n) {
+            float dot = 0.0f;
+#pragma unroll 16
+            for (int d = 0; d < HD; ++d)
+              dot = fmaf(sQ[i][head][d], sK[lane][d], dot);
+            score = dot * scale;
+          }
+          const float mn = fmaxf(m[i][r], warp_max(score));
+          const float corr = expf(m[i][r] - mn);
+          const float e = lane < n ? expf(score - mn) : 0.0f;
+          l[i][r] = l[i][r] * corr + warp_sum(e);
+#pragma unroll
+          for (int dd = 0; dd < DPL; ++dd)
+            acc[i][r][dd] *= corr;
+#pragma unroll 8
+          for (int j = 0; j < 32; ++j) {
+            const float ej = __shfl_sync(0xffffffffu, e, j);
+#pragma unroll
+            for (int dd = 0; dd < DPL; ++dd) {
+              const int d = lane + 32 * dd;
+              if (d < HD)
+                acc[i][r][dd] = fmaf(ej, sV[j][d], acc[i][r][dd]);
+            }
+          }
+          m[i][r] = mn;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < QT; ++i) {
+      if (i >= cnt)
+        continue;
+#pragma unroll
+      for (int r = 0; r < HPW; ++r) {
+        const int head = warp + WARPS * r;
+        if (head >= REP)
+          continue;
+        const float inv = 1.0f / l[i][r];
+        float *o = out + static_cast<long long>(t0 + i) * NQ * HD +
+                   static_cast<long long>(kvh * REP + head) * HD;
+#pragma unroll
+        for (int dd = 0; dd < DPL; ++dd) {
+          const int d = lane + 32 * dd;
+          if (d < HD)
+            o[d] = acc[i][r][dd] * inv;
+        }
+      }
+    }
+  };
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const int t0 = static_cast<int>(item / NKV) * QT,
+              kvh = static_cast<int>(item % NKV);
+    const int cnt = min(QT, T - t0);
+    const TokenPos first = token_pos(a, t0);
+    if (token_pos(a, t0 + cnt - 1).seq == first.seq) {
+      group(t0, cnt, first, kvh);
+    } else {
+      for (int i = 0; i < cnt; ++i)
+        group(t0 + i, 1, token_pos(a, t0 + i), kvh);
+    }
+  }
+}
+
 /// Online softmax of one warp over positions [p_begin, p_end) of one head:
 /// m (running max), l (sum of exponentials) and acc (sum of e * V, the head
 /// dimension spread over the lanes). K rows: one position per lane, 16-byte

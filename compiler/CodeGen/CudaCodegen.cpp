@@ -949,6 +949,24 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   const int64_t warps = std::min<int64_t>(rep, 16);
   const int64_t hpw = ceilDiv(rep, warps);
   const int64_t smem = 32 * (2 * HD + 1) * 4 + warps * hpw * HD * 4 + 256;
+  // Prefill: four consecutive tokens per block share each K/V tile (dynamic
+  // shared memory for their queries); bit-identical to one token per block.
+  constexpr int64_t kQueryTile = 4;
+  const int64_t multiSmem =
+      (32 * (HD + 1) + 32 * HD + kQueryTile * warps * hpw * HD) * 4;
+  if (smem <= 48 * 1024 && multiSmem <= 96 * 1024) {
+    addLaunch(fnName(i, "attend"),
+              gridOf(ceilDiv(maxTokens, kQueryTile) * NKV,
+                     int64_t(opts.smCount) * 8),
+              static_cast<uint32_t>(32 * warps),
+              "  nf::kv_attend_multi<" + num(*heads) + ", " + num(NKV) + ", " +
+                  num(HD) + ", " + num(st->page_size()) + ", " + num(warps) +
+                  ", " + num(kQueryTile) + ">" + args,
+              "nf_kv.attend: one block per (4 tokens, kv head), K/V tiles in "
+              "shared memory, online softmax");
+    launches.back().sharedBytes = static_cast<uint32_t>(multiSmem);
+    return size_t(1);
+  }
   if (smem <= 48 * 1024) {
     addLaunch(
         fnName(i, "attend"), gridOf(maxTokens * NKV, int64_t(opts.smCount) * 8),
