@@ -38,123 +38,23 @@ __device__ void kv_append(const nf_step_args *a, const float *k, const float *v,
 /// out[t, h] = softmax(q[t, h] . K[0..pos] * scale) V[0..pos], query head h
 /// reading kv head h / (NQ / NKV).
 ///
-/// One block per (token, kv head) with WARPS warps for the REP = NQ / NKV
+/// One block per (tokens, kv head) with WARPS warps for the REP = NQ / NKV
 /// query heads of that kv head (warp w takes heads w, w + WARPS, ...). The
 /// block stages tiles of 32 positions of K and V in shared memory (coalesced
 /// loads, each byte read once for all REP heads); per tile each warp scores
 /// the 32 positions of its head (one per lane), updates an online softmax,
 /// and accumulates V with the head dimension spread over the lanes.
-template <int NQ, int NKV, int HD, int PS, int WARPS>
+/// A block takes QT consecutive tokens: when they belong to one sequence
+/// (consecutive positions) each K/V tile is loaded once for all of them, and
+/// every (token, head) runs exactly the operations of a one-token block
+/// (tiles past its own length skipped, positions past it masked: e = 0), so
+/// the results do not depend on QT. Tokens of a group that straddles
+/// sequences are taken one at a time. Shared memory is dynamic:
+/// 4 * (32 * (HD + 1) + 32 * HD + QT * WARPS * HPW * HD) bytes.
+template <int NQ, int NKV, int HD, int PS, int WARPS, int QT>
 __device__ void kv_attend(const nf_step_args *a, const float *q,
                           const float *kcache, const float *vcache, float scale,
                           float *out) {
-  constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
-  constexpr int HPW = (REP + WARPS - 1) / WARPS; // heads per warp
-  __shared__ float sK[32][HD + 1], sV[32][HD], sQ[WARPS * HPW][HD];
-  __shared__ long long s_off[32];
-  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
-  const long long items = static_cast<long long>(a->num_tokens) * NKV;
-  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
-    const int t = static_cast<int>(item / NKV),
-              kvh = static_cast<int>(item % NKV);
-    const TokenPos tp = token_pos(a, t);
-    const int len = tp.pos + 1; // causal: positions [0, pos]
-    const int32_t *pt =
-        a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq;
-    const float *qt = q + static_cast<long long>(t) * NQ * HD +
-                      static_cast<long long>(kvh) * REP * HD;
-    __syncthreads(); // the previous item is done with the shared tiles
-    for (int i = tid; i < REP * HD; i += blockDim.x)
-      sQ[i / HD][i % HD] = qt[i];
-    float m[HPW], l[HPW], acc[HPW][DPL];
-#pragma unroll
-    for (int r = 0; r < HPW; ++r) {
-      m[r] = -f32_inf();
-      l[r] = 0.0f;
-#pragma unroll
-      for (int dd = 0; dd < DPL; ++dd)
-        acc[r][dd] = 0.0f;
-    }
-    for (int p0 = 0; p0 < len; p0 += 32) {
-      const int cnt = min(32, len - p0);
-      __syncthreads(); // the previous tile is consumed
-      if (tid < 32) {
-        const int p = p0 + tid;
-        s_off[tid] =
-            p < len ? (static_cast<long long>(pt[p / PS]) * PS + p % PS) * ROW +
-                          static_cast<long long>(kvh) * HD
-                    : -1;
-      }
-      __syncthreads();
-      for (int i = tid; i < 32 * HD; i += blockDim.x) {
-        const int j = i / HD, d = i % HD;
-        const long long o = s_off[j];
-        sK[j][d] = o >= 0 ? kcache[o + d] : 0.0f;
-        sV[j][d] = o >= 0 ? vcache[o + d] : 0.0f;
-      }
-      __syncthreads();
-#pragma unroll
-      for (int r = 0; r < HPW; ++r) {
-        const int head = warp + WARPS * r;
-        if (head >= REP)
-          continue;
-        float score = -f32_inf();
-        if (lane < cnt) {
-          float dot = 0.0f;
-#pragma unroll 16
-          for (int d = 0; d < HD; ++d)
-            dot = fmaf(sQ[head][d], sK[lane][d], dot);
-          score = dot * scale;
-        }
-        const float mn = fmaxf(m[r], warp_max(score));
-        const float corr = expf(m[r] - mn);
-        const float e = lane < cnt ? expf(score - mn) : 0.0f;
-        l[r] = l[r] * corr + warp_sum(e);
-#pragma unroll
-        for (int dd = 0; dd < DPL; ++dd)
-          acc[r][dd] *= corr;
-#pragma unroll 8
-        for (int j = 0; j < 32; ++j) {
-          const float ej = __shfl_sync(0xffffffffu, e, j);
-#pragma unroll
-          for (int dd = 0; dd < DPL; ++dd) {
-            const int d = lane + 32 * dd;
-            if (d < HD)
-              acc[r][dd] = fmaf(ej, sV[j][d], acc[r][dd]);
-          }
-        }
-        m[r] = mn;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < HPW; ++r) {
-      const int head = warp + WARPS * r;
-      if (head >= REP)
-        continue;
-      const float inv = 1.0f / l[r];
-      float *o = out + static_cast<long long>(t) * NQ * HD +
-                 static_cast<long long>(kvh * REP + head) * HD;
-#pragma unroll
-      for (int dd = 0; dd < DPL; ++dd) {
-        const int d = lane + 32 * dd;
-        if (d < HD)
-          o[d] = acc[r][dd] * inv;
-      }
-    }
-  }
-}
-
-/// The same for QT consecutive tokens per block (prefill): when the block's
-/// tokens belong to one sequence (consecutive positions), each K/V tile is
-/// loaded once for all of them; every (token, head) runs exactly the
-/// operations of kv_attend (tiles past its own length skipped, positions
-/// past it masked: e = 0), so the results are bit-identical. Tokens of a
-/// group that straddles sequences are taken one at a time. Shared memory is
-/// dynamic: 4 * (32 * (HD + 1) + 32 * HD + QT * WARPS * HPW * HD) bytes.
-template <int NQ, int NKV, int HD, int PS, int WARPS, int QT>
-__device__ void kv_attend_multi(const nf_step_args *a, const float *q,
-                                const float *kcache, const float *vcache,
-                                float scale, float *out) {
   constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
   constexpr int HPW = (REP + WARPS - 1) / WARPS; // heads per warp
   constexpr int NH = WARPS * HPW;
@@ -170,14 +70,13 @@ __device__ void kv_attend_multi(const nf_step_args *a, const float *q,
   const long long items = static_cast<long long>((T + QT - 1) / QT) * NKV;
   // Tokens [t0, t0 + cnt) of one sequence, the first at position pos0.
   auto group = [&](int t0, int cnt, const TokenPos &tp0, int kvh) {
-    const int32_t *pt = a->page_tables +
-                        static_cast<long long>(tp0.seq) * a->max_pages_per_seq;
+    const int32_t *pt =
+        a->page_tables + static_cast<long long>(tp0.seq) * a->max_pages_per_seq;
     __syncthreads(); // the previous group is done with the shared tiles
     for (int i = tid; i < cnt * REP * HD; i += blockDim.x) {
       const int tok = i / (REP * HD), r = i % (REP * HD);
-      sQ[tok][r / HD][r % HD] =
-          q[static_cast<long long>(t0 + tok) * NQ * HD +
-            static_cast<long long>(kvh) * REP * HD + r];
+      sQ[tok][r / HD][r % HD] = q[static_cast<long long>(t0 + tok) * NQ * HD +
+                                  static_cast<long long>(kvh) * REP * HD + r];
     }
     float m[QT][HPW], l[QT][HPW], acc[QT][HPW][DPL];
 #pragma unroll
@@ -195,10 +94,11 @@ __device__ void kv_attend_multi(const nf_step_args *a, const float *q,
       __syncthreads(); // the previous tile is consumed
       if (tid < 32) {
         const int p = p0 + tid;
-        s_off[tid] = p < lenMax ? (static_cast<long long>(pt[p / PS]) * PS +
-                                   p % PS) * ROW +
-                                      static_cast<long long>(kvh) * HD
-                                : -1;
+        s_off[tid] =
+            p < lenMax
+                ? (static_cast<long long>(pt[p / PS]) * PS + p % PS) * ROW +
+                      static_cast<long long>(kvh) * HD
+                : -1;
       }
       __syncthreads();
       for (int i = tid; i < 32 * HD; i += blockDim.x) {

@@ -949,32 +949,25 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   const int64_t warps = std::min<int64_t>(rep, 16);
   const int64_t hpw = ceilDiv(rep, warps);
   const int64_t smem = 32 * (2 * HD + 1) * 4 + warps * hpw * HD * 4 + 256;
-  // Prefill: four consecutive tokens per block share each K/V tile (dynamic
-  // shared memory for their queries); bit-identical to one token per block.
-  constexpr int64_t kQueryTile = 4;
-  const int64_t multiSmem =
-      (32 * (HD + 1) + 32 * HD + kQueryTile * warps * hpw * HD) * 4;
-  if (smem <= 48 * 1024 && multiSmem <= 96 * 1024) {
-    addLaunch(fnName(i, "attend"),
-              gridOf(ceilDiv(maxTokens, kQueryTile) * NKV,
-                     int64_t(opts.smCount) * 8),
-              static_cast<uint32_t>(32 * warps),
-              "  nf::kv_attend_multi<" + num(*heads) + ", " + num(NKV) + ", " +
-                  num(HD) + ", " + num(st->page_size()) + ", " + num(warps) +
-                  ", " + num(kQueryTile) + ">" + args,
-              "nf_kv.attend: one block per (4 tokens, kv head), K/V tiles in "
-              "shared memory, online softmax");
-    launches.back().sharedBytes = static_cast<uint32_t>(multiSmem);
-    return size_t(1);
-  }
+  // Prefill: a block per (query tile of consecutive tokens, kv head) when a
+  // one-token block's tiles fit in 48 KiB; four tokens share each K/V tile
+  // (queries in dynamic shared memory; bit-identical to one per block) when
+  // their queries fit too.
   if (smem <= 48 * 1024) {
-    addLaunch(
-        fnName(i, "attend"), gridOf(maxTokens * NKV, int64_t(opts.smCount) * 8),
-        static_cast<uint32_t>(32 * warps),
-        "  nf::kv_attend<" + num(*heads) + ", " + num(NKV) + ", " + num(HD) +
-            ", " + num(st->page_size()) + ", " + num(warps) + ">" + args,
-        "nf_kv.attend: one block per (token, kv head), K/V tiles in "
-        "shared memory, online softmax");
+    auto tileSmem = [&](int64_t qt) {
+      return (32 * (HD + 1) + 32 * HD + qt * warps * hpw * HD) * 4;
+    };
+    const int64_t qt = tileSmem(4) <= 96 * 1024 ? 4 : 1;
+    addLaunch(fnName(i, "attend"),
+              gridOf(ceilDiv(maxTokens, qt) * NKV, int64_t(opts.smCount) * 8),
+              static_cast<uint32_t>(32 * warps),
+              "  nf::kv_attend<" + num(*heads) + ", " + num(NKV) + ", " +
+                  num(HD) + ", " + num(st->page_size()) + ", " + num(warps) +
+                  ", " + num(qt) + ">" + args,
+              "nf_kv.attend: one block per (" + num(qt) +
+                  " tokens, kv head), K/V tiles in shared memory, online "
+                  "softmax");
+    launches.back().sharedBytes = static_cast<uint32_t>(tileSmem(qt));
     return size_t(1);
   }
   constexpr int perBlock = 4;
