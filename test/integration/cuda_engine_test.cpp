@@ -669,6 +669,9 @@ struct SmokeSpec {
   // (and then possibly overwritten by a later op of the kernel).
   bool selectOutputs = true;
   bool clobberCounts = false;
+  // Dense plan: the LM head as two launch variants (up to 2 tokens, 3 and
+  // more) and a launch for >= 1000 tokens that fails whenever it runs.
+  bool rangedLmHead = false;
 };
 
 /// Writes <dir>/<name>.nfb (and the weights) and returns its path.
@@ -688,6 +691,13 @@ std::string writeSmokePlan(const std::string &dir, const std::string &name,
     }
     std::vector<Offset<pl::Launch>> launches = {
         pl::CreateLaunchDirect(b, fn, grid, block, 0, coop)};
+    if (spec.rangedLmHead && std::string(fn) == "smoke_lm_head")
+      launches = {
+          pl::CreateLaunchDirect(b, fn, grid, block, 0, false, 0, 2, true),
+          pl::CreateLaunchDirect(b, fn, grid, block, 0, false, 3, 0, true),
+          // smoke_state reads storage the dense plan does not have: fails.
+          pl::CreateLaunchDirect(b, "smoke_state", 2, 32, 0, false, 1000, 0,
+                                 true)};
     std::vector<int32_t> inputs;
     return pl::CreateKernelDirect(
         b, kname, &inputs, &outputs, &ops, &archs, &blobs,
@@ -1122,6 +1132,40 @@ TEST_P(CudaSmoke, DenseMatchesTheCpuExactly) {
       EXPECT_EQ(maxAbsDiff(a[i][r].data(), denseRow(tok).data(), kV), 0.0);
     }
   }
+}
+
+// Launch token ranges: each step runs the launches whose range holds its
+// token count (the launch for >= 1000 tokens, which would fail, never runs),
+// and the decode program is captured as one graph per bucket.
+TEST_P(CudaSmoke, LaunchTokenRangesPickVariantsPerStep) {
+  test::TempDir dir;
+  SmokeSpec ranged;
+  ranged.rangedLmHead = true;
+  const std::string plan = writeSmokePlan(dir.path(), "ranged", ranged);
+  std::unique_ptr<Engine> gpu = load(plan, opts("cuda"));
+  EngineOptions noGraph = opts("cuda");
+  noGraph.cudaGraphs = false;
+  std::unique_ptr<Engine> launches = load(plan, noGraph);
+  ASSERT_TRUE(gpu && launches);
+  EXPECT_NE(gpu->info().device.find("decode graphs for <= 2 | <= 8 tokens"),
+            std::string::npos)
+      << gpu->info().device;
+  // One sequence (narrow variant, 1-token decode steps) and all four (wide).
+  for (const auto &prompts :
+       {std::vector<std::vector<int32_t>>{kSmokePrompts[0]}, kSmokePrompts})
+    for (Engine *e : {gpu.get(), launches.get()}) {
+      auto a = runBatched(*e, prompts, 3);
+      ASSERT_EQ(a.size(), prompts.size());
+      for (size_t i = 0; i < a.size(); ++i)
+        for (size_t r = 0; r < a[i].size(); ++r) {
+          const int32_t tok = r < prompts[i].size()
+                                  ? prompts[i][r]
+                                  : static_cast<int32_t>(
+                                        ((r - prompts[i].size()) * 7 + i) % kV);
+          EXPECT_EQ(maxAbsDiff(a[i][r].data(), denseRow(tok).data(), kV), 0.0)
+              << "sequence " << i << " row " << r;
+        }
+    }
 }
 
 TEST_P(CudaSmoke, ChunkedStepsGraphsAndCubins) {
