@@ -692,12 +692,13 @@ std::string writeSmokePlan(const std::string &dir, const std::string &name,
     std::vector<Offset<pl::Launch>> launches = {
         pl::CreateLaunchDirect(b, fn, grid, block, 0, coop)};
     if (spec.rangedLmHead && std::string(fn) == "smoke_lm_head")
+      // Not programmatic: the smoke kernels do not wait (griddepcontrol).
       launches = {
-          pl::CreateLaunchDirect(b, fn, grid, block, 0, false, 0, 2, true),
-          pl::CreateLaunchDirect(b, fn, grid, block, 0, false, 3, 0, true),
+          pl::CreateLaunchDirect(b, fn, grid, block, 0, false, 0, 2, false),
+          pl::CreateLaunchDirect(b, fn, grid, block, 0, false, 3, 0, false),
           // smoke_state reads storage the dense plan does not have: fails.
           pl::CreateLaunchDirect(b, "smoke_state", 2, 32, 0, false, 1000, 0,
-                                 true)};
+                                 false)};
     std::vector<int32_t> inputs;
     return pl::CreateKernelDirect(
         b, kname, &inputs, &outputs, &ops, &archs, &blobs,
