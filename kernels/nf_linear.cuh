@@ -22,7 +22,11 @@
 // then every warp takes GEMV items (warp-strided). f32 accumulation. With
 // bf16 weights on sm_80+, the tiles run on tensor cores instead (mma_tile:
 // 64 x 128 tiles, activations split into three bf16 terms, so products stay
-// exact and only the summation order changes).
+// exact and only the summation order changes; big_mma_tile: 128 x 128 tiles
+// for activations rounded to bf16, --matmul-inputs=bf16).
+//
+// Decode steps use skinny_linear instead (below): tensor cores with the
+// operands swapped, for a few rows per weight.
 #ifndef NF_KERNELS_LINEAR_CUH
 #define NF_KERNELS_LINEAR_CUH
 
@@ -595,19 +599,19 @@ __device__ void linear(const nf_step_args *a) {
 // Skinny linears on tensor cores (decode: a few rows per weight), bf16
 // weights, K a multiple of 32. The operands are swapped: the weight is mma's
 // A (16 output features per m-tile), the activation rows are B (8 rows per
-// n-tile), so one row costs no more weight traffic than 64 rows. Each thread
+// n-tile), so one row costs the same weight traffic as 16. Each thread
 // loads 16 contiguous bytes of a weight row per 32-deep K step and the
 // activations of the same 8 K positions: the dot product does not care in
 // which order K is visited, so the mma fragments take K permuted (physical
 // 8*tig + 4*s + {0,1,2,3} is logical {2tig, 2tig+1, 2tig+8, 2tig+9} of mma s)
-// and every load is a full 16-byte vector. Activations are split into three
-// bf16 terms as in mma_tile, so products are exact and only the order of the
-// f32 sums differs from the other paths.
+// and every load is a full 16-byte vector. Activations are split into TERMS
+// bf16 terms: 3 as in mma_tile (products exact, only the order of the f32
+// sums differs from the other paths), or 1 (--matmul-inputs=bf16).
 //
 // A block (KW warps) owns one item: MT m-tiles of features of one
 // group and up to ROWS of its rows; its warps split K (warp w takes the K
-// steps w, w + KW, ...) with the next step's weight loads in
-// flight, and the partial sums are folded pairwise through shared memory in
+// steps w, w + KW, ...) with STAGES steps' weight loads in flight, and the
+// partial sums are folded pairwise through shared memory in
 // a fixed order (deterministic). Two variants, chosen per launch by the
 // step's token count (the plan's launch token ranges): narrow (MT 1, 4 K
 // steps in flight: many bytes in flight for few rows) and wide (MT 2, 2 K
