@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -84,6 +85,10 @@ struct StepSummary {
   std::map<std::string, int> kernelCounts;
   int64_t topK = 0, numExperts = 0;
   std::string policy;
+  // CUDA launches: all, programmatic, and the step sizes where the set that
+  // runs changes (the runtime captures one decode graph per bucket).
+  size_t launches = 0, programmatic = 0;
+  std::set<int64_t> bounds;
 };
 
 StepSummary summarize(const pl::Step *step) {
@@ -102,6 +107,17 @@ StepSummary summarize(const pl::Step *step) {
         continue;
       ++s.kernels;
       ++s.kernelCounts[str(k->name())];
+      if (k->launches())
+        for (const pl::Launch *l : *k->launches()) {
+          if (!l)
+            continue;
+          ++s.launches;
+          s.programmatic += l->programmatic() ? 1 : 0;
+          if (l->max_tokens() > 0 && l->max_tokens() < step->max_tokens())
+            s.bounds.insert(l->max_tokens());
+          if (l->min_tokens() > 1 && l->min_tokens() - 1 < step->max_tokens())
+            s.bounds.insert(l->min_tokens() - 1);
+        }
       if (!k->ops())
         continue;
       s.ops += k->ops()->size();
@@ -136,6 +152,15 @@ void printStep(const char *label, const pl::Step *step, const StepSummary &s) {
               noReuse > 0 ? 100.0 * static_cast<double>(arena) / noReuse : 0.0,
               bytes(noReuse).c_str(), bytes(step->scratch_bytes()).c_str(),
               step->scratch_bytes());
+  if (s.launches == 0)
+    return;
+  std::string buckets;
+  for (int64_t b : s.bounds)
+    buckets += "<= " + std::to_string(b) + " | ";
+  buckets += "<= " + std::to_string(step->max_tokens()) + " tokens";
+  std::printf("           cuda: %zu launches (%zu programmatic); launch sets "
+              "by step size: %s\n",
+              s.launches, s.programmatic, buckets.c_str());
 }
 
 } // namespace
