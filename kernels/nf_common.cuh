@@ -197,33 +197,18 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
-/// thread gets the result. Contains __syncthreads: call from all threads.
-__device__ __forceinline__ int block_sum(int v) {
-  __shared__ int s_part[32];
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed
+/// order (deterministic); every thread gets the result. Contains
+/// __syncthreads: call from all threads.
+template <class T> __device__ __forceinline__ T block_sum(T v) {
+  __shared__ T s_part[32];
   v = warp_sum(v);
   const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   __syncthreads();
   if (lane_id() == 0)
     s_part[warp] = v;
   __syncthreads();
-  int total = 0;
-  for (int w = 0; w < nwarps; ++w)
-    total += s_part[w];
-  return total;
-}
-
-/// f64 sum over the block in a fixed order (deterministic); every thread
-/// gets the result. Contains __syncthreads: call from all threads.
-__device__ __forceinline__ double block_sum(double v) {
-  __shared__ double s_part[32];
-  v = warp_sum(v);
-  const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  __syncthreads();
-  if (lane_id() == 0)
-    s_part[warp] = v;
-  __syncthreads();
-  double total = 0.0;
+  T total = T(0);
   for (int w = 0; w < nwarps; ++w)
     total += s_part[w];
   return total;
