@@ -8,6 +8,7 @@
 #define NF_KERNELS_ATTENTION_CUH
 
 #include "nf_common.cuh"
+#include "nf_mma.cuh"
 
 namespace nf {
 
@@ -290,6 +291,303 @@ __device__ void kv_attend_warp(const nf_step_args *a, const float *q,
         o[d] = acc[dd] * inv;
     }
   }
+}
+
+/// Shared memory (dynamic) of kv_attend_mma, in bytes: bf16 terms of the
+/// query tile, of a K tile and of a transposed V tile.
+template <int HD, int WARPS, int TERMS>
+__host__ __device__ constexpr int kv_attend_mma_smem() {
+  return 2 * TERMS * (16 * WARPS * (HD + 8) + 32 * (HD + 8) + HD * (32 + 8));
+}
+
+/// Prefill attention on tensor cores (sm_80+; FlashAttention-2's loop with
+/// mma.sync m16n8k16). The rows of a kv head's problem are its (token,
+/// query head) pairs in token order, so the REP query heads that share the
+/// kv head share every K/V tile. A block of WARPS warps takes 16 * WARPS
+/// rows (each warp 16) and walks 32 positions at a time: K and V are read
+/// from the paged f32 cache, split into TERMS bf16 terms (3: exact products,
+/// as the GEMMs; 1: bf16 inputs) and staged in shared memory (V
+/// transposed); S = Q K^T per warp on tensor cores (term pairs i + j <
+/// TERMS, small first), the causal mask and online softmax on the S
+/// fragments in registers (f32), then O += P V with P's fragments reused as
+/// mma's A operand. Rows of several sequences in one tile are taken one
+/// sequence per pass (the other rows masked). Tiles are taken longest
+/// first (from the last token), which balances the causal work.
+template <int NQ, int NKV, int HD, int PS, int WARPS, int TERMS>
+__device__ void kv_attend_mma(const nf_step_args *a, const float *q,
+                              const float *kcache, const float *vcache,
+                              float scale, float *out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int REP = NQ / NKV, ROW = NKV * HD;
+  constexpr int BQ = 16 * WARPS, BP = 32, QS = HD + 8, VS = BP + 8;
+  constexpr int NTS = BP / 8, NTO = HD / 8;
+  static_assert(HD % 16 == 0, "head_dim must be a multiple of 16");
+  static_assert(TERMS == 1 || TERMS == 3, "1 or 3 bf16 terms");
+  extern __shared__ float4 nf_attend_smem[];
+  using Tile = unsigned short;
+  Tile(*sQ)[BQ][QS] = reinterpret_cast<Tile(*)[BQ][QS]>(nf_attend_smem);
+  Tile(*sK)[BP][QS] =
+      reinterpret_cast<Tile(*)[BP][QS]>(&sQ[0][0][0] + TERMS * BQ * QS);
+  Tile(*sV)[HD][VS] =
+      reinterpret_cast<Tile(*)[HD][VS]>(&sK[0][0][0] + TERMS * BP * QS);
+  __shared__ int rowSeq[BQ], rowPos[BQ];
+  __shared__ long long sOff[BP];
+  __shared__ int passLo, passHi;
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int T = a->num_tokens, rowsTotal = T * REP;
+  const int tiles = (rowsTotal + BQ - 1) / BQ;
+  const long long items = static_cast<long long>(tiles) * NKV;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const int tile = tiles - 1 - static_cast<int>(item / NKV);
+    const int kvh = static_cast<int>(item % NKV), r0 = tile * BQ;
+    __syncthreads(); // the previous item is done with shared memory
+    for (int i = tid; i < BQ; i += blockDim.x) {
+      const int rr = r0 + i;
+      if (rr < rowsTotal) {
+        const TokenPos tp = token_pos(a, rr / REP);
+        rowSeq[i] = tp.seq;
+        rowPos[i] = tp.pos;
+      } else {
+        rowSeq[i] = -1;
+        rowPos[i] = -1;
+      }
+    }
+    __syncthreads();
+    const int seqFirst = rowSeq[0];
+    const int seqLast = rowSeq[min(BQ, rowsTotal - r0) - 1];
+    for (int sq = seqFirst; sq <= seqLast; ++sq) {
+      __syncthreads(); // the previous pass is done with shared memory
+      if (tid == 0) {
+        int lo = 0x7fffffff, hi = -1;
+        for (int i = 0; i < BQ; ++i)
+          if (rowSeq[i] == sq) {
+            lo = min(lo, rowPos[i]);
+            hi = max(hi, rowPos[i]);
+          }
+        passLo = lo;
+        passHi = hi;
+      }
+      // Query terms; rows of other sequences are zero (and masked).
+      for (int i = tid; i < BQ * (HD / 4); i += blockDim.x) {
+        const int r = i / (HD / 4), d = (i % (HD / 4)) * 4, rr = r0 + r;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (rowSeq[r] == sq)
+          v = *reinterpret_cast<const float4 *>(
+              q + static_cast<long long>(rr / REP) * NQ * HD +
+              static_cast<long long>(kvh * REP + rr % REP) * HD + d);
+        unsigned short t0[3], t1[3], t2[3], t3[3];
+        split_bf16<TERMS>(v.x, t0);
+        split_bf16<TERMS>(v.y, t1);
+        split_bf16<TERMS>(v.z, t2);
+        split_bf16<TERMS>(v.w, t3);
+#pragma unroll
+        for (int te = 0; te < TERMS; ++te) {
+          unsigned *dst = reinterpret_cast<unsigned *>(&sQ[te][r][d]);
+          dst[0] = pack_bf16x2(t0[te], t1[te]);
+          dst[1] = pack_bf16x2(t2[te], t3[te]);
+        }
+      }
+      __syncthreads();
+      const int hi = passHi;
+      if (hi < 0)
+        continue; // no row of this tile belongs to sequence sq
+      const int lo = passLo, len = hi + 1;
+      const int32_t *pt =
+          a->page_tables + static_cast<long long>(sq) * a->max_pages_per_seq;
+      const int wr = warp * 16 + g;
+      const int pos0 = rowSeq[wr] == sq ? rowPos[wr] : -1;
+      const int pos1 = rowSeq[wr + 8] == sq ? rowPos[wr + 8] : -1;
+      float m[2] = {-f32_inf(), -f32_inf()}, l[2] = {0.0f, 0.0f};
+      float o[NTO][4];
+#pragma unroll
+      for (int n = 0; n < NTO; ++n)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+      for (int p0 = 0; p0 < len; p0 += BP) {
+        __syncthreads(); // the previous K/V tile is consumed
+        for (int j = tid; j < BP; j += blockDim.x) {
+          const int p = p0 + j;
+          sOff[j] =
+              p < len
+                  ? (static_cast<long long>(pt[p / PS]) * PS + p % PS) * ROW +
+                        static_cast<long long>(kvh) * HD
+                  : -1;
+        }
+        __syncthreads();
+        for (int i = tid; i < BP * (HD / 4); i += blockDim.x) {
+          const int j = i / (HD / 4), d = (i % (HD / 4)) * 4;
+          const long long off = sOff[j];
+          float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+          if (off >= 0) {
+            kv = *reinterpret_cast<const float4 *>(kcache + off + d);
+            vv = *reinterpret_cast<const float4 *>(vcache + off + d);
+          }
+          unsigned short k0[3], k1[3], k2[3], k3[3], v0[3], v1[3], v2[3], v3[3];
+          split_bf16<TERMS>(kv.x, k0);
+          split_bf16<TERMS>(kv.y, k1);
+          split_bf16<TERMS>(kv.z, k2);
+          split_bf16<TERMS>(kv.w, k3);
+          split_bf16<TERMS>(vv.x, v0);
+          split_bf16<TERMS>(vv.y, v1);
+          split_bf16<TERMS>(vv.z, v2);
+          split_bf16<TERMS>(vv.w, v3);
+#pragma unroll
+          for (int te = 0; te < TERMS; ++te) {
+            unsigned *dst = reinterpret_cast<unsigned *>(&sK[te][j][d]);
+            dst[0] = pack_bf16x2(k0[te], k1[te]);
+            dst[1] = pack_bf16x2(k2[te], k3[te]);
+            sV[te][d][j] = v0[te];
+            sV[te][d + 1][j] = v1[te];
+            sV[te][d + 2][j] = v2[te];
+            sV[te][d + 3][j] = v3[te];
+          }
+        }
+        __syncthreads();
+        // mma.sync and the shuffles need the whole warp: skip the tile only
+        // when it is past every row of the warp.
+        if (__all_sync(0xffffffffu, pos0 < p0 && pos1 < p0))
+          continue;
+        // S = Q K^T (16 rows x BP positions per warp).
+        float s[NTS][4];
+#pragma unroll
+        for (int n = 0; n < NTS; ++n)
+          s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int k0 = 0; k0 < HD; k0 += 16) {
+          unsigned af[TERMS][4];
+#pragma unroll
+          for (int te = 0; te < TERMS; ++te) {
+            af[te][0] = *reinterpret_cast<const unsigned *>(
+                &sQ[te][warp * 16 + g][k0 + 2 * c]);
+            af[te][1] = *reinterpret_cast<const unsigned *>(
+                &sQ[te][warp * 16 + g + 8][k0 + 2 * c]);
+            af[te][2] = *reinterpret_cast<const unsigned *>(
+                &sQ[te][warp * 16 + g][k0 + 2 * c + 8]);
+            af[te][3] = *reinterpret_cast<const unsigned *>(
+                &sQ[te][warp * 16 + g + 8][k0 + 2 * c + 8]);
+          }
+#pragma unroll
+          for (int n = 0; n < NTS; ++n) {
+            unsigned bf[TERMS][2];
+#pragma unroll
+            for (int te = 0; te < TERMS; ++te) {
+              bf[te][0] = *reinterpret_cast<const unsigned *>(
+                  &sK[te][n * 8 + g][k0 + 2 * c]);
+              bf[te][1] = *reinterpret_cast<const unsigned *>(
+                  &sK[te][n * 8 + g][k0 + 2 * c + 8]);
+            }
+            // Term pairs (i, j) with i + j < TERMS, smallest first.
+#pragma unroll
+            for (int sum = TERMS - 1; sum >= 0; --sum)
+#pragma unroll
+              for (int ti = sum; ti >= 0; --ti)
+                mma_bf16(s[n], af[ti], bf[sum - ti][0], bf[sum - ti][1]);
+          }
+        }
+        // Causal mask, scale and online softmax (rows g and g + 8).
+        const bool full = p0 + BP - 1 <= lo;
+        float mx[2] = {-f32_inf(), -f32_inf()};
+#pragma unroll
+        for (int n = 0; n < NTS; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int p = p0 + n * 8 + 2 * c + (e & 1);
+            const int rp = e < 2 ? pos0 : pos1;
+            const float v = full || p <= rp ? s[n][e] * scale : -f32_inf();
+            s[n][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+          }
+        float corr[2], base[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+          const float mn = fmaxf(m[h], mx[h]);
+          base[h] = mn == -f32_inf() ? 0.0f : mn; // no row value yet
+          corr[h] = expf(m[h] - base[h]);
+          m[h] = mn;
+        }
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < NTS; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float pe = expf(s[n][e] - base[e >> 1]);
+            s[n][e] = pe;
+            rs[e >> 1] += pe;
+          }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 1);
+          rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 2);
+          l[h] = l[h] * corr[h] + rs[h];
+        }
+#pragma unroll
+        for (int n = 0; n < NTO; ++n) {
+          o[n][0] *= corr[0];
+          o[n][1] *= corr[0];
+          o[n][2] *= corr[1];
+          o[n][3] *= corr[1];
+        }
+        // O += P V: P's C fragments of position tiles 2kk, 2kk + 1 are the
+        // A fragment of k-step kk.
+#pragma unroll
+        for (int kk = 0; kk < BP / 16; ++kk) {
+          unsigned pf[TERMS][4];
+          {
+            unsigned short e[8][3];
+            const float pv[8] = {s[2 * kk][0],     s[2 * kk][1],
+                                 s[2 * kk][2],     s[2 * kk][3],
+                                 s[2 * kk + 1][0], s[2 * kk + 1][1],
+                                 s[2 * kk + 1][2], s[2 * kk + 1][3]};
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+              split_bf16<TERMS>(pv[u], e[u]);
+#pragma unroll
+            for (int te = 0; te < TERMS; ++te) {
+              pf[te][0] = pack_bf16x2(e[0][te], e[1][te]);
+              pf[te][1] = pack_bf16x2(e[2][te], e[3][te]);
+              pf[te][2] = pack_bf16x2(e[4][te], e[5][te]);
+              pf[te][3] = pack_bf16x2(e[6][te], e[7][te]);
+            }
+          }
+#pragma unroll
+          for (int n = 0; n < NTO; ++n) {
+            unsigned bf[TERMS][2];
+#pragma unroll
+            for (int te = 0; te < TERMS; ++te) {
+              bf[te][0] = *reinterpret_cast<const unsigned *>(
+                  &sV[te][n * 8 + g][kk * 16 + 2 * c]);
+              bf[te][1] = *reinterpret_cast<const unsigned *>(
+                  &sV[te][n * 8 + g][kk * 16 + 2 * c + 8]);
+            }
+#pragma unroll
+            for (int sum = TERMS - 1; sum >= 0; --sum)
+#pragma unroll
+              for (int ti = sum; ti >= 0; --ti)
+                mma_bf16(o[n], pf[ti], bf[sum - ti][0], bf[sum - ti][1]);
+          }
+        }
+      }
+      // Rows of this sequence: O / l.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wr + 8 * h, rr = r0 + r;
+        if ((h == 0 ? pos0 : pos1) < 0)
+          continue;
+        const float inv = 1.0f / l[h];
+        float *orow = out + static_cast<long long>(rr / REP) * NQ * HD +
+                      static_cast<long long>(kvh * REP + rr % REP) * HD;
+#pragma unroll
+        for (int n = 0; n < NTO; ++n)
+          *reinterpret_cast<float2 *>(orow + n * 8 + 2 * c) =
+              make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      }
+    }
+  }
+#else
+  kv_attend_warp<NQ, NKV, HD, PS, WARPS>(a, q, kcache, vcache, scale, out);
+#endif
 }
 
 /// Decode attention split over the context (flash decoding): one warp per

@@ -122,6 +122,42 @@ __device__ __forceinline__ void allow_next_grid() {
 }
 
 // ---------------------------------------------------------------------------
+// Asynchronous global -> shared copies (sm_80+: cp.async, so a block stages
+// its next chunk while it computes on the current one; older targets copy
+// synchronously). `src` must be BYTES-aligned.
+template <int BYTES>
+__device__ __forceinline__ void copy_async(void *dst, const void *src) {
+  static_assert(BYTES == 4 || BYTES == 16, "cp.async copies 4 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if (BYTES == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src)
+                 : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src)
+                 : "memory");
+#else
+  if (BYTES == 16)
+    *static_cast<float4 *>(dst) = *static_cast<const float4 *>(src);
+  else
+    *static_cast<float *>(dst) = *static_cast<const float *>(src);
+#endif
+}
+/// Ends the group of copies issued since the last commit.
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+/// Waits until at most PENDING committed groups are still in flight (this
+/// thread's copies; a __syncthreads makes everyone's visible).
+template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+#endif
+}
+
+// ---------------------------------------------------------------------------
 // Step arguments
 
 template <class T>

@@ -31,6 +31,7 @@
 #define NF_KERNELS_LINEAR_CUH
 
 #include "nf_common.cuh"
+#include "nf_mma.cuh"
 
 namespace nf {
 
@@ -168,43 +169,10 @@ gemm_tile(const nf_step_args *a, int g, int row0, int rows, int n0,
 
 constexpr int kMmaTileN = 128, kMmaTileK = 32, kMmaPad = 8;
 
-__device__ __forceinline__ unsigned short f32_to_bf16_rn(float x) {
-  unsigned short h;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
-  return h;
-}
-__device__ __forceinline__ float bf16_bits_to_f32(unsigned short h) {
-  return __uint_as_float(static_cast<unsigned>(h) << 16);
-}
-__device__ __forceinline__ void mma_bf16(float *c, const unsigned *a,
-                                         unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned pack_bf16x2(unsigned short lo,
-                                                unsigned short hi) {
-  return static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16);
-}
-
 template <int TERMS> struct MmaSmem {
   unsigned short a[TERMS][kTileM][kMmaTileK + kMmaPad]; // hi, mid, lo
   unsigned short b[kMmaTileN][kMmaTileK + kMmaPad];
 };
-
-/// TERMS bf16 terms of x: 3 (hi, mid, lo: x to 2^-24 relative, exact
-/// products) or 1 (x rounded to bf16, as bf16 frameworks compute).
-template <int TERMS>
-__device__ __forceinline__ void split_bf16(float x, unsigned short (&t)[3]) {
-  t[0] = f32_to_bf16_rn(x);
-  if (TERMS > 1) {
-    const float r1 = x - bf16_bits_to_f32(t[0]);
-    t[1] = f32_to_bf16_rn(r1);
-    t[2] = f32_to_bf16_rn(r1 - bf16_bits_to_f32(t[1]));
-  }
-}
 
 template <class S, int TERMS>
 __device__ __forceinline__ void mma_tile(const nf_step_args *a, int g, int row0,
@@ -348,14 +316,6 @@ struct BigMmaSmem {
   unsigned short a[2][kBigTileM][kMmaTileK + kMmaPad];
   unsigned short b[2][kMmaTileN][kMmaTileK + kMmaPad];
 };
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned *r, const void *p) {
-  const unsigned addr =
-      static_cast<unsigned>(__cvta_generic_to_shared(const_cast<void *>(p)));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 template <class S>
 __device__ __forceinline__ void big_mma_tile(const nf_step_args *a, int g,

@@ -121,8 +121,11 @@ __device__ __forceinline__ float mamba_dt(float raw, float bias, float lo,
 /// channels); a block of PT * NS threads takes one item at a time: thread
 /// (p, sub) keeps S[h, p, n] for n = sub, sub + NS, ... (N / NS values) in
 /// registers for the whole sequence, and the NS threads of a channel reduce
-/// y over n with shuffles. Per chunk of TC tokens, B, C, x and dt are staged
-/// in shared memory. xbc rows: x (I) | B (G*N) | C (G*N); dt_raw rows: NH.
+/// y over n with shuffles. B, C, x and dt of TC tokens at a time are staged
+/// in shared memory, double-buffered: the copies of the next chunk
+/// (cp.async) are in flight while the block walks the current one, so the
+/// sequential walk does not wait on memory. xbc rows: x (I) | B (G*N) |
+/// C (G*N); dt_raw rows: NH.
 template <class WB, class WA, class WD, int NH, int P, int N, int G, int PT,
           int NS, int TC>
 __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
@@ -133,7 +136,12 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
   constexpr int HPG = NH / G, NPT = P / PT;
   static_assert(NPER * NS == N && PT * NPT == P, "bad ssm tiling");
   static_assert((NS & (NS - 1)) == 0 && NS <= 32, "NS: power of two <= 32");
-  __shared__ float sB[TC][N], sC[TC][N], sX[TC][PT], sDt[TC], sDA[TC];
+  // 16-byte copies when every staged row segment starts 16-byte aligned.
+  constexpr bool kVec =
+      CD % 4 == 0 && I % 4 == 0 && N % 4 == 0 && P % 4 == 0 && PT % 4 == 0;
+  constexpr int VW = kVec ? 4 : 1; // floats per copy
+  __shared__ __align__(16) float sB[2][TC][N], sC[2][TC][N], sX[2][TC][PT];
+  __shared__ float sRaw[2][TC], sDt[TC], sDA[TC];
   const int tid = threadIdx.x, pl = tid / NS, sub = tid % NS;
   // Blocks of fewer than 32 threads (tiny models) shuffle within their lanes.
   const unsigned lanes =
@@ -150,29 +158,43 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
     const float Ah = -expf(load(a_log, h));
     const float Dh = load(d_skip, h);
     const float bias = load(dt_bias, h);
+    // Issues the copies of the chunk starting at token t0 into buffer buf.
+    auto stage = [&](int t0, int buf) {
+      const int nt = min(TC, d.count - t0);
+      for (int i = tid; i < nt * (N / VW); i += blockDim.x) {
+        const int tt = i / (N / VW), nn = (i % (N / VW)) * VW;
+        const float *row = xbc + static_cast<long long>(d.begin + t0 + tt) * CD;
+        copy_async<4 * VW>(&sB[buf][tt][nn], row + I + g * N + nn);
+        copy_async<4 * VW>(&sC[buf][tt][nn], row + I + G * N + g * N + nn);
+      }
+      for (int i = tid; i < nt * (PT / VW); i += blockDim.x) {
+        const int tt = i / (PT / VW), pp = (i % (PT / VW)) * VW;
+        copy_async<4 * VW>(&sX[buf][tt][pp],
+                           xbc +
+                               static_cast<long long>(d.begin + t0 + tt) * CD +
+                               h * P + p0 + pp);
+      }
+      for (int i = tid; i < nt; i += blockDim.x)
+        copy_async<4>(&sRaw[buf][i],
+                      dt_raw + static_cast<long long>(d.begin + t0 + i) * NH +
+                          h);
+      copy_async_commit();
+    };
     float *S = state + ((static_cast<long long>(d.slot) * NH + h) * P + p) * N;
     float st[NPER];
 #pragma unroll
     for (int q = 0; q < NPER; ++q)
       st[q] = S[q * NS + sub];
-    for (int t0 = 0; t0 < d.count; t0 += TC) {
+    __syncthreads(); // the previous item is done with the buffers
+    stage(0, 0);
+    for (int t0 = 0, buf = 0; t0 < d.count; t0 += TC, buf ^= 1) {
       const int nt = min(TC, d.count - t0);
-      __syncthreads(); // the previous chunk is consumed
-      for (int i = tid; i < nt * N; i += blockDim.x) {
-        const int tt = i / N, nn = i % N;
-        const float *row = xbc + static_cast<long long>(d.begin + t0 + tt) * CD;
-        sB[tt][nn] = row[I + g * N + nn];
-        sC[tt][nn] = row[I + G * N + g * N + nn];
-      }
-      for (int i = tid; i < nt * PT; i += blockDim.x) {
-        const int tt = i / PT, pp = i % PT;
-        sX[tt][pp] = xbc[static_cast<long long>(d.begin + t0 + tt) * CD +
-                         h * P + p0 + pp];
-      }
+      copy_async_wait<0>();
+      __syncthreads(); // chunk t0 landed; the other buffer is consumed
+      if (t0 + TC < d.count)
+        stage(t0 + TC, buf ^ 1);
       for (int i = tid; i < nt; i += blockDim.x) {
-        const float dt =
-            mamba_dt(dt_raw[static_cast<long long>(d.begin + t0 + i) * NH + h],
-                     bias, dt_min, dt_max);
+        const float dt = mamba_dt(sRaw[buf][i], bias, dt_min, dt_max);
         sDt[i] = dt;
         sDA[i] = expf(dt * Ah);
       }
@@ -180,17 +202,17 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
 #pragma unroll 2
       for (int tt = 0; tt < nt; ++tt) {
         const float dt = sDt[tt], dA = sDA[tt];
-        const float x = sX[tt][pl];
+        const float x = sX[buf][tt][pl];
         const float xd = x * dt;
         float part0 = 0.0f, part1 = 0.0f;
 #pragma unroll
         for (int q = 0; q < NPER; ++q) {
           const int nn = q * NS + sub;
-          st[q] = dA * st[q] + xd * sB[tt][nn];
+          st[q] = dA * st[q] + xd * sB[buf][tt][nn];
           if (q & 1)
-            part1 = fmaf(st[q], sC[tt][nn], part1);
+            part1 = fmaf(st[q], sC[buf][tt][nn], part1);
           else
-            part0 = fmaf(st[q], sC[tt][nn], part0);
+            part0 = fmaf(st[q], sC[buf][tt][nn], part0);
         }
         float part = part0 + part1;
 #pragma unroll

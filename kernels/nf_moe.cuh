@@ -59,6 +59,79 @@ __device__ void moe_router_logits(const nf_step_args *a, const float *x,
   }
 }
 
+/// The same logits for many tokens (prefill): a block computes a tile of TT
+/// tokens x EB experts from shared-memory slices of x and the gate (each
+/// gate byte read once per TT tokens instead of once per token), 16 x 16
+/// threads with TT / 16 x EB / 16 f64 sums each.
+template <class WG, class WB, int E, int H, int TT, int EB>
+__device__ void moe_router_logits_tiled(const nf_step_args *a, const float *x,
+                                        const WG *gate, const WB *bias,
+                                        float *scores, float *sel,
+                                        double *pre) {
+  constexpr int KC = 32, RT = TT / 16, RE = EB / 16;
+  static_assert(TT % 16 == 0 && EB % 16 == 0, "tiles of 16 x 16 threads");
+  __shared__ float sx[KC][TT + 1], sg[KC][EB + 1];
+  const int T = a->num_tokens;
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  constexpr int ETILES = (E + EB - 1) / EB;
+  const long long items = static_cast<long long>((T + TT - 1) / TT) * ETILES;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const int t0 = static_cast<int>(item / ETILES) * TT;
+    const int e0 = static_cast<int>(item % ETILES) * EB;
+    double acc[RT][RE];
+#pragma unroll
+    for (int i = 0; i < RT; ++i)
+#pragma unroll
+      for (int j = 0; j < RE; ++j)
+        acc[i][j] = 0.0;
+    for (int k0 = 0; k0 < H; k0 += KC) {
+      __syncthreads(); // the previous slice is consumed
+      for (int i = tid; i < TT * KC; i += blockDim.x) {
+        const int tt = i / KC, kk = i % KC, t = t0 + tt, k = k0 + kk;
+        sx[kk][tt] =
+            t < T && k < H ? x[static_cast<long long>(t) * H + k] : 0.0f;
+      }
+      for (int i = tid; i < EB * KC; i += blockDim.x) {
+        const int ee = i / KC, kk = i % KC, e = e0 + ee, k = k0 + kk;
+        sg[kk][ee] = e < E && k < H
+                         ? load(gate, static_cast<long long>(e) * H + k)
+                         : 0.0f;
+      }
+      __syncthreads();
+#pragma unroll 4
+      for (int kk = 0; kk < KC; ++kk) {
+        double xv[RT], gv[RE];
+#pragma unroll
+        for (int i = 0; i < RT; ++i)
+          xv[i] = sx[kk][ty + 16 * i];
+#pragma unroll
+        for (int j = 0; j < RE; ++j)
+          gv[j] = sg[kk][tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < RT; ++i)
+#pragma unroll
+          for (int j = 0; j < RE; ++j)
+            acc[i][j] = fma(xv[i], gv[j], acc[i][j]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < RT; ++i)
+#pragma unroll
+      for (int j = 0; j < RE; ++j) {
+        const int t = t0 + ty + 16 * i, e = e0 + tx + 16 * j;
+        if (t >= T || e >= E)
+          continue;
+        const long long o = static_cast<long long>(t) * E + e;
+        const double sc = 1.0 / (1.0 + exp(-acc[i][j]));
+        const double sb = sc + static_cast<double>(load(bias, e));
+        pre[o * 2] = sc;
+        pre[o * 2 + 1] = sb;
+        scores[o] = static_cast<float>(sc);
+        sel[o] = static_cast<float>(sb);
+      }
+  }
+}
+
 /// Router (logits x . gate^T in f64, s = sigmoid, sb = s + bias) and/or the
 /// per-token part of select (group-limited top-K on sb, by descending sb then
 /// ascending expert). One block per token.

@@ -366,16 +366,21 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // runs for how many tokens.
   if (phase == "decode" && s.wtype == "nf::bf16" && s.K % 32 == 0) {
     constexpr int64_t kNarrowTokens = 16, kWarps = 8;
-    // Two blocks per SM fit (registers); blocks loop over items, so the
-    // group scan at their start is paid once (measured on the H200: equal
-    // to or faster than a block per item, at batch 1 to 32).
+    // Blocks loop over items, so the group scan at their start is paid
+    // once (measured on the H200: equal to or faster than a block per item,
+    // at batch 1 to 32). Two blocks per SM, three for the narrow variant
+    // with bf16 inputs (its registers allow it): that streamed the batch-1
+    // expert and in_proj weights 15-22% faster (bench/kernels/skinny_sweep.cu)
+    // but slowed batch 64 when the wide variant did the same.
     const int64_t cap = int64_t(opts.smCount) * 2;
+    const int64_t narrowCap =
+        opts.matmulTerms == 1 ? int64_t(opts.smCount) * 3 : cap;
     const std::string terms = num(opts.matmulTerms);
     const int64_t narrowRows = std::min(s.maxRows, kNarrowTokens);
     const int64_t narrowItems =
         (std::min(s.G, narrowRows) + 1) * ceilDiv(s.N, 16);
     const bool wide = maxTokens > kNarrowTokens;
-    addLaunch(fn + (wide ? "_narrow" : ""), gridOf(narrowItems, cap),
+    addLaunch(fn + (wide ? "_narrow" : ""), gridOf(narrowItems, narrowCap),
               32 * kWarps,
               "  nf::skinny_linear<" + spec + ", 1, 4, " + num(kWarps) + ", " +
                   terms + ">(a);\n",
@@ -850,8 +855,9 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   int64_t PT = P;
   while (PT > 1 && (P % PT != 0 || PT * NS > 128))
     --PT;
+  // TC tokens per staged chunk, two chunks in static shared memory.
   int64_t TC = 32;
-  while (TC > 1 && TC * (2 * N + PT + 2) * 4 > 40960)
+  while (TC > 1 && TC * ((2 * N + PT + 1) * 2 + 2) * 4 > 45056)
     TC /= 2;
   const int64_t block = PT * NS;
   includes.insert("nf_mamba.cuh");
@@ -942,6 +948,28 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
         "  nf::kv_attend_combine<" + num(*heads) + ", " + num(HD) + ", " +
             num(kSplits) + ">(a, " + partPtr + ", " + arenaPtr(out[0]) + ");\n",
         "nf_kv.attend (decode): the splits' softmaxes merged");
+    return size_t(1);
+  }
+  // Prefill on tensor cores (FlashAttention-2 loop, nf_attention.cuh) when
+  // the head dimension fits mma's K steps and the O tile the registers;
+  // activations split into the plan's bf16 terms as the GEMMs do.
+  if (HD % 16 == 0 && HD <= 128) {
+    constexpr int64_t kWarps = 4, kRows = 16 * kWarps;
+    const int64_t terms = opts.matmulTerms;
+    const int64_t tiles = ceilDiv(maxTokens * (*heads / NKV), kRows) * NKV;
+    const int64_t smem =
+        2 * terms * (kRows * (HD + 8) + 32 * (HD + 8) + HD * (32 + 8));
+    const std::string tmpl = num(HD) + ", " + num(kWarps) + ", " + num(terms);
+    addLaunch(fnName(i, "attend_mma"), gridOf(tiles, int64_t(opts.smCount) * 4),
+              static_cast<uint32_t>(32 * kWarps),
+              "  static_assert(nf::kv_attend_mma_smem<" + tmpl +
+                  ">() == " + num(smem) + ", \"shared memory size\");\n" +
+                  "  nf::kv_attend_mma<" + num(*heads) + ", " + num(NKV) +
+                  ", " + num(HD) + ", " + num(st->page_size()) + ", " +
+                  num(kWarps) + ", " + num(terms) + ">" + args,
+              "nf_kv.attend: tensor cores, a block per 64 (token, head) rows "
+              "of a kv head, 32 positions per step, online softmax");
+    launches.back().sharedBytes = static_cast<uint32_t>(smem);
     return size_t(1);
   }
   // Block per (token, kv head), K/V tiles in shared memory, when they fit.
@@ -1076,10 +1104,25 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
   const std::string experts = arenaPtr(out[0], "int32_t"),
                     weights = arenaPtr(out[1]),
                     counts = arenaPtr(out[2], "int32_t");
-  // Decode: the logits over the whole grid first (a warp per token and
-  // expert); the per-token blocks then only rank.
+  // The logits over the whole grid first (decode: a warp per token and
+  // expert; prefill: tiles of 32 tokens x 64 experts); the per-token blocks
+  // then only rank.
   std::string pre = "nullptr";
-  if (isRouter && phase == "decode") {
+  if (isRouter && phase != "decode") {
+    constexpr int64_t kTokTile = 32, kExpTile = 64;
+    const int64_t off = newScratch(maxTokens * E * 2 * 8);
+    pre = "nf::arena<double>(a, " + num(off) + "ll)";
+    addLaunch(fnName(i, "router_logits"),
+              gridOf(ceilDiv(maxTokens, kTokTile) * ceilDiv(E, kExpTile),
+                     int64_t(opts.smCount) * 8),
+              256,
+              "  nf::moe_router_logits_tiled<" + wg + ", " + wb + ", " +
+                  num(E) + ", " + num(H) + ", " + num(kTokTile) + ", " +
+                  num(kExpTile) + ">(a, " + x + ", " + gate + ", " + bias +
+                  ", " + arenaPtr(scoresV) + ", " + arenaPtr(selV) + ", " +
+                  pre + ");\n",
+              "nf_moe.router: logits in tiles of tokens x experts, f64");
+  } else if (isRouter) {
     const int64_t off = newScratch(maxTokens * E * 2 * 8);
     pre = "nf::arena<double>(a, " + num(off) + "ll)";
     addLaunch(fnName(i, "router_logits"),

@@ -1,0 +1,219 @@
+// Weight-streaming bandwidth of the decode linear kernel (skinny_linear in
+// kernels/nf_linear.cuh) over its tuning parameters, on the shapes of
+// Nemotron-3-Nano-30B-A3B's decode step at batch 1: the routed experts (6 of
+// 128, one row each), the Mamba in_proj, the shared expert and out_proj.
+// A benchmark, not a test: it prints GB/s of weight bytes read per launch
+// next to the device-to-device copy bandwidth measured in the same run.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels bench/kernels/skinny_sweep.cu \
+//     -o skinny_sweep && ./skinny_sweep
+#ifndef NF_TERMS
+#define NF_TERMS 1 // activation terms: 1 (--matmul-inputs=bf16) or 3 (exact)
+#endif
+#ifndef NF_MIN_BLOCKS
+#define NF_MIN_BLOCKS 1 // __launch_bounds__ minimum blocks per SM
+#endif
+#include "nf_linear.cuh"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+#include <vector>
+
+#define CHECK(x)                                                               \
+  do {                                                                         \
+    cudaError_t e_ = (x);                                                      \
+    if (e_ != cudaSuccess) {                                                   \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__,                  \
+                   cudaGetErrorString(e_));                                    \
+      std::exit(1);                                                            \
+    }                                                                          \
+  } while (0)
+
+// Arena layout of the sweep: [0, 4 KiB) dispatch offsets (E + 1 i32),
+// then x rows (f32, 64 x K), then y (f32, 64 x N).
+constexpr long long kXOff = 4096, kYOff = kXOff + 64LL * 8192 * 4;
+
+template <int N_, int K_, int E> struct Spec {
+  using W = nf::bf16;
+  static constexpr int N = N_, K = K_, G = E;
+  __device__ static __forceinline__ const W *weight(const nf_step_args *a,
+                                                    int g) {
+    return static_cast<const W *>(a->weights[0]) +
+           static_cast<long long>(g) * N * K;
+  }
+  __device__ static __forceinline__ const float *row(const nf_step_args *a,
+                                                     int r) {
+    return nf::arena<float>(a, kXOff) + static_cast<long long>(r) * K;
+  }
+  __device__ static __forceinline__ void store(const nf_step_args *a, int r,
+                                               int n, float v) {
+    nf::arena<float>(a, kYOff)[static_cast<long long>(r) * N + n] = v;
+  }
+  __device__ static __forceinline__ void group(const nf_step_args *a, int g,
+                                               int &begin, int &count) {
+    const int32_t *off = nf::arena<int32_t>(a, 0);
+    begin = off[g];
+    count = off[g + 1] - off[g];
+  }
+};
+
+template <class S, int MT, int STAGES, int KW>
+__global__ void __launch_bounds__(32 * KW, NF_MIN_BLOCKS)
+    skinny(const nf_step_args *a) {
+  nf::skinny_linear<S, MT, STAGES, KW, NF_TERMS>(a);
+}
+
+struct Problem {
+  const char *name;
+  int E, N, K, active; // experts (1: dense), active experts per step
+};
+
+static float copyBandwidth() {
+  const size_t bytes = 1ull << 30;
+  void *src, *dst;
+  CHECK(cudaMalloc(&src, bytes));
+  CHECK(cudaMalloc(&dst, bytes));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < 10; ++i)
+    CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  float ms;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CHECK(cudaFree(src));
+  CHECK(cudaFree(dst));
+  return 2.0f * bytes * 10 / (ms * 1e-3f) / 1e9f; // read + write
+}
+
+// Times `launch` over `iters` steps, each with its own dispatch (rotating
+// experts so no step finds the previous one's weights in L2).
+template <class Kernel>
+static void run(const char *label, Kernel kernel, int grid, int block,
+                const Problem &p, nf_step_args *dArgs, char *arena,
+                size_t weightBytesPerStep, float copy) {
+  const int iters = 200;
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<int32_t> off(p.E + 1);
+  // Precompute every step's offsets on the device (one buffer per step).
+  int32_t *dOffs;
+  CHECK(cudaMalloc(&dOffs, sizeof(int32_t) * (p.E + 1) * iters));
+  for (int it = 0; it < iters; ++it) {
+    int rows = 0;
+    for (int g = 0; g < p.E; ++g) {
+      off[g] = rows;
+      const bool on =
+          p.E == 1 || ((g * 7 + it * 13) % p.E) < p.active; // `active` of E
+      rows += on ? 1 : 0;
+    }
+    off[p.E] = rows;
+    CHECK(cudaMemcpy(dOffs + it * (p.E + 1), off.data(),
+                     sizeof(int32_t) * (p.E + 1), cudaMemcpyHostToDevice));
+  }
+  auto step = [&](int it) {
+    CHECK(cudaMemcpyAsync(arena, dOffs + it * (p.E + 1),
+                          sizeof(int32_t) * (p.E + 1),
+                          cudaMemcpyDeviceToDevice));
+    kernel<<<grid, block>>>(dArgs);
+  };
+  step(0);
+  CHECK(cudaDeviceSynchronize());
+  // The offset copies are timed too: time them alone and subtract.
+  CHECK(cudaEventRecord(e0));
+  for (int it = 0; it < iters; ++it)
+    CHECK(cudaMemcpyAsync(arena, dOffs + it * (p.E + 1),
+                          sizeof(int32_t) * (p.E + 1),
+                          cudaMemcpyDeviceToDevice));
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  float msCopy;
+  CHECK(cudaEventElapsedTime(&msCopy, e0, e1));
+  CHECK(cudaEventRecord(e0));
+  for (int it = 0; it < iters; ++it)
+    step(it);
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  CHECK(cudaGetLastError());
+  float ms;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  const float us = (ms - msCopy) * 1e3f / iters;
+  const float gbs = weightBytesPerStep / (us * 1e-6f) / 1e9f;
+  std::printf("%-10s %-28s grid %4d: %7.2f us  %7.0f GB/s  %4.0f%% of copy\n",
+              p.name, label, grid, us, gbs, 100.0f * gbs / copy);
+  CHECK(cudaFree(dOffs));
+}
+
+template <int E, int N, int K, int MT, int STAGES, int KW>
+static void sweepOne(const Problem &p, nf_step_args *dArgs, char *arena,
+                     int sms, float copy) {
+  using S = Spec<N, K, E>;
+  const size_t bytes = size_t(p.active) * N * K * 2;
+  char label[64];
+  for (int perSm : {1, 2, 3, 4}) {
+    int maxBlocks = 0;
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &maxBlocks, skinny<S, MT, STAGES, KW>, 32 * KW, 0));
+    if (perSm > maxBlocks)
+      continue;
+    std::snprintf(label, sizeof label, "MT%d STAGES%d KW%d (%d/SM max)", MT,
+                  STAGES, KW, maxBlocks);
+    run(label, skinny<S, MT, STAGES, KW>, sms * perSm, 32 * KW, p, dArgs, arena,
+        bytes, copy);
+  }
+}
+
+template <int E, int N, int K>
+static void sweep(const Problem &p, nf_step_args *dArgs, char *arena, int sms,
+                  float copy) {
+  sweepOne<E, N, K, 1, 4, 8>(p, dArgs, arena, sms, copy); // shipped narrow
+  sweepOne<E, N, K, 1, 8, 8>(p, dArgs, arena, sms, copy);
+  sweepOne<E, N, K, 1, 6, 4>(p, dArgs, arena, sms, copy);
+  sweepOne<E, N, K, 1, 8, 4>(p, dArgs, arena, sms, copy);
+  sweepOne<E, N, K, 1, 12, 4>(p, dArgs, arena, sms, copy);
+  sweepOne<E, N, K, 1, 4, 16>(p, dArgs, arena, sms, copy);
+  sweepOne<E, N, K, 2, 4, 8>(p, dArgs, arena, sms, copy);
+}
+
+int main() {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const float copy = copyBandwidth();
+  std::printf("device-to-device copy: %.0f GB/s (read + write), %d SMs\n", copy,
+              sms);
+  // Weights: the largest problem (128 experts x 1856 x 2688 bf16, 1.28 GB).
+  const size_t wBytes = 128ull * 1856 * 2688 * 2;
+  void *w;
+  CHECK(cudaMalloc(&w, wBytes));
+  CHECK(cudaMemset(w, 0x3c, wBytes)); // finite bf16 values
+  char *arena;
+  const size_t arenaBytes = kYOff + 64ull * 16384 * 4;
+  CHECK(cudaMalloc(&arena, arenaBytes));
+  CHECK(cudaMemset(arena, 0, arenaBytes));
+  const void **dW;
+  CHECK(cudaMalloc(&dW, sizeof(void *)));
+  CHECK(cudaMemcpy(dW, &w, sizeof(void *), cudaMemcpyHostToDevice));
+  nf_step_args args{};
+  args.arena = arena;
+  args.weights = dW;
+  args.num_tokens = 1;
+  args.num_seqs = 1;
+  nf_step_args *dArgs;
+  CHECK(cudaMalloc(&dArgs, sizeof args));
+  CHECK(cudaMemcpy(dArgs, &args, sizeof args, cudaMemcpyHostToDevice));
+  sweep<128, 1856, 2688>({"expert_up", 128, 1856, 2688, 6}, dArgs, arena, sms,
+                         copy);
+  sweep<128, 2688, 1856>({"expert_dn", 128, 2688, 1856, 6}, dArgs, arena, sms,
+                         copy);
+  sweep<1, 10304, 2688>({"in_proj", 1, 10304, 2688, 1}, dArgs, arena, sms,
+                        copy);
+  sweep<1, 3712, 2688>({"shared_up", 1, 3712, 2688, 1}, dArgs, arena, sms,
+                       copy);
+  sweep<1, 2688, 4096>({"out_proj", 1, 2688, 4096, 1}, dArgs, arena, sms, copy);
+  return 0;
+}

@@ -1,0 +1,62 @@
+// Tensor-core primitives shared by the GEMM (nf_linear.cuh) and attention
+// (nf_attention.cuh) kernels: mma.sync m16n8k16 with bf16 operands and f32
+// accumulation (sm_80+), bf16 conversion, and the split of an f32 value into
+// bf16 terms that keeps products exact.
+//
+// Fragment layout of m16n8k16 (g = lane / 4, c = lane % 4; PTX ISA, "Matrix
+// Fragments for mma.m16n8k16"): A (16 x 16, row-major) a0 = A[g][2c..2c+1],
+// a1 = A[g+8][2c..], a2 = A[g][2c+8..], a3 = A[g+8][2c+8..]; B (16 x 8,
+// column-major) b0 = B[2c..2c+1][g], b1 = B[2c+8..2c+9][g]; C (16 x 8)
+// c0, c1 = C[g][2c..2c+1], c2, c3 = C[g+8][2c..2c+1]. A pair of elements
+// is one 32-bit register, the lower index in the low half.
+#ifndef NF_KERNELS_MMA_CUH
+#define NF_KERNELS_MMA_CUH
+
+#include "nf_common.cuh"
+
+namespace nf {
+
+__device__ __forceinline__ unsigned short f32_to_bf16_rn(float x) {
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+}
+__device__ __forceinline__ float bf16_bits_to_f32(unsigned short h) {
+  return __uint_as_float(static_cast<unsigned>(h) << 16);
+}
+__device__ __forceinline__ void mma_bf16(float *c, const unsigned *a,
+                                         unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack_bf16x2(unsigned short lo,
+                                                unsigned short hi) {
+  return static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16);
+}
+
+/// TERMS bf16 terms of x: 3 (hi, mid, lo: x to 2^-24 relative, exact
+/// products) or 1 (x rounded to bf16, as bf16 frameworks compute).
+template <int TERMS>
+__device__ __forceinline__ void split_bf16(float x, unsigned short (&t)[3]) {
+  t[0] = f32_to_bf16_rn(x);
+  if (TERMS > 1) {
+    const float r1 = x - bf16_bits_to_f32(t[0]);
+    t[1] = f32_to_bf16_rn(r1);
+    t[2] = f32_to_bf16_rn(r1 - bf16_bits_to_f32(t[1]));
+  }
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned *r, const void *p) {
+  const unsigned addr =
+      static_cast<unsigned>(__cvta_generic_to_shared(const_cast<void *>(p)));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+} // namespace nf
+
+#endif // NF_KERNELS_MMA_CUH
