@@ -143,6 +143,19 @@ __device__ __forceinline__ void copy_async(void *dst, const void *src) {
     *static_cast<float *>(dst) = *static_cast<const float *>(src);
 #endif
 }
+/// 16 bytes from src, or zeros when `valid` is false (src is then not read).
+__device__ __forceinline__ void copy_async16_or_zero(void *dst, const void *src,
+                                                     bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s),
+               "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  *static_cast<float4 *>(dst) =
+      valid ? *static_cast<const float4 *>(src) : make_float4(0, 0, 0, 0);
+#endif
+}
 /// Ends the group of copies issued since the last commit.
 __device__ __forceinline__ void copy_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -415,6 +415,173 @@ __device__ __forceinline__ void big_mma_tile(const nf_step_args *a, int g,
       }
 }
 
+// ---------------------------------------------------------------------------
+// Pipelined tensor-core tiles for prefill with bf16 weights: the activation
+// rows were first split into TERMS bf16 planes (split_rows_bf16, one launch
+// before the GEMM: 1 plane = rounded to bf16, 3 planes = exact products),
+// so both operands stream into shared memory with cp.async, kGemmStages
+// 32-deep K slices in flight. 128 x 128 outputs, 8 warps of 64 x 32,
+// fragments by ldmatrix, the whole K accumulated on the tensor cores (for
+// TERMS 3 each fragment takes the planes small first). The spec adds
+//   static const unsigned short *row16(a, r);   // plane 0 of row r
+//   static constexpr long long PLANE;            // elements between planes
+
+/// Plane p of row r = bf16 term p of the f32 row (split_bf16<TERMS>):
+/// rows [0, a->num_tokens * RPT) of a [rows, K] f32 activation.
+template <int TERMS, int K, int RPT, long long PLANE>
+__device__ void split_rows_bf16(const nf_step_args *a, const float *src,
+                                unsigned short *dst) {
+  static_assert(K % 4 == 0, "rows of whole float4s");
+  const long long n = static_cast<long long>(a->num_tokens) * RPT * (K / 4);
+  for (long long i = global_thread(); i < n; i += grid_threads()) {
+    const float4 v = reinterpret_cast<const float4 *>(src)[i];
+    unsigned short t0[3], t1[3], t2[3], t3[3];
+    split_bf16<TERMS>(v.x, t0);
+    split_bf16<TERMS>(v.y, t1);
+    split_bf16<TERMS>(v.z, t2);
+    split_bf16<TERMS>(v.w, t3);
+#pragma unroll
+    for (int p = 0; p < TERMS; ++p)
+      reinterpret_cast<uint2 *>(dst + p * PLANE)[i] =
+          make_uint2(pack_bf16x2(t0[p], t1[p]), pack_bf16x2(t2[p], t3[p]));
+  }
+}
+
+constexpr int kGemmTile = 128, kGemmK = 32, kGemmLd = kGemmK + 8;
+template <int TERMS> __host__ __device__ constexpr int gemm_stages() {
+  return TERMS == 1 ? 4 : 3;
+}
+/// Dynamic shared memory of pipelined_mma_tile, in bytes.
+template <int TERMS> __host__ __device__ constexpr int pipelined_gemm_smem() {
+  return gemm_stages<TERMS>() * (TERMS + 1) * kGemmTile * kGemmLd * 2;
+}
+
+template <class S, int TERMS>
+__device__ __forceinline__ void pipelined_mma_tile(const nf_step_args *a, int g,
+                                                   int row0, int rows, int n0,
+                                                   unsigned short *smem) {
+  static_assert(S::K % 8 == 0, "16-byte rows");
+  constexpr int ST = gemm_stages<TERMS>(), BM = kGemmTile, LD = kGemmLd;
+  constexpr int A_ELEMS = TERMS * BM * LD, STAGE = A_ELEMS + BM * LD;
+  constexpr int KT = (S::K + kGemmK - 1) / kGemmK;
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  // Loader: chunk c = tid + 256 j (j < 2) is row c / 4, K offset (c % 4) * 8
+  // of the A planes and of the B (weight) tile.
+  const bf16 *wbase = S::weight(a, g);
+  const unsigned short *arow[2];
+  const bf16 *brow[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int c = tid + 256 * j, r = c >> 2, kc = (c & 3) * 8;
+    arow[j] = r < rows ? S::row16(a, row0 + r) + kc : nullptr;
+    brow[j] = n0 + r < S::N ? wbase + static_cast<long long>(n0 + r) * S::K + kc
+                            : nullptr;
+  }
+  auto load_stage = [&](int stage, int k0) {
+    unsigned short *sA = smem + stage * STAGE, *sB = sA + A_ELEMS;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int c = tid + 256 * j, r = c >> 2, kc = (c & 3) * 8;
+      const bool kin = k0 + kc < S::K;
+#pragma unroll
+      for (int p = 0; p < TERMS; ++p)
+        copy_async16_or_zero(
+            &sA[(p * BM + r) * LD + kc],
+            arow[j] ? static_cast<const void *>(arow[j] + p * S::PLANE + k0)
+                    : wbase, // not read
+            arow[j] && kin);
+      copy_async16_or_zero(&sB[r * LD + kc],
+                           brow[j] ? static_cast<const void *>(brow[j] + k0)
+                                   : wbase, // not read
+                           brow[j] && kin);
+    }
+  };
+  const int wm = warp >> 2, wn = warp & 3, gid = lane >> 2, tig = lane & 3;
+  float acc[4][4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        acc[i][j][c] = 0.0f;
+  __syncthreads(); // the previous tile is done with the stages
+#pragma unroll
+  for (int st = 0; st < ST - 1; ++st) {
+    if (st < KT)
+      load_stage(st, st * kGemmK);
+    copy_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    copy_async_wait<ST - 2>(); // slice kt has landed (this thread's part)
+    __syncthreads();           // everyone's part; slice kt - 1 is consumed
+    if (kt + ST - 1 < KT)
+      load_stage((kt + ST - 1) % ST, (kt + ST - 1) * kGemmK);
+    copy_async_commit();
+    const unsigned short *sA = smem + (kt % ST) * STAGE, *sB = sA + A_ELEMS;
+    // Exact inputs: each slice in its own accumulator, added with f32 adds
+    // (tensor-core accumulation truncates; see mma_tile). bf16 inputs: the
+    // whole K on the tensor cores.
+    float part[4][4][4];
+    float(&sum)[4][4][4] = TERMS > 1 ? part : acc;
+    if (TERMS > 1) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            part[i][j][c] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kGemmK; kk += 16) {
+      unsigned af[TERMS][4][4], bfr[2][4];
+#pragma unroll
+      for (int p = 0; p < TERMS; ++p)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          ldmatrix_x4(af[p][i],
+                      &sA[(p * BM + wm * 64 + i * 16 + (lane & 15)) * LD + kk +
+                          (lane >> 4) * 8]);
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj)
+        ldmatrix_x4(
+            bfr[jj],
+            &sB[(wn * 32 + jj * 16 + (lane >> 4) * 8 + (lane & 7)) * LD + kk +
+                ((lane >> 3) & 1) * 8]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int p = TERMS - 1; p >= 0; --p) // small terms first
+            mma_bf16(sum[i][j], af[p][i], bfr[j >> 1][(j & 1) * 2],
+                     bfr[j >> 1][(j & 1) * 2 + 1]);
+    }
+    if (TERMS > 1) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            acc[i][j][c] += part[i][j][c];
+    }
+  }
+  copy_async_wait<0>(); // only empty groups remain; none may outlive the tile
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = wm * 64 + i * 16 + gid + (c >> 1) * 8;
+        const int n = n0 + wn * 32 + j * 8 + 2 * tig + (c & 1);
+        if (r < rows && n < S::N)
+          S::store(a, row0 + r, n, acc[i][j][c]);
+      }
+}
+
 template <class T> struct IsBf16 { static constexpr bool value = false; };
 template <> struct IsBf16<bf16> { static constexpr bool value = true; };
 
@@ -471,19 +638,24 @@ gemv_item(const nf_step_args *a, int g, int begin, int count, int n, int lane) {
     S::store(a, begin + lane, n, mine);
 }
 
-template <class S, int TERMS = 3>
+/// kPlanes: the rows were split into bf16 planes by split_rows_bf16 (S has
+/// row16 / PLANE; launched with pipelined_gemm_smem<TERMS>() bytes of
+/// dynamic shared memory): tiles use pipelined_mma_tile.
+template <class S, int TERMS = 3, bool kPlanes = false>
 __device__ void linear(const nf_step_args *a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr bool kMma = IsBf16<typename S::W>::value && S::K % 8 == 0;
 #else
   constexpr bool kMma = false;
 #endif
-  constexpr bool kBig = kMma && TERMS == 1;
+  constexpr bool kPipe = kMma && kPlanes;
+  constexpr bool kBig = kMma && TERMS == 1 && !kPipe;
   constexpr int TN = kMma ? kMmaTileN : kTileN;
-  constexpr int TM = kBig ? kBigTileM : kTileM;
+  constexpr int TM = kPipe ? kGemmTile : kBig ? kBigTileM : kTileM;
   constexpr int NT = (S::N + TN - 1) / TN;
   constexpr int kSimtBytes = 2 * kTileK * (kTileM + 4) * sizeof(float);
-  constexpr int kTileBytes = kBig   ? static_cast<int>(sizeof(BigMmaSmem))
+  constexpr int kTileBytes = kPipe  ? 16 // dynamic shared memory instead
+                             : kBig ? static_cast<int>(sizeof(BigMmaSmem))
                              : kMma ? static_cast<int>(sizeof(MmaSmem<TERMS>))
                                     : kSimtBytes;
   __shared__ int s_begin[S::G], s_count[S::G], s_tile[S::G + 1];
@@ -531,7 +703,12 @@ __device__ void linear(const nf_step_args *a) {
     const int local = tile - s_tile[lo];
     const int mt = local / NT, nt = local % NT;
     const int rows = min(TM, s_count[lo] - mt * TM);
-    if constexpr (kBig) {
+    if constexpr (kPipe) {
+      extern __shared__ float4 nf_gemm_smem[];
+      pipelined_mma_tile<S, TERMS>(
+          a, lo, s_begin[lo] + mt * TM, rows, nt * TN,
+          reinterpret_cast<unsigned short *>(nf_gemm_smem));
+    } else if constexpr (kBig) {
       big_mma_tile<S>(a, lo, s_begin[lo] + mt * TM, rows, nt * TN,
                       *reinterpret_cast<BigMmaSmem *>(s_tiles));
     } else if constexpr (kMma) {

@@ -140,7 +140,16 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
   constexpr bool kVec =
       CD % 4 == 0 && I % 4 == 0 && N % 4 == 0 && P % 4 == 0 && PT % 4 == 0;
   constexpr int VW = kVec ? 4 : 1; // floats per copy
-  __shared__ __align__(16) float sB[2][TC][N], sC[2][TC][N], sX[2][TC][PT];
+  // Thread `sub` of a channel holds state n = state_n(q, sub), q < NPER:
+  // runs of VEC consecutive n, so B and C come out of shared memory as
+  // float4s (a warp's NS threads read NS * 16 consecutive bytes).
+  constexpr int VEC = NPER % 4 == 0 ? 4 : 1;
+  auto state_n = [](int q, int sub) {
+    return (q / VEC) * NS * VEC + sub * VEC + q % VEC;
+  };
+  __shared__ __align__(16) float sB[2][TC][N];
+  __shared__ __align__(16) float sC[2][TC][N];
+  __shared__ __align__(16) float sX[2][TC][PT];
   __shared__ float sRaw[2][TC], sDt[TC], sDA[TC];
   const int tid = threadIdx.x, pl = tid / NS, sub = tid % NS;
   // Blocks of fewer than 32 threads (tiny models) shuffle within their lanes.
@@ -184,7 +193,7 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
     float st[NPER];
 #pragma unroll
     for (int q = 0; q < NPER; ++q)
-      st[q] = S[q * NS + sub];
+      st[q] = S[state_n(q, sub)];
     __syncthreads(); // the previous item is done with the buffers
     stage(0, 0);
     for (int t0 = 0, buf = 0; t0 < d.count; t0 += TC, buf ^= 1) {
@@ -199,20 +208,38 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
         sDA[i] = expf(dt * Ah);
       }
       __syncthreads();
-#pragma unroll 2
+      // Only the state update chains from token to token; unrolling lets
+      // the y sums and shuffles of several tokens overlap it.
+#pragma unroll 4
       for (int tt = 0; tt < nt; ++tt) {
         const float dt = sDt[tt], dA = sDA[tt];
         const float x = sX[buf][tt][pl];
         const float xd = x * dt;
         float part0 = 0.0f, part1 = 0.0f;
 #pragma unroll
-        for (int q = 0; q < NPER; ++q) {
-          const int nn = q * NS + sub;
-          st[q] = dA * st[q] + xd * sB[buf][tt][nn];
-          if (q & 1)
-            part1 = fmaf(st[q], sC[buf][tt][nn], part1);
-          else
-            part0 = fmaf(st[q], sC[buf][tt][nn], part0);
+        for (int q4 = 0; q4 < NPER / VEC; ++q4) {
+          float bv[VEC], cv[VEC];
+          const int n0 = q4 * NS * VEC + sub * VEC;
+          if constexpr (VEC == 4) {
+            const float4 b4 =
+                *reinterpret_cast<const float4 *>(&sB[buf][tt][n0]);
+            const float4 c4 =
+                *reinterpret_cast<const float4 *>(&sC[buf][tt][n0]);
+            bv[0] = b4.x, bv[1] = b4.y, bv[2] = b4.z, bv[3] = b4.w;
+            cv[0] = c4.x, cv[1] = c4.y, cv[2] = c4.z, cv[3] = c4.w;
+          } else {
+            bv[0] = sB[buf][tt][n0];
+            cv[0] = sC[buf][tt][n0];
+          }
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const int q = q4 * VEC + j;
+            st[q] = dA * st[q] + xd * bv[j];
+            if (q & 1)
+              part1 = fmaf(st[q], cv[j], part1);
+            else
+              part0 = fmaf(st[q], cv[j], part0);
+          }
         }
         float part = part0 + part1;
 #pragma unroll
@@ -225,7 +252,7 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
     }
 #pragma unroll
     for (int q = 0; q < NPER; ++q)
-      S[q * NS + sub] = st[q];
+      S[state_n(q, sub)] = st[q];
   }
 }
 

@@ -47,24 +47,50 @@ __device__ void copy_columns(const nf_step_args *a, const float *x,
   }
 }
 
-/// One row of an RMSNorm over a block: out = w * (x * rsqrt(mean(x^2) +
-/// eps)), the sum of squares in f64 as on the CPU. A block per row keeps the
-/// chain of dependent loads short (a warp per row is latency bound at small
-/// batches). Each thread reads back only the elements it wrote, so x may be
-/// the block's own output of a moment ago.
+/// Row kernels (norms) run kRowThreads threads per block.
+constexpr int kRowThreads = 256;
+
+/// One row of an RMSNorm over a block: out = w * (v * rsqrt(mean(v^2) +
+/// eps)) with v = x (+ y when y is given; v is then also stored to `sum`),
+/// the sum of squares in f64 as on the CPU. A block per row keeps the chain
+/// of dependent loads short (a warp per row is latency bound at small
+/// batches), and each thread loads all of its elements (and weights) up
+/// front: one memory latency per row instead of one per element. out may
+/// alias x.
 template <class W, int H>
-__device__ __forceinline__ void rms_norm_row(const float *x, const W *w,
-                                             double eps, float *out) {
+__device__ __forceinline__ void rms_norm_row(const float *x, const float *y,
+                                             float *sum, const W *w, double eps,
+                                             float *out) {
+  constexpr int EPT = (H + kRowThreads - 1) / kRowThreads;
+  const int tid = threadIdx.x;
+  float v[EPT], wv[EPT];
+#pragma unroll
+  for (int e = 0; e < EPT; ++e) {
+    const int i = tid + e * kRowThreads;
+    if (i < H) {
+      v[e] = y ? x[i] + y[i] : x[i];
+      wv[e] = load(w, i);
+    }
+  }
   double ss = 0.0;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) {
-    const double v = x[i];
-    ss += v * v;
+#pragma unroll
+  for (int e = 0; e < EPT; ++e) {
+    const int i = tid + e * kRowThreads;
+    if (i < H) {
+      if (sum)
+        sum[i] = v[e];
+      ss += static_cast<double>(v[e]) * static_cast<double>(v[e]);
+    }
   }
   ss = block_sum(ss);
   const float r =
       static_cast<float>(1.0 / sqrt(ss / static_cast<double>(H) + eps));
-  for (int i = threadIdx.x; i < H; i += blockDim.x)
-    out[i] = load(w, i) * (x[i] * r);
+#pragma unroll
+  for (int e = 0; e < EPT; ++e) {
+    const int i = tid + e * kRowThreads;
+    if (i < H)
+      out[i] = wv[e] * (v[e] * r);
+  }
 }
 
 /// RMSNorm, one block per row.
@@ -73,7 +99,7 @@ __device__ void rms_norm(const nf_step_args *a, const float *x, const W *w,
                          double eps, float *out) {
   const int T = a->num_tokens;
   for (long long t = blockIdx.x; t < T; t += gridDim.x)
-    rms_norm_row<W, H>(x + t * H, w, eps, out + t * H);
+    rms_norm_row<W, H>(x + t * H, nullptr, nullptr, w, eps, out + t * H);
 }
 
 /// sum = x + y; out = rms_norm(sum). One block per row.
@@ -82,38 +108,46 @@ __device__ void add_rms_norm(const nf_step_args *a, const float *x,
                              const float *y, float *sum, const W *w, double eps,
                              float *out) {
   const int T = a->num_tokens;
-  for (long long t = blockIdx.x; t < T; t += gridDim.x) {
-    const float *xr = x + t * H, *yr = y + t * H;
-    float *sr = sum + t * H;
-    for (int i = threadIdx.x; i < H; i += blockDim.x)
-      sr[i] = xr[i] + yr[i];
-    rms_norm_row<W, H>(sr, w, eps, out + t * H);
-  }
+  for (long long t = blockIdx.x; t < T; t += gridDim.x)
+    rms_norm_row<W, H>(x + t * H, y + t * H, sum + t * H, w, eps, out + t * H);
 }
 
 /// Gated grouped RMSNorm (norm after gate): u = y * silu(z), normalised per
-/// group of I/G features, times w. One block per (token, group).
+/// group of I/G features, times w. One block per (token, group); elements
+/// and weights loaded up front as in rms_norm_row.
 template <class W, int I, int G>
 __device__ void gated_rms_norm(const nf_step_args *a, const float *y,
                                const float *z, const W *w, double eps,
                                float *out) {
-  constexpr int GS = I / G;
+  constexpr int GS = I / G, EPT = (GS + kRowThreads - 1) / kRowThreads;
+  const int tid = threadIdx.x;
   const long long items = static_cast<long long>(a->num_tokens) * G;
   for (long long item = blockIdx.x; item < items; item += gridDim.x) {
     const long long t = item / G;
     const int q = static_cast<int>(item % G);
     const long long base = t * I + static_cast<long long>(q) * GS;
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < GS; i += blockDim.x) {
-      const double u = y[base + i] * silu(z[base + i]);
-      ss += u * u;
+    float u[EPT], wv[EPT];
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) {
+      const int i = tid + e * kRowThreads;
+      if (i < GS) {
+        u[e] = y[base + i] * silu(z[base + i]);
+        wv[e] = load(w, q * GS + i);
+      }
     }
+    double ss = 0.0;
+#pragma unroll
+    for (int e = 0; e < EPT; ++e)
+      if (tid + e * kRowThreads < GS)
+        ss += static_cast<double>(u[e]) * static_cast<double>(u[e]);
     ss = block_sum(ss);
     const float r =
         static_cast<float>(1.0 / sqrt(ss / static_cast<double>(GS) + eps));
-    for (int i = threadIdx.x; i < GS; i += blockDim.x) {
-      const float u = y[base + i] * silu(z[base + i]);
-      out[base + i] = load(w, q * GS + i) * (u * r);
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) {
+      const int i = tid + e * kRowThreads;
+      if (i < GS)
+        out[base + i] = wv[e] * (u[e] * r);
     }
   }
 }

@@ -40,6 +40,9 @@ namespace pl = ::nf::plan;
 
 constexpr int64_t kAlignment = 256;
 
+// Threads of the row kernels (norms): kRowThreads in kernels/nf_rows.cuh.
+constexpr uint32_t kRowThreads = 256;
+
 int64_t alignTo(int64_t v) {
   return (v + kAlignment - 1) / kAlignment * kAlignment;
 }
@@ -139,9 +142,11 @@ struct LinearSpec {
   std::string wtype;
   int64_t N = 0, K = 0, G = 1;
   std::string groups = "nf::DenseGroups";
-  std::string weight; // expression of `const W *` for group g
-  std::string row;    // expression of `const float *` for row r
-  std::string store;  // statements storing v at (r, n)
+  std::string weight;       // expression of `const W *` for group g
+  std::string input;        // expression of the f32 input activation [rows, K]
+  std::string rowIndex;     // expression of row r's index in `input`
+  int64_t rowsPerToken = 1; // input rows per token (assignments: top-k)
+  std::string store;        // statements storing v at (r, n)
   int64_t maxRows = 0;
 };
 
@@ -346,6 +351,18 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
                                const std::string &comment) {
   includes.insert("nf_linear.cuh");
   const std::string spec = fn + "_spec";
+  const std::string rowOffset =
+      "static_cast<long long>(" + s.rowIndex + ") * " + num(s.K);
+  // Prefill with bf16 weights: the input rows are split into bf16 planes
+  // first (one launch), so the GEMM streams both operands with cp.async
+  // (pipelined_mma_tile).
+  const bool planes =
+      phase != "decode" && s.wtype == "nf::bf16" && s.K % 8 == 0;
+  const int64_t terms = opts.matmulTerms;
+  const int64_t planeElems = maxTokens * s.rowsPerToken * s.K;
+  const int64_t planeOff = planes ? newScratch(terms * planeElems * 2) : 0;
+  const std::string planePtr =
+      "nf::arena<unsigned short>(a, " + num(planeOff) + "ll)";
   text << "struct " << spec << " : " << s.groups << " {\n"
        << "  using W = " << s.wtype << ";\n"
        << "  static constexpr int N = " << s.N << ", K = " << s.K << ";\n"
@@ -354,10 +371,39 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
        << "    (void)g;\n    return " << s.weight << ";\n  }\n"
        << "  __device__ static __forceinline__ const float *row(const "
           "nf_step_args *a, int r) {\n"
-       << "    return " << s.row << ";\n  }\n"
-       << "  __device__ static __forceinline__ void store(const nf_step_args "
+       << "    return " << s.input << " + " << rowOffset << ";\n  }\n";
+  if (planes)
+    text << "  static constexpr long long PLANE = " << planeElems << "ll;\n"
+         << "  __device__ static __forceinline__ const unsigned short *"
+            "row16(const nf_step_args *a, int r) {\n"
+         << "    return " << planePtr << " + " << rowOffset << ";\n  }\n";
+  text << "  __device__ static __forceinline__ void store(const nf_step_args "
           "*a, int r, int n, float v) {\n"
        << s.store << "  }\n};\n";
+  if (planes) {
+    addLaunch(fn + "_split", elementGrid(planeElems / 4), 256,
+              "  nf::split_rows_bf16<" + num(terms) + ", " + num(s.K) + ", " +
+                  num(s.rowsPerToken) + ", " + num(planeElems) + "ll>(a, " +
+                  s.input + ", " + planePtr + ");\n",
+              comment + ": input rows split into " + num(terms) +
+                  " bf16 plane(s) (codegen scratch at " + num(planeOff) + ")");
+    // 128 x 128 tiles; as many blocks as fit on an SM (shared memory).
+    const int64_t smem = (terms == 1 ? 4 : 3) * (terms + 1) * 128 * 40 * 2;
+    const int64_t perSm = (227 * 1024) / (smem + 1024);
+    const int64_t tiles =
+        (ceilDiv(s.maxRows, 128) + (s.G > 1 ? s.G : 0)) * ceilDiv(s.N, 128);
+    const int64_t gemvBlocks = ceilDiv(s.G * s.N, 8);
+    addLaunch(fn,
+              gridOf(std::max(tiles, gemvBlocks),
+                     int64_t(opts.smCount) * std::max<int64_t>(perSm, 1)),
+              256,
+              "  static_assert(nf::pipelined_gemm_smem<" + num(terms) +
+                  ">() == " + num(smem) + ", \"shared memory size\");\n" +
+                  "  nf::linear<" + spec + ", " + num(terms) + ", true>(a);\n",
+              comment + ": pipelined tensor-core tiles on the bf16 planes");
+    launches.back().sharedBytes = static_cast<uint32_t>(smem);
+    return;
+  }
   // Decode with bf16 weights: the skinny tensor-core kernel (weights as mma's
   // A operand, K split across a block's warps), which reads each weight byte
   // once at any batch size up to 64 rows per group.
@@ -445,7 +491,7 @@ StatusOr<size_t> KernelEmitter::rmsNorm(size_t i) {
     return fail(i, "weight, result or epsilon does not match " +
                        std::to_string(H) + " features");
   includes.insert("nf_rows.cuh");
-  addLaunch(fnName(i, "rms_norm"), blockGrid(maxTokens), 256,
+  addLaunch(fnName(i, "rms_norm"), blockGrid(maxTokens), kRowThreads,
             "  nf::rms_norm<" + *wt + ", " + num(H) + ">(a, " +
                 arenaPtr(in[0]) + ", " + weightPtr(in[1]) + ", " +
                 doubleLit(*eps) + ", " + arenaPtr(out[0]) + ");\n",
@@ -471,7 +517,7 @@ StatusOr<size_t> KernelEmitter::add(size_t i) {
     if (nin.size() == 2 && nin[0] == out[0] && nout.size() == 1 &&
         isAct(nout[0]) && V(nout[0]).cols == H && wt &&
         weightNumel(nin[1]) == H && eps) {
-      addLaunch(fnName(i, "add_rms_norm"), blockGrid(maxTokens), 256,
+      addLaunch(fnName(i, "add_rms_norm"), blockGrid(maxTokens), kRowThreads,
                 "  nf::add_rms_norm<" + *wt + ", " + num(H) + ">(a, " +
                     arenaPtr(in[0]) + ", " + arenaPtr(in[1]) + ", " +
                     arenaPtr(out[0]) + ", " + weightPtr(nin[1]) + ", " +
@@ -545,7 +591,8 @@ StatusOr<size_t> KernelEmitter::gatedRmsNorm(size_t i) {
       weightNumel(in[2]) != I || !groups || *groups <= 0 || I % *groups || !eps)
     return fail(i, "shapes, groups or epsilon do not match");
   includes.insert("nf_rows.cuh");
-  addLaunch(fnName(i, "gated_rms_norm"), blockGrid(maxTokens * *groups), 256,
+  addLaunch(fnName(i, "gated_rms_norm"), blockGrid(maxTokens * *groups),
+            kRowThreads,
             "  nf::gated_rms_norm<" + *wt + ", " + num(I) + ", " +
                 num(*groups) + ">(a, " + arenaPtr(in[0]) + ", " +
                 arenaPtr(in[1]) + ", " + weightPtr(in[2]) + ", " +
@@ -572,7 +619,8 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   s.N = shape[0];
   s.K = shape[1];
   s.weight = weightPtr(in[1]);
-  s.row = arenaPtr(in[0]) + " + static_cast<long long>(r) * " + num(s.K);
+  s.input = arenaPtr(in[0]);
+  s.rowIndex = "r";
   s.maxRows = maxTokens;
   const std::string rn = "static_cast<long long>(r) * ";
   std::string label = opName(op) == "nf.lm_head"           ? "lm_head"
@@ -704,7 +752,8 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   s1.N = I;
   s1.K = H;
   s1.weight = weightPtr(in[1]);
-  s1.row = arenaPtr(in[0]) + " + static_cast<long long>(r) * " + num(H);
+  s1.input = arenaPtr(in[0]);
+  s1.rowIndex = "r";
   s1.store = "    " + hid + "[static_cast<long long>(r) * " + num(I) +
              " + n] = nf::activate<" + *act + ">(v);\n";
   s1.maxRows = maxTokens;
@@ -717,7 +766,8 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   s2.N = down[0];
   s2.K = I;
   s2.weight = weightPtr(in[2]);
-  s2.row = hid + " + static_cast<long long>(r) * " + num(I);
+  s2.input = hid;
+  s2.rowIndex = "r";
   s2.store = "    " + arenaPtr(out[0]) + "[static_cast<long long>(r) * " +
              num(s2.N) + " + n] = v;\n";
   s2.maxRows = maxTokens;
@@ -752,11 +802,9 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
       "nf::DispatchGroups<" + num(d.numExperts) + ", " + num(d.offset) + "ll>";
   s.weight = weightPtr(in[2]) + " + static_cast<long long>(g) * " +
              num(s.N * s.K) + "ll";
-  if (up)
-    s.row = arenaPtr(in[0]) + " + static_cast<long long>(row_token(a)[r]) * " +
-            num(s.K);
-  else
-    s.row = arenaPtr(in[0]) + " + static_cast<long long>(r) * " + num(s.K);
+  s.input = arenaPtr(in[0]);
+  s.rowIndex = up ? "row_token(a)[r]" : "r";
+  s.rowsPerToken = up ? 1 : d.maxPerToken;
   std::string value = "v";
   if (up) {
     auto act = activationKind(i, "activation", false);
