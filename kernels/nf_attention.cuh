@@ -636,33 +636,53 @@ __device__ void kv_attend_split(const nf_step_args *a, const float *q,
 }
 
 /// out[t, h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M): one warp per
-/// (token, head), splits in order.
+/// (token, head). Each lane takes the (m, l) of splits lane, lane + 32, ...
+/// (M and the sum of l by warp reductions), then the lanes, which own
+/// head dimensions, add the acc of every non-empty split with its factor
+/// (8 splits' loads in flight), splits in order.
 template <int NQ, int HD, int NSPLIT>
 __device__ void kv_attend_combine(const nf_step_args *a, const float *part,
                                   float *out) {
-  constexpr int DPL = (HD + 31) / 32;
+  constexpr int DPL = (HD + 31) / 32, SPL = (NSPLIT + 31) / 32;
   const int lane = lane_id();
   const long long items = static_cast<long long>(a->num_tokens) * NQ;
   for (long long item = global_warp(); item < items; item += grid_warps()) {
     const float *p = part + item * NSPLIT * (HD + 2);
-    float M = -f32_inf();
-    for (int s = 0; s < NSPLIT; ++s)
-      M = fmaxf(M, p[s * (HD + 2)]);
-    float l = 0.0f, acc[DPL];
+    float ms[SPL], ls[SPL], M = -f32_inf();
+#pragma unroll
+    for (int u = 0; u < SPL; ++u) {
+      const int sp = lane + 32 * u;
+      ms[u] = sp < NSPLIT ? p[sp * (HD + 2)] : -f32_inf();
+      ls[u] = sp < NSPLIT ? p[sp * (HD + 2) + 1] : 0.0f;
+      M = fmaxf(M, ms[u]);
+    }
+    M = warp_max(M);
+    float l = 0.0f, cs[SPL];
+#pragma unroll
+    for (int u = 0; u < SPL; ++u) {
+      cs[u] = ls[u] == 0.0f ? 0.0f : expf(ms[u] - M); // empty split: 0
+      l += ls[u] * cs[u];
+    }
+    l = warp_sum(l);
+    float acc[DPL];
 #pragma unroll
     for (int dd = 0; dd < DPL; ++dd)
       acc[dd] = 0.0f;
-    for (int s = 0; s < NSPLIT; ++s) {
-      const float *ps = p + s * (HD + 2);
-      if (ps[1] == 0.0f) // an empty split (m = -inf)
-        continue;
-      const float c = expf(ps[0] - M);
-      l += ps[1] * c;
 #pragma unroll
-      for (int dd = 0; dd < DPL; ++dd) {
-        const int d = lane + 32 * dd;
-        if (d < HD)
-          acc[dd] = fmaf(ps[2 + d], c, acc[dd]);
+    for (int u = 0; u < SPL; ++u) {
+#pragma unroll 8
+      for (int j = 0; j < 32; ++j) {
+        const int sp = 32 * u + j;
+        const float c = __shfl_sync(0xffffffffu, cs[u], j);
+        if (sp >= NSPLIT || c == 0.0f) // uniform over the warp
+          continue;
+        const float *ps = p + sp * (HD + 2) + 2;
+#pragma unroll
+        for (int dd = 0; dd < DPL; ++dd) {
+          const int d = lane + 32 * dd;
+          if (d < HD)
+            acc[dd] = fmaf(ps[d], c, acc[dd]);
+        }
       }
     }
     const float inv = 1.0f / l;

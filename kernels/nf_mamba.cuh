@@ -119,13 +119,14 @@ __device__ __forceinline__ float mamba_dt(float raw, float bias, float lo,
 
 /// The SSM recurrence. Work item = (sequence, head, tile of PT head
 /// channels); a block of PT * NS threads takes one item at a time: thread
-/// (p, sub) keeps S[h, p, n] for n = sub, sub + NS, ... (N / NS values) in
-/// registers for the whole sequence, and the NS threads of a channel reduce
-/// y over n with shuffles. B, C, x and dt of TC tokens at a time are staged
-/// in shared memory, double-buffered: the copies of the next chunk
-/// (cp.async) are in flight while the block walks the current one, so the
-/// sequential walk does not wait on memory. xbc rows: x (I) | B (G*N) |
-/// C (G*N); dt_raw rows: NH.
+/// (p, sub) keeps S[h, p, n] for N / NS values of n in registers for the
+/// whole sequence. B, C, x and dt of TC tokens at a time are staged in
+/// shared memory, three chunks in a ring: the copies (cp.async) of the next
+/// two are in flight while the block walks the current one, so the
+/// sequential walk does not wait on memory. Each thread's share of y goes
+/// to shared memory, and the NS shares of a channel are summed after the
+/// chunk: only the state update chains from token to token. xbc rows:
+/// x (I) | B (G*N) | C (G*N); dt_raw rows: NH.
 template <class WB, class WA, class WD, int NH, int P, int N, int G, int PT,
           int NS, int TC>
 __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
@@ -147,14 +148,18 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
   auto state_n = [](int q, int sub) {
     return (q / VEC) * NS * VEC + sub * VEC + q % VEC;
   };
-  __shared__ __align__(16) float sB[2][TC][N];
-  __shared__ __align__(16) float sC[2][TC][N];
-  __shared__ __align__(16) float sX[2][TC][PT];
-  __shared__ float sRaw[2][TC], sDt[TC], sDA[TC];
+  // NBUF chunks: the copies of the next two are in flight while the block
+  // walks the current one.
+  constexpr int NBUF = 3;
+  __shared__ __align__(16) float sB[NBUF][TC][N];
+  __shared__ __align__(16) float sC[NBUF][TC][N];
+  __shared__ __align__(16) float sX[NBUF][TC][PT];
+  __shared__ float sRaw[NBUF][TC], sDt[TC], sDA[TC];
+  // Each thread's share of y for every token of the chunk; summed over the
+  // NS threads of a channel after the walk, so no reduction sits on the
+  // token-to-token path.
+  __shared__ float sPart[TC][PT][NS];
   const int tid = threadIdx.x, pl = tid / NS, sub = tid % NS;
-  // Blocks of fewer than 32 threads (tiny models) shuffle within their lanes.
-  const unsigned lanes =
-      blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
   const long long items = static_cast<long long>(a->num_seqs) * NH * NPT;
   for (long long item = blockIdx.x; item < items; item += gridDim.x) {
     const int s = static_cast<int>(item / (NH * NPT));
@@ -167,9 +172,10 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
     const float Ah = -expf(load(a_log, h));
     const float Dh = load(d_skip, h);
     const float bias = load(dt_bias, h);
-    // Issues the copies of the chunk starting at token t0 into buffer buf.
+    // Issues the copies of the chunk starting at token t0 into buffer buf
+    // (none past the sequence) and commits them as one group.
     auto stage = [&](int t0, int buf) {
-      const int nt = min(TC, d.count - t0);
+      const int nt = max(0, min(TC, d.count - t0));
       for (int i = tid; i < nt * (N / VW); i += blockDim.x) {
         const int tt = i / (N / VW), nn = (i % (N / VW)) * VW;
         const float *row = xbc + static_cast<long long>(d.begin + t0 + tt) * CD;
@@ -195,26 +201,25 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
     for (int q = 0; q < NPER; ++q)
       st[q] = S[state_n(q, sub)];
     __syncthreads(); // the previous item is done with the buffers
-    stage(0, 0);
-    for (int t0 = 0, buf = 0; t0 < d.count; t0 += TC, buf ^= 1) {
+#pragma unroll
+    for (int c = 0; c < NBUF - 1; ++c)
+      stage(c * TC, c);
+    for (int t0 = 0, buf = 0; t0 < d.count;
+         t0 += TC, buf = buf + 1 == NBUF ? 0 : buf + 1) {
       const int nt = min(TC, d.count - t0);
-      copy_async_wait<0>();
-      __syncthreads(); // chunk t0 landed; the other buffer is consumed
-      if (t0 + TC < d.count)
-        stage(t0 + TC, buf ^ 1);
+      copy_async_wait<NBUF - 2>(); // this chunk's group has landed
+      __syncthreads(); // for every thread; the oldest buffer and sPart are free
+      stage(t0 + (NBUF - 1) * TC, buf == 0 ? NBUF - 1 : buf - 1);
       for (int i = tid; i < nt; i += blockDim.x) {
         const float dt = mamba_dt(sRaw[buf][i], bias, dt_min, dt_max);
         sDt[i] = dt;
         sDA[i] = expf(dt * Ah);
       }
       __syncthreads();
-      // Only the state update chains from token to token; unrolling lets
-      // the y sums and shuffles of several tokens overlap it.
 #pragma unroll 4
       for (int tt = 0; tt < nt; ++tt) {
         const float dt = sDt[tt], dA = sDA[tt];
-        const float x = sX[buf][tt][pl];
-        const float xd = x * dt;
+        const float xd = sX[buf][tt][pl] * dt;
         float part0 = 0.0f, part1 = 0.0f;
 #pragma unroll
         for (int q4 = 0; q4 < NPER / VEC; ++q4) {
@@ -241,15 +246,20 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
               part0 = fmaf(st[q], cv[j], part0);
           }
         }
-        float part = part0 + part1;
+        sPart[tt][pl][sub] = part0 + part1;
+      }
+      __syncthreads();
+      for (int i = tid; i < nt * PT; i += blockDim.x) {
+        const int tt = i / PT, pp = i % PT;
+        float yv = 0.0f;
 #pragma unroll
-        for (int o = NS / 2; o > 0; o >>= 1)
-          part += __shfl_xor_sync(lanes, part, o);
-        if (sub == 0)
-          y[static_cast<long long>(d.begin + t0 + tt) * I + h * P + p] =
-              part + Dh * x;
+        for (int u = 0; u < NS; ++u)
+          yv += sPart[tt][pp][u];
+        y[static_cast<long long>(d.begin + t0 + tt) * I + h * P + p0 + pp] =
+            yv + Dh * sX[buf][tt][pp];
       }
     }
+    copy_async_wait<0>(); // the empty trailing groups
 #pragma unroll
     for (int q = 0; q < NPER; ++q)
       S[state_n(q, sub)] = st[q];

@@ -903,10 +903,10 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   int64_t PT = P;
   while (PT > 1 && (P % PT != 0 || PT * NS > 128))
     --PT;
-  // TC tokens per staged chunk, two chunks in static shared memory.
-  int64_t TC = 32;
-  while (TC > 1 && TC * ((2 * N + PT + 1) * 2 + 2) * 4 > 45056)
-    TC /= 2;
+  // TC tokens per staged chunk: three chunks of B, C, x and dt plus the
+  // chunk's partial y sums in static shared memory (nf_mamba.cuh).
+  const int64_t perToken = ((2 * N + PT + 1) * 3 + 2 + PT * NS) * 4;
+  const int64_t TC = std::clamp<int64_t>(45056 / perToken, 1, 32);
   const int64_t block = PT * NS;
   includes.insert("nf_mamba.cuh");
   const std::string state = "nf::storage(a, " + num(2 * op.storage() + 1) + ")";
@@ -972,9 +972,11 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                            num(2 * op.storage()) + "), nf::storage(a, " +
                            num(2 * op.storage() + 1) + "), " +
                            floatLit(*scale) + ", " + arenaPtr(out[0]) + ");\n";
-  // Decode: split over the context, then combine (flash decoding).
+  // Decode: split over the context, then combine (flash decoding). 64
+  // splits of at least 32 positions: at batch 1 that is 2048 warps for 32
+  // heads, and a 1K context is one 32-position tile per warp.
   if (phase == "decode") {
-    constexpr int64_t kSplits = 16, perBlock = 8;
+    constexpr int64_t kSplits = 64, perBlock = 8;
     const int64_t part =
         newScratch(maxTokens * *heads * kSplits * (HD + 2) * 4);
     const std::string partPtr = "nf::arena<float>(a, " + num(part) + "ll)";
