@@ -70,6 +70,62 @@ template <int E, long long DISPATCH> struct DispatchGroups {
   }
 };
 
+/// Work items over the groups of a linear: each group's rows (S::group)
+/// and the first item of each group, from a per-group item count. Both
+/// GEMM paths number their work this way (tiles or skinny items), so a
+/// block can loop over items and find each item's group by binary search.
+template <class S> struct GroupItems {
+  int begin[S::G], count[S::G], first[S::G + 1];
+
+  /// Call from every thread of the block (contains __syncthreads).
+  /// items_of(rows) = the items of a group of that many rows.
+  template <class ItemsOf>
+  __device__ __forceinline__ void build(const nf_step_args *a,
+                                        ItemsOf items_of) {
+    const int tid = threadIdx.x, lane = lane_id();
+    for (int g = tid; g < S::G; g += blockDim.x) {
+      int b, c;
+      S::group(a, g, b, c);
+      begin[g] = b;
+      count[g] = c;
+    }
+    __syncthreads();
+    if (tid < 32) { // prefix over the groups, 32 at a time
+      int carry = 0;
+      for (int g0 = 0; g0 < S::G; g0 += 32) {
+        const int g = g0 + lane;
+        const int n = g < S::G ? items_of(count[g]) : 0;
+        int incl = n;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int u = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o)
+            incl += u;
+        }
+        if (g < S::G)
+          first[g] = carry + incl - n;
+        carry += __shfl_sync(0xffffffffu, incl, 31);
+      }
+      if (lane == 0)
+        first[S::G] = carry;
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ int total() const { return first[S::G]; }
+  /// The last group whose first item is <= item.
+  __device__ __forceinline__ int group_of(int item) const {
+    int lo = 0, hi = S::G - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (first[mid] <= item)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return lo;
+  }
+};
+
 /// Four consecutive elements [k, k + 4) of a row of K elements, zero past K.
 template <int K, class T>
 __device__ __forceinline__ void load4_row(const T *row, int k, float *out,
@@ -658,49 +714,17 @@ __device__ void linear(const nf_step_args *a) {
                              : kBig ? static_cast<int>(sizeof(BigMmaSmem))
                              : kMma ? static_cast<int>(sizeof(MmaSmem<TERMS>))
                                     : kSimtBytes;
-  __shared__ int s_begin[S::G], s_count[S::G], s_tile[S::G + 1];
+  __shared__ GroupItems<S> s_groups;
   __shared__ __align__(16) unsigned char s_tiles[kTileBytes];
-  const int tid = threadIdx.x, lane = lane_id();
-  for (int g = tid; g < S::G; g += blockDim.x) {
-    int b, c;
-    S::group(a, g, b, c);
-    s_begin[g] = b;
-    s_count[g] = c;
-  }
-  __syncthreads();
-  // Tiles of the groups with more than kGemvRows rows: prefix over groups.
-  if (tid < 32) {
-    int carry = 0;
-    for (int g0 = 0; g0 < S::G; g0 += 32) {
-      const int g = g0 + lane;
-      const int c = g < S::G ? s_count[g] : 0;
-      const int tiles = c > kGemvRows ? (c + TM - 1) / TM * NT : 0;
-      int incl = tiles;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o)
-          incl += u;
-      }
-      if (g < S::G)
-        s_tile[g] = carry + incl - tiles;
-      carry += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0)
-      s_tile[S::G] = carry;
-  }
-  __syncthreads();
-  const int tiles = s_tile[S::G];
+  const int lane = lane_id();
+  // Tiles of the groups with more than kGemvRows rows.
+  s_groups.build(
+      a, [](int c) { return c > kGemvRows ? (c + TM - 1) / TM * NT : 0; });
+  const int *s_begin = s_groups.begin, *s_count = s_groups.count;
+  const int tiles = s_groups.total();
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    int lo = 0, hi = S::G - 1; // last group whose first tile <= tile
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (s_tile[mid] <= tile)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    const int local = tile - s_tile[lo];
+    const int lo = s_groups.group_of(tile);
+    const int local = tile - s_groups.first[lo];
     const int mt = local / NT, nt = local % NT;
     const int rows = min(TM, s_count[lo] - mt * TM);
     if constexpr (kPipe) {
@@ -902,51 +926,18 @@ __device__ void skinny_linear(const nf_step_args *a) {
   constexpr int ROWS = 16;
   constexpr int FT = 16 * MT; // features per item
   constexpr int NTILES = (S::N + FT - 1) / FT;
-  __shared__ int s_begin[S::G], s_count[S::G], s_item[S::G + 1];
+  __shared__ GroupItems<S> s_groups;
   __shared__ __align__(
       16) float s_red[(KW > 1 ? KW / 2 : 1) * MT * (ROWS / 8) * 4 * 32];
-  const int tid = threadIdx.x, lane = lane_id();
-  for (int g = tid; g < S::G; g += blockDim.x) {
-    int b, c;
-    S::group(a, g, b, c);
-    s_begin[g] = b;
-    s_count[g] = c;
-  }
-  __syncthreads();
-  if (tid < 32) { // items per group: row chunks x feature tiles; prefix
-    int carry = 0;
-    for (int g0 = 0; g0 < S::G; g0 += 32) {
-      const int g = g0 + lane;
-      const int c = g < S::G ? s_count[g] : 0;
-      const int items = (c + ROWS - 1) / ROWS * NTILES;
-      int incl = items;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o)
-          incl += u;
-      }
-      if (g < S::G)
-        s_item[g] = carry + incl - items;
-      carry += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0)
-      s_item[S::G] = carry;
-  }
-  __syncthreads();
-  const int items = s_item[S::G];
+  // Items per group: row chunks x feature tiles.
+  s_groups.build(a, [](int c) { return (c + ROWS - 1) / ROWS * NTILES; });
+  const int *s_begin = s_groups.begin, *s_count = s_groups.count;
+  const int items = s_groups.total();
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    int lo = 0, hi = S::G - 1; // last group whose first item <= item
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (s_item[mid] <= item)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
+    const int lo = s_groups.group_of(item);
     // Chunks of one feature tile are neighbours: a weight tile read twice
     // (more than ROWS rows) is read close in time, from L2.
-    const int local = item - s_item[lo];
+    const int local = item - s_groups.first[lo];
     const int chunks = (s_count[lo] + ROWS - 1) / ROWS;
     const int nt = local / chunks, chunk = local % chunks;
     const int row0 = s_begin[lo] + chunk * ROWS;
