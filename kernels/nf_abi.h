@@ -43,6 +43,8 @@ typedef struct nf_step_args {
   int32_t num_seqs;
   int32_t max_pages_per_seq;
   int32_t experts_per_token;   // > 0: static top-k override for every token (evaluation)
+  const int32_t *logit_rows;   // rows whose logits are read ([num_logit_rows]); null: every row
+  int32_t num_logit_rows;
 } nf_step_args;
 
 #endif // NF_KERNELS_ABI_H

@@ -192,6 +192,10 @@ struct TokenPos {
   int local; // t - desc.begin
   int pos;   // desc.start_pos + local
 };
+/// Row r of the LM head's rows: the r-th row whose logits the runtime reads.
+__device__ __forceinline__ int logit_row(const nf_step_args *a, int r) {
+  return a->logit_rows ? a->logit_rows[r] : r;
+}
 __device__ __forceinline__ TokenPos token_pos(const nf_step_args *a, int t) {
   TokenPos p;
   p.seq = a->token_seq[t];

@@ -49,6 +49,18 @@ struct DenseGroups {
   }
 };
 
+/// The LM head's one group: the rows whose logits the runtime reads (every
+/// token's row when a->logit_rows is null); row r of the group is token row
+/// logit_row(a, r).
+struct LogitRowGroups {
+  static constexpr int G = 1;
+  __device__ static __forceinline__ void group(const nf_step_args *a, int,
+                                               int &begin, int &count) {
+    begin = 0;
+    count = a->logit_rows ? a->num_logit_rows : a->num_tokens;
+  }
+};
+
 /// Groups of routed experts: expert g owns dispatch rows
 /// [offsets[g], offsets[g + 1]) (dispatch layout of nf_moe.cuh).
 template <int E, long long DISPATCH> struct DispatchGroups {

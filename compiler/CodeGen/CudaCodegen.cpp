@@ -622,10 +622,18 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   s.input = arenaPtr(in[0]);
   s.rowIndex = "r";
   s.maxRows = maxTokens;
-  const std::string rn = "static_cast<long long>(r) * ";
+  std::string rn = "static_cast<long long>(r) * ";
   std::string label = opName(op) == "nf.lm_head"           ? "lm_head"
                       : opName(op) == "nf_moe.latent_proj" ? "latent_proj"
                                                            : "linear";
+  // The LM head computes only the rows whose logits the runtime reads
+  // (a->logit_rows: the last token of each sequence unless every token's
+  // logits are asked for), when nothing else reads its result.
+  if (label == "lm_head" && usersOf(out[0]).empty()) {
+    s.groups = "nf::LogitRowGroups";
+    s.rowIndex = "nf::logit_row(a, r)";
+    rn = "static_cast<long long>(nf::logit_row(a, r)) * ";
+  }
   std::string comment = opName(op);
   size_t consumed = 1;
   std::string store;

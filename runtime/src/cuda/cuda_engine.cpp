@@ -167,7 +167,8 @@ struct Program : StepValues {
 /// Byte offsets of the per-run arrays in the step-argument buffers (the
 /// same in pinned host staging and in device memory).
 struct ArgsLayout {
-  size_t tokens = 0, budget = 0, seqs = 0, tokenSeq = 0, pages = 0, end = 0;
+  size_t tokens = 0, budget = 0, seqs = 0, tokenSeq = 0, logitRows = 0,
+         pages = 0, end = 0; // pages last: a run uploads [0, pages + used)
   int64_t maxRows = 0, maxSeqs = 0, maxPages = 0;
 };
 
@@ -693,6 +694,7 @@ Status CudaEngine::allocate() {
   take(L.budget, R * sizeof(float));
   take(L.seqs, S * sizeof(nf_seq_desc));
   take(L.tokenSeq, R * sizeof(int32_t));
+  take(L.logitRows, R * sizeof(int32_t));
   take(L.pages, S * static_cast<size_t>(L.maxPages) * sizeof(int32_t));
   L.end = at;
   if (Status s = alloc(g.args, L.end, "step arguments", true); !s)
@@ -1053,6 +1055,7 @@ Status CudaEngine::runProgram(const Program &p,
   auto *budget = reinterpret_cast<float *>(h + L.budget);
   auto *seqs = reinterpret_cast<nf_seq_desc *>(h + L.seqs);
   auto *tokenSeq = reinterpret_cast<int32_t *>(h + L.tokenSeq);
+  auto *logitRows = reinterpret_cast<int32_t *>(h + L.logitRows);
   auto *pages = reinterpret_cast<int32_t *>(h + L.pages);
 
   const int64_t numSeqs = static_cast<int64_t>(chunks.size());
@@ -1068,6 +1071,7 @@ Status CudaEngine::runProgram(const Program &p,
                          " pages exceeds the argument buffers");
   tokenInput_.clear();
   int64_t T = 0;
+  int32_t numLogitRows = 0; // the rows copied back below
   for (int64_t ci = 0; ci < numSeqs; ++ci) {
     const Chunk &c = chunks[static_cast<size_t>(ci)];
     const SequenceInput &in = inputs[c.input];
@@ -1084,6 +1088,8 @@ Status CudaEngine::runProgram(const Program &p,
       tokenInput_.push_back(c.input);
       ++T;
     }
+    if (which != LogitsFor::AllTokens && c.last)
+      logitRows[numLogitRows++] = static_cast<int32_t>(c.row + c.count - 1);
     const std::vector<int32_t> &pt = book_.pageTable(slot);
     int32_t *row = pages + ci * maxPages;
     std::copy(pt.begin(), pt.end(), row);
@@ -1112,6 +1118,11 @@ Status CudaEngine::runProgram(const Program &p,
   args.num_seqs = static_cast<int32_t>(numSeqs);
   args.max_pages_per_seq = static_cast<int32_t>(maxPages);
   args.experts_per_token = expertsPerToken;
+  // The LM head computes the rows whose logits are read (all: null).
+  args.logit_rows = which == LogitsFor::AllTokens
+                        ? nullptr
+                        : static_cast<const int32_t *>(devPtr(L.logitRows));
+  args.num_logit_rows = numLogitRows;
   std::memcpy(h, &args, sizeof args);
   const size_t used =
       L.pages + static_cast<size_t>(numSeqs * maxPages) * sizeof(int32_t);
