@@ -21,7 +21,8 @@
 #       tiny-hybrid-topk   ... --target=cuda:sm_90 --expert-policy topk
 #     (NF_CUDA_TARGET overrides "cuda:sm_90".)
 #  3. Copy build/bin/{nfrun,nf-cuda-tests}, build/lib/libnf.so*,
-#     build/lib/libnf_fake_cuda.so and libgomp.so.1 into CARRY/{bin,lib}, and
+#     build/lib/libnf_fake_cuda.so, libgomp.so.1 and cpp-httplib (with its
+#     brotli libraries) into CARRY/{bin,lib}, and
 #     write CARRY/MANIFEST (commit, date, nfc --version, plan sizes).
 # The weights, references and eval text are tracked files of the repository
 # and travel with the working tree. CARRY matches build-*/ in .gitignore, so
@@ -87,9 +88,14 @@ prepare() {
   rm -rf "$CARRY/mlir"
   cp "$build/bin/nfrun" "$build/bin/nf-cuda-tests" "$CARRY/bin/"
   cp -a "$build"/lib/libnf.so* "$build/lib/libnf_fake_cuda.so" "$CARRY/lib/"
-  local gomp
-  gomp="$(ldd "$build/bin/nfrun" | awk '/libgomp/ {print $3}')"
-  [ -n "$gomp" ] && cp -L "$gomp" "$CARRY/lib/"
+  # Libraries a stock GPU image may lack: OpenMP, and cpp-httplib with its
+  # brotli libraries (nfrun serve). libssl/libcrypto/libz stay the system's:
+  # LD_LIBRARY_PATH also reaches python there.
+  local lib
+  for lib in $(ldd "$build/bin/nfrun" |
+    awk '/libgomp|libcpp-httplib|libbrotli/ {print $3}'); do
+    cp -L "$lib" "$CARRY/lib/"
+  done
   {
     echo "commit: $(git -C "$REPO" rev-parse HEAD 2>/dev/null)"
     echo "dirty: $(git -C "$REPO" status --porcelain 2>/dev/null | wc -l) files"

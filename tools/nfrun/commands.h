@@ -56,7 +56,16 @@ struct BenchFlags {
   double matmulRate = 0.0;           // FLOP/s, bf16 matmul (roofline)
 };
 
+struct ServeFlags {
+  CommonFlags common;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int maxBatch = 0;      // sequences decoded together; 0: the plan's slots
+  std::string modelName; // the id reported by /v1/models; default: the plan's
+};
+
 int runGenerate(const GenerateFlags &flags);
+int runServe(const ServeFlags &flags);
 int runBench(const BenchFlags &flags);
 int runInspect(const std::string &plan);
 int runEvalPpl(const EvalPplFlags &flags);

@@ -3,9 +3,11 @@
 //   nfrun generate PLAN (--prompt TEXT | --prompt-tokens 3,17,42) [...]
 //   nfrun inspect PLAN
 //   nfrun eval-ppl PLAN --text FILE [--top-k K | --expert-budget B] [...]
+//   nfrun serve PLAN [--host H] [--port P] [--max-batch N] [...]
 //
-// generate and eval-ppl take --backend auto|cpu|cuda (default auto: the GPU
-// for plans compiled with nfc compile --target=cuda when CUDA is usable).
+// generate, eval-ppl, bench and serve take --backend auto|cpu|cuda (default
+// auto: the GPU for plans compiled with nfc compile --target=cuda when CUDA is
+// usable).
 //
 // Every failure prints one line "nfrun: error: <file>: <problem>" and exits 1.
 // nfrun uses libnf through its public C++ API (nf/nf.hpp); `inspect` reads
@@ -185,6 +187,27 @@ int main(int argc, char **argv) {
                        "bf16 matmul rate measured in the same run, FLOP/s "
                        "(prefill roofline)");
 
+  // serve
+  nfrun::ServeFlags serve;
+  auto *serveCmd = app.add_subcommand(
+      "serve", "OpenAI-compatible HTTP server: /v1/completions (streaming "
+               "too), /v1/models, /health");
+  addCommon(serveCmd, serve.common);
+  serveCmd->add_option("--host", serve.host, "Address to listen on")
+      ->capture_default_str();
+  serveCmd->add_option("--port", serve.port, "TCP port")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65535));
+  serveCmd
+      ->add_option("--max-batch", serve.maxBatch,
+                   "Requests decoded together (0: every sequence slot of "
+                   "the plan)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  serveCmd->add_option("--model-name", serve.modelName,
+                       "Model id reported to clients (default: the plan's "
+                       "model name)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp &e) {
@@ -210,5 +233,7 @@ int main(int argc, char **argv) {
     return nfrun::runEvalPpl(ev);
   if (*benchCmd)
     return nfrun::runBench(bench);
+  if (*serveCmd)
+    return nfrun::runServe(serve);
   return 0;
 }

@@ -1,0 +1,494 @@
+// nfrun serve: an OpenAI-compatible HTTP server (completions) over one model.
+//
+// HTTP threads (cpp-httplib) parse and validate requests and hand them to one
+// scheduler thread, which owns the model and batches every active request
+// into each step (continuous batching): new requests join with their whole
+// prompt, running ones with their last token, so a long prompt and many
+// decoding sequences share the same model calls. Each request samples with
+// its own sampler; text is produced incrementally from the generated tokens
+// and streamed (server-sent events) or returned at the end.
+#include "commands.h"
+
+#include "nf/nf.hpp"
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <variant>
+
+namespace nfrun {
+namespace {
+
+using json = nlohmann::json;
+
+int64_t unixTime() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// One completion request, shared by its HTTP thread and the scheduler.
+struct Request {
+  // Set by the HTTP thread before queueing.
+  std::vector<int32_t> prompt;
+  int32_t maxTokens = 16;
+  nf::SamplerParams sampling;
+  std::vector<std::string> stops;
+
+  // Scheduler side.
+  std::optional<nf::Sampler> sampler;
+  int32_t seq = -1;
+  std::vector<int32_t> generated;
+  std::string decoded; // text of `generated` (raw bytes)
+
+  // Guarded by mu: text ready for the client, and the end of the request.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text; // everything the client may see so far
+  size_t sent = 0;  // bytes of `text` already streamed
+  bool done = false;
+  std::string finishReason;           // "stop" or "length"
+  std::string error;                  // non-empty: the request failed
+  std::atomic<bool> cancelled{false}; // the streaming client went away
+};
+
+/// Index of the first stop string in `text` at or after `from`, or npos.
+size_t findStop(const std::string &text, const std::vector<std::string> &stops,
+                size_t from) {
+  size_t best = std::string::npos;
+  for (const std::string &s : stops) {
+    size_t start = from > s.size() ? from - s.size() : 0;
+    size_t at = text.find(s, start);
+    if (at != std::string::npos && at < best)
+      best = at;
+  }
+  return best;
+}
+
+/// Longest suffix of `text` that is a proper prefix of a stop string: held
+/// back from streaming until it is known not to start a stop string.
+size_t heldBack(const std::string &text,
+                const std::vector<std::string> &stops) {
+  size_t hold = 0;
+  for (const std::string &s : stops)
+    for (size_t n = std::min(s.size() - 1, text.size()); n > hold; --n)
+      if (text.compare(text.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+  return hold;
+}
+
+/// Bytes at the end of `text` that begin an incomplete UTF-8 character.
+size_t incompleteUtf8(const std::string &text) {
+  for (size_t back = 1; back <= std::min<size_t>(3, text.size()); ++back) {
+    const auto c = static_cast<unsigned char>(text[text.size() - back]);
+    if ((c & 0xC0) == 0x80)
+      continue; // continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+
+class Scheduler {
+public:
+  Scheduler(nf::Model &model, int maxBatch)
+      : model_(model), maxBatch_(maxBatch), worker_([this] { loop(); }) {}
+  ~Scheduler() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  void submit(std::shared_ptr<Request> r) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.push_back(std::move(r));
+    }
+    cv_.notify_all();
+  }
+
+private:
+  void finish(Request &r, const std::string &reason, const std::string &error) {
+    if (r.seq >= 0)
+      (void)model_.removeSequence(r.seq);
+    r.seq = -1;
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.done = true;
+    r.finishReason = reason;
+    r.error = error;
+    r.cv.notify_all();
+  }
+
+  /// Adds the sampled token to r; returns true when r is finished.
+  bool accept(Request &r, int32_t token) {
+    r.generated.push_back(token);
+    const bool eos = model_.isEos(token);
+    if (!eos) {
+      // The whole completion detokenized again: byte-level merges across
+      // tokens come out as they would in one piece of text.
+      auto all = model_.detokenize(r.generated, NF_DETOKENIZE_SKIP_SPECIAL |
+                                                    NF_DETOKENIZE_RAW_BYTES);
+      if (!all) {
+        finish(r, "", all.message());
+        return true;
+      }
+      r.decoded = std::move(*all);
+    }
+    std::string visible = r.decoded;
+    std::string reason;
+    if (r.cancelled.load()) {
+      finish(r, "cancelled", "");
+      return true;
+    }
+    if (size_t at = findStop(visible, r.stops, 0); at != std::string::npos) {
+      visible.resize(at);
+      reason = "stop";
+    } else if (eos) {
+      reason = "stop";
+    } else if (static_cast<int32_t>(r.generated.size()) >= r.maxTokens ||
+               model_.sequenceLength(r.seq) + 1 >= model_.maxContext()) {
+      reason = "length";
+    } else {
+      visible.resize(visible.size() - std::max(heldBack(visible, r.stops),
+                                               incompleteUtf8(visible)));
+    }
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.text = visible;
+    }
+    r.cv.notify_all();
+    if (!reason.empty()) {
+      finish(r, reason, "");
+      return true;
+    }
+    return false;
+  }
+
+  void loop() {
+    std::vector<std::shared_ptr<Request>> active;
+    std::vector<float> logits;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] {
+          return stopping_ || !pending_.empty() || !active.empty();
+        });
+        if (stopping_)
+          break;
+      }
+      // Admit new requests while sequences are free.
+      std::vector<std::shared_ptr<Request>> joining;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        while (!pending_.empty() &&
+               static_cast<int>(active.size() + joining.size()) < maxBatch_) {
+          joining.push_back(std::move(pending_.front()));
+          pending_.pop_front();
+        }
+      }
+      for (auto it = joining.begin(); it != joining.end();) {
+        Request &r = **it;
+        auto seq = model_.addSequence();
+        auto sampler = nf::Sampler::create(r.sampling);
+        if (!seq || !sampler) {
+          finish(r, "", seq ? sampler.message() : seq.message());
+          it = joining.erase(it);
+          continue;
+        }
+        r.seq = *seq;
+        r.sampler.emplace(std::move(*sampler));
+        ++it;
+      }
+      // One step: the joining requests' prompts, the others' last tokens.
+      std::vector<nf::SeqInput> batch;
+      std::vector<std::shared_ptr<Request>> order;
+      for (auto &r : active) {
+        batch.push_back({r->seq, {r->generated.back()}});
+        order.push_back(r);
+      }
+      for (auto &r : joining) {
+        batch.push_back({r->seq, r->prompt});
+        order.push_back(r);
+      }
+      if (batch.empty())
+        continue;
+      if (nf::Status st = model_.decode(batch, false, logits); !st) {
+        for (auto &r : order)
+          finish(*r, "", st.message());
+        active.clear();
+        continue;
+      }
+      const size_t V = static_cast<size_t>(model_.vocabSize());
+      active.clear();
+      for (size_t i = 0; i < order.size(); ++i) {
+        Request &r = *order[i];
+        auto token = r.sampler->sample(logits.data() + i * V, V);
+        if (!token) {
+          finish(r, "", token.message());
+          continue;
+        }
+        if (!accept(r, *token))
+          active.push_back(order[i]);
+      }
+    }
+    for (auto &r : active)
+      finish(*r, "", "the server is shutting down");
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto &r : pending_)
+      finish(*r, "", "the server is shutting down");
+  }
+
+  nf::Model &model_;
+  const int maxBatch_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Request>> pending_;
+  bool stopping_ = false;
+  std::thread worker_; // last: starts after the members it uses
+};
+
+void sendError(httplib::Response &res, int status, const std::string &message,
+               const std::string &type = "invalid_request_error") {
+  res.status = status;
+  res.set_content(
+      json{{"error", {{"message", message}, {"type", type}}}}.dump(),
+      "application/json");
+}
+
+/// A validated request from its JSON body, or an error message. Runs on the
+/// HTTP threads: it only reads the model (tokenizer, sizes), which is
+/// immutable after loading, while the scheduler thread runs it.
+std::variant<std::shared_ptr<Request>, std::string>
+parseCompletion(const json &body, const nf::Model &model) {
+  auto r = std::make_shared<Request>();
+  if (!body.is_object())
+    return std::string("the body must be a JSON object");
+  if (!body.contains("prompt"))
+    return std::string("'prompt' is required");
+  const json &p = body["prompt"];
+  if (p.is_string()) {
+    if (!model.hasTokenizer())
+      return std::string("this model has no tokenizer: send 'prompt' as an "
+                         "array of token ids");
+    auto ids = model.tokenize(p.get<std::string>());
+    if (!ids)
+      return "prompt: " + ids.message();
+    r->prompt = std::move(*ids);
+  } else if (p.is_array() && !p.empty() &&
+             std::all_of(p.begin(), p.end(),
+                         [](const json &v) { return v.is_number_integer(); })) {
+    for (const json &v : p) {
+      const int64_t id = v.get<int64_t>();
+      if (id < 0 || id >= model.vocabSize())
+        return "prompt: token id " + std::to_string(id) + " is not in [0, " +
+               std::to_string(model.vocabSize()) + ")";
+      r->prompt.push_back(static_cast<int32_t>(id));
+    }
+  } else {
+    return std::string("'prompt' must be a string or a non-empty array of "
+                       "token ids (one prompt per request)");
+  }
+  if (r->prompt.empty())
+    return std::string("the prompt has no tokens");
+  auto number = [&](const char *key, double lo, double hi,
+                    double &out) -> std::optional<std::string> {
+    if (!body.contains(key) || body[key].is_null())
+      return std::nullopt;
+    if (!body[key].is_number())
+      return "'" + std::string(key) + "' must be a number";
+    out = body[key].get<double>();
+    if (!(out >= lo && out <= hi)) {
+      char range[64];
+      std::snprintf(range, sizeof range, "[%.10g, %.10g]", lo, hi);
+      return "'" + std::string(key) + "' must be in " + range;
+    }
+    return std::nullopt;
+  };
+  double maxTokens = 16, temperature = 1.0, topP = 1.0, n = 1, seed = 0,
+         topK = 0, minP = 0;
+  for (auto err :
+       {number("max_tokens", 1, 1 << 30, maxTokens),
+        number("temperature", 0, 100, temperature), number("top_p", 0, 1, topP),
+        number("n", 1, 1, n), number("seed", 0, 9.0e15, seed),
+        number("top_k", 0, 1 << 30, topK), number("min_p", 0, 1, minP)})
+    if (err)
+      return *err;
+  const int64_t room =
+      model.maxContext() - static_cast<int64_t>(r->prompt.size());
+  if (room < 1)
+    return "the prompt has " + std::to_string(r->prompt.size()) +
+           " tokens; this model's context is " +
+           std::to_string(model.maxContext());
+  r->maxTokens = static_cast<int32_t>(std::min<double>(maxTokens, room));
+  r->sampling.temperature = static_cast<float>(temperature);
+  r->sampling.topP = static_cast<float>(topP);
+  r->sampling.topK = static_cast<int32_t>(topK);
+  r->sampling.minP = static_cast<float>(minP);
+  r->sampling.seed = static_cast<uint64_t>(seed);
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const json &s = body["stop"];
+    if (s.is_string())
+      r->stops.push_back(s.get<std::string>());
+    else if (s.is_array() && std::all_of(s.begin(), s.end(), [](const json &v) {
+               return v.is_string();
+             }))
+      for (const json &v : s)
+        r->stops.push_back(v.get<std::string>());
+    else
+      return std::string("'stop' must be a string or an array of strings");
+    for (const std::string &s : r->stops)
+      if (s.empty())
+        return std::string("'stop' strings must not be empty");
+  }
+  return r;
+}
+
+std::atomic<httplib::Server *> gServer{nullptr};
+
+void onSignal(int) {
+  if (httplib::Server *s = gServer.load())
+    s->stop();
+}
+
+} // namespace
+
+int runServe(const ServeFlags &f) {
+  nf::ModelParams mp;
+  mp.weightsDir = f.common.weightsDir;
+  mp.threads = f.common.threads;
+  mp.backend = f.common.backend;
+  auto model = nf::Model::load(f.common.plan, mp);
+  if (!model)
+    return fail(model.message());
+  const std::string name = f.modelName.empty() ? model->name() : f.modelName;
+  const int maxBatch = f.maxBatch > 0
+                           ? std::min(f.maxBatch, model->maxSequences())
+                           : model->maxSequences();
+  Scheduler scheduler(*model, std::max(maxBatch, 1));
+
+  httplib::Server server;
+  std::atomic<int64_t> nextId{0};
+  server.Get("/health", [](const httplib::Request &, httplib::Response &res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  server.Get("/v1/models", [&](const httplib::Request &,
+                               httplib::Response &res) {
+    json m = {{"id", name},
+              {"object", "model"},
+              {"created", unixTime()},
+              {"owned_by", "nf"}};
+    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(),
+                    "application/json");
+  });
+  server.Post("/v1/completions", [&](const httplib::Request &req,
+                                     httplib::Response &res) {
+    json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded())
+      return sendError(res, 400, "the body is not valid JSON");
+    auto parsed = parseCompletion(body, *model);
+    if (auto *err = std::get_if<std::string>(&parsed))
+      return sendError(res, 400, *err);
+    std::shared_ptr<Request> r = std::get<std::shared_ptr<Request>>(parsed);
+    const bool stream = body.value("stream", false);
+    const std::string id = "cmpl-" + std::to_string(nextId++);
+    const int64_t created = unixTime();
+    const size_t promptTokens = r->prompt.size();
+    scheduler.submit(r);
+    auto chunk = [&, id, created](const std::string &text, const json &finish) {
+      return json{{"id", id},
+                  {"object", "text_completion"},
+                  {"created", created},
+                  {"model", name},
+                  {"choices", json::array({{{"index", 0},
+                                            {"text", text},
+                                            {"logprobs", nullptr},
+                                            {"finish_reason", finish}}})}};
+    };
+    if (!stream) {
+      std::unique_lock<std::mutex> lock(r->mu);
+      r->cv.wait(lock, [&] { return r->done; });
+      if (!r->error.empty())
+        return sendError(res, 500, r->error, "server_error");
+      json out = chunk(r->text, r->finishReason);
+      out["usage"] = {{"prompt_tokens", promptTokens},
+                      {"completion_tokens", r->generated.size()},
+                      {"total_tokens", promptTokens + r->generated.size()}};
+      res.set_content(out.dump(), "application/json");
+      return;
+    }
+    res.set_chunked_content_provider(
+        "text/event-stream", [r, chunk](size_t, httplib::DataSink &sink) {
+          std::unique_lock<std::mutex> lock(r->mu);
+          r->cv.wait(lock, [&] { return r->done || r->text.size() > r->sent; });
+          std::string events;
+          if (r->text.size() > r->sent) {
+            events +=
+                "data: " + chunk(r->text.substr(r->sent), nullptr).dump() +
+                "\n\n";
+            r->sent = r->text.size();
+          }
+          if (r->done) {
+            if (!r->error.empty())
+              events +=
+                  "data: " +
+                  json{{"error",
+                        {{"message", r->error}, {"type", "server_error"}}}}
+                      .dump() +
+                  "\n\n";
+            else
+              events += "data: " + chunk("", r->finishReason).dump() + "\n\n";
+            events += "data: [DONE]\n\n";
+          }
+          lock.unlock();
+          if (!sink.write(events.data(), events.size())) {
+            r->cancelled = true; // the client went away: stop generating
+            return false;
+          }
+          if (r->done)
+            sink.done();
+          return true;
+        });
+  });
+  server.set_error_handler(
+      [](const httplib::Request &, httplib::Response &res) {
+        if (res.body.empty())
+          sendError(res, res.status,
+                    res.status == 404 ? "unknown endpoint (this server has "
+                                        "/v1/completions, /v1/models, /health)"
+                                      : "request failed");
+      });
+
+  if (!server.bind_to_port(f.host, f.port))
+    return fail(f.host + ":" + std::to_string(f.port) +
+                ": cannot listen (address in use or not available)");
+  gServer = &server;
+  std::signal(SIGINT, onSignal);
+  std::signal(SIGTERM, onSignal);
+  std::fprintf(stderr,
+               "nfrun serve: %s (%s backend, up to %d sequences at once) on "
+               "http://%s:%d\n",
+               name.c_str(), model->backend().c_str(), std::max(maxBatch, 1),
+               f.host.c_str(), f.port);
+  const bool ok = server.listen_after_bind();
+  gServer = nullptr;
+  std::fprintf(stderr, "nfrun serve: stopped\n");
+  return ok ? 0 : fail("the server stopped with an error");
+}
+
+} // namespace nfrun
