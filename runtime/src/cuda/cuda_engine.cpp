@@ -242,6 +242,7 @@ public:
   const ModelInfo &info() const override { return info_; }
   StatusOr<int32_t> addSequence() override;
   Status removeSequence(int32_t sequence) override;
+  Status clearState(int32_t slot);
   int64_t sequenceLength(int32_t sequence) const override;
   const std::vector<std::vector<int64_t>> &expertUtilization() const override {
     return utilization_;
@@ -299,8 +300,7 @@ private:
   // Sequence bookkeeping as the CPU backend's: slots, lengths, page tables
   // (cpu::Caches without state memory: the state lives on the device).
   cpu::Caches book_;
-  std::unordered_map<int32_t, int32_t> slotOf_;
-  int32_t nextSequenceId_ = 0;
+  SequenceTable sequences_{book_}; // sequence id -> slot of book_
   // Device objects: the context first, so that it is released last.
   Context ctx_;
   std::unique_ptr<Gpu> gpu_;
@@ -927,14 +927,13 @@ Status CudaEngine::init(const EngineOptions &options) {
 // Sequences
 
 StatusOr<int32_t> CudaEngine::addSequence() {
-  if (nextSequenceId_ == std::numeric_limits<int32_t>::max())
-    return Status::error("engine: sequence ids exhausted");
-  StatusOr<int32_t> slot = book_.addSequence();
-  if (!slot)
-    return Status::error("engine: all " + std::to_string(info_.maxSequences) +
-                         " sequence slots are in use");
-  // A fresh recurrent state: zero the slot of every Mamba layer (in stream
-  // order, before the sequence's first step).
+  return sequences_.add(info_.maxSequences,
+                        [this](int32_t slot) { return clearState(slot); });
+}
+
+/// A fresh recurrent state: zeroes the slot of every Mamba layer (in stream
+/// order, before the sequence's first step).
+Status CudaEngine::clearState(int32_t slot) {
   ContextScope scope(*d_, ctx_.get());
   Status st = scope.status();
   size_t buffer = 0;
@@ -944,7 +943,7 @@ StatusOr<int32_t> CudaEngine::addSequence() {
           static_cast<size_t>(si.mamba.convStateSize()) * sizeof(float);
       const size_t ssm =
           static_cast<size_t>(si.mamba.ssmStateSize()) * sizeof(float);
-      const size_t s = static_cast<size_t>(*slot);
+      const size_t s = static_cast<size_t>(slot);
       st = d_->check(d_->cuMemsetD8Async(gpu_->storage[buffer].ptr() + s * conv,
                                          0, conv, gpu_->stream.get()),
                      "cuMemsetD8Async");
@@ -956,28 +955,18 @@ StatusOr<int32_t> CudaEngine::addSequence() {
     }
     buffer += 2;
   }
-  if (!st) {
-    (void)book_.removeSequence(*slot);
+  if (!st)
     return Status::error("engine: clearing the state of a new sequence: " +
                          st.message());
-  }
-  const int32_t id = nextSequenceId_++;
-  slotOf_[id] = *slot;
-  return id;
+  return Status::success();
 }
 
 Status CudaEngine::removeSequence(int32_t sequence) {
-  auto it = slotOf_.find(sequence);
-  if (it == slotOf_.end())
-    return Status::error("engine: no sequence " + std::to_string(sequence));
-  Status s = book_.removeSequence(it->second);
-  slotOf_.erase(it);
-  return s;
+  return sequences_.remove(sequence);
 }
 
 int64_t CudaEngine::sequenceLength(int32_t sequence) const {
-  auto it = slotOf_.find(sequence);
-  return it == slotOf_.end() ? -1 : book_.length(it->second);
+  return sequences_.length(sequence);
 }
 
 // ---------------------------------------------------------------------------
@@ -1000,7 +989,7 @@ Status CudaEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
                              "; the CUDA backend runs one override per step");
     StepRows sr;
     if (Status s = checkStep(inputs, which, info_, maxExpertsOverride_,
-                             storage_.hasAttention, slotOf_, book_, sr);
+                             storage_.hasAttention, sequences_, book_, sr);
         !s)
       return s;
     logits.resize(static_cast<size_t>(sr.rows * V));
@@ -1064,7 +1053,8 @@ Status CudaEngine::runProgram(const Program &p,
     maxPages = std::max<int64_t>(
         maxPages,
         static_cast<int64_t>(
-            book_.pageTable(slotOf_.at(inputs[c.input].sequence)).size()));
+            book_.pageTable(sequences_.slot(inputs[c.input].sequence).value())
+                .size()));
   if (numSeqs > L.maxSeqs || maxPages > L.maxPages)
     return Status::error("internal: run of " + std::to_string(numSeqs) +
                          " sequences / " + std::to_string(maxPages) +
@@ -1075,7 +1065,7 @@ Status CudaEngine::runProgram(const Program &p,
   for (int64_t ci = 0; ci < numSeqs; ++ci) {
     const Chunk &c = chunks[static_cast<size_t>(ci)];
     const SequenceInput &in = inputs[c.input];
-    const int32_t slot = slotOf_.at(in.sequence);
+    const int32_t slot = sequences_.slot(in.sequence).value();
     nf_seq_desc &sd = seqs[ci];
     sd.begin = static_cast<int32_t>(c.row);
     sd.count = static_cast<int32_t>(c.count);

@@ -248,8 +248,7 @@ private:
   bool hasAttention_ = false;
   int32_t maxExpertsOverride_ = 0; // largest expertsPerToken accepted
   std::vector<std::vector<int64_t>> utilization_; // [moe layer][expert]
-  std::unordered_map<int32_t, int32_t> slotOf_;   // sequence id -> slot
-  int32_t nextSequenceId_ = 0;
+  SequenceTable sequences_{caches_}; // sequence id -> slot of caches_
   std::unique_ptr<uint8_t, FreeDeleter> arena_;
   int64_t arenaSize_ = 0;
 
@@ -835,29 +834,15 @@ Status CpuEngine::init(const EngineOptions &options) {
 // Sequences
 
 StatusOr<int32_t> CpuEngine::addSequence() {
-  if (nextSequenceId_ == std::numeric_limits<int32_t>::max())
-    return Status::error("engine: sequence ids exhausted");
-  StatusOr<int32_t> slot = caches_.addSequence();
-  if (!slot)
-    return Status::error("engine: all " + std::to_string(info_.maxSequences) +
-                         " sequence slots are in use");
-  const int32_t id = nextSequenceId_++;
-  slotOf_[id] = *slot;
-  return id;
+  return sequences_.add(info_.maxSequences);
 }
 
 Status CpuEngine::removeSequence(int32_t sequence) {
-  auto it = slotOf_.find(sequence);
-  if (it == slotOf_.end())
-    return Status::error("engine: no sequence " + std::to_string(sequence));
-  Status s = caches_.removeSequence(it->second);
-  slotOf_.erase(it);
-  return s;
+  return sequences_.remove(sequence);
 }
 
 int64_t CpuEngine::sequenceLength(int32_t sequence) const {
-  auto it = slotOf_.find(sequence);
-  return it == slotOf_.end() ? -1 : caches_.length(it->second);
+  return sequences_.length(sequence);
 }
 
 // ---------------------------------------------------------------------------
@@ -871,7 +856,7 @@ Status CpuEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
     const int64_t V = info_.vocabSize;
     StepRows sr;
     if (Status s = checkStep(inputs, which, info_, maxExpertsOverride_,
-                             hasAttention_, slotOf_, caches_, sr);
+                             hasAttention_, sequences_, caches_, sr);
         !s)
       return s;
     const std::vector<int32_t> &slots = sr.slots;
@@ -929,7 +914,7 @@ void CpuEngine::runProgram(Program &prog, std::span<const SequenceInput> inputs,
   r.outRows.clear();
   for (const Chunk &c : chunks) {
     const SequenceInput &in = inputs[c.input];
-    const int32_t slot = slotOf_.at(in.sequence);
+    const int32_t slot = sequences_.slot(in.sequence).value();
     SeqSpan sp;
     sp.begin = static_cast<int32_t>(c.row);
     sp.count = static_cast<int32_t>(c.count);

@@ -74,10 +74,9 @@ StatusOr<StorageLayout> readStorage(const PlanFile &pf,
             s.head_dim() <= 0)
           return Status::error(ctx + ": kv cache sizes must be positive");
         if (s.dtype() != pl::DType::F32)
-          return Status::error(ctx + ": kv cache dtype " +
-                               pl::EnumNameDType(s.dtype()) +
-                               " is not supported by the " + backendName +
-                               " backend (f32)");
+          return Status::error(
+              ctx + ": kv cache dtype " + pl::EnumNameDType(s.dtype()) +
+              " is not supported by the " + backendName + " backend (f32)");
         if (pageSize != 0 &&
             (s.page_size() != pageSize || s.num_pages() != numPages))
           return Status::error(ctx + ": every kv cache must have the same "
@@ -291,12 +290,54 @@ std::optional<std::vector<int64_t>> listAttr(const pl::Op &op,
 }
 
 // ---------------------------------------------------------------------------
+// Sequences
+
+StatusOr<int32_t>
+SequenceTable::add(int64_t maxSequences,
+                   const std::function<Status(int32_t slot)> &prepare) {
+  if (nextId_ == std::numeric_limits<int32_t>::max())
+    return Status::error("engine: sequence ids exhausted");
+  StatusOr<int32_t> slot = caches_.addSequence();
+  if (!slot)
+    return Status::error("engine: all " + std::to_string(maxSequences) +
+                         " sequence slots are in use");
+  if (prepare)
+    if (Status st = prepare(*slot); !st) {
+      (void)caches_.removeSequence(*slot);
+      return st;
+    }
+  const int32_t id = nextId_++;
+  slotOf_[id] = *slot;
+  return id;
+}
+
+Status SequenceTable::remove(int32_t id) {
+  auto it = slotOf_.find(id);
+  if (it == slotOf_.end())
+    return Status::error("engine: no sequence " + std::to_string(id));
+  Status s = caches_.removeSequence(it->second);
+  slotOf_.erase(it);
+  return s;
+}
+
+int64_t SequenceTable::length(int32_t id) const {
+  auto it = slotOf_.find(id);
+  return it == slotOf_.end() ? -1 : caches_.length(it->second);
+}
+
+std::optional<int32_t> SequenceTable::slot(int32_t id) const {
+  auto it = slotOf_.find(id);
+  if (it == slotOf_.end())
+    return std::nullopt;
+  return it->second;
+}
+
+// ---------------------------------------------------------------------------
 // Steps
 
 Status checkStep(std::span<const SequenceInput> inputs, LogitsFor which,
                  const ModelInfo &info, int32_t maxExpertsOverride,
-                 bool hasAttention,
-                 const std::unordered_map<int32_t, int32_t> &slotOf,
+                 bool hasAttention, const SequenceTable &sequences,
                  cpu::Caches &caches, StepRows &out) {
   const size_t n = inputs.size();
   const int64_t V = info.vocabSize;
@@ -306,12 +347,12 @@ Status checkStep(std::span<const SequenceInput> inputs, LogitsFor which,
   int64_t pagesNeeded = 0;
   for (size_t i = 0; i < n; ++i) {
     const SequenceInput &in = inputs[i];
-    const std::string ctx = "step: input " + std::to_string(i) +
-                            " (sequence " + std::to_string(in.sequence) + ")";
-    auto it = slotOf.find(in.sequence);
-    if (it == slotOf.end())
+    const std::string ctx = "step: input " + std::to_string(i) + " (sequence " +
+                            std::to_string(in.sequence) + ")";
+    std::optional<int32_t> slot = sequences.slot(in.sequence);
+    if (!slot)
       return Status::error(ctx + ": no such sequence");
-    out.slots[i] = it->second;
+    out.slots[i] = *slot;
     for (size_t j = 0; j < i; ++j)
       if (inputs[j].sequence == in.sequence)
         return Status::error(ctx + ": the sequence appears twice");
@@ -321,8 +362,7 @@ Status checkStep(std::span<const SequenceInput> inputs, LogitsFor which,
     for (int32_t t : in.tokens)
       if (t < 0 || t >= V)
         return Status::error(ctx + ": token id " + std::to_string(t) +
-                             " outside the vocabulary of " +
-                             std::to_string(V));
+                             " outside the vocabulary of " + std::to_string(V));
     if (in.expertsPerToken < 0 || in.expertsPerToken > maxExpertsOverride)
       return Status::error(
           ctx + ": " + std::to_string(in.expertsPerToken) +
@@ -340,10 +380,10 @@ Status checkStep(std::span<const SequenceInput> inputs, LogitsFor which,
     out.tokenBase[i + 1] = out.tokenBase[i] + count;
   }
   if (hasAttention && pagesNeeded > caches.kv().numFreePages())
-    return Status::error(
-        "step: needs " + std::to_string(pagesNeeded) + " more KV pages, " +
-        std::to_string(caches.kv().numFreePages()) + " of " +
-        std::to_string(caches.kv().numPages()) + " are free");
+    return Status::error("step: needs " + std::to_string(pagesNeeded) +
+                         " more KV pages, " +
+                         std::to_string(caches.kv().numFreePages()) + " of " +
+                         std::to_string(caches.kv().numPages()) + " are free");
   for (size_t i = 0; i < n; ++i)
     if (Status s = caches.reserve(
             out.slots[i], caches.length(out.slots[i]) +

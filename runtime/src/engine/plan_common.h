@@ -12,6 +12,7 @@
 #include "engine/plan_loader.h"
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -42,12 +43,12 @@ struct StorageInfo {
 };
 
 struct StorageLayout {
-  std::vector<StorageInfo> entries;     // per Plan.storage entry
-  std::vector<cpu::MambaShape> mamba;   // MambaState entries, in order
-  std::vector<cpu::KvLayerShape> kv;    // KVCache entries, in order
-  cpu::CacheConfig cache;               // slots, pages (options applied)
+  std::vector<StorageInfo> entries;   // per Plan.storage entry
+  std::vector<cpu::MambaShape> mamba; // MambaState entries, in order
+  std::vector<cpu::KvLayerShape> kv;  // KVCache entries, in order
+  cpu::CacheConfig cache;             // slots, pages (options applied)
   bool hasAttention = false;
-  int64_t maxContext = -1;              // pages * page size, -1: unlimited
+  int64_t maxContext = -1; // pages * page size, -1: unlimited
 };
 
 /// Checks the plan's Storage table and applies EngineOptions::maxSequences
@@ -100,6 +101,34 @@ std::optional<std::vector<int64_t>> listAttr(const nf::plan::Op &op,
                                              std::string_view name);
 
 // ---------------------------------------------------------------------------
+// Sequences
+
+/// The sequences of an engine: the ids addSequence hands out (never reused)
+/// and each one's state slot in the engine's cpu::Caches (lengths, KV page
+/// tables; the CPU engine's state itself).
+class SequenceTable {
+public:
+  explicit SequenceTable(cpu::Caches &caches) : caches_(caches) {}
+
+  /// A new sequence in a free slot. `prepare(slot)` (the CUDA engine clears
+  /// the slot's device state) runs before the id is handed out; when it
+  /// fails, the slot is freed again and its error returned.
+  StatusOr<int32_t>
+  add(int64_t maxSequences,
+      const std::function<Status(int32_t slot)> &prepare = {});
+  Status remove(int32_t id);
+  /// Tokens of the sequence processed so far; -1 for an unknown id.
+  int64_t length(int32_t id) const;
+  /// The slot of `id`; nullopt for an unknown id.
+  std::optional<int32_t> slot(int32_t id) const;
+
+private:
+  cpu::Caches &caches_;
+  std::unordered_map<int32_t, int32_t> slotOf_;
+  int32_t nextId_ = 0;
+};
+
+// ---------------------------------------------------------------------------
 // Steps
 
 /// A validated step.
@@ -117,8 +146,7 @@ struct StepRows {
 /// has changed.
 Status checkStep(std::span<const SequenceInput> inputs, LogitsFor which,
                  const ModelInfo &info, int32_t maxExpertsOverride,
-                 bool hasAttention,
-                 const std::unordered_map<int32_t, int32_t> &slotOf,
+                 bool hasAttention, const SequenceTable &sequences,
                  cpu::Caches &caches, StepRows &out);
 
 /// Part of one input in a run of a step program.
