@@ -45,6 +45,7 @@ struct Request {
   int32_t maxTokens = 16;
   nf::SamplerParams sampling;
   std::vector<std::string> stops;
+  bool stream = false;
 
   // Scheduler side.
   std::optional<nf::Sampler> sampler;
@@ -341,6 +342,11 @@ parseCompletion(const json &body, const nf::Model &model) {
   r->sampling.topK = static_cast<int32_t>(topK);
   r->sampling.minP = static_cast<float>(minP);
   r->sampling.seed = static_cast<uint64_t>(seed);
+  if (body.contains("stream") && !body["stream"].is_null()) {
+    if (!body["stream"].is_boolean())
+      return std::string("'stream' must be true or false");
+    r->stream = body["stream"].get<bool>();
+  }
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json &s = body["stop"];
     if (s.is_string())
@@ -405,7 +411,7 @@ int runServe(const ServeFlags &f) {
     if (auto *err = std::get_if<std::string>(&parsed))
       return sendError(res, 400, *err);
     std::shared_ptr<Request> r = std::get<std::shared_ptr<Request>>(parsed);
-    const bool stream = body.value("stream", false);
+    const bool stream = r->stream;
     const std::string id = "cmpl-" + std::to_string(nextId++);
     const int64_t created = unixTime();
     const size_t promptTokens = r->prompt.size();
@@ -464,6 +470,18 @@ int runServe(const ServeFlags &f) {
             sink.done();
           return true;
         });
+  });
+  server.set_exception_handler([](const httplib::Request &,
+                                  httplib::Response &res,
+                                  std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception &e) {
+      what = e.what();
+    } catch (...) {
+    }
+    sendError(res, 500, "internal error: " + what, "server_error");
   });
   server.set_error_handler(
       [](const httplib::Request &, httplib::Response &res) {

@@ -146,6 +146,8 @@ for path, raw, code, words in [
          "max_tokens"),
         ("/v1/completions", b"{\"prompt\": [1, -5]}", 400, "token id -5"),
         ("/v1/completions", b"{\"prompt\": \"x\", \"n\": 2}", 400, "'n'"),
+        ("/v1/completions", b"{\"prompt\": \"x\", \"stream\": \"yes\"}", 400,
+         "'stream'"),
         ("/v1/nothing", b"{}", 404, "unknown endpoint")]:
     status, body = request(path, raw=raw)
     err = json.loads(body).get("error", {})
