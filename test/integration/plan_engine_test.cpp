@@ -6,6 +6,7 @@
 // broken weights and bad steps.
 #include "cpu/kernels.h"
 #include "engine/engine.h"
+#include "engine/plan_common.h"
 #include "nf/plan_generated.h"
 #include "nf/plan_version.h"
 
@@ -897,10 +898,9 @@ TEST_F(PlanLoadErrors, UnsupportedVersion) {
                      std::to_string(kPlanVersionMajor) + ".x)");
   StatusOr<std::unique_ptr<Engine>> e = Engine::load(path, testOptions());
   ASSERT_FALSE(e.ok());
-  EXPECT_EQ(e.message(),
-            path + ": plan format version 2." +
-                std::to_string(kPlanVersionMinor) +
-                " is not supported by this runtime (reads 1.x)");
+  EXPECT_EQ(e.message(), path + ": plan format version 2." +
+                             std::to_string(kPlanVersionMinor) +
+                             " is not supported by this runtime (reads 1.x)");
 
   // A newer minor version (fields this runtime does not know) is refused.
   b = bytes_;
@@ -1023,3 +1023,56 @@ TEST_F(WeightLoadErrors, WrongConcatenatedRows) {
 }
 
 } // namespace
+
+// ---------------------------------------------------------------------------
+// SequenceTable (engine/plan_common.h): the sequence ids both engines hand out.
+
+TEST(SequenceTable, IdsAreNeverReusedAndSlotsAreFreedWithThem) {
+  cpu::MambaShape mamba;
+  mamba.numHeads = 2;
+  mamba.headDim = 4;
+  mamba.stateSize = 4;
+  mamba.nGroups = 1;
+  mamba.convKernel = 4;
+  cpu::CacheConfig cfg;
+  cfg.numSlots = 2;
+  StatusOr<cpu::Caches> caches =
+      cpu::Caches::create(std::span(&mamba, 1), {}, cfg);
+  ASSERT_TRUE(caches.ok()) << caches.message();
+  engine::SequenceTable table(*caches);
+
+  StatusOr<int32_t> a = table.add(2), b = table.add(2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, *b);
+  EXPECT_NE(*table.slot(*a), *table.slot(*b));
+  EXPECT_EQ(table.length(*a), 0);
+  // Both slots taken: a third sequence is refused with a clear message.
+  StatusOr<int32_t> c = table.add(2);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("all 2 sequence slots are in use"),
+            std::string::npos);
+  // Removing one frees its slot; the new sequence gets a new id.
+  const int32_t freed = *table.slot(*a);
+  ASSERT_TRUE(table.remove(*a).ok());
+  EXPECT_FALSE(table.slot(*a).has_value());
+  EXPECT_EQ(table.length(*a), -1);
+  EXPECT_FALSE(table.remove(*a).ok());
+  StatusOr<int32_t> d = table.add(2);
+  ASSERT_TRUE(d.ok());
+  EXPECT_GT(*d, *b);
+  EXPECT_EQ(*table.slot(*d), freed);
+  // A failing prepare step frees the slot it was given and hands out no id.
+  ASSERT_TRUE(table.remove(*d).ok());
+  int32_t prepared = -1;
+  StatusOr<int32_t> e = table.add(2, [&](int32_t slot) {
+    prepared = slot;
+    return Status::error("device state could not be cleared");
+  });
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.message(), "device state could not be cleared");
+  EXPECT_EQ(prepared, freed);
+  StatusOr<int32_t> f = table.add(2);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(*table.slot(*f), freed);
+  EXPECT_EQ(*f, *d + 1); // the failed add consumed no id
+}
