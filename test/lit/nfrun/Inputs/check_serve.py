@@ -1,6 +1,6 @@
 """Checks `nfrun serve` over HTTP (standard library only).
 
-Usage: check_serve.py NFRUN PLAN
+Usage: check_serve.py NFRUN PLAN [SERVE OPTIONS...]
 
 Starts the server on a free port, then checks that
   - a greedy completion equals `nfrun generate` on the same prompt (generate
@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 
 nfrun, plan = sys.argv[1:3]
+serve_options = sys.argv[3:]
 
 
 def free_port():
@@ -35,8 +36,8 @@ def free_port():
 
 port = free_port()
 base = "http://127.0.0.1:%d" % port
-server = subprocess.Popen([nfrun, "serve", plan, "--port", str(port)],
-                          stderr=subprocess.PIPE, text=True)
+server = subprocess.Popen([nfrun, "serve", plan, "--port", str(port)] +
+                          serve_options, stderr=subprocess.PIPE, text=True)
 
 
 def fail(msg):
