@@ -376,17 +376,11 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
           v = *reinterpret_cast<const float4 *>(
               q + static_cast<long long>(rr / REP) * NQ * HD +
               static_cast<long long>(kvh * REP + rr % REP) * HD + d);
-        unsigned short t0[3], t1[3], t2[3], t3[3];
-        split_bf16<TERMS>(v.x, t0);
-        split_bf16<TERMS>(v.y, t1);
-        split_bf16<TERMS>(v.z, t2);
-        split_bf16<TERMS>(v.w, t3);
+        uint2 t[3];
+        split4_bf16<TERMS>(v, t);
 #pragma unroll
-        for (int te = 0; te < TERMS; ++te) {
-          unsigned *dst = reinterpret_cast<unsigned *>(&sQ[te][r][d]);
-          dst[0] = pack_bf16x2(t0[te], t1[te]);
-          dst[1] = pack_bf16x2(t2[te], t3[te]);
-        }
+        for (int te = 0; te < TERMS; ++te)
+          *reinterpret_cast<uint2 *>(&sQ[te][r][d]) = t[te];
       }
       __syncthreads();
       const int hi = passHi;
@@ -422,24 +416,17 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
             kv = *reinterpret_cast<const float4 *>(kcache + off + d);
             vv = *reinterpret_cast<const float4 *>(vcache + off + d);
           }
-          unsigned short k0[3], k1[3], k2[3], k3[3], v0[3], v1[3], v2[3], v3[3];
-          split_bf16<TERMS>(kv.x, k0);
-          split_bf16<TERMS>(kv.y, k1);
-          split_bf16<TERMS>(kv.z, k2);
-          split_bf16<TERMS>(kv.w, k3);
-          split_bf16<TERMS>(vv.x, v0);
-          split_bf16<TERMS>(vv.y, v1);
-          split_bf16<TERMS>(vv.z, v2);
-          split_bf16<TERMS>(vv.w, v3);
+          uint2 kt[3], vt[3];
+          split4_bf16<TERMS>(kv, kt);
+          split4_bf16<TERMS>(vv, vt);
 #pragma unroll
           for (int te = 0; te < TERMS; ++te) {
-            unsigned *dst = reinterpret_cast<unsigned *>(&sK[te][j][d]);
-            dst[0] = pack_bf16x2(k0[te], k1[te]);
-            dst[1] = pack_bf16x2(k2[te], k3[te]);
-            sV[te][d][j] = v0[te];
-            sV[te][d + 1][j] = v1[te];
-            sV[te][d + 2][j] = v2[te];
-            sV[te][d + 3][j] = v3[te];
+            *reinterpret_cast<uint2 *>(&sK[te][j][d]) = kt[te];
+            // V transposed: one position's four dimensions in four rows.
+            sV[te][d][j] = static_cast<unsigned short>(vt[te].x);
+            sV[te][d + 1][j] = static_cast<unsigned short>(vt[te].x >> 16);
+            sV[te][d + 2][j] = static_cast<unsigned short>(vt[te].y);
+            sV[te][d + 3][j] = static_cast<unsigned short>(vt[te].y >> 16);
           }
         }
         __syncthreads();

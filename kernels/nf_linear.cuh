@@ -242,6 +242,27 @@ template <int TERMS> struct MmaSmem {
   unsigned short b[kMmaTileN][kMmaTileK + kMmaPad];
 };
 
+/// Stores a warp's MI x 4 accumulator fragments (m16n8k16 C layout) of an
+/// output tile at (row0, n0): the warp's rows start at wm * 16 * MI, its
+/// features at wn * 32; rows past `rows` and features past S::N are skipped.
+template <class S, int MI>
+__device__ __forceinline__ void
+store_warp_tile(const nf_step_args *a, const float (&acc)[MI][4][4], int row0,
+                int rows, int n0, int wm, int wn) {
+  const int lane = lane_id(), gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = wm * 16 * MI + i * 16 + gid + (c >> 1) * 8;
+        const int n = n0 + wn * 32 + j * 8 + 2 * tig + (c & 1);
+        if (r < rows && n < S::N)
+          S::store(a, row0 + r, n, acc[i][j][c]);
+      }
+}
+
 template <class S, int TERMS>
 __device__ __forceinline__ void mma_tile(const nf_step_args *a, int g, int row0,
                                          int rows, int n0, MmaSmem<TERMS> &sm) {
@@ -358,17 +379,7 @@ __device__ __forceinline__ void mma_tile(const nf_step_args *a, int g, int row0,
         for (int c = 0; c < 4; ++c)
           acc[i][j][c] += part[i][j][c];
   }
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int r = wm * 32 + i * 16 + gid + (c >> 1) * 8;
-        const int n = n0 + wn * 32 + j * 8 + 2 * tig + (c & 1);
-        if (r < rows && n < S::N)
-          S::store(a, row0 + r, n, acc[i][j][c]);
-      }
+  store_warp_tile<S>(a, acc, row0, rows, n0, wm, wn);
 }
 
 // ---------------------------------------------------------------------------
@@ -427,15 +438,8 @@ __device__ __forceinline__ void big_mma_tile(const nf_step_args *a, int g,
       *reinterpret_cast<uint4 *>(&sm.b[buf][lr][lk + 8 * i]) = rb[i];
   };
   // Warp tile: rows wm*64 .. +64 (4 m16), features wn*32 .. +32 (4 n8).
-  const int wm = warp >> 2, wn = warp & 3, gid = lane >> 2, tig = lane & 3;
-  float acc[4][4][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        acc[i][j][c] = 0.0f;
+  const int wm = warp >> 2, wn = warp & 3;
+  float acc[4][4][4] = {};
   __syncthreads(); // the previous tile is done with the buffers
   fetch(0);
   stash(0);
@@ -470,17 +474,7 @@ __device__ __forceinline__ void big_mma_tile(const nf_step_args *a, int g,
     __syncthreads();
     buf ^= 1;
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int r = wm * 64 + i * 16 + gid + (c >> 1) * 8;
-        const int n = n0 + wn * 32 + j * 8 + 2 * tig + (c & 1);
-        if (r < rows && n < S::N)
-          S::store(a, row0 + r, n, acc[i][j][c]);
-      }
+  store_warp_tile<S>(a, acc, row0, rows, n0, wm, wn);
 }
 
 // ---------------------------------------------------------------------------
@@ -502,16 +496,11 @@ __device__ void split_rows_bf16(const nf_step_args *a, const float *src,
   static_assert(K % 4 == 0, "rows of whole float4s");
   const long long n = static_cast<long long>(a->num_tokens) * RPT * (K / 4);
   for (long long i = global_thread(); i < n; i += grid_threads()) {
-    const float4 v = reinterpret_cast<const float4 *>(src)[i];
-    unsigned short t0[3], t1[3], t2[3], t3[3];
-    split_bf16<TERMS>(v.x, t0);
-    split_bf16<TERMS>(v.y, t1);
-    split_bf16<TERMS>(v.z, t2);
-    split_bf16<TERMS>(v.w, t3);
+    uint2 t[3];
+    split4_bf16<TERMS>(reinterpret_cast<const float4 *>(src)[i], t);
 #pragma unroll
     for (int p = 0; p < TERMS; ++p)
-      reinterpret_cast<uint2 *>(dst + p * PLANE)[i] =
-          make_uint2(pack_bf16x2(t0[p], t1[p]), pack_bf16x2(t2[p], t3[p]));
+      reinterpret_cast<uint2 *>(dst + p * PLANE)[i] = t[p];
   }
 }
 
@@ -564,15 +553,8 @@ __device__ __forceinline__ void pipelined_mma_tile(const nf_step_args *a, int g,
                            brow[j] && kin);
     }
   };
-  const int wm = warp >> 2, wn = warp & 3, gid = lane >> 2, tig = lane & 3;
-  float acc[4][4][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        acc[i][j][c] = 0.0f;
+  const int wm = warp >> 2, wn = warp & 3;
+  float acc[4][4][4] = {};
   __syncthreads(); // the previous tile is done with the stages
 #pragma unroll
   for (int st = 0; st < ST - 1; ++st) {
@@ -590,17 +572,8 @@ __device__ __forceinline__ void pipelined_mma_tile(const nf_step_args *a, int g,
     // Exact inputs: each slice in its own accumulator, added with f32 adds
     // (tensor-core accumulation truncates; see mma_tile). bf16 inputs: the
     // whole K on the tensor cores.
-    float part[4][4][4];
+    float part[4][4][4] = {};
     float(&sum)[4][4][4] = TERMS > 1 ? part : acc;
-    if (TERMS > 1) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int c = 0; c < 4; ++c)
-            part[i][j][c] = 0.0f;
-    }
 #pragma unroll
     for (int kk = 0; kk < kGemmK; kk += 16) {
       unsigned af[TERMS][4][4], bfr[2][4];
@@ -637,17 +610,7 @@ __device__ __forceinline__ void pipelined_mma_tile(const nf_step_args *a, int g,
     }
   }
   copy_async_wait<0>(); // only empty groups remain; none may outlive the tile
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int r = wm * 64 + i * 16 + gid + (c >> 1) * 8;
-        const int n = n0 + wn * 32 + j * 8 + 2 * tig + (c & 1);
-        if (r < rows && n < S::N)
-          S::store(a, row0 + r, n, acc[i][j][c]);
-      }
+  store_warp_tile<S>(a, acc, row0, rows, n0, wm, wn);
 }
 
 template <class T> struct IsBf16 { static constexpr bool value = false; };

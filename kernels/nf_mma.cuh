@@ -49,6 +49,20 @@ __device__ __forceinline__ void split_bf16(float x, unsigned short (&t)[3]) {
   }
 }
 
+/// TERMS bf16 terms of four consecutive values; term p as the packed pairs
+/// (x, y) and (z, w), eight bytes ready to store.
+template <int TERMS>
+__device__ __forceinline__ void split4_bf16(float4 v, uint2 (&t)[3]) {
+  unsigned short x[3], y[3], z[3], w[3];
+  split_bf16<TERMS>(v.x, x);
+  split_bf16<TERMS>(v.y, y);
+  split_bf16<TERMS>(v.z, z);
+  split_bf16<TERMS>(v.w, w);
+#pragma unroll
+  for (int p = 0; p < TERMS; ++p)
+    t[p] = make_uint2(pack_bf16x2(x[p], y[p]), pack_bf16x2(z[p], w[p]));
+}
+
 __device__ __forceinline__ void ldmatrix_x4(unsigned *r, const void *p) {
   const unsigned addr =
       static_cast<unsigned>(__cvta_generic_to_shared(const_cast<void *>(p)));

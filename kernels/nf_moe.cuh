@@ -16,6 +16,22 @@
 
 namespace nf {
 
+/// s = sigmoid(logit) and sb = s + bias[e] in f64, stored as f32 to
+/// scores[o] / sel[o] and, when pre is given, as an f64 pair to pre[2o].
+template <class WB>
+__device__ __forceinline__ void
+router_score(double logit, const WB *bias, int e, long long o, float *scores,
+             float *sel, double *pre, double &sc, double &sb) {
+  sc = 1.0 / (1.0 + exp(-logit));
+  sb = sc + static_cast<double>(load(bias, e));
+  if (pre) {
+    pre[o * 2] = sc;
+    pre[o * 2 + 1] = sb;
+  }
+  scores[o] = static_cast<float>(sc);
+  sel[o] = static_cast<float>(sb);
+}
+
 /// Router logits over the whole grid (decode: one block per token would
 /// leave the GPU idle while it reads the gate): one warp per (token,
 /// expert), f64 sums of f32 x bf16/f32 products, s and sb written as f64
@@ -52,12 +68,8 @@ __device__ void moe_router_logits(const nf_step_args *a, const float *x,
     }
     acc = warp_sum(acc);
     if (lane == 0) {
-      const double sc = 1.0 / (1.0 + exp(-acc));
-      const double sb = sc + static_cast<double>(load(bias, e));
-      pre[item * 2] = sc;
-      pre[item * 2 + 1] = sb;
-      scores[item] = static_cast<float>(sc);
-      sel[item] = static_cast<float>(sb);
+      double sc, sb;
+      router_score(acc, bias, e, item, scores, sel, pre, sc, sb);
     }
   }
 }
@@ -124,13 +136,9 @@ __device__ void moe_router_logits_tiled(const nf_step_args *a, const float *x,
         const int t = t0 + ty + 16 * i, e = e0 + tx + 16 * j;
         if (t >= T || e >= E)
           continue;
-        const long long o = static_cast<long long>(t) * E + e;
-        const double sc = 1.0 / (1.0 + exp(-acc[i][j]));
-        const double sb = sc + static_cast<double>(load(bias, e));
-        pre[o * 2] = sc;
-        pre[o * 2 + 1] = sb;
-        scores[o] = static_cast<float>(sc);
-        sel[o] = static_cast<float>(sb);
+        double sc, sb;
+        router_score(acc[i][j], bias, e, static_cast<long long>(t) * E + e,
+                     scores, sel, pre, sc, sb);
       }
   }
 }
@@ -180,14 +188,9 @@ __device__ void moe_route(const nf_step_args *a, const float *x, const WG *gate,
         for (int k = lane; k < H; k += 32)
           acc += static_cast<double>(xr[k]) * static_cast<double>(load(gr, k));
         acc = warp_sum(acc);
-        if (lane == 0) {
-          const double sc = 1.0 / (1.0 + exp(-acc));
-          const double sb = sc + static_cast<double>(load(bias, e));
-          s_s[e] = sc;
-          s_sb[e] = sb;
-          scores[static_cast<long long>(t) * E + e] = static_cast<float>(sc);
-          sel[static_cast<long long>(t) * E + e] = static_cast<float>(sb);
-        }
+        if (lane == 0)
+          router_score(acc, bias, e, static_cast<long long>(t) * E + e, scores,
+                       sel, static_cast<double *>(nullptr), s_s[e], s_sb[e]);
       }
     } else {
       for (int e = tid; e < E; e += blockDim.x) {

@@ -2,6 +2,8 @@
 // printing one line "nfrun: error: <file>: <problem>" (see fail()).
 #pragma once
 
+#include "nf/nf.hpp"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,6 +19,9 @@ struct CommonFlags {
   int threads = 0;
   std::string backend = "auto"; // "auto", "cpu" or "cuda"
 };
+
+/// The model parameters the common flags give (weights, threads, backend).
+nf::ModelParams modelParams(const CommonFlags &common);
 
 struct GenerateFlags {
   CommonFlags common;

@@ -40,10 +40,7 @@ int runEvalPpl(const EvalPplFlags &f) {
     text = ss.str();
   }
 
-  nf::ModelParams mp;
-  mp.weightsDir = f.common.weightsDir;
-  mp.threads = f.common.threads;
-  mp.backend = f.common.backend;
+  nf::ModelParams mp = modelParams(f.common);
   mp.maxSequences = f.batch;
   auto loaded = nf::Model::load(f.common.plan, mp);
   if (!loaded)

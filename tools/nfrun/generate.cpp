@@ -137,10 +137,7 @@ private:
 } // namespace
 
 int runGenerate(const GenerateFlags &f) {
-  nf::ModelParams mp;
-  mp.weightsDir = f.common.weightsDir;
-  mp.threads = f.common.threads;
-  mp.backend = f.common.backend;
+  nf::ModelParams mp = modelParams(f.common);
   mp.maxSequences = 1;
   auto loaded = nf::Model::load(f.common.plan, mp);
   if (!loaded)

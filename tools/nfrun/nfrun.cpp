@@ -33,6 +33,14 @@ int fail(const std::string &message) {
   return 1;
 }
 
+nf::ModelParams modelParams(const CommonFlags &common) {
+  nf::ModelParams mp;
+  mp.weightsDir = common.weightsDir;
+  mp.threads = common.threads;
+  mp.backend = common.backend;
+  return mp;
+}
+
 } // namespace nfrun
 
 namespace {

@@ -64,16 +64,12 @@ struct Request {
   std::atomic<bool> cancelled{false}; // the streaming client went away
 };
 
-/// Index of the first stop string in `text` at or after `from`, or npos.
-size_t findStop(const std::string &text, const std::vector<std::string> &stops,
-                size_t from) {
+/// Index of the first stop string in `text`, or npos.
+size_t findStop(const std::string &text,
+                const std::vector<std::string> &stops) {
   size_t best = std::string::npos;
-  for (const std::string &s : stops) {
-    size_t start = from > s.size() ? from - s.size() : 0;
-    size_t at = text.find(s, start);
-    if (at != std::string::npos && at < best)
-      best = at;
-  }
+  for (const std::string &s : stops)
+    best = std::min(best, text.find(s));
   return best;
 }
 
@@ -157,7 +153,7 @@ private:
       finish(r, "cancelled", "");
       return true;
     }
-    if (size_t at = findStop(visible, r.stops, 0); at != std::string::npos) {
+    if (size_t at = findStop(visible, r.stops); at != std::string::npos) {
       visible.resize(at);
       reason = "stop";
     } else if (eos) {
@@ -375,11 +371,7 @@ void onSignal(int) {
 } // namespace
 
 int runServe(const ServeFlags &f) {
-  nf::ModelParams mp;
-  mp.weightsDir = f.common.weightsDir;
-  mp.threads = f.common.threads;
-  mp.backend = f.common.backend;
-  auto model = nf::Model::load(f.common.plan, mp);
+  auto model = nf::Model::load(f.common.plan, modelParams(f.common));
   if (!model)
     return fail(model.message());
   const std::string name = f.modelName.empty() ? model->name() : f.modelName;
