@@ -103,13 +103,16 @@ __device__ __forceinline__ void load4_act(const float *p, float *out) {
 }
 
 // ---------------------------------------------------------------------------
-// Programmatic dependent launch (sm_90+): a generated function first waits
-// until the grids it depends on have completed and their writes are visible;
-// when its work is done it allows the next launch to begin, so that launch's
-// set-up overlaps this grid's tail (blocks still finishing, the memory
-// flush). Triggering at the start instead would park the next kernel's
-// blocks on the SMs while this one runs (measured slower for large grids).
-// Without a programmatic launch both are no-ops.
+// Programmatic dependent launch (sm_90+): a generated function waits until
+// the grids it depends on have completed and their writes are visible
+// before it reads anything they wrote; it lets the next launch begin either
+// when its work is done (prefill: the next launch's set-up overlaps this
+// grid's tail; letting it begin earlier parks its blocks on the SMs while
+// this large grid runs, measured slower) or right after its own wait
+// (decode: the next launch's blocks take SM room as this grid's blocks
+// retire and fetch their weights meanwhile; see skinny_linear). Repeated
+// calls have no further effect. Without a programmatic launch both are
+// no-ops.
 __device__ __forceinline__ void wait_for_previous_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -118,6 +121,18 @@ __device__ __forceinline__ void wait_for_previous_grids() {
 __device__ __forceinline__ void allow_next_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/// Asks L2 to fetch [p, p + bytes) (sm_90+: one bulk prefetch; a no-op
+/// elsewhere). p 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes)
+               : "memory");
+#else
+  (void)p;
+  (void)bytes;
 #endif
 }
 

@@ -32,6 +32,7 @@
 
 #include "nf_common.cuh"
 #include "nf_mma.cuh"
+#include "nf_wgmma.cuh"
 
 namespace nf {
 
@@ -42,6 +43,10 @@ constexpr int kLinearThreads = 256;
 /// Groups of a dense layer: one group, every token row.
 struct DenseGroups {
   static constexpr int G = 1;
+  /// The rows come from the step's arguments, not from an earlier launch's
+  /// output: a launch may fetch weights before waiting for the launches
+  /// before it (programmatic dependent launch).
+  static constexpr bool kRowsFromArgs = true;
   __device__ static __forceinline__ void group(const nf_step_args *a, int,
                                                int &begin, int &count) {
     begin = 0;
@@ -54,6 +59,7 @@ struct DenseGroups {
 /// logit_row(a, r).
 struct LogitRowGroups {
   static constexpr int G = 1;
+  static constexpr bool kRowsFromArgs = true;
   __device__ static __forceinline__ void group(const nf_step_args *a, int,
                                                int &begin, int &count) {
     begin = 0;
@@ -65,6 +71,7 @@ struct LogitRowGroups {
 /// [offsets[g], offsets[g + 1]) (dispatch layout of nf_moe.cuh).
 template <int E, long long DISPATCH> struct DispatchGroups {
   static constexpr int G = E;
+  static constexpr bool kRowsFromArgs = false; // rows from moe_dispatch
   __device__ static __forceinline__ const int32_t *
   offsets(const nf_step_args *a) {
     return arena<int32_t>(a, DISPATCH);
@@ -671,8 +678,10 @@ gemv_item(const nf_step_args *a, int g, int begin, int count, int n, int lane) {
 
 /// kPlanes: the rows were split into bf16 planes by split_rows_bf16 (S has
 /// row16 / PLANE; launched with pipelined_gemm_smem<TERMS>() bytes of
-/// dynamic shared memory): tiles use pipelined_mma_tile.
-template <class S, int TERMS = 3, bool kPlanes = false>
+/// dynamic shared memory): tiles use pipelined_mma_tile, or with kWgmma
+/// (launched with at least wgmma_gemm_smem<TERMS>() bytes) wgmma_tile where
+/// compiled for sm_90a.
+template <class S, int TERMS = 3, bool kPlanes = false, bool kWgmma = false>
 __device__ void linear(const nf_step_args *a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr bool kMma = IsBf16<typename S::W>::value && S::K % 8 == 0;
@@ -704,6 +713,14 @@ __device__ void linear(const nf_step_args *a) {
     const int rows = min(TM, s_count[lo] - mt * TM);
     if constexpr (kPipe) {
       extern __shared__ float4 nf_gemm_smem[];
+#ifdef NF_HAS_WGMMA
+      if constexpr (kWgmma) {
+        static_assert(kWgTile == TM && kWgTile == TN, "same tiles");
+        wgmma_tile<S, TERMS>(a, lo, s_begin[lo] + mt * TM, rows, nt * TN,
+                             reinterpret_cast<unsigned char *>(nf_gemm_smem));
+        continue;
+      }
+#endif
       pipelined_mma_tile<S, TERMS>(
           a, lo, s_begin[lo] + mt * TM, rows, nt * TN,
           reinterpret_cast<unsigned short *>(nf_gemm_smem));
@@ -760,7 +777,8 @@ __device__ __forceinline__ unsigned uint4_at(const uint4 &v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-template <class S, int KW, int MT, int NT, int STAGES, int TERMS>
+template <class S, int KW, int MT, int NT, int STAGES, int TERMS,
+          bool kWaitAfterFetch>
 __device__ __forceinline__ void skinny_item(const nf_step_args *a, int g,
                                             int row0, int rows, int n0,
                                             float *red) {
@@ -808,6 +826,8 @@ __device__ __forceinline__ void skinny_item(const nf_step_args *a, int g,
 #pragma unroll
   for (int st = 0; st < STAGES; ++st)
     fetch(w[st], warp + st * KW);
+  if constexpr (kWaitAfterFetch)
+    wait_for_previous_grids(); // activations next
   for (int ks0 = warp; ks0 < KSTEPS; ks0 += STAGES * KW) {
 #pragma unroll
     for (int st = 0; st < STAGES; ++st) {
@@ -895,19 +915,37 @@ __device__ __forceinline__ void skinny_item(const nf_step_args *a, int g,
 
 /// y = x . W^T for groups of few rows (see above); launch with KW warps
 /// (the K split) per block. A group's rows past ROWS take further items.
+/// The function waits for the launches before it itself (the generated
+/// wrapper does not): with rows from the step's arguments (dense weights),
+/// only after its first item's weights are in flight (registers) or asked
+/// for (an L2 prefetch of the whole item), so weight streaming overlaps
+/// the previous launch's tail when this one is a programmatic dependent.
 template <class S, int MT, int STAGES, int KW, int TERMS = 3>
 __device__ void skinny_linear(const nf_step_args *a) {
   static_assert(S::K % 32 == 0, "32-deep K steps");
   constexpr int ROWS = 16;
   constexpr int FT = 16 * MT; // features per item
   constexpr int NTILES = (S::N + FT - 1) / FT;
+  constexpr bool kEarly = S::kRowsFromArgs;
   __shared__ GroupItems<S> s_groups;
   __shared__ __align__(
       16) float s_red[(KW > 1 ? KW / 2 : 1) * MT * (ROWS / 8) * 4 * 32];
+  if constexpr (!kEarly)
+    wait_for_previous_grids(); // the groups are an earlier launch's output
   // Items per group: row chunks x feature tiles.
   s_groups.build(a, [](int c) { return (c + ROWS - 1) / ROWS * NTILES; });
   const int *s_begin = s_groups.begin, *s_count = s_groups.count;
   const int items = s_groups.total();
+  if constexpr (kEarly) {
+    if (threadIdx.x == 0 && blockIdx.x < items) {
+      const int item = blockIdx.x, lo = s_groups.group_of(item);
+      const int chunks = (s_count[lo] + ROWS - 1) / ROWS;
+      const int n0 = (item - s_groups.first[lo]) / chunks * FT;
+      prefetch_l2(S::weight(a, lo) + static_cast<long long>(n0) * S::K,
+                  static_cast<unsigned>(min(FT, S::N - n0)) * S::K *
+                      sizeof(typename S::W));
+    }
+  }
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int lo = s_groups.group_of(item);
     // Chunks of one feature tile are neighbours: a weight tile read twice
@@ -918,12 +956,14 @@ __device__ void skinny_linear(const nf_step_args *a) {
     const int row0 = s_begin[lo] + chunk * ROWS;
     const int rows = min(ROWS, s_count[lo] - chunk * ROWS);
     if (rows <= 8)
-      skinny_item<S, KW, MT, 1, STAGES, TERMS>(a, lo, row0, rows, nt * FT,
-                                               s_red);
+      skinny_item<S, KW, MT, 1, STAGES, TERMS, kEarly>(a, lo, row0, rows,
+                                                       nt * FT, s_red);
     else
-      skinny_item<S, KW, MT, 2, STAGES, TERMS>(a, lo, row0, rows, nt * FT,
-                                               s_red);
+      skinny_item<S, KW, MT, 2, STAGES, TERMS, kEarly>(a, lo, row0, rows,
+                                                       nt * FT, s_red);
   }
+  if constexpr (kEarly)
+    wait_for_previous_grids(); // a block without items
 }
 
 } // namespace nf

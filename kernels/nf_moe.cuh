@@ -85,7 +85,9 @@ __device__ void moe_router_logits_tiled(const nf_step_args *a, const float *x,
                                         double *pre) {
   constexpr int KC = 32, RT = TT / 16, RE = EB / 16;
   static_assert(TT % 16 == 0 && EB % 16 == 0, "tiles of 16 x 16 threads");
-  __shared__ float sx[KC][TT + 1], sg[KC][EB + 1];
+  // Staged as f64: each value is converted once, not by every thread that
+  // multiplies it (the conversions otherwise compete with the f64 FMAs).
+  __shared__ double sx[KC][TT + 1], sg[KC][EB + 1];
   const int T = a->num_tokens;
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   constexpr int ETILES = (E + EB - 1) / EB;
@@ -104,13 +106,13 @@ __device__ void moe_router_logits_tiled(const nf_step_args *a, const float *x,
       for (int i = tid; i < TT * KC; i += blockDim.x) {
         const int tt = i / KC, kk = i % KC, t = t0 + tt, k = k0 + kk;
         sx[kk][tt] =
-            t < T && k < H ? x[static_cast<long long>(t) * H + k] : 0.0f;
+            t < T && k < H ? x[static_cast<long long>(t) * H + k] : 0.0;
       }
       for (int i = tid; i < EB * KC; i += blockDim.x) {
         const int ee = i / KC, kk = i % KC, e = e0 + ee, k = k0 + kk;
         sg[kk][ee] = e < E && k < H
                          ? load(gate, static_cast<long long>(e) * H + k)
-                         : 0.0f;
+                         : 0.0;
       }
       __syncthreads();
 #pragma unroll 4

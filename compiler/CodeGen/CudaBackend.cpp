@@ -77,6 +77,9 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
   CudaCodegenOptions cg;
   cg.injectError = opts.injectError;
   cg.matmulTerms = opts.matmulTerms;
+  cg.wgmma = std::all_of(
+      opts.archs.begin(), opts.archs.end(),
+      [](const std::string &a) { return a == "sm_90" || a == "sm_90a"; });
   auto sources = generateCudaSources(plan, cg);
   if (!sources)
     return sources.status();
@@ -111,11 +114,19 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
         jobs.push_back({&k, hash, a, a == 0, {}, {}});
     }
 
+  // A kernel with sm_90a features (wgmma) targeting sm_90 gets an sm_90a
+  // cubin (it runs on the same GPUs) and the PTX of a compute_90 compile,
+  // which leaves the features out and so stays loadable on later GPUs.
   auto runJob = [&](Job &job) {
     const std::string &arch = opts.archs[job.arch];
-    std::string key = "nf-kernel-cache-1\n" + job.hash + "\n" + arch +
-                      "\nnvrtc " + version + "\n";
-    for (const std::string &o : nvrtcOptions(arch))
+    const CudaKernelSource &k = *job.src;
+    const bool featureCubin = k.hopperFeatures && arch == "sm_90";
+    const std::string cubinArch = featureCubin ? "sm_90a" : arch;
+    const bool separatePtx = featureCubin && job.ptx;
+    std::string key = "nf-kernel-cache-2\n" + job.hash + "\n" + cubinArch +
+                      (separatePtx ? " + compute_90" : "") + "\nnvrtc " +
+                      version + "\n";
+    for (const std::string &o : nvrtcOptions(cubinArch))
       key += o + "\n";
     key = sha256Hex(key);
     auto cubin = cache.load(key, ".cubin");
@@ -130,20 +141,28 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
       return;
     }
     ++cache.misses;
-    const CudaKernelSource &k = *job.src;
     std::string what = "CUDA module of " + k.step + " kernel " +
                        std::to_string(k.index) + " '" + k.name + "' (";
     for (size_t i = 0; i < k.launches.size(); ++i)
       what += (i ? ", " : "") + k.launches[i].function;
     what += ")";
-    auto out = nvrtcCompile(k.source, k.fileName, kernelHeaders(), arch,
-                            job.ptx, what);
+    auto out = nvrtcCompile(k.source, k.fileName, kernelHeaders(), cubinArch,
+                            job.ptx && !separatePtx, what);
     if (!out) {
       job.status = out.status();
       return;
     }
     job.cubin.assign(out->cubin.begin(), out->cubin.end());
     job.ptxText = std::move(out->ptx);
+    if (separatePtx) {
+      auto virt = nvrtcCompile(k.source, k.fileName, kernelHeaders(),
+                               "compute_90", true, what);
+      if (!virt) {
+        job.status = virt.status();
+        return;
+      }
+      job.ptxText = std::move(virt->ptx);
+    }
     cache.store(key, ".cubin", job.cubin);
     if (job.ptx)
       cache.store(key, ".ptx", job.ptxText);

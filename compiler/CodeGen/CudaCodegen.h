@@ -43,6 +43,9 @@ struct CudaKernelSource {
   std::string fileName; // e.g. "prefill_k12_add_rms_norm.cu"
   std::string source;   // CUDA C++; #includes kernels/*.cuh by name
   std::vector<CudaLaunchInfo> launches; // in execution order
+  /// Uses sm_90a features (wgmma) where compiled for them: its sm_90 cubin
+  /// is compiled for sm_90a, its PTX for compute_90 (without them).
+  bool hopperFeatures = false;
 };
 
 struct CudaStepSources {
@@ -60,6 +63,9 @@ struct CudaCodegenOptions {
   /// bf16 terms an f32 activation is split into before tensor-core GEMMs
   /// with bf16 weights: 3 (exact products) or 1 (rounded to bf16).
   int matmulTerms = 3;
+  /// Prefill GEMM tiles on wgmma (nf_wgmma.cuh), with its shared memory:
+  /// when every target is an sm_90 architecture.
+  bool wgmma = false;
 };
 
 struct CudaPlanSources {

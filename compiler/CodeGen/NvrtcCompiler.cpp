@@ -35,11 +35,11 @@ std::vector<std::string> splitLines(const std::string &text) {
 }
 
 /// The __global__ function whose definition starts before `line` (1-based).
-std::string enclosingFunction(const std::vector<std::string> &lines,
-                              int line) {
-  static const std::regex fn(R"(__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\()");
-  for (int i = std::min<int>(line, static_cast<int>(lines.size())) - 1;
-       i >= 0; --i) {
+std::string enclosingFunction(const std::vector<std::string> &lines, int line) {
+  static const std::regex fn(
+      R"(__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\()");
+  for (int i = std::min<int>(line, static_cast<int>(lines.size())) - 1; i >= 0;
+       --i) {
     std::smatch m;
     if (std::regex_search(lines[static_cast<size_t>(i)], m, fn))
       return m[1].str();
@@ -49,10 +49,12 @@ std::string enclosingFunction(const std::vector<std::string> &lines,
 
 } // namespace
 
-std::string formatCompileLog(const std::string &log, const std::string &fileName,
+std::string formatCompileLog(const std::string &log,
+                             const std::string &fileName,
                              const std::string &source,
                              const HeaderList &headers) {
-  static const std::regex where(R"(^(.*)\((\d+)\): (catastrophic error|error|warning)(.*)$)");
+  static const std::regex where(
+      R"(^(.*)\((\d+)\): (catastrophic error|error|warning)(.*)$)");
   std::ostringstream out;
   int shown = 0, errors = 0;
   std::string lastPlace; // context once per source line
@@ -128,8 +130,8 @@ StatusOr<NvrtcOutput> nvrtcCompile(const std::string &source,
                                      static_cast<int>(headers.size()),
                                      bodies.data(), names.data());
   if (r != NVRTC_SUCCESS)
-    return Status::error(what + ": nvrtcCreateProgram: " +
-                         nvrtcGetErrorString(r));
+    return Status::error(what +
+                         ": nvrtcCreateProgram: " + nvrtcGetErrorString(r));
   struct Destroy {
     nvrtcProgram *p;
     ~Destroy() { nvrtcDestroyProgram(p); }
@@ -153,13 +155,17 @@ StatusOr<NvrtcOutput> nvrtcCompile(const std::string &source,
   }
   NvrtcOutput out;
   size_t n = 0;
-  if ((r = nvrtcGetCUBINSize(prog, &n)) != NVRTC_SUCCESS || n == 0)
-    return Status::error(what + ": no cubin for " + arch + " (" +
-                         nvrtcGetErrorString(r) + ")");
-  out.cubin.resize(n);
-  if ((r = nvrtcGetCUBIN(prog, reinterpret_cast<char *>(out.cubin.data()))) !=
-      NVRTC_SUCCESS)
-    return Status::error(what + ": nvrtcGetCUBIN: " + nvrtcGetErrorString(r));
+  if (arch.rfind("compute_", 0) == 0) // a virtual architecture: PTX only
+    wantPtx = true;
+  else {
+    if ((r = nvrtcGetCUBINSize(prog, &n)) != NVRTC_SUCCESS || n == 0)
+      return Status::error(what + ": no cubin for " + arch + " (" +
+                           nvrtcGetErrorString(r) + ")");
+    out.cubin.resize(n);
+    if ((r = nvrtcGetCUBIN(prog, reinterpret_cast<char *>(out.cubin.data()))) !=
+        NVRTC_SUCCESS)
+      return Status::error(what + ": nvrtcGetCUBIN: " + nvrtcGetErrorString(r));
+  }
   if (wantPtx) {
     if ((r = nvrtcGetPTXSize(prog, &n)) != NVRTC_SUCCESS || n == 0)
       return Status::error(what + ": no PTX for " + arch + " (" +

@@ -35,7 +35,9 @@ std::vector<std::string> nvrtcOptions(const std::string &arch);
 /// with an optional "a"/"f" suffix).
 bool isCudaArch(const std::string &arch);
 
-/// Compiles `source` (as `fileName`) for `arch`. On failure the status is
+/// Compiles `source` (as `fileName`) for `arch`: a real architecture
+/// ("sm_90": the cubin, and the PTX when asked for) or a virtual one
+/// ("compute_90": the PTX only). On failure the status is
 /// one message: "`what` does not compile for <arch>:" followed by each error
 /// (at most a few) with the offending source lines.
 StatusOr<NvrtcOutput> nvrtcCompile(const std::string &source,

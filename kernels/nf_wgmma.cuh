@@ -1,0 +1,218 @@
+// Hopper (sm_90a) GEMM tiles on warpgroup MMA (wgmma): prefill linears with
+// bf16 weights, after the activation rows were split into TERMS bf16 planes
+// (split_rows_bf16). Same contract as pipelined_mma_tile (nf_linear.cuh):
+// 128 x 128 outputs of group g, rows [row0, row0 + rows), features
+// [n0, n0 + 128), 256 threads, dynamic shared memory wgmma_gemm_smem<TERMS>().
+//
+// Each of the two warpgroups owns 64 output rows; per 64-deep K slice it
+// issues four m64n128k16 wgmma (x TERMS planes) reading both operands from
+// shared memory. The slices stream in with cp.async into the 128-byte
+// swizzled layout wgmma expects (row r's 16-byte chunk c at chunk c ^ (r % 8)
+// of a 128-byte row; tiles 1024-byte aligned), kWgStages slices in flight.
+// One wgmma group stays in flight across the barrier: the slice loaded in
+// iteration kt overwrites the stage of slice kt - 2, which every warpgroup
+// has finished (wgmma.wait_group 1 in iteration kt - 1).
+//
+// Exact inputs (TERMS 3) sum each slice in its own accumulator and add it
+// with f32 adds, as pipelined_mma_tile does (tensor-core accumulation
+// truncates); bf16 inputs accumulate the whole K on the tensor cores.
+//
+// Only compiled where wgmma exists (NF_HAS_WGMMA: cubins for sm_90a); the
+// PTX for other targets keeps pipelined_mma_tile.
+#ifndef NF_KERNELS_WGMMA_CUH
+#define NF_KERNELS_WGMMA_CUH
+
+#include "nf_common.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define NF_HAS_WGMMA 1
+#endif
+
+namespace nf {
+
+constexpr int kWgTile = 128, kWgK = 64;
+template <int TERMS> __host__ __device__ constexpr int wgmma_stages() {
+  return TERMS == 1 ? 5 : 3;
+}
+/// Bytes of one stage: TERMS A planes and the weight tile, 128 x 64 bf16 each.
+template <int TERMS> __host__ __device__ constexpr int wgmma_stage_bytes() {
+  return (TERMS + 1) * kWgTile * kWgK * 2;
+}
+/// Dynamic shared memory of wgmma_tile, in bytes (1 KiB for alignment).
+template <int TERMS> __host__ __device__ constexpr int wgmma_gemm_smem() {
+  return wgmma_stages<TERMS>() * wgmma_stage_bytes<TERMS>() + 1024;
+}
+
+#ifdef NF_HAS_WGMMA
+
+/// Shared-memory matrix descriptor of a K-major tile in the 128-byte
+/// swizzle: 8-row core groups 1024 bytes apart.
+__device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr) {
+  return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) |
+         (1ull << 16) |                                       // leading offset
+         (static_cast<unsigned long long>(1024 >> 4) << 32) | // stride offset
+         (1ull << 62); // 128-byte swizzle
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+/// Makes this thread's generic-proxy shared-memory writes (cp.async)
+/// visible to the async proxy wgmma reads through.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/// d (+)= A[64 x 16] . B[128 x 16]^T, both K-major in shared memory; the
+/// accumulator layout is mma.sync's C fragment for warp w of the warpgroup
+/// on rows 16w..16w+15, repeated over 16 n-tiles of 8: d[4j + c] is row
+/// 16w + lane / 4 + 8 (c / 2), column 8j + 2 (lane % 4) + c % 2.
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64],
+                                                 unsigned long long da,
+                                                 unsigned long long db,
+                                                 int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+      "%30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+      "%62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),
+        "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),
+        "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+        "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+template <class S, int TERMS>
+__device__ __forceinline__ void wgmma_tile(const nf_step_args *a, int g,
+                                           int row0, int rows, int n0,
+                                           unsigned char *smem_raw) {
+  static_assert(S::K % 8 == 0, "16-byte rows");
+  constexpr int ST = wgmma_stages<TERMS>();
+  constexpr int PLANE_BYTES = kWgTile * kWgK * 2;
+  constexpr int STAGE = wgmma_stage_bytes<TERMS>();
+  constexpr int KT = (S::K + kWgK - 1) / kWgK;
+  static_assert(ST >= 3, "one slice in the tensor cores, one landing");
+  unsigned char *smem = reinterpret_cast<unsigned char *>(
+      (reinterpret_cast<unsigned long long>(smem_raw) + 1023) & ~1023ull);
+  const unsigned sbase = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  const int wg = warp >> 2; // warpgroup: output rows 64 wg ..
+  // Loader: chunk c = tid + 256 j (j < 4) is row c / 8, 16-byte chunk c % 8
+  // of a 128 x 64 tile, stored at chunk (c % 8) ^ (row % 8).
+  const bf16 *wbase = S::weight(a, g);
+  const unsigned short *arow[4];
+  const bf16 *brow[4];
+  unsigned soff[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = tid + 256 * j, r = c >> 3, ch = c & 7;
+    arow[j] = r < rows ? S::row16(a, row0 + r) + ch * 8 : nullptr;
+    brow[j] = n0 + r < S::N
+                  ? wbase + static_cast<long long>(n0 + r) * S::K + ch * 8
+                  : nullptr;
+    soff[j] = r * 128 + ((ch ^ (r & 7)) << 4);
+  }
+  auto load_stage = [&](int stage, int k0) {
+    unsigned char *st = smem + stage * STAGE;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int ch = (tid + 256 * j) & 7;
+      const bool kin = k0 + ch * 8 < S::K;
+#pragma unroll
+      for (int p = 0; p < TERMS; ++p)
+        copy_async16_or_zero(
+            st + p * PLANE_BYTES + soff[j],
+            arow[j] ? static_cast<const void *>(arow[j] + p * S::PLANE + k0)
+                    : wbase, // not read
+            arow[j] && kin);
+      copy_async16_or_zero(st + TERMS * PLANE_BYTES + soff[j],
+                           brow[j] ? static_cast<const void *>(brow[j] + k0)
+                                   : wbase, // not read
+                           brow[j] && kin);
+    }
+  };
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i)
+    acc[i] = 0.0f;
+  float part[TERMS > 1 ? 64 : 1];
+  __syncthreads(); // the previous tile is done with the stages
+#pragma unroll
+  for (int st = 0; st < ST - 2; ++st) {
+    if (st < KT)
+      load_stage(st, st * kWgK);
+    copy_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    copy_async_wait<ST - 3>(); // slice kt has landed (this thread's part)
+    fence_proxy_async_shared();
+    __syncthreads(); // everyone's part; slice kt - 2 is consumed
+    if (kt + ST - 2 < KT)
+      load_stage((kt + ST - 2) % ST, (kt + ST - 2) * kWgK);
+    copy_async_commit();
+    const unsigned st = sbase + (kt % ST) * STAGE;
+    const unsigned bdesc_addr = st + TERMS * PLANE_BYTES;
+    wgmma_fence();
+    if constexpr (TERMS == 1) {
+#pragma unroll
+      for (int kk = 0; kk < kWgK / 16; ++kk)
+        wgmma_m64n128k16(acc, wgmma_desc(st + wg * 8192 + kk * 32),
+                         wgmma_desc(bdesc_addr + kk * 32), 1);
+      wgmma_commit();
+      wgmma_wait<1>();
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kWgK / 16; ++kk)
+#pragma unroll
+        for (int p = TERMS - 1; p >= 0; --p) // small terms first
+          wgmma_m64n128k16(
+              part, wgmma_desc(st + p * PLANE_BYTES + wg * 8192 + kk * 32),
+              wgmma_desc(bdesc_addr + kk * 32), kk > 0 || p < TERMS - 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 64; ++i)
+        acc[i] += part[i];
+    }
+  }
+  wgmma_wait<0>();
+  copy_async_wait<0>(); // only empty groups remain; none may outlive the tile
+  const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int r = wg * 64 + (warp & 3) * 16 + gid + (c >> 1) * 8;
+      const int n = n0 + j * 8 + 2 * tig + (c & 1);
+      if (r < rows && n < S::N)
+        S::store(a, row0 + r, n, acc[4 * j + c]);
+    }
+}
+
+#endif // NF_HAS_WGMMA
+
+} // namespace nf
+
+#endif // NF_KERNELS_WGMMA_CUH
