@@ -117,6 +117,155 @@ __device__ __forceinline__ float mamba_dt(float raw, float bias, float lo,
   return fminf(fmaxf(sp, lo), hi);
 }
 
+// ---------------------------------------------------------------------------
+// Chunked prefill scan: a long sequence is cut into chunks of L tokens so
+// that its chunks run in parallel (the plain scan has only heads x channel
+// tiles of parallelism per sequence: 256 blocks for Nano, whatever the
+// prompt length). Three launches:
+//   1. ssm_chunk_states: for every chunk but a sequence's last, the state
+//      the chunk leaves when started from zero,
+//        local[p][n] = sum_t (prod_{u > t} dA_u) dt_t x_t[p] B_t[n],
+//      and its decay prod_t dA_t (a product over the chunk's tokens instead
+//      of a walk: all tokens in parallel);
+//   2. ssm_chunk_carry: per state element, walks the chunks in order:
+//      init_{c+1} = decay_c init_c + local_c (init_0 = the slot's state),
+//      stored over local_c;
+//   3. ssm_scan with chunks: every chunk walks its tokens from its init
+//      (y exactly as the plain scan computes it); a sequence's last chunk
+//      writes the slot's state.
+// Chunk c of sequence s has scratch slot (begin + c L) / L + s: distinct
+// for distinct chunks, below max_tokens / L + slots.
+
+template <int L>
+__device__ __forceinline__ int ssm_chunk_slot(const nf_seq_desc &d, int s,
+                                              int c) {
+  return (d.begin + c * L) / L + s;
+}
+
+/// Launch 1 (see above). Block of 256 threads per (sequence, chunk, head);
+/// L == 256 (a token per thread for the decay products); thread blocks of
+/// 4 channels x 8 state values, RB of them per thread.
+template <class WB, class WA, int NH, int P, int N, int G, int L, int CMAX>
+__device__ void ssm_chunk_states(const nf_step_args *a, const float *xbc,
+                                 const float *dt_raw, const WB *dt_bias,
+                                 const WA *a_log, float dt_min, float dt_max,
+                                 float *local, float *decay) {
+  static_assert(L == 256, "a token per thread");
+  static_assert(P % 4 == 0 && N % 8 == 0, "4 x 8 output blocks");
+  constexpr int I = NH * P, CD = I + 2 * G * N, HPG = NH / G;
+  constexpr int BLOCKS = (P / 4) * (N / 8), RB = (BLOCKS + 255) / 256;
+  constexpr int TK = 16;    // tokens per staged tile
+  __shared__ float sPre[L]; // suffix products of dA, then the token weights
+  __shared__ __align__(16) float sX[TK][P];
+  __shared__ __align__(16) float sB[TK][N];
+  const int tid = threadIdx.x;
+  const long long items = static_cast<long long>(a->num_seqs) * CMAX * NH;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const int s = static_cast<int>(item / (CMAX * NH));
+    const int c = static_cast<int>(item / NH % CMAX);
+    const int h = static_cast<int>(item % NH), g = h / HPG;
+    const nf_seq_desc d = a->seqs[s];
+    if ((c + 1) * L >= d.count)
+      continue; // the last chunk (or none): launch 3 walks it
+    const long long row0 = d.begin + static_cast<long long>(c) * L;
+    const float Ah = -expf(load(a_log, h));
+    const float dt = mamba_dt(dt_raw[(row0 + tid) * NH + h], load(dt_bias, h),
+                              dt_min, dt_max);
+    const float dA = expf(dt * Ah);
+    __syncthreads(); // the previous item is done with sPre
+    sPre[tid] = dA;
+    __syncthreads();
+    // Inclusive suffix products: sPre[t] = prod_{u >= t} dA_u.
+#pragma unroll
+    for (int o = 1; o < L; o <<= 1) {
+      const float v = tid + o < L ? sPre[tid + o] : 1.0f;
+      __syncthreads();
+      sPre[tid] *= v;
+      __syncthreads();
+    }
+    const float after = tid + 1 < L ? sPre[tid + 1] : 1.0f;
+    if (tid == 0)
+      decay[static_cast<long long>(ssm_chunk_slot<L>(d, s, c)) * NH + h] =
+          sPre[0];
+    __syncthreads();
+    sPre[tid] = dt * after; // weight of token tid's input
+    float acc[RB][4][8] = {};
+    for (int t0 = 0; t0 < L; t0 += TK) {
+      __syncthreads(); // sPre written / the previous tile consumed
+      for (int i = tid; i < TK * P; i += blockDim.x) {
+        const int tt = i / P, pp = i % P;
+        sX[tt][pp] = xbc[(row0 + t0 + tt) * CD + h * P + pp] * sPre[t0 + tt];
+      }
+      for (int i = tid; i < TK * N; i += blockDim.x) {
+        const int tt = i / N, nn = i % N;
+        sB[tt][nn] = xbc[(row0 + t0 + tt) * CD + I + g * N + nn];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) {
+        const int blk = tid + 256 * rb;
+        if (blk >= BLOCKS)
+          break;
+        const int p0 = blk / (N / 8) * 4, n0 = blk % (N / 8) * 8;
+#pragma unroll 4
+        for (int tt = 0; tt < TK; ++tt) {
+          const float4 x4 = *reinterpret_cast<const float4 *>(&sX[tt][p0]);
+          const float4 b0 = *reinterpret_cast<const float4 *>(&sB[tt][n0]);
+          const float4 b1 = *reinterpret_cast<const float4 *>(&sB[tt][n0 + 4]);
+          const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
+          const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              acc[rb][i][j] = fmaf(xv[i], bv[j], acc[rb][i][j]);
+        }
+      }
+    }
+    float *out =
+        local +
+        (static_cast<long long>(ssm_chunk_slot<L>(d, s, c)) * NH + h) * P * N;
+#pragma unroll
+    for (int rb = 0; rb < RB; ++rb) {
+      const int blk = tid + 256 * rb;
+      if (blk >= BLOCKS)
+        break;
+      const int p0 = blk / (N / 8) * 4, n0 = blk % (N / 8) * 8;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float4 *o = reinterpret_cast<float4 *>(out + (p0 + i) * N + n0);
+        o[0] = make_float4(acc[rb][i][0], acc[rb][i][1], acc[rb][i][2],
+                           acc[rb][i][3]);
+        o[1] = make_float4(acc[rb][i][4], acc[rb][i][5], acc[rb][i][6],
+                           acc[rb][i][7]);
+      }
+    }
+  }
+}
+
+/// Launch 2 (see above): a thread per (sequence, head, p, n).
+template <int NH, int P, int N, int L>
+__device__ void ssm_chunk_carry(const nf_step_args *a, const float *state,
+                                float *local, const float *decay) {
+  constexpr long long PER_SEQ = static_cast<long long>(NH) * P * N;
+  const long long n = a->num_seqs * PER_SEQ;
+  for (long long i = global_thread(); i < n; i += grid_threads()) {
+    const int s = static_cast<int>(i / PER_SEQ);
+    const long long e = i % PER_SEQ; // (h, p, n) in the state's order
+    const int h = static_cast<int>(e / (P * N));
+    const nf_seq_desc d = a->seqs[s];
+    if (d.count <= L)
+      continue;
+    float S = state[static_cast<long long>(d.slot) * PER_SEQ + e];
+    for (int c = 0; (c + 1) * L < d.count; ++c) {
+      const long long sl = ssm_chunk_slot<L>(d, s, c);
+      float *l = local + sl * PER_SEQ + e;
+      S = decay[sl * NH + h] * S + *l;
+      *l = S; // the init of chunk c + 1
+    }
+  }
+}
+
 /// The SSM recurrence. Work item = (sequence, head, tile of PT head
 /// channels); a block of PT * NS threads takes one item at a time: thread
 /// (p, sub) keeps S[h, p, n] for N / NS values of n in registers for the
@@ -127,12 +276,16 @@ __device__ __forceinline__ float mamba_dt(float raw, float bias, float lo,
 /// to shared memory, and the NS shares of a channel are summed after the
 /// chunk: only the state update chains from token to token. xbc rows:
 /// x (I) | B (G*N) | C (G*N); dt_raw rows: NH.
+/// With L > 0 (the chunked scan's launch 3, above) the items are
+/// (sequence, chunk of L tokens, head, channel tile) for up to CMAX chunks
+/// per sequence, each starting from its init in chunk_init.
 template <class WB, class WA, class WD, int NH, int P, int N, int G, int PT,
-          int NS, int TC>
+          int NS, int TC, int L = 0, int CMAX = 1>
 __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
                          const float *dt_raw, const WB *dt_bias,
                          const WA *a_log, const WD *d_skip, float dt_min,
-                         float dt_max, float *state, float *y) {
+                         float dt_max, float *state, float *y,
+                         const float *chunk_init = nullptr) {
   constexpr int I = NH * P, CD = I + 2 * G * N, NPER = N / NS;
   constexpr int HPG = NH / G, NPT = P / PT;
   static_assert(NPER * NS == N && PT * NPT == P, "bad ssm tiling");
@@ -160,13 +313,18 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
   // token-to-token path.
   __shared__ float sPart[TC][PT][NS];
   const int tid = threadIdx.x, pl = tid / NS, sub = tid % NS;
-  const long long items = static_cast<long long>(a->num_seqs) * NH * NPT;
+  constexpr int CH = L > 0 ? CMAX : 1; // chunks per sequence
+  const long long items = static_cast<long long>(a->num_seqs) * CH * NH * NPT;
   for (long long item = blockIdx.x; item < items; item += gridDim.x) {
-    const int s = static_cast<int>(item / (NH * NPT));
+    const int s = static_cast<int>(item / (CH * NH * NPT));
+    const int c = static_cast<int>(item / (NH * NPT) % CH);
     const int rem = static_cast<int>(item % (NH * NPT));
     const int h = rem / NPT, p0 = (rem % NPT) * PT, p = p0 + pl;
     const nf_seq_desc d = a->seqs[s];
-    if (d.count <= 0)
+    // Tokens [t_begin, t_end) of the sequence.
+    const int t_begin = L > 0 ? c * L : 0;
+    const int t_end = L > 0 ? min(d.count, t_begin + L) : d.count;
+    if (t_begin >= t_end)
       continue; // uniform over the block
     const int g = h / HPG;
     const float Ah = -expf(load(a_log, h));
@@ -175,7 +333,7 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
     // Issues the copies of the chunk starting at token t0 into buffer buf
     // (none past the sequence) and commits them as one group.
     auto stage = [&](int t0, int buf) {
-      const int nt = max(0, min(TC, d.count - t0));
+      const int nt = max(0, min(TC, t_end - t0));
       for (int i = tid; i < nt * (N / VW); i += blockDim.x) {
         const int tt = i / (N / VW), nn = (i % (N / VW)) * VW;
         const float *row = xbc + static_cast<long long>(d.begin + t0 + tt) * CD;
@@ -196,17 +354,27 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
       copy_async_commit();
     };
     float *S = state + ((static_cast<long long>(d.slot) * NH + h) * P + p) * N;
+    const float *S0 =
+        L > 0 && c > 0
+            ? chunk_init + ((static_cast<long long>(
+                                 ssm_chunk_slot<(L > 0 ? L : 1)>(d, s, c - 1)) *
+                                 NH +
+                             h) *
+                                P +
+                            p) *
+                               N
+            : S;
     float st[NPER];
 #pragma unroll
     for (int q = 0; q < NPER; ++q)
-      st[q] = S[state_n(q, sub)];
+      st[q] = S0[state_n(q, sub)];
     __syncthreads(); // the previous item is done with the buffers
 #pragma unroll
-    for (int c = 0; c < NBUF - 1; ++c)
-      stage(c * TC, c);
-    for (int t0 = 0, buf = 0; t0 < d.count;
+    for (int b = 0; b < NBUF - 1; ++b)
+      stage(t_begin + b * TC, b);
+    for (int t0 = t_begin, buf = 0; t0 < t_end;
          t0 += TC, buf = buf + 1 == NBUF ? 0 : buf + 1) {
-      const int nt = min(TC, d.count - t0);
+      const int nt = min(TC, t_end - t0);
       copy_async_wait<NBUF - 2>(); // this chunk's group has landed
       __syncthreads(); // for every thread; the oldest buffer and sPart are free
       stage(t0 + (NBUF - 1) * TC, buf == 0 ? NBUF - 1 : buf - 1);
@@ -259,10 +427,12 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
             yv + Dh * sX[buf][tt][pp];
       }
     }
-    copy_async_wait<0>(); // the empty trailing groups
+    copy_async_wait<0>();   // the empty trailing groups
+    if (t_end == d.count) { // the sequence's last chunk
 #pragma unroll
-    for (int q = 0; q < NPER; ++q)
-      S[state_n(q, sub)] = st[q];
+      for (int q = 0; q < NPER; ++q)
+        S[state_n(q, sub)] = st[q];
+    }
   }
 }
 

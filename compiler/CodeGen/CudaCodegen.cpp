@@ -944,16 +944,49 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   includes.insert("nf_mamba.cuh");
   const std::string state = "nf::storage(a, " + num(2 * op.storage() + 1) + ")";
   const int64_t items = maxTokens * NH * (P / PT);
+  // Prefill steps longer than a chunk: the chunked scan (nf_mamba.cuh), so
+  // a long sequence's chunks walk in parallel.
+  constexpr int64_t kChunk = 256;
+  const bool chunked = opName(op) == "nf_kv.ssm_scan" && maxTokens > kChunk &&
+                       P % 4 == 0 && N % 8 == 0 && st->slots() > 0;
+  std::string chunkArgs, chunkInit;
+  if (chunked) {
+    const int64_t cmax = ceilDiv(maxTokens, kChunk);
+    const int64_t slots = maxTokens / kChunk + st->slots() + 1;
+    const int64_t localOff = newScratch(slots * NH * P * N * 4);
+    const int64_t decayOff = newScratch(slots * NH * 4);
+    const std::string local = "nf::arena<float>(a, " + num(localOff) + "ll)";
+    const std::string decay = "nf::arena<float>(a, " + num(decayOff) + "ll)";
+    addLaunch(fnName(i, "ssm_chunk_states"),
+              gridOf(cmax * NH, int64_t(opts.smCount) * 8), 256,
+              "  nf::ssm_chunk_states<" + *t3 + ", " + *t4 + ", " + num(NH) +
+                  ", " + num(P) + ", " + num(N) + ", " + num(G) + ", " +
+                  num(kChunk) + ", " + num(cmax) + ">(a, " + arenaPtr(in[1]) +
+                  ", " + arenaPtr(in[2]) + ", " + weightPtr(in[3]) + ", " +
+                  weightPtr(in[4]) + ", " + floatLit(*lo) + ", " +
+                  floatLit(*hi) + ", " + local + ", " + decay + ");\n",
+              "nf_kv.ssm_scan, chunked: each chunk's state from zero and its "
+              "decay (generated scratch)");
+    addLaunch(fnName(i, "ssm_chunk_carry"), elementGrid(NH * P * N), 256,
+              "  nf::ssm_chunk_carry<" + num(NH) + ", " + num(P) + ", " +
+                  num(N) + ", " + num(kChunk) + ">(a, " + state + ", " + local +
+                  ", " + decay + ");\n",
+              "nf_kv.ssm_scan, chunked: chunk inits in order");
+    chunkArgs = ", " + num(kChunk) + ", " + num(cmax);
+    chunkInit = ", " + local;
+  }
   addLaunch(
       fnName(i, opName(op) == "nf_kv.ssm_update" ? "ssm_update" : "ssm_scan"),
       gridOf(items, int64_t(opts.smCount) * 8), static_cast<uint32_t>(block),
       "  nf::ssm_scan<" + *t3 + ", " + *t4 + ", " + *t5 + ", " + num(NH) +
           ", " + num(P) + ", " + num(N) + ", " + num(G) + ", " + num(PT) +
-          ", " + num(NS) + ", " + num(TC) + ">(a, " + arenaPtr(in[1]) + ", " +
-          arenaPtr(in[2]) + ", " + weightPtr(in[3]) + ", " + weightPtr(in[4]) +
-          ", " + weightPtr(in[5]) + ", " + floatLit(*lo) + ", " +
-          floatLit(*hi) + ", " + state + ", " + arenaPtr(out[0]) + ");\n",
-      opName(op) + ": sequential over each sequence's tokens");
+          ", " + num(NS) + ", " + num(TC) + chunkArgs + ">(a, " +
+          arenaPtr(in[1]) + ", " + arenaPtr(in[2]) + ", " + weightPtr(in[3]) +
+          ", " + weightPtr(in[4]) + ", " + weightPtr(in[5]) + ", " +
+          floatLit(*lo) + ", " + floatLit(*hi) + ", " + state + ", " +
+          arenaPtr(out[0]) + chunkInit + ");\n",
+      opName(op) + (chunked ? ": sequential over each chunk's tokens"
+                            : ": sequential over each sequence's tokens"));
   return size_t(1);
 }
 

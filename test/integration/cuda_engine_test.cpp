@@ -1732,6 +1732,68 @@ TEST_P(CudaFixture, MatchesTheCpuBackend) {
             << "\n";
 }
 
+// Prompts longer than the chunked SSM scan's 256-token chunks (several
+// chunks per sequence, walked in parallel from carried inits), two of them
+// batched in one step with different lengths and chunk boundaries, then a
+// few decode steps (which read the state the last chunk wrote): the CUDA
+// logits must match the CPU backend's (sequential scan) per sequence.
+TEST_P(CudaFixture, LongPromptsMatchTheCpuBackend) {
+  std::unique_ptr<Engine> cpu =
+      load(plan_, options("cpu", modelDir(GetParam())));
+  ASSERT_NE(cpu, nullptr);
+  std::vector<std::vector<int32_t>> prompts(2);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const size_t len = i == 0 ? 700 : 301;
+    for (size_t k = 0; prompts[i].size() < len; ++k) {
+      const Prompt &p = prompts_[(i + k) % prompts_.size()];
+      for (int64_t t : p.tokens)
+        if (prompts[i].size() < len)
+          prompts[i].push_back(static_cast<int32_t>(t));
+    }
+  }
+  double worst = 0;
+  std::vector<std::vector<float>> got(2), want(2);
+  std::vector<int32_t> ids[2];
+  for (int which = 0; which < 2; ++which) {
+    Engine &e = which == 0 ? *engine_ : *cpu;
+    std::vector<SequenceInput> inputs(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      StatusOr<int32_t> seq = e.addSequence();
+      ASSERT_TRUE(seq.ok()) << seq.message();
+      ids[which].push_back(*seq);
+      inputs[i].sequence = *seq;
+      inputs[i].tokens = prompts[i];
+    }
+    std::vector<float> &out = which == 0 ? got[0] : want[0];
+    Status s = e.step(inputs, LogitsFor::AllTokens, out);
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::vector<int32_t> next(prompts.size());
+    for (int st = 0; st < 3; ++st) {
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        next[i] = prompts[i][static_cast<size_t>(st) * 7 % prompts[i].size()];
+        inputs[i].tokens = {&next[i], 1};
+      }
+      std::vector<float> l;
+      s = e.step(inputs, LogitsFor::LastTokenPerSequence, l);
+      ASSERT_TRUE(s.ok()) << s.message();
+      std::vector<float> &acc = which == 0 ? got[1] : want[1];
+      acc.insert(acc.end(), l.begin(), l.end());
+    }
+    for (int32_t id : ids[which])
+      EXPECT_TRUE(e.removeSequence(id).ok());
+  }
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_EQ(got[k].size(), want[k].size());
+    const size_t rows = got[k].size() / static_cast<size_t>(V_);
+    for (size_t r = 0; r < rows; ++r)
+      worst = std::max(worst, relError(got[k].data() + r * V_,
+                                       want[k].data() + r * V_, V_));
+  }
+  EXPECT_LE(worst, kCudaTol);
+  std::cout << "[ cuda ] " << GetParam()
+            << ": long prompts, max rel |cuda - cpu| " << worst << "\n";
+}
+
 // Decode through the captured graph == the same kernels launched one by one.
 TEST_P(CudaFixture, GraphEqualsLaunches) {
   EngineOptions o = options("cuda", modelDir(GetParam()));
