@@ -294,10 +294,10 @@ __device__ void kv_attend_warp(const nf_step_args *a, const float *q,
 }
 
 /// Shared memory (dynamic) of kv_attend_mma, in bytes: bf16 terms of the
-/// query tile, of a K tile and of a transposed V tile.
+/// query tile, of a K tile and of a V tile.
 template <int HD, int WARPS, int TERMS>
 __host__ __device__ constexpr int kv_attend_mma_smem() {
-  return 2 * TERMS * (16 * WARPS * (HD + 8) + 32 * (HD + 8) + HD * (32 + 8));
+  return 2 * TERMS * (16 * WARPS * (HD + 8) + 2 * 32 * (HD + 8));
 }
 
 /// Prefill attention on tensor cores (sm_80+; FlashAttention-2's loop with
@@ -306,30 +306,32 @@ __host__ __device__ constexpr int kv_attend_mma_smem() {
 /// kv head share every K/V tile. A block of WARPS warps takes 16 * WARPS
 /// rows (each warp 16) and walks 32 positions at a time: K and V are read
 /// from the paged f32 cache, split into TERMS bf16 terms (3: exact products,
-/// as the GEMMs; 1: bf16 inputs) and staged in shared memory (V
-/// transposed); S = Q K^T per warp on tensor cores (term pairs i + j <
+/// as the GEMMs; 1: bf16 inputs) and staged in shared memory, both
+/// position-major; S = Q K^T per warp on tensor cores (term pairs i + j <
 /// TERMS, small first), the causal mask and online softmax on the S
 /// fragments in registers (f32), then O += P V with P's fragments reused as
-/// mma's A operand. Rows of several sequences in one tile are taken one
-/// sequence per pass (the other rows masked). Tiles are taken longest
-/// first (from the last token), which balances the causal work.
+/// mma's A operand and V's fragments read transposed (ldmatrix.trans). Rows of
+/// several sequences in one tile are taken one sequence per pass (the other
+/// rows masked). Tiles are taken longest first (from the last token), which
+/// balances the causal work.
 template <int NQ, int NKV, int HD, int PS, int WARPS, int TERMS>
 __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
                               const float *kcache, const float *vcache,
                               float scale, float *out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int REP = NQ / NKV, ROW = NKV * HD;
-  constexpr int BQ = 16 * WARPS, BP = 32, QS = HD + 8, VS = BP + 8;
+  constexpr int BQ = 16 * WARPS, BP = 32, QS = HD + 8;
   constexpr int NTS = BP / 8, NTO = HD / 8;
   static_assert(HD % 16 == 0, "head_dim must be a multiple of 16");
+  static_assert(NTO % 2 == 0, "V fragments two dimension tiles at a time");
   static_assert(TERMS == 1 || TERMS == 3, "1 or 3 bf16 terms");
   extern __shared__ float4 nf_attend_smem[];
   using Tile = unsigned short;
   Tile(*sQ)[BQ][QS] = reinterpret_cast<Tile(*)[BQ][QS]>(nf_attend_smem);
   Tile(*sK)[BP][QS] =
       reinterpret_cast<Tile(*)[BP][QS]>(&sQ[0][0][0] + TERMS * BQ * QS);
-  Tile(*sV)[HD][VS] =
-      reinterpret_cast<Tile(*)[HD][VS]>(&sK[0][0][0] + TERMS * BP * QS);
+  Tile(*sV)[BP][QS] =
+      reinterpret_cast<Tile(*)[BP][QS]>(&sK[0][0][0] + TERMS * BP * QS);
   __shared__ int rowSeq[BQ], rowPos[BQ];
   __shared__ long long sOff[BP];
   __shared__ int passLo, passHi;
@@ -422,11 +424,7 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
 #pragma unroll
           for (int te = 0; te < TERMS; ++te) {
             *reinterpret_cast<uint2 *>(&sK[te][j][d]) = kt[te];
-            // V transposed: one position's four dimensions in four rows.
-            sV[te][d][j] = static_cast<unsigned short>(vt[te].x);
-            sV[te][d + 1][j] = static_cast<unsigned short>(vt[te].x >> 16);
-            sV[te][d + 2][j] = static_cast<unsigned short>(vt[te].y);
-            sV[te][d + 3][j] = static_cast<unsigned short>(vt[te].y >> 16);
+            *reinterpret_cast<uint2 *>(&sV[te][j][d]) = vt[te];
           }
         }
         __syncthreads();
@@ -538,21 +536,24 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
               pf[te][3] = pack_bf16x2(e[6][te], e[7][te]);
             }
           }
+          // V fragments of dimension tiles n, n + 1: lane l addresses
+          // position kk * 16 + l % 16, dimensions (n + l / 16) * 8.
 #pragma unroll
-          for (int n = 0; n < NTO; ++n) {
-            unsigned bf[TERMS][2];
+          for (int n = 0; n < NTO; n += 2) {
+            unsigned bf[TERMS][4];
 #pragma unroll
-            for (int te = 0; te < TERMS; ++te) {
-              bf[te][0] = *reinterpret_cast<const unsigned *>(
-                  &sV[te][n * 8 + g][kk * 16 + 2 * c]);
-              bf[te][1] = *reinterpret_cast<const unsigned *>(
-                  &sV[te][n * 8 + g][kk * 16 + 2 * c + 8]);
-            }
+            for (int te = 0; te < TERMS; ++te)
+              ldmatrix_x4_trans(
+                  bf[te],
+                  &sV[te][kk * 16 + (lane & 15)][(n + (lane >> 4)) * 8]);
 #pragma unroll
-            for (int sum = TERMS - 1; sum >= 0; --sum)
+            for (int h = 0; h < 2; ++h)
 #pragma unroll
-              for (int ti = sum; ti >= 0; --ti)
-                mma_bf16(o[n], pf[ti], bf[sum - ti][0], bf[sum - ti][1]);
+              for (int sum = TERMS - 1; sum >= 0; --sum)
+#pragma unroll
+                for (int ti = sum; ti >= 0; --ti)
+                  mma_bf16(o[n + h], pf[ti], bf[sum - ti][2 * h],
+                           bf[sum - ti][2 * h + 1]);
           }
         }
       }

@@ -12,31 +12,65 @@
 
 namespace nf {
 
-/// Conv outputs, fully parallel over (token, channel): inputs before the
-/// sequence's first token of the step come from the conv window, which is
-/// left untouched (causal_conv_window advances it in a later launch).
-/// w is [CD, KW] (w[c, KW-1] multiplies the current token).
+/// Conv outputs, parallel over (group of TPT tokens, channel): a thread
+/// walks its tokens with the last KW - 1 inputs in registers, so each input
+/// and weight is read once per group (same sums, same order as one thread
+/// per output). Inputs before the sequence's first token of the step come
+/// from the conv window, which is left untouched (causal_conv_window
+/// advances it in a later launch). w is [CD, KW] (w[c, KW-1] multiplies the
+/// current token).
 template <class W, class B, int CD, int KW, bool kBias>
 __device__ void causal_conv_out(const nf_step_args *a, const float *in,
                                 const W *w, const B *bias, const float *window,
                                 float *out) {
-  constexpr int K1 = KW - 1;
-  const long long n = static_cast<long long>(a->num_tokens) * CD;
+  constexpr int K1 = KW - 1, TPT = 8;
+  const int T = a->num_tokens;
+  const long long n = static_cast<long long>((T + TPT - 1) / TPT) * CD;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
-    const int t = static_cast<int>(i / CD), c = static_cast<int>(i % CD);
-    const TokenPos tp = token_pos(a, t);
-    const float *st =
-        window + (static_cast<long long>(tp.desc.slot) * CD + c) * K1;
-    float acc = kBias ? load(bias, c) : 0.0f;
+    const int t0 = static_cast<int>(i / CD) * TPT, c = static_cast<int>(i % CD);
+    float wc[KW];
 #pragma unroll
-    for (int q = 0; q < KW; ++q) {
-      const int src = tp.local - K1 + q;
-      const float v =
-          src < 0 ? st[K1 + src]
-                  : in[static_cast<long long>(tp.desc.begin + src) * CD + c];
-      acc += load(w, static_cast<long long>(c) * KW + q) * v;
+    for (int q = 0; q < KW; ++q)
+      wc[q] = load(w, static_cast<long long>(c) * KW + q);
+    const float b = kBias ? load(bias, c) : 0.0f;
+    TokenPos tp = token_pos(a, t0);
+    // The K1 inputs before token tp (its sequence's, or the window's).
+    float win[K1 > 0 ? K1 : 1];
+    auto fill = [&]() {
+      const float *st =
+          window + (static_cast<long long>(tp.desc.slot) * CD + c) * K1;
+#pragma unroll
+      for (int q = 0; q < K1; ++q) {
+        const int src = tp.local - K1 + q;
+        win[q] = src < 0
+                     ? st[K1 + src]
+                     : in[static_cast<long long>(tp.desc.begin + src) * CD + c];
+      }
+    };
+    fill();
+    for (int j = 0; j < TPT && t0 + j < T; ++j) {
+      if (j > 0) {
+        if (tp.local + 1 < tp.desc.count) {
+          ++tp.local;
+        } else { // the next token starts another sequence
+          tp = token_pos(a, t0 + j);
+          fill();
+        }
+      }
+      const long long row = static_cast<long long>(t0 + j) * CD + c;
+      const float x = in[row];
+      float acc = b;
+#pragma unroll
+      for (int q = 0; q < K1; ++q)
+        acc += wc[q] * win[q];
+      acc += wc[K1] * x;
+      out[row] = silu(acc);
+#pragma unroll
+      for (int q = 0; q + 1 < K1; ++q)
+        win[q] = win[q + 1];
+      if (K1 > 0)
+        win[K1 - 1] = x;
     }
-    out[i] = silu(acc);
   }
 }
 

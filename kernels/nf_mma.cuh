@@ -71,6 +71,19 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned *r, const void *p) {
                : "r"(addr));
 }
 
+/// ldmatrix with each 8 x 8 matrix transposed: for a [k][n] row-major tile,
+/// the mma B fragments (lanes 0-15 address rows k0..k0+15 at column n0,
+/// lanes 16-31 the same rows at column n0 + 8: r[0..1] for n0, r[2..3] for
+/// n0 + 8).
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned *r, const void *p) {
+  const unsigned addr =
+      static_cast<unsigned>(__cvta_generic_to_shared(const_cast<void *>(p)));
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr));
+}
+
 } // namespace nf
 
 #endif // NF_KERNELS_MMA_CUH

@@ -77,14 +77,17 @@ __device__ void moe_router_logits(const nf_step_args *a, const float *x,
 /// The same logits for many tokens (prefill): a block computes a tile of TT
 /// tokens x EB experts from shared-memory slices of x and the gate (each
 /// gate byte read once per TT tokens instead of once per token), 16 x 16
-/// threads with TT / 16 x EB / 16 f64 sums each.
+/// threads with TT / 16 x EB / 16 f64 sums each; launch with 256 threads.
 template <class WG, class WB, int E, int H, int TT, int EB>
 __device__ void moe_router_logits_tiled(const nf_step_args *a, const float *x,
                                         const WG *gate, const WB *bias,
                                         float *scores, float *sel,
                                         double *pre) {
   constexpr int KC = 32, RT = TT / 16, RE = EB / 16;
+  constexpr int XN = TT * KC / 256, GN = EB * KC / 256;
   static_assert(TT % 16 == 0 && EB % 16 == 0, "tiles of 16 x 16 threads");
+  static_assert(XN * 256 == TT * KC && GN * 256 == EB * KC,
+                "whole slices per 256 threads");
   // Staged as f64: each value is converted once, not by every thread that
   // multiplies it (the conversions otherwise compete with the f64 FMAs).
   __shared__ double sx[KC][TT + 1], sg[KC][EB + 1];
@@ -101,20 +104,38 @@ __device__ void moe_router_logits_tiled(const nf_step_args *a, const float *x,
 #pragma unroll
       for (int j = 0; j < RE; ++j)
         acc[i][j] = 0.0;
+    // The next slice's values are loaded into registers while the current
+    // one is multiplied (256 threads: XN + GN values each).
+    double rx[XN], rg[GN];
+    auto fetch = [&](int k0) {
+#pragma unroll
+      for (int u = 0; u < XN; ++u) {
+        const int i = tid + 256 * u, t = t0 + i / KC, k = k0 + i % KC;
+        rx[u] = t < T && k < H ? x[static_cast<long long>(t) * H + k] : 0.0;
+      }
+#pragma unroll
+      for (int u = 0; u < GN; ++u) {
+        const int i = tid + 256 * u, e = e0 + i / KC, k = k0 + i % KC;
+        rg[u] = e < E && k < H ? load(gate, static_cast<long long>(e) * H + k)
+                               : 0.0;
+      }
+    };
+    fetch(0);
     for (int k0 = 0; k0 < H; k0 += KC) {
       __syncthreads(); // the previous slice is consumed
-      for (int i = tid; i < TT * KC; i += blockDim.x) {
-        const int tt = i / KC, kk = i % KC, t = t0 + tt, k = k0 + kk;
-        sx[kk][tt] =
-            t < T && k < H ? x[static_cast<long long>(t) * H + k] : 0.0;
+#pragma unroll
+      for (int u = 0; u < XN; ++u) {
+        const int i = tid + 256 * u;
+        sx[i % KC][i / KC] = rx[u];
       }
-      for (int i = tid; i < EB * KC; i += blockDim.x) {
-        const int ee = i / KC, kk = i % KC, e = e0 + ee, k = k0 + kk;
-        sg[kk][ee] = e < E && k < H
-                         ? load(gate, static_cast<long long>(e) * H + k)
-                         : 0.0;
+#pragma unroll
+      for (int u = 0; u < GN; ++u) {
+        const int i = tid + 256 * u;
+        sg[i % KC][i / KC] = rg[u];
       }
       __syncthreads();
+      if (k0 + KC < H)
+        fetch(k0 + KC);
 #pragma unroll 4
       for (int kk = 0; kk < KC; ++kk) {
         double xv[RT], gv[RE];

@@ -891,7 +891,8 @@ StatusOr<size_t> KernelEmitter::causalConv(size_t i) {
               "channel)");
     return size_t(1);
   }
-  addLaunch(fnName(i, "causal_conv"), elementGrid(maxTokens * CD), 256,
+  addLaunch(fnName(i, "causal_conv"), elementGrid(ceilDiv(maxTokens, 8) * CD),
+            256,
             "  nf::causal_conv_out" + targs + "(a, " + arenaPtr(in[1]) + ", " +
                 weightPtr(in[2]) + ", " + biasPtr + ", " + window + ", " +
                 arenaPtr(out[0]) + ");\n",
@@ -1070,11 +1071,10 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   // the head dimension fits mma's K steps and the O tile the registers;
   // activations split into the plan's bf16 terms as the GEMMs do.
   if (HD % 16 == 0 && HD <= 128) {
-    constexpr int64_t kWarps = 4, kRows = 16 * kWarps;
+    constexpr int64_t kWarps = 8, kRows = 16 * kWarps;
     const int64_t terms = opts.matmulTerms;
     const int64_t tiles = ceilDiv(maxTokens * (*heads / NKV), kRows) * NKV;
-    const int64_t smem =
-        2 * terms * (kRows * (HD + 8) + 32 * (HD + 8) + HD * (32 + 8));
+    const int64_t smem = 2 * terms * (kRows * (HD + 8) + 2 * 32 * (HD + 8));
     const std::string tmpl = num(HD) + ", " + num(kWarps) + ", " + num(terms);
     addLaunch(fnName(i, "attend_mma"), gridOf(tiles, int64_t(opts.smCount) * 4),
               static_cast<uint32_t>(32 * kWarps),
@@ -1083,7 +1083,7 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                   "  nf::kv_attend_mma<" + num(*heads) + ", " + num(NKV) +
                   ", " + num(HD) + ", " + num(st->page_size()) + ", " +
                   num(kWarps) + ", " + num(terms) + ">" + args,
-              "nf_kv.attend: tensor cores, a block per 64 (token, head) rows "
+              "nf_kv.attend: tensor cores, a block per 128 (token, head) rows "
               "of a kv head, 32 positions per step, online softmax");
     launches.back().sharedBytes = static_cast<uint32_t>(smem);
     return size_t(1);
