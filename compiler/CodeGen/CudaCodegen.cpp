@@ -801,12 +801,35 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   s2.weight = weightPtr(in[2]);
   s2.input = hid;
   s2.rowIndex = "r";
-  s2.store = "    " + arenaPtr(out[0]) + "[static_cast<long long>(r) * " +
-             num(s2.N) + " + n] = v;\n";
+  // Followed by nf.add of its result and another row of the same width
+  // (the routed experts' combined rows): the epilogue adds that row and
+  // writes the sum instead (same value as the add: one f32 addition).
+  std::string dst = arenaPtr(out[0]), addend;
+  size_t consumed = 1;
+  if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.add" &&
+      !needed(out[0], {i + 1})) {
+    auto ain = operands(*ops[i + 1]), aout = results(*ops[i + 1]);
+    if (ain.size() == 2 && aout.size() == 1 &&
+        (ain[0] == out[0]) != (ain[1] == out[0])) {
+      const int other = ain[0] == out[0] ? ain[1] : ain[0];
+      if (isAct(other) && isAct(aout[0]) && V(other).cols == s2.N &&
+          V(aout[0]).cols == s2.N) {
+        dst = arenaPtr(aout[0]);
+        addend = " + " + arenaPtr(other) + "[static_cast<long long>(r) * " +
+                 num(s2.N) + " + n]";
+        consumed = 2;
+      }
+    }
+  }
+  s2.store = "    " + dst + "[static_cast<long long>(r) * " + num(s2.N) +
+             " + n] = v" + addend + ";\n";
   s2.maxRows = maxTokens;
   emitLinear(fnName(i, "shared_down"), s2,
-             "nf_moe.shared_expert: out = hidden . down^T");
-  return size_t(1);
+             consumed == 2
+                 ? "nf_moe.shared_expert + nf.add: out = hidden . down^T + "
+                   "the routed rows"
+                 : "nf_moe.shared_expert: out = hidden . down^T");
+  return consumed;
 }
 
 StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {

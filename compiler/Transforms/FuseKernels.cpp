@@ -127,6 +127,11 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
           return {{conv, ssm, norm}, "mamba_decode"};
     if (isa<kv::SSMScanOp>(op))
       return {{op}, "mamba_ssd_scan"};
+    // The shared expert's down projection adds the routed output in its
+    // epilogue (the MoE layer's result).
+    if (auto shared = dyn_cast<moe::SharedExpertOp>(op))
+      if (auto add = soleUser<nfir::AddOp>(shared))
+        return {{shared, add}, "moe_shared_expert_add"};
     if (auto linear = dyn_cast<nfir::LinearOp>(op)) {
       if (auto split = soleUser<nfir::SplitOp>(linear)) {
         if (auto append = userOfType<kv::AppendOp>(split))

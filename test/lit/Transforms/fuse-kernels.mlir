@@ -33,6 +33,10 @@
 // CHECK-NEXT: ^bb0
 // CHECK-NEXT: nf_moe.expert_down
 // CHECK-NEXT: nf_moe.combine
+// CHECK: nf.kernel "moe_shared_expert_add"
+// CHECK-NEXT: ^bb0({{.*}}, %[[R:.*]]: tensor<?x16xf32>):
+// CHECK-NEXT: %[[SH:.*]] = nf_moe.shared_expert
+// CHECK-NEXT: nf.add %[[R]], %[[SH]]
 // CHECK: nf.kernel "nf_lm_head"
 // CHECK: return
 
