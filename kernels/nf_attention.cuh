@@ -592,9 +592,13 @@ __device__ void kv_attend_split(const nf_step_args *a, const float *q,
   const int lane = lane_id(), wib = threadIdx.x >> 5;
   const long long items = static_cast<long long>(a->num_tokens) * NQ * NSPLIT;
   for (long long item = global_warp(); item < items; item += grid_warps()) {
-    const int sp = static_cast<int>(item % NSPLIT);
-    const long long th = item / NSPLIT;
-    const int t = static_cast<int>(th / NQ), h = static_cast<int>(th % NQ);
+    // Neighbouring warps take neighbouring heads of one (token, split): the
+    // query heads of a kv head then read the same K/V rows at about the
+    // same time, from L1.
+    const int h = static_cast<int>(item % NQ);
+    const long long ts = item / NQ;
+    const int sp = static_cast<int>(ts % NSPLIT);
+    const int t = static_cast<int>(ts / NSPLIT);
     const TokenPos tp = token_pos(a, t);
     const int len = tp.pos + 1;
     const int per = ((len + NSPLIT - 1) / NSPLIT + 31) / 32 * 32;
@@ -609,7 +613,8 @@ __device__ void kv_attend_split(const nf_step_args *a, const float *q,
     float m, l, acc[DPL];
     attend_range<NKV, HD, PS>(pt, sq[wib], kcache, vcache, scale, h / REP,
                               p_begin, p_end, m, l, acc);
-    float *o = part + item * (HD + 2);
+    float *o =
+        part + ((static_cast<long long>(t) * NQ + h) * NSPLIT + sp) * (HD + 2);
     if (lane == 0) {
       o[0] = m;
       o[1] = l;
