@@ -12,15 +12,21 @@
 
 namespace nf {
 
+/// Element offset of position p's cache row, pt the sequence's page table.
+template <int ROW, int PS>
+__device__ __forceinline__ long long kv_position_offset(const int32_t *pt,
+                                                        int p) {
+  return (static_cast<long long>(pt[p / PS]) * PS + p % PS) * ROW;
+}
+
 /// Element offset of row t's cache row (position start_pos + local).
 template <int ROW, int PS>
 __device__ __forceinline__ long long kv_row_offset(const nf_step_args *a,
                                                    int t) {
   const TokenPos tp = token_pos(a, t);
-  const int page =
-      a->page_tables[static_cast<long long>(tp.seq) * a->max_pages_per_seq +
-                     tp.pos / PS];
-  return (static_cast<long long>(page) * PS + tp.pos % PS) * ROW;
+  return kv_position_offset<ROW, PS>(
+      a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq,
+      tp.pos);
 }
 
 /// Writes the step's K/V rows ([T, ROW] each) at their positions.
@@ -95,11 +101,9 @@ __device__ void kv_attend(const nf_step_args *a, const float *q,
       __syncthreads(); // the previous tile is consumed
       if (tid < 32) {
         const int p = p0 + tid;
-        s_off[tid] =
-            p < lenMax
-                ? (static_cast<long long>(pt[p / PS]) * PS + p % PS) * ROW +
-                      static_cast<long long>(kvh) * HD
-                : -1;
+        s_off[tid] = p < lenMax ? kv_position_offset<ROW, PS>(pt, p) +
+                                      static_cast<long long>(kvh) * HD
+                                : -1;
       }
       __syncthreads();
       for (int i = tid; i < 32 * HD; i += blockDim.x) {
@@ -205,8 +209,7 @@ attend_range(const int32_t *pt, const float *sq, const float *kcache,
     long long off = 0;
     float score = -f32_inf();
     if (p < p_end) {
-      const int page = pt[p / PS];
-      off = (static_cast<long long>(page) * PS + p % PS) * ROW + kvh * HD;
+      off = kv_position_offset<ROW, PS>(pt, p) + kvh * HD;
       const float *kr = kcache + off;
       float dot = 0.0f;
       if (HD % 4 == 0) {
@@ -403,11 +406,9 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
         __syncthreads(); // the previous K/V tile is consumed
         for (int j = tid; j < BP; j += blockDim.x) {
           const int p = p0 + j;
-          sOff[j] =
-              p < len
-                  ? (static_cast<long long>(pt[p / PS]) * PS + p % PS) * ROW +
-                        static_cast<long long>(kvh) * HD
-                  : -1;
+          sOff[j] = p < len ? kv_position_offset<ROW, PS>(pt, p) +
+                                  static_cast<long long>(kvh) * HD
+                            : -1;
         }
         __syncthreads();
         for (int i = tid; i < BP * (HD / 4); i += blockDim.x) {

@@ -936,31 +936,36 @@ __device__ void skinny_linear(const nf_step_args *a) {
   s_groups.build(a, [](int c) { return (c + ROWS - 1) / ROWS * NTILES; });
   const int *s_begin = s_groups.begin, *s_count = s_groups.count;
   const int items = s_groups.total();
+  // Item -> group, first feature, rows. Chunks of one feature tile are
+  // neighbours: a weight tile read twice (more than ROWS rows) is read close
+  // in time, from L2.
+  struct Item {
+    int g, n0, row0, rows;
+  };
+  auto item_at = [&](int item) {
+    const int g = s_groups.group_of(item);
+    const int local = item - s_groups.first[g];
+    const int chunks = (s_count[g] + ROWS - 1) / ROWS;
+    const int chunk = local % chunks;
+    return Item{g, local / chunks * FT, s_begin[g] + chunk * ROWS,
+                min(ROWS, s_count[g] - chunk * ROWS)};
+  };
   if constexpr (kEarly) {
     if (threadIdx.x == 0 && blockIdx.x < items) {
-      const int item = blockIdx.x, lo = s_groups.group_of(item);
-      const int chunks = (s_count[lo] + ROWS - 1) / ROWS;
-      const int n0 = (item - s_groups.first[lo]) / chunks * FT;
-      prefetch_l2(S::weight(a, lo) + static_cast<long long>(n0) * S::K,
-                  static_cast<unsigned>(min(FT, S::N - n0)) * S::K *
+      const Item it = item_at(blockIdx.x);
+      prefetch_l2(S::weight(a, it.g) + static_cast<long long>(it.n0) * S::K,
+                  static_cast<unsigned>(min(FT, S::N - it.n0)) * S::K *
                       sizeof(typename S::W));
     }
   }
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int lo = s_groups.group_of(item);
-    // Chunks of one feature tile are neighbours: a weight tile read twice
-    // (more than ROWS rows) is read close in time, from L2.
-    const int local = item - s_groups.first[lo];
-    const int chunks = (s_count[lo] + ROWS - 1) / ROWS;
-    const int nt = local / chunks, chunk = local % chunks;
-    const int row0 = s_begin[lo] + chunk * ROWS;
-    const int rows = min(ROWS, s_count[lo] - chunk * ROWS);
-    if (rows <= 8)
-      skinny_item<S, KW, MT, 1, STAGES, TERMS, kEarly>(a, lo, row0, rows,
-                                                       nt * FT, s_red);
+    const Item it = item_at(item);
+    if (it.rows <= 8)
+      skinny_item<S, KW, MT, 1, STAGES, TERMS, kEarly>(a, it.g, it.row0,
+                                                       it.rows, it.n0, s_red);
     else
-      skinny_item<S, KW, MT, 2, STAGES, TERMS, kEarly>(a, lo, row0, rows,
-                                                       nt * FT, s_red);
+      skinny_item<S, KW, MT, 2, STAGES, TERMS, kEarly>(a, it.g, it.row0,
+                                                       it.rows, it.n0, s_red);
   }
   if constexpr (kEarly)
     wait_for_previous_grids(); // a block without items

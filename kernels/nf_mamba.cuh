@@ -12,6 +12,27 @@
 
 namespace nf {
 
+/// One output of the depthwise conv: silu(b + w . (window, x)), then x
+/// joins the window (oldest input first). Both conv forms use it, so their
+/// sums are the same in the same order.
+template <int KW>
+__device__ __forceinline__ float conv_step(const float (&wc)[KW], float b,
+                                           float (&win)[KW > 1 ? KW - 1 : 1],
+                                           float x) {
+  constexpr int K1 = KW - 1;
+  float acc = b;
+#pragma unroll
+  for (int q = 0; q < K1; ++q)
+    acc += wc[q] * win[q];
+  acc += wc[K1] * x;
+#pragma unroll
+  for (int q = 0; q + 1 < K1; ++q)
+    win[q] = win[q + 1];
+  if (K1 > 0)
+    win[K1 - 1] = x;
+  return silu(acc);
+}
+
 /// Conv outputs, parallel over (group of TPT tokens, channel): a thread
 /// walks its tokens with the last KW - 1 inputs in registers, so each input
 /// and weight is read once per group (same sums, same order as one thread
@@ -58,18 +79,7 @@ __device__ void causal_conv_out(const nf_step_args *a, const float *in,
         }
       }
       const long long row = static_cast<long long>(t0 + j) * CD + c;
-      const float x = in[row];
-      float acc = b;
-#pragma unroll
-      for (int q = 0; q < K1; ++q)
-        acc += wc[q] * win[q];
-      acc += wc[K1] * x;
-      out[row] = silu(acc);
-#pragma unroll
-      for (int q = 0; q + 1 < K1; ++q)
-        win[q] = win[q + 1];
-      if (K1 > 0)
-        win[K1 - 1] = x;
+      out[row] = conv_step<KW>(wc, b, win, in[row]);
     }
   }
 }
@@ -124,18 +134,7 @@ __device__ void causal_conv_seq(const nf_step_args *a, const float *in,
     const float b = kBias ? load(bias, c) : 0.0f;
     for (int j = 0; j < d.count; ++j) {
       const long long row = static_cast<long long>(d.begin + j) * CD + c;
-      const float x = in[row];
-      float acc = b;
-#pragma unroll
-      for (int q = 0; q < K1; ++q)
-        acc += wc[q] * win[q];
-      acc += wc[K1] * x;
-      out[row] = silu(acc);
-#pragma unroll
-      for (int q = 0; q + 1 < K1; ++q)
-        win[q] = win[q + 1];
-      if (K1 > 0)
-        win[K1 - 1] = x;
+      out[row] = conv_step<KW>(wc, b, win, in[row]);
     }
 #pragma unroll
     for (int q = 0; q < K1; ++q)

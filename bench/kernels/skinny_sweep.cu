@@ -15,20 +15,11 @@
 #endif
 #include "nf_linear.cuh"
 
+#include "cuda_check.h"
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
 #include <vector>
-
-#define CHECK(x)                                                               \
-  do {                                                                         \
-    cudaError_t e_ = (x);                                                      \
-    if (e_ != cudaSuccess) {                                                   \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__,                  \
-                   cudaGetErrorString(e_));                                    \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
 
 // Arena layout of the sweep: [0, 4 KiB) dispatch offsets (E + 1 i32),
 // then x rows (f32, 64 x K), then y (f32, 64 x N).
@@ -37,6 +28,7 @@ constexpr long long kXOff = 4096, kYOff = kXOff + 64LL * 8192 * 4;
 template <int N_, int K_, int E> struct Spec {
   using W = nf::bf16;
   static constexpr int N = N_, K = K_, G = E;
+  static constexpr bool kRowsFromArgs = false; // groups from the arena
   __device__ static __forceinline__ const W *weight(const nf_step_args *a,
                                                     int g) {
     return static_cast<const W *>(a->weights[0]) +

@@ -1252,32 +1252,26 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
     const int64_t off = newScratch(maxTokens * E * 2 * 8);
     pre = "nf::arena<double>(a, " + num(off) + "ll)";
     constexpr int64_t kSmallTileTokens = 2048;
-    struct Tiles {
-      int64_t tokens, experts;
-      const char *suffix;
-    };
-    const bool both = maxTokens > kSmallTileTokens;
-    for (const Tiles &t :
-         {Tiles{16, 32, both ? "_small" : ""}, Tiles{32, 64, "_large"}}) {
-      const bool small = t.tokens == 16;
-      if (!small && !both)
-        break;
-      addLaunch(fnName(i, "router_logits") + t.suffix,
-                gridOf(ceilDiv(small ? std::min(maxTokens, kSmallTileTokens)
-                                     : maxTokens,
-                               t.tokens) *
-                           ceilDiv(E, t.experts),
+    auto tiles = [&](int64_t tokens, int64_t experts, const char *suffix,
+                     int64_t stepTokens, uint32_t minT, uint32_t maxT) {
+      addLaunch(fnName(i, "router_logits") + suffix,
+                gridOf(ceilDiv(stepTokens, tokens) * ceilDiv(E, experts),
                        int64_t(opts.smCount) * 8),
                 256,
                 "  nf::moe_router_logits_tiled<" + wg + ", " + wb + ", " +
-                    num(E) + ", " + num(H) + ", " + num(t.tokens) + ", " +
-                    num(t.experts) + ">(a, " + x + ", " + gate + ", " + bias +
+                    num(E) + ", " + num(H) + ", " + num(tokens) + ", " +
+                    num(experts) + ">(a, " + x + ", " + gate + ", " + bias +
                     ", " + arenaPtr(scoresV) + ", " + arenaPtr(selV) + ", " +
                     pre + ");\n",
-                "nf_moe.router: logits in tiles of " + num(t.tokens) + " x " +
-                    num(t.experts) + " (tokens x experts), f64",
-                small ? 0 : uint32_t(kSmallTileTokens + 1),
-                small && both ? uint32_t(kSmallTileTokens) : 0);
+                "nf_moe.router: logits in tiles of " + num(tokens) + " x " +
+                    num(experts) + " (tokens x experts), f64",
+                minT, maxT);
+    };
+    if (maxTokens <= kSmallTileTokens) {
+      tiles(16, 32, "", maxTokens, 0, 0);
+    } else {
+      tiles(16, 32, "_small", kSmallTileTokens, 0, kSmallTileTokens);
+      tiles(32, 64, "_large", maxTokens, kSmallTileTokens + 1, 0);
     }
   } else if (isRouter) {
     const int64_t off = newScratch(maxTokens * E * 2 * 8);
