@@ -298,32 +298,35 @@ __device__ void kv_attend_warp(const nf_step_args *a, const float *q,
 
 /// Shared memory (dynamic) of kv_attend_mma, in bytes: bf16 terms of the
 /// query tile, of a K tile and of a V tile.
-template <int HD, int WARPS, int TERMS>
+template <int HD, int WARPS, int TERMS, int BP = 32>
 __host__ __device__ constexpr int kv_attend_mma_smem() {
-  return 2 * TERMS * (16 * WARPS * (HD + 8) + 2 * 32 * (HD + 8));
+  return 2 * TERMS * (16 * WARPS * (HD + 8) + 2 * BP * (HD + 8));
 }
 
 /// Prefill attention on tensor cores (sm_80+; FlashAttention-2's loop with
 /// mma.sync m16n8k16). The rows of a kv head's problem are its (token,
 /// query head) pairs in token order, so the REP query heads that share the
 /// kv head share every K/V tile. A block of WARPS warps takes 16 * WARPS
-/// rows (each warp 16) and walks 32 positions at a time: K and V are read
-/// from the paged f32 cache, split into TERMS bf16 terms (3: exact products,
-/// as the GEMMs; 1: bf16 inputs) and staged in shared memory, both
-/// position-major; S = Q K^T per warp on tensor cores (term pairs i + j <
-/// TERMS, small first), the causal mask and online softmax on the S
+/// rows (each warp 16) and walks BP positions at a time: K and V are read
+/// from the paged f32 cache into registers a tile ahead (the loads land
+/// while the previous tile is multiplied), split into TERMS bf16 terms (3:
+/// exact products, as the GEMMs; 1: bf16 inputs) and staged in shared
+/// memory, both position-major; S = Q K^T per warp on tensor cores (term pairs
+/// i + j < TERMS, small first), the causal mask and online softmax on the S
 /// fragments in registers (f32), then O += P V with P's fragments reused as
 /// mma's A operand and V's fragments read transposed (ldmatrix.trans). Rows of
 /// several sequences in one tile are taken one sequence per pass (the other
 /// rows masked). Tiles are taken longest first (from the last token), which
 /// balances the causal work.
-template <int NQ, int NKV, int HD, int PS, int WARPS, int TERMS>
+template <int NQ, int NKV, int HD, int PS, int WARPS, int TERMS, int BP = 32>
 __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
                               const float *kcache, const float *vcache,
                               float scale, float *out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int REP = NQ / NKV, ROW = NKV * HD;
-  constexpr int BQ = 16 * WARPS, BP = 32, QS = HD + 8;
+  constexpr int BQ = 16 * WARPS, QS = HD + 8, THREADS = 32 * WARPS;
+  // K/V values per thread and tile: loaded into registers a tile ahead.
+  constexpr int KVE = BP * (HD / 4), KVN = (KVE + THREADS - 1) / THREADS;
   constexpr int NTS = BP / 8, NTO = HD / 8;
   static_assert(HD % 16 == 0, "head_dim must be a multiple of 16");
   static_assert(NTO % 2 == 0, "V fragments two dimension tiles at a time");
@@ -336,7 +339,6 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
   Tile(*sV)[BP][QS] =
       reinterpret_cast<Tile(*)[BP][QS]>(&sK[0][0][0] + TERMS * BP * QS);
   __shared__ int rowSeq[BQ], rowPos[BQ];
-  __shared__ long long sOff[BP];
   __shared__ int passLo, passHi;
   const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -402,26 +404,34 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
 #pragma unroll
       for (int n = 0; n < NTO; ++n)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+      // The K/V rows of the tile at p0 into registers (zero past len).
+      float4 rk[KVN], rv[KVN];
+      auto fetch = [&](int p0) {
+#pragma unroll
+        for (int u = 0; u < KVN; ++u) {
+          const int i = tid + THREADS * u, j = i / (HD / 4);
+          const int d = (i % (HD / 4)) * 4, p = p0 + j;
+          rk[u] = rv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (i < KVE && p < len) {
+            const long long off = kv_position_offset<ROW, PS>(pt, p) +
+                                  static_cast<long long>(kvh) * HD + d;
+            rk[u] = *reinterpret_cast<const float4 *>(kcache + off);
+            rv[u] = *reinterpret_cast<const float4 *>(vcache + off);
+          }
+        }
+      };
+      fetch(0);
       for (int p0 = 0; p0 < len; p0 += BP) {
         __syncthreads(); // the previous K/V tile is consumed
-        for (int j = tid; j < BP; j += blockDim.x) {
-          const int p = p0 + j;
-          sOff[j] = p < len ? kv_position_offset<ROW, PS>(pt, p) +
-                                  static_cast<long long>(kvh) * HD
-                            : -1;
-        }
-        __syncthreads();
-        for (int i = tid; i < BP * (HD / 4); i += blockDim.x) {
-          const int j = i / (HD / 4), d = (i % (HD / 4)) * 4;
-          const long long off = sOff[j];
-          float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
-          if (off >= 0) {
-            kv = *reinterpret_cast<const float4 *>(kcache + off + d);
-            vv = *reinterpret_cast<const float4 *>(vcache + off + d);
-          }
+#pragma unroll
+        for (int u = 0; u < KVN; ++u) {
+          const int i = tid + THREADS * u, j = i / (HD / 4);
+          const int d = (i % (HD / 4)) * 4;
+          if (KVE % THREADS != 0 && i >= KVE)
+            break;
           uint2 kt[3], vt[3];
-          split4_bf16<TERMS>(kv, kt);
-          split4_bf16<TERMS>(vv, vt);
+          split4_bf16<TERMS>(rk[u], kt);
+          split4_bf16<TERMS>(rv[u], vt);
 #pragma unroll
           for (int te = 0; te < TERMS; ++te) {
             *reinterpret_cast<uint2 *>(&sK[te][j][d]) = kt[te];
@@ -429,6 +439,8 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
           }
         }
         __syncthreads();
+        if (p0 + BP < len)
+          fetch(p0 + BP); // lands while this tile is multiplied
         // mma.sync and the shuffles need the whole warp: skip the tile only
         // when it is past every row of the warp.
         if (__all_sync(0xffffffffu, pos0 < p0 && pos1 < p0))

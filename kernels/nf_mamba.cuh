@@ -9,6 +9,7 @@
 #define NF_KERNELS_MAMBA_CUH
 
 #include "nf_common.cuh"
+#include "nf_mma.cuh"
 
 namespace nf {
 
@@ -162,12 +163,14 @@ __device__ __forceinline__ float mamba_dt(float raw, float bias, float lo,
 //      of a walk: all tokens in parallel);
 //   2. ssm_chunk_carry: per state element, walks the chunks in order:
 //      init_{c+1} = decay_c init_c + local_c (init_0 = the slot's state),
-//      stored over local_c;
+//      init_c stored over local_c (every chunk's, the last one's too);
 //   3. ssm_scan with chunks: every chunk walks its tokens from its init
 //      (y exactly as the plain scan computes it); a sequence's last chunk
-//      writes the slot's state.
+//      writes the slot's state. The inits of a sequence of several chunks
+//      are all read from scratch: chunk 0 reading the slot's state could
+//      otherwise see the last chunk's result (blocks run in any order).
 // Chunk c of sequence s has scratch slot (begin + c L) / L + s: distinct
-// for distinct chunks, below max_tokens / L + slots.
+// for distinct chunks (the last chunk's too), below max_tokens / L + slots.
 
 template <int L>
 __device__ __forceinline__ int ssm_chunk_slot(const nf_seq_desc &d, int s,
@@ -289,14 +292,438 @@ __device__ void ssm_chunk_carry(const nf_step_args *a, const float *state,
     const nf_seq_desc d = a->seqs[s];
     if (d.count <= L)
       continue;
+    // The chunks' own states and decays are loaded GRP at a time before
+    // their inits are stored, so the loads are in flight together (a load
+    // after a store to local could not be moved ahead of it).
+    constexpr int GRP = 16;
+    const int nc = (d.count + L - 1) / L; // the last has no state of its own
     float S = state[static_cast<long long>(d.slot) * PER_SEQ + e];
-    for (int c = 0; (c + 1) * L < d.count; ++c) {
-      const long long sl = ssm_chunk_slot<L>(d, s, c);
-      float *l = local + sl * PER_SEQ + e;
-      S = decay[sl * NH + h] * S + *l;
-      *l = S; // the init of chunk c + 1
+    for (int c0 = 0; c0 < nc; c0 += GRP) {
+      float own[GRP], dec[GRP];
+#pragma unroll
+      for (int j = 0; j < GRP; ++j) {
+        own[j] = 0.0f, dec[j] = 0.0f;
+        if (c0 + j + 1 < nc) {
+          const long long sl = ssm_chunk_slot<L>(d, s, c0 + j);
+          own[j] = local[sl * PER_SEQ + e];
+          dec[j] = decay[sl * NH + h];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < GRP; ++j)
+        if (c0 + j < nc) {
+          local[ssm_chunk_slot<L>(d, s, c0 + j) * PER_SEQ + e] = S; // init
+          S = dec[j] * S + own[j];
+        }
     }
   }
+}
+
+// ---------------------------------------------------------------------------
+// The chunked scan on tensor cores (SSD's matrix form, Dao & Gu 2024): the
+// same three launches as above, with launches 1 and 3 as ssd_chunk. Within
+// a chunk of L tokens a block walks sub-chunks of Q tokens; with cum_t the
+// inclusive sum of dt_u A over the sub-chunk's tokens u <= t and S the
+// state entering it (P x N),
+//   y_t  = exp(cum_t) C_t S^T + sum_{s <= t} (C_t . B_s) exp(cum_t - cum_s)
+//          dt_s x_s + D x_t,
+//   S'   = exp(cum_last) S + sum_s exp(cum_last - cum_s) dt_s x_s B_s^T,
+// which is the recurrence of ssm_scan, summed per sub-chunk instead of per
+// token: four small matrix products, on mma.sync with the activations split
+// into TERMS bf16 terms as the GEMMs do (3: exact products, term pairs
+// i + j < 3; 1: bf16 inputs). S stays in f32 registers (the accumulators of
+// its product), warp w holding rows p in [16w, 16w + 16); the rows t of y
+// and of (C B^T) are taken 16 per warp, and the masked C B^T fragments are
+// reused in registers as the A operand of their product with x (as
+// attention's P V).
+
+/// Dynamic shared memory of ssd_chunk, bytes: bf16 terms of B and of the
+/// weighted x (both launches), of C, x and S (launch 3 only).
+template <int P, int N, int Q, int TERMS, bool kStates>
+__host__ __device__ constexpr int ssd_chunk_smem() {
+  return 2 * TERMS *
+         (Q * (N + 8) + Q * (P + 8) +
+          (kStates ? 0 : Q * (N + 8) + Q * (P + 8) + P * (N + 8)));
+}
+
+/// kStates: launch 1 (each chunk's state from zero, and its decay, into
+/// local / decay; not a sequence's last chunk). Otherwise launch 3 (y, from
+/// each chunk's init: the slot's state for a sequence of one chunk, the
+/// carried inits in local otherwise; a sequence's last chunk writes the
+/// slot's state). A block of P / 16 warps
+/// per (sequence, chunk, head): launch with 32 * (P / 16) threads.
+template <class WB, class WA, class WD, int NH, int P, int N, int G, int L,
+          int CMAX, int Q, int TERMS, bool kStates>
+__device__ void
+ssd_chunk(const nf_step_args *a, const float *xbc, const float *dt_raw,
+          const WB *dt_bias, const WA *a_log, const WD *d_skip, float dt_min,
+          float dt_max, float *state, float *y, float *local, float *decay) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int I = NH * P, CD = I + 2 * G * N, HPG = NH / G;
+  constexpr int WARPS = P / 16, THREADS = 32 * WARPS, NS = N + 8, XS = P + 8;
+  constexpr int NTN = N / 8, NTP = P / 8, NTQ = Q / 8, R = Q / 32;
+  static_assert(P % 16 == 0 && N % 16 == 0 && Q % 32 == 0 && L % Q == 0,
+                "ssd tiles: P, N multiples of 16, Q of 32");
+  static_assert(TERMS == 1 || TERMS == 3, "1 or 3 bf16 terms");
+  using Tile = unsigned short;
+  extern __shared__ float4 nf_ssd_smem[];
+  Tile(*sB)[Q][NS] = reinterpret_cast<Tile(*)[Q][NS]>(nf_ssd_smem);
+  Tile(*sXw)[Q][XS] =
+      reinterpret_cast<Tile(*)[Q][XS]>(&sB[0][0][0] + TERMS * Q * NS);
+  Tile(*sC)[Q][NS] =
+      reinterpret_cast<Tile(*)[Q][NS]>(&sXw[0][0][0] + TERMS * Q * XS);
+  Tile(*sX)[Q][XS] =
+      reinterpret_cast<Tile(*)[Q][XS]>(&sC[0][0][0] + TERMS * Q * NS);
+  Tile(*sS)[P][NS] =
+      reinterpret_cast<Tile(*)[P][NS]>(&sX[0][0][0] + TERMS * Q * XS);
+  __shared__ float sCum[Q], sDt[Q], sTot;
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  const int g8 = lane >> 2, c4 = lane & 3;
+  const long long items = static_cast<long long>(a->num_seqs) * CMAX * NH;
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+    const int s = static_cast<int>(item / (CMAX * NH));
+    const int c = static_cast<int>(item / NH % CMAX);
+    const int h = static_cast<int>(item % NH), grp = h / HPG;
+    const nf_seq_desc d = a->seqs[s];
+    const int t_begin = c * L, t_end = min(d.count, t_begin + L);
+    if (kStates ? t_end >= d.count : t_begin >= t_end)
+      continue; // uniform over the block
+    const float Ah = -expf(load(a_log, h));
+    const float bias = load(dt_bias, h);
+    // This warp's rows of S: the init, as f32 accumulators.
+    float S[NTN][4];
+    {
+      const float *S0 = nullptr;
+      if (!kStates)
+        S0 = d.count > L
+                 ? local + (static_cast<long long>(ssm_chunk_slot<L>(d, s, c)) *
+                                NH +
+                            h) *
+                               P * N
+                 : state + (static_cast<long long>(d.slot) * NH + h) * P * N;
+#pragma unroll
+      for (int n = 0; n < NTN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int p = warp * 16 + g8 + (e >> 1) * 8, col = n * 8 + 2 * c4;
+          S[n][e] = kStates ? 0.0f : S0[p * N + col + (e & 1)];
+        }
+    }
+    // S's bf16 terms for launch 3's C S^T.
+    auto store_state = [&] {
+#pragma unroll
+      for (int n = 0; n < NTN; ++n)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          unsigned short e0[3], e1[3];
+          split_bf16<TERMS>(S[n][2 * hh], e0);
+          split_bf16<TERMS>(S[n][2 * hh + 1], e1);
+#pragma unroll
+          for (int te = 0; te < TERMS; ++te)
+            *reinterpret_cast<unsigned *>(
+                &sS[te][warp * 16 + g8 + 8 * hh][n * 8 + 2 * c4]) =
+                pack_bf16x2(e0[te], e1[te]);
+        }
+    };
+    __syncthreads(); // the previous item is done with shared memory
+    if (!kStates)
+      store_state();
+    float total = 0.0f; // sum of dt A over the chunk
+    for (int q0 = t_begin; q0 < t_end; q0 += Q) {
+      const int nt = min(Q, t_end - q0);
+      const long long row0 = d.begin + static_cast<long long>(q0);
+      __syncthreads(); // the previous sub-chunk is consumed; sS written
+      if (warp == 0) {
+        // dt and the inclusive sums of dt A: R tokens per lane, then a
+        // scan over the lanes. Tokens past the chunk: dt = 0.
+        float dts[R], cs[R], run = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int t = lane * R + r;
+          dts[r] = t < nt ? mamba_dt(dt_raw[(row0 + t) * NH + h], bias, dt_min,
+                                     dt_max)
+                          : 0.0f;
+          run += dts[r] * Ah;
+          cs[r] = run;
+        }
+        float incl = run;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const float v = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o)
+            incl += v;
+        }
+        const float excl = incl - run;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          sCum[lane * R + r] = excl + cs[r];
+          sDt[lane * R + r] = dts[r];
+        }
+        if (lane == 31)
+          sTot = incl;
+      }
+      // B (and C, x) terms; rows past the chunk are zero.
+#pragma unroll 4
+      for (int i = tid; i < Q * (N / 4); i += THREADS) {
+        const int t = i / (N / 4), n = (i % (N / 4)) * 4;
+        const float *row = xbc + (row0 + t) * CD + I + grp * N + n;
+        const bool in = t < nt;
+        uint2 bt[3];
+        split4_bf16<TERMS>(in ? *reinterpret_cast<const float4 *>(row)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f),
+                           bt);
+#pragma unroll
+        for (int te = 0; te < TERMS; ++te)
+          *reinterpret_cast<uint2 *>(&sB[te][t][n]) = bt[te];
+        if (!kStates) {
+          uint2 ct[3];
+          split4_bf16<TERMS>(in ? *reinterpret_cast<const float4 *>(row + G * N)
+                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f),
+                             ct);
+#pragma unroll
+          for (int te = 0; te < TERMS; ++te)
+            *reinterpret_cast<uint2 *>(&sC[te][t][n]) = ct[te];
+        }
+      }
+      if (!kStates)
+#pragma unroll 4
+        for (int i = tid; i < Q * (P / 4); i += THREADS) {
+          const int t = i / (P / 4), p = (i % (P / 4)) * 4;
+          uint2 xt[3];
+          split4_bf16<TERMS>(t < nt ? *reinterpret_cast<const float4 *>(
+                                          xbc + (row0 + t) * CD + h * P + p)
+                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f),
+                             xt);
+#pragma unroll
+          for (int te = 0; te < TERMS; ++te)
+            *reinterpret_cast<uint2 *>(&sX[te][t][p]) = xt[te];
+        }
+      __syncthreads(); // sCum, sDt, sTot
+      const float tot = sTot;
+      total += tot;
+      // x weighted by exp(cum_last - cum_s) dt_s, for the state.
+#pragma unroll 4
+      for (int i = tid; i < Q * (P / 4); i += THREADS) {
+        const int t = i / (P / 4), p = (i % (P / 4)) * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (t < nt) {
+          v = *reinterpret_cast<const float4 *>(xbc + (row0 + t) * CD + h * P +
+                                                p);
+          const float w = expf(tot - sCum[t]) * sDt[t];
+          v.x *= w, v.y *= w, v.z *= w, v.w *= w;
+        }
+        uint2 xt[3];
+        split4_bf16<TERMS>(v, xt);
+#pragma unroll
+        for (int te = 0; te < TERMS; ++te)
+          *reinterpret_cast<uint2 *>(&sXw[te][t][p]) = xt[te];
+      }
+      __syncthreads();
+      if (!kStates) {
+        const float Dh = load(d_skip, h);
+        for (int tt = warp; tt * 16 < nt; tt += WARPS) {
+          // Rows t of this tile: r0 = 16 tt + g8 and r0 + 8; (C B^T) is
+          // needed for s < 16 (tt + 1) only (causal).
+          const int r0 = tt * 16 + g8;
+          float Y[NTP][4], M[NTQ][4];
+#pragma unroll
+          for (int n = 0; n < NTP; ++n)
+            Y[n][0] = Y[n][1] = Y[n][2] = Y[n][3] = 0.0f;
+#pragma unroll
+          for (int n = 0; n < NTQ; ++n)
+            M[n][0] = M[n][1] = M[n][2] = M[n][3] = 0.0f;
+#pragma unroll 2
+          for (int k0 = 0; k0 < N; k0 += 16) {
+            unsigned af[TERMS][4];
+#pragma unroll
+            for (int te = 0; te < TERMS; ++te) {
+              af[te][0] =
+                  *reinterpret_cast<const unsigned *>(&sC[te][r0][k0 + 2 * c4]);
+              af[te][1] = *reinterpret_cast<const unsigned *>(
+                  &sC[te][r0 + 8][k0 + 2 * c4]);
+              af[te][2] = *reinterpret_cast<const unsigned *>(
+                  &sC[te][r0][k0 + 2 * c4 + 8]);
+              af[te][3] = *reinterpret_cast<const unsigned *>(
+                  &sC[te][r0 + 8][k0 + 2 * c4 + 8]);
+            }
+            // C S^T: B operand (n, p) = S[p][n].
+#pragma unroll
+            for (int n = 0; n < NTP; ++n) {
+              unsigned bf[TERMS][2];
+#pragma unroll
+              for (int te = 0; te < TERMS; ++te) {
+                bf[te][0] = *reinterpret_cast<const unsigned *>(
+                    &sS[te][n * 8 + g8][k0 + 2 * c4]);
+                bf[te][1] = *reinterpret_cast<const unsigned *>(
+                    &sS[te][n * 8 + g8][k0 + 2 * c4 + 8]);
+              }
+#pragma unroll
+              for (int sum = TERMS - 1; sum >= 0; --sum)
+#pragma unroll
+                for (int ti = sum; ti >= 0; --ti)
+                  mma_bf16(Y[n], af[ti], bf[sum - ti][0], bf[sum - ti][1]);
+            }
+            // C B^T: B operand (n, s) = B[s][n].
+#pragma unroll
+            for (int n = 0; n < NTQ; ++n) {
+              if (n >= 2 * (tt + 1))
+                break;
+              unsigned bf[TERMS][2];
+#pragma unroll
+              for (int te = 0; te < TERMS; ++te) {
+                bf[te][0] = *reinterpret_cast<const unsigned *>(
+                    &sB[te][n * 8 + g8][k0 + 2 * c4]);
+                bf[te][1] = *reinterpret_cast<const unsigned *>(
+                    &sB[te][n * 8 + g8][k0 + 2 * c4 + 8]);
+              }
+#pragma unroll
+              for (int sum = TERMS - 1; sum >= 0; --sum)
+#pragma unroll
+                for (int ti = sum; ti >= 0; --ti)
+                  mma_bf16(M[n], af[ti], bf[sum - ti][0], bf[sum - ti][1]);
+            }
+          }
+          const float cum0 = sCum[r0], cum1 = sCum[r0 + 8];
+          const float e0 = expf(cum0), e1 = expf(cum1);
+#pragma unroll
+          for (int n = 0; n < NTP; ++n) {
+            Y[n][0] *= e0, Y[n][1] *= e0, Y[n][2] *= e1, Y[n][3] *= e1;
+          }
+          // The causal mask and the decay and dt of each s.
+#pragma unroll
+          for (int n = 0; n < NTQ; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int t = r0 + (e >> 1) * 8, sc = n * 8 + 2 * c4 + (e & 1);
+              M[n][e] = sc <= t ? M[n][e] *
+                                      expf((e >> 1 ? cum1 : cum0) - sCum[sc]) *
+                                      sDt[sc]
+                                : 0.0f;
+            }
+            // y += M x: M's fragments of s tiles 2kk, 2kk + 1 are the A
+            // fragment of k-step kk; x's read transposed.
+#pragma unroll
+          for (int kk = 0; kk < Q / 16; ++kk) {
+            if (kk > tt)
+              break;
+            unsigned pf[TERMS][4];
+            {
+              unsigned short e[8][3];
+              const float pv[8] = {M[2 * kk][0],     M[2 * kk][1],
+                                   M[2 * kk][2],     M[2 * kk][3],
+                                   M[2 * kk + 1][0], M[2 * kk + 1][1],
+                                   M[2 * kk + 1][2], M[2 * kk + 1][3]};
+#pragma unroll
+              for (int u = 0; u < 8; ++u)
+                split_bf16<TERMS>(pv[u], e[u]);
+#pragma unroll
+              for (int te = 0; te < TERMS; ++te) {
+                pf[te][0] = pack_bf16x2(e[0][te], e[1][te]);
+                pf[te][1] = pack_bf16x2(e[2][te], e[3][te]);
+                pf[te][2] = pack_bf16x2(e[4][te], e[5][te]);
+                pf[te][3] = pack_bf16x2(e[6][te], e[7][te]);
+              }
+            }
+#pragma unroll
+            for (int n = 0; n < NTP; n += 2) {
+              unsigned bf[TERMS][4];
+#pragma unroll
+              for (int te = 0; te < TERMS; ++te)
+                ldmatrix_x4_trans(
+                    bf[te],
+                    &sX[te][kk * 16 + (lane & 15)][(n + (lane >> 4)) * 8]);
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                for (int sum = TERMS - 1; sum >= 0; --sum)
+#pragma unroll
+                  for (int ti = sum; ti >= 0; --ti)
+                    mma_bf16(Y[n + hh], pf[ti], bf[sum - ti][2 * hh],
+                             bf[sum - ti][2 * hh + 1]);
+            }
+          }
+          // y = Y + D x for the rows inside the chunk.
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int t = r0 + 8 * hh;
+            if (t >= nt)
+              continue;
+            const float *xr = xbc + (row0 + t) * CD + h * P;
+            float *yr = y + (row0 + t) * I + h * P;
+#pragma unroll
+            for (int n = 0; n < NTP; ++n) {
+              const int p = n * 8 + 2 * c4;
+              const float2 xv = *reinterpret_cast<const float2 *>(xr + p);
+              *reinterpret_cast<float2 *>(yr + p) = make_float2(
+                  Y[n][2 * hh] + Dh * xv.x, Y[n][2 * hh + 1] + Dh * xv.y);
+            }
+          }
+        }
+      }
+      // S = exp(tot) S + (weighted x)^T B: A (p, s) from sXw[s][p] and B
+      // (s, n) from sB[s][n], both read transposed.
+      const float decay_q = expf(tot);
+#pragma unroll
+      for (int n = 0; n < NTN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          S[n][e] *= decay_q;
+#pragma unroll 1
+      for (int k0 = 0; k0 < Q; k0 += 16) {
+        if (k0 >= nt)
+          break;
+        unsigned af[TERMS][4];
+#pragma unroll
+        for (int te = 0; te < TERMS; ++te)
+          ldmatrix_x4_trans(af[te],
+                            &sXw[te][k0 + (lane & 7) + ((lane >> 4) << 3)]
+                                [warp * 16 + (((lane >> 3) & 1) << 3)]);
+#pragma unroll
+        for (int n = 0; n < NTN; n += 2) {
+          unsigned bf[TERMS][4];
+#pragma unroll
+          for (int te = 0; te < TERMS; ++te)
+            ldmatrix_x4_trans(bf[te],
+                              &sB[te][k0 + (lane & 15)][(n + (lane >> 4)) * 8]);
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+            for (int sum = TERMS - 1; sum >= 0; --sum)
+#pragma unroll
+              for (int ti = sum; ti >= 0; --ti)
+                mma_bf16(S[n + hh], af[ti], bf[sum - ti][2 * hh],
+                         bf[sum - ti][2 * hh + 1]);
+        }
+      }
+      if (!kStates && q0 + Q < t_end) {
+        __syncthreads(); // every warp is done reading sS
+        store_state();
+      }
+    }
+    // Launch 1: the chunk's state and decay; launch 3: a sequence's last
+    // chunk leaves the slot's state.
+    float *out = nullptr;
+    if (kStates) {
+      const long long sl = ssm_chunk_slot<L>(d, s, c);
+      out = local + (sl * NH + h) * P * N;
+      if (tid == 0)
+        decay[sl * NH + h] = expf(total);
+    } else if (t_end == d.count) {
+      out = state + (static_cast<long long>(d.slot) * NH + h) * P * N;
+    }
+    if (out)
+#pragma unroll
+      for (int n = 0; n < NTN; ++n)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int p = warp * 16 + g8 + 8 * hh;
+          *reinterpret_cast<float2 *>(out + p * N + n * 8 + 2 * c4) =
+              make_float2(S[n][2 * hh], S[n][2 * hh + 1]);
+        }
+  }
+#else
+  __trap(); // code generation takes this form for sm_80 and later only
+#endif
 }
 
 /// The SSM recurrence. Work item = (sequence, head, tile of PT head
@@ -388,9 +815,9 @@ __device__ void ssm_scan(const nf_step_args *a, const float *xbc,
     };
     float *S = state + ((static_cast<long long>(d.slot) * NH + h) * P + p) * N;
     const float *S0 =
-        L > 0 && c > 0
+        L > 0 && d.count > L
             ? chunk_init + ((static_cast<long long>(
-                                 ssm_chunk_slot<(L > 0 ? L : 1)>(d, s, c - 1)) *
+                                 ssm_chunk_slot<(L > 0 ? L : 1)>(d, s, c)) *
                                  NH +
                              h) *
                                 P +

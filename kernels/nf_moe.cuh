@@ -166,6 +166,112 @@ __device__ void moe_router_logits_tiled(const nf_step_args *a, const float *x,
   }
 }
 
+/// The prefill logits on f64 tensor cores (sm_80+: mma.sync m8n8k4 f64,
+/// products of f32 x bf16/f32 values exact, sums in f64 as above, in
+/// another order). A block of 8 warps takes TT tokens x all E experts (E
+/// rounded up to tiles of 8): warp w the 16 tokens w % (TT / 16) and every
+/// (128 / TT)-th expert tile, in slices of KC of H staged as f64 in shared
+/// memory (the next slice's values loaded into registers meanwhile).
+template <class WG, class WB, int E, int H, int TT, int KC = 16>
+__device__ void moe_router_logits_dmma(const nf_step_args *a, const float *x,
+                                       const WG *gate, const WB *bias,
+                                       float *scores, float *sel, double *pre) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int KS = KC + 4; // row stride: conflict-free fragments
+  constexpr int WT = TT / 16, WE = 8 / WT;
+  constexpr int E8 = (E + 7) / 8 * 8, NT8 = E8 / 8, NT = (NT8 + WE - 1) / WE;
+  // Every warp has NT expert tiles (then adjacent ones), or some fewer.
+  constexpr bool kEven = NT8 % WE == 0;
+  static_assert(WT * WE == 8, "8 warps over TT / 16 token rows");
+  constexpr int XN = TT * KC / 256, GN = (E8 * KC + 255) / 256;
+  static_assert(XN * 256 == TT * KC, "whole token slices per 256 threads");
+  __shared__ double sx[TT][KS], sg[E8][KS];
+  const int T = a->num_tokens;
+  const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+  const int g8 = lane >> 2, c4 = lane & 3;
+  const int wt = warp % WT, we = warp / WT;
+  auto tile = [&](int j) { return kEven ? we * NT + j : we + j * WE; };
+  for (int t0 = blockIdx.x * TT; t0 < T; t0 += gridDim.x * TT) {
+    double acc[2][NT][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+        acc[i][j][0] = acc[i][j][1] = 0.0;
+    double rx[XN], rg[GN];
+    auto fetch = [&](int k0) {
+#pragma unroll
+      for (int u = 0; u < XN; ++u) {
+        const int i = tid + 256 * u, t = t0 + i / KC, k = k0 + i % KC;
+        rx[u] = t < T && k < H ? x[static_cast<long long>(t) * H + k] : 0.0;
+      }
+#pragma unroll
+      for (int u = 0; u < GN; ++u) {
+        const int i = tid + 256 * u, e = i / KC, k = k0 + i % KC;
+        rg[u] = e < E && k < H ? load(gate, static_cast<long long>(e) * H + k)
+                               : 0.0;
+      }
+    };
+    fetch(0);
+    for (int k0 = 0; k0 < H; k0 += KC) {
+      __syncthreads(); // the previous slice is consumed
+#pragma unroll
+      for (int u = 0; u < XN; ++u) {
+        const int i = tid + 256 * u;
+        sx[i / KC][i % KC] = rx[u];
+      }
+#pragma unroll
+      for (int u = 0; u < GN; ++u) {
+        const int i = tid + 256 * u;
+        if (i < E8 * KC)
+          sg[i / KC][i % KC] = rg[u];
+      }
+      __syncthreads();
+      if (k0 + KC < H)
+        fetch(k0 + KC);
+#pragma unroll
+      for (int kk = 0; kk < KC; kk += 4) {
+        // A (8 x 4, row-major): a = A[g][c]; B (4 x 8, column-major):
+        // b = B[c][g]; C (8 x 8): C[g][2c], C[g][2c + 1].
+        double af[2], bf[NT];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          af[i] = sx[wt * 16 + i * 8 + g8][kk + c4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          bf[j] = kEven || tile(j) < NT8 ? sg[tile(j) * 8 + g8][kk + c4] : 0.0;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+            if (kEven || tile(j) < NT8) // uniform over the warp
+              asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 "
+                           "{%0,%1}, {%2}, {%3}, {%0,%1};"
+                           : "+d"(acc[i][j][0]), "+d"(acc[i][j][1])
+                           : "d"(af[i]), "d"(bf[j]));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int t = t0 + wt * 16 + i * 8 + g8;
+          const int e = tile(j) * 8 + 2 * c4 + r;
+          if (t >= T || e >= E)
+            continue;
+          double sc, sb;
+          router_score(acc[i][j][r], bias, e, static_cast<long long>(t) * E + e,
+                       scores, sel, pre, sc, sb);
+        }
+    __syncthreads(); // shared memory is free for the next tile
+  }
+#else
+  __trap(); // code generation takes this form for sm_80 and later only
+#endif
+}
+
 /// Router (logits x . gate^T in f64, s = sigmoid, sb = s + bias) and/or the
 /// per-token part of select (group-limited top-K on sb, by descending sb then
 /// ascending expert). One block per token.

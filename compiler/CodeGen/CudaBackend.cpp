@@ -8,9 +8,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -57,10 +60,33 @@ struct Job {
   Status status = Status::success();
 };
 
-std::string headerBundleHash() {
-  std::string all;
+/// The hash of the device headers a kernel's source includes, directly or
+/// through other headers (`#include "name"` of an embedded header): a change
+/// to one kernel template recompiles only the kernels that use it.
+std::string includedHeadersHash(const std::string &source) {
+  std::map<std::string, const std::string *> byName;
   for (const auto &[name, text] : kernelHeaders())
-    all += name + '\0' + text + '\0';
+    byName[name] = &text;
+  std::set<std::string> seen;
+  std::vector<const std::string *> pending{&source};
+  while (!pending.empty()) {
+    const std::string &text = *pending.back();
+    pending.pop_back();
+    static const std::string kInclude = "#include \"";
+    for (size_t at = text.find(kInclude); at != std::string::npos;
+         at = text.find(kInclude, at + 1)) {
+      const size_t begin = at + kInclude.size();
+      const size_t end = text.find('"', begin);
+      if (end == std::string::npos)
+        break;
+      auto it = byName.find(text.substr(begin, end - begin));
+      if (it != byName.end() && seen.insert(it->first).second)
+        pending.push_back(it->second);
+    }
+  }
+  std::string all;
+  for (const std::string &name : seen)
+    all += name + '\0' + *byName[name] + '\0';
   return sha256Hex(all);
 }
 
@@ -80,6 +106,23 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
   cg.wgmma = std::all_of(
       opts.archs.begin(), opts.archs.end(),
       [](const std::string &a) { return a == "sm_90" || a == "sm_90a"; });
+  // Per architecture: compute capability, and the dynamic shared memory a
+  // block may opt into (CUDA C++ Programming Guide, "Technical
+  // Specifications per Compute Capability").
+  auto capability = [](const std::string &a) {
+    return a.size() >= 5 ? std::atoi(a.c_str() + 3) : 0;
+  };
+  cg.ampereOrLater =
+      std::all_of(opts.archs.begin(), opts.archs.end(),
+                  [&](const std::string &a) { return capability(a) >= 80; });
+  cg.maxSharedBytes = 227 * 1024;
+  for (const std::string &a : opts.archs) {
+    const int cc = capability(a);
+    const int64_t kb = cc == 80 || cc == 87    ? 163
+                       : cc == 90 || cc == 100 ? 227
+                                               : 99;
+    cg.maxSharedBytes = std::min<int64_t>(cg.maxSharedBytes, kb * 1024);
+  }
   auto sources = generateCudaSources(plan, cg);
   if (!sources)
     return sources.status();
@@ -103,13 +146,13 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
                            opts.sourceDir);
   }
 
-  const std::string headers = headerBundleHash();
   const std::string version = nvrtcVersionString();
   KernelCache cache(opts.cacheDir);
   std::vector<Job> jobs;
   for (const CudaStepSources *s : {&sources->prefill, &sources->decode})
     for (const CudaKernelSource &k : s->kernels) {
-      const std::string hash = sha256Hex(k.source + '\0' + headers);
+      const std::string hash =
+          sha256Hex(k.source + '\0' + includedHeadersHash(k.source));
       for (size_t a = 0; a < opts.archs.size(); ++a)
         jobs.push_back({&k, hash, a, a == 0, {}, {}});
     }
@@ -123,7 +166,7 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
     const bool featureCubin = k.hopperFeatures && arch == "sm_90";
     const std::string cubinArch = featureCubin ? "sm_90a" : arch;
     const bool separatePtx = featureCubin && job.ptx;
-    std::string key = "nf-kernel-cache-2\n" + job.hash + "\n" + cubinArch +
+    std::string key = "nf-kernel-cache-3\n" + job.hash + "\n" + cubinArch +
                       (separatePtx ? " + compute_90" : "") + "\nnvrtc " +
                       version + "\n";
     for (const std::string &o : nvrtcOptions(cubinArch))

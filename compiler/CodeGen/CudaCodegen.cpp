@@ -968,9 +968,70 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   includes.insert("nf_mamba.cuh");
   const std::string state = "nf::storage(a, " + num(2 * op.storage() + 1) + ")";
   const int64_t items = maxTokens * NH * (P / PT);
+  // Prefill on tensor cores (SSD's matrix form, nf_mamba.cuh ssd_chunk)
+  // when the head channels and state fit mma's tiles: chunks of kChunk
+  // tokens, sub-chunks of 64 tokens (32 where 64 needs more shared memory
+  // than the targets have). Measured on the H200 at the Nano shape, 8192
+  // tokens (bench/kernels/ssd_check.cu): 0.80 ms per layer with bf16
+  // inputs, 1.96 with exact products, against 2.20 for the walk.
+  constexpr int64_t kChunk = 256;
+  const int64_t terms = opts.matmulTerms;
+  auto smemOf = [&](int64_t q, bool states) {
+    return 2 * terms *
+           (q * (N + 8) + q * (P + 8) +
+            (states ? 0 : q * (N + 8) + q * (P + 8) + P * (N + 8)));
+  };
+  const int64_t kSub = smemOf(64, false) <= opts.maxSharedBytes ? 64 : 32;
+  if (opName(op) == "nf_kv.ssm_scan" && opts.ampereOrLater && P % 16 == 0 &&
+      N % 16 == 0 && P <= 128 && st->slots() > 0 &&
+      smemOf(kSub, false) <= opts.maxSharedBytes) {
+    const int64_t cmax = ceilDiv(maxTokens, kChunk);
+    auto smemOfSub = [&](bool states) { return smemOf(kSub, states); };
+    std::string local = "static_cast<float *>(nullptr)", decay = local;
+    const std::string common = ", " + num(NH) + ", " + num(P) + ", " + num(N) +
+                               ", " + num(G) + ", " + num(kChunk) + ", " +
+                               num(cmax) + ", " + num(kSub) + ", " + num(terms);
+    auto body = [&](bool states) {
+      const std::string tmpl = "<" + *t3 + ", " + *t4 + ", " + *t5 + common +
+                               (states ? ", true>" : ", false>");
+      return "  static_assert(nf::ssd_chunk_smem<" + num(P) + ", " + num(N) +
+             ", " + num(kSub) + ", " + num(terms) +
+             (states ? ", true>" : ", false>") +
+             "() == " + num(smemOfSub(states)) +
+             ", \"shared memory size\");\n  nf::ssd_chunk" + tmpl + "(a, " +
+             arenaPtr(in[1]) + ", " + arenaPtr(in[2]) + ", " +
+             weightPtr(in[3]) + ", " + weightPtr(in[4]) + ", " +
+             weightPtr(in[5]) + ", " + floatLit(*lo) + ", " + floatLit(*hi) +
+             ", " + state + ", " + arenaPtr(out[0]) + ", " + local + ", " +
+             decay + ");\n";
+    };
+    const uint32_t block = static_cast<uint32_t>(32 * (P / 16));
+    if (maxTokens > kChunk) {
+      const int64_t slots = maxTokens / kChunk + st->slots() + 1;
+      local = "nf::arena<float>(a, " + num(newScratch(slots * NH * P * N * 4)) +
+              "ll)";
+      decay = "nf::arena<float>(a, " + num(newScratch(slots * NH * 4)) + "ll)";
+      addLaunch(fnName(i, "ssd_states"),
+                gridOf(cmax * NH, int64_t(opts.smCount) * 8), block, body(true),
+                "nf_kv.ssm_scan, chunked on tensor cores: each chunk's state "
+                "from zero and its decay (generated scratch)");
+      launches.back().sharedBytes = static_cast<uint32_t>(smemOfSub(true));
+      addLaunch(fnName(i, "ssm_chunk_carry"), elementGrid(NH * P * N), 256,
+                "  nf::ssm_chunk_carry<" + num(NH) + ", " + num(P) + ", " +
+                    num(N) + ", " + num(kChunk) + ">(a, " + state + ", " +
+                    local + ", " + decay + ");\n",
+                "nf_kv.ssm_scan, chunked: chunk inits in order");
+    }
+    addLaunch(fnName(i, "ssd_scan"),
+              gridOf(cmax * NH, int64_t(opts.smCount) * 8), block, body(false),
+              "nf_kv.ssm_scan on tensor cores: a block per (sequence, chunk, "
+              "head), sub-chunks of " +
+                  num(kSub) + " tokens in order");
+    launches.back().sharedBytes = static_cast<uint32_t>(smemOfSub(false));
+    return size_t(1);
+  }
   // Prefill steps longer than a chunk: the chunked scan (nf_mamba.cuh), so
   // a long sequence's chunks walk in parallel.
-  constexpr int64_t kChunk = 256;
   const bool chunked = opName(op) == "nf_kv.ssm_scan" && maxTokens > kChunk &&
                        P % 4 == 0 && N % 8 == 0 && st->slots() > 0;
   std::string chunkArgs, chunkInit;
@@ -1094,20 +1155,29 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   // the head dimension fits mma's K steps and the O tile the registers;
   // activations split into the plan's bf16 terms as the GEMMs do.
   if (HD % 16 == 0 && HD <= 128) {
+    // K/V tiles of 64 positions with one bf16 term (3.19 ms against 3.53
+    // for 32 per 8192-token Nano layer on the H200,
+    // bench/kernels/attention_check.cu); exact products keep 32 (their
+    // three terms' tiles would not fit beside the registers).
     constexpr int64_t kWarps = 8, kRows = 16 * kWarps;
     const int64_t terms = opts.matmulTerms;
+    const int64_t positions = terms == 1 ? 64 : 32;
     const int64_t tiles = ceilDiv(maxTokens * (*heads / NKV), kRows) * NKV;
-    const int64_t smem = 2 * terms * (kRows * (HD + 8) + 2 * 32 * (HD + 8));
-    const std::string tmpl = num(HD) + ", " + num(kWarps) + ", " + num(terms);
+    const int64_t smem =
+        2 * terms * (kRows * (HD + 8) + 2 * positions * (HD + 8));
+    const std::string tmpl = num(HD) + ", " + num(kWarps) + ", " + num(terms) +
+                             ", " + num(positions);
     addLaunch(fnName(i, "attend_mma"), gridOf(tiles, int64_t(opts.smCount) * 4),
               static_cast<uint32_t>(32 * kWarps),
               "  static_assert(nf::kv_attend_mma_smem<" + tmpl +
                   ">() == " + num(smem) + ", \"shared memory size\");\n" +
                   "  nf::kv_attend_mma<" + num(*heads) + ", " + num(NKV) +
                   ", " + num(HD) + ", " + num(st->page_size()) + ", " +
-                  num(kWarps) + ", " + num(terms) + ">" + args,
+                  num(kWarps) + ", " + num(terms) + ", " + num(positions) +
+                  ">" + args,
               "nf_kv.attend: tensor cores, a block per 128 (token, head) rows "
-              "of a kv head, 32 positions per step, online softmax");
+              "of a kv head, " +
+                  num(positions) + " positions per step, online softmax");
     launches.back().sharedBytes = static_cast<uint32_t>(smem);
     return size_t(1);
   }
@@ -1267,7 +1337,36 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
                     num(experts) + " (tokens x experts), f64",
                 minT, maxT);
     };
-    if (maxTokens <= kSmallTileTokens) {
+    // On f64 tensor cores (sm_80+) when the f64 slices fit static shared
+    // memory: 16 tokens a block up to
+    // 2048 tokens, then 32 (bench/kernels/router_check.cu, H200, Nano
+    // shape: 0.145 ms for 1000 tokens and 0.299 for 8192, against 0.186
+    // and 0.653 for the f64 tiles; the same sums, products being exact).
+    auto dmmaFits = [&](int64_t tokens) {
+      return opts.ampereOrLater &&
+             (tokens + ceilDiv(E, 8) * 8) * 20 * 8 <= 48 * 1024;
+    };
+    auto dmma = [&](int64_t tokens, const char *suffix, int64_t stepTokens,
+                    uint32_t minT, uint32_t maxT) {
+      addLaunch(fnName(i, "router_logits") + suffix,
+                gridOf(ceilDiv(stepTokens, tokens), int64_t(opts.smCount) * 8),
+                256,
+                "  nf::moe_router_logits_dmma<" + wg + ", " + wb + ", " +
+                    num(E) + ", " + num(H) + ", " + num(tokens) + ">(a, " + x +
+                    ", " + gate + ", " + bias + ", " + arenaPtr(scoresV) +
+                    ", " + arenaPtr(selV) + ", " + pre + ");\n",
+                "nf_moe.router: logits of " + num(tokens) +
+                    " tokens a block, f64 tensor cores",
+                minT, maxT);
+    };
+    if (dmmaFits(16) && dmmaFits(32)) {
+      if (maxTokens <= kSmallTileTokens) {
+        dmma(16, "", maxTokens, 0, 0);
+      } else {
+        dmma(16, "_small", kSmallTileTokens, 0, kSmallTileTokens);
+        dmma(32, "_large", maxTokens, kSmallTileTokens + 1, 0);
+      }
+    } else if (maxTokens <= kSmallTileTokens) {
       tiles(16, 32, "", maxTokens, 0, 0);
     } else {
       tiles(16, 32, "_small", kSmallTileTokens, 0, kSmallTileTokens);

@@ -66,6 +66,11 @@ struct CudaCodegenOptions {
   /// Prefill GEMM tiles on wgmma (nf_wgmma.cuh), with its shared memory:
   /// when every target is an sm_90 architecture.
   bool wgmma = false;
+  /// Every target is sm_80 or later: kernels that need mma.sync's bf16 and
+  /// f64 shapes (the SSD scan, the f64 router) are generated.
+  bool ampereOrLater = false;
+  /// Dynamic shared memory a block may have on every target, bytes.
+  int64_t maxSharedBytes = 99 * 1024;
 };
 
 struct CudaPlanSources {

@@ -1,0 +1,173 @@
+// Prefill attention on tensor cores (nf_attention.cuh kv_attend_mma) against
+// the f32 warp-per-(token, head) form (kv_attend_warp) at the
+// Nemotron-3-Nano shape (32 query heads, 2 kv heads, head_dim 128, pages of
+// 16 positions in a shuffled order), then its time for one 8192-token
+// prompt.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels \
+//     bench/kernels/attention_check.cu -o attention_check && ./attention_check
+//
+// Exit status 1 when an output passes its bound relative to
+// max(1, max |reference|) (3 terms: 1e-4, 1 term: 2e-2).
+#include "cuda_check.h"
+#include "nf_attention.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace {
+constexpr int NQ = 32, NKV = 2, HD = 128, PS = 16, WARPS = 8;
+constexpr int ROW = NKV * HD, MAXT = 8192;
+constexpr float SCALE = 0.08838834764831845f; // 1 / sqrt(128)
+
+__global__ void __launch_bounds__(256)
+    reference(const nf_step_args *a, const float *q, const float *k,
+              const float *v, float *out) {
+  nf::kv_attend_warp<NQ, NKV, HD, PS, 8>(a, q, k, v, SCALE, out);
+}
+template <int TERMS, int BP>
+__global__ void __launch_bounds__(32 * WARPS)
+    mma(const nf_step_args *a, const float *q, const float *k, const float *v,
+        float *out) {
+  nf::kv_attend_mma<NQ, NKV, HD, PS, WARPS, TERMS, BP>(a, q, k, v, SCALE, out);
+}
+
+template <class T> T *upload(const std::vector<T> &v) {
+  T *p = nullptr;
+  CHECK(cudaMalloc(&p, v.size() * sizeof(T)));
+  CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+/// A prefill step of sequences with the given lengths, each from position
+/// 0, with pages dealt out in a shuffled order.
+struct Step {
+  nf_step_args host{};
+  nf_step_args *dev = nullptr;
+  int tokens = 0;
+  Step(const std::vector<int> &lengths, std::mt19937 &rng) {
+    std::vector<nf_seq_desc> seqs;
+    std::vector<int32_t> tokenSeq;
+    int maxPages = 0;
+    for (int len : lengths)
+      maxPages = std::max(maxPages, (len + PS - 1) / PS);
+    std::vector<int32_t> pages(lengths.size() * maxPages);
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      seqs.push_back({tokens, lengths[s], 0, static_cast<int32_t>(s)});
+      tokenSeq.insert(tokenSeq.end(), lengths[s], static_cast<int32_t>(s));
+      tokens += lengths[s];
+    }
+    host.seqs = upload(seqs);
+    host.token_seq = upload(tokenSeq);
+    host.page_tables = upload(pages);
+    host.num_tokens = tokens;
+    host.num_seqs = static_cast<int32_t>(seqs.size());
+    host.max_pages_per_seq = maxPages;
+    CHECK(cudaMalloc(&dev, sizeof host));
+    CHECK(cudaMemcpy(dev, &host, sizeof host, cudaMemcpyHostToDevice));
+  }
+};
+
+template <int TERMS, int BP>
+void run(const Step &st, const float *q, const float *k, const float *v,
+         float *out) {
+  constexpr int smem = nf::kv_attend_mma_smem<HD, WARPS, TERMS, BP>();
+  static bool once = [] {
+    CHECK(cudaFuncSetAttribute(
+        mma<TERMS, BP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)once;
+  const int tiles = (st.tokens * (NQ / NKV) + 16 * WARPS - 1) / (16 * WARPS);
+  mma<TERMS, BP><<<std::min(tiles * NKV, 132 * 4), 32 * WARPS, smem>>>(
+      st.dev, q, k, v, out);
+}
+
+std::vector<float> fetch(const float *p, size_t n) {
+  std::vector<float> h(n);
+  CHECK(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
+}
+} // namespace
+
+int main() {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const size_t cacheRows = static_cast<size_t>(MAXT + 64 * PS) * 2;
+  std::vector<float> q(static_cast<size_t>(MAXT) * NQ * HD),
+      kc(cacheRows * ROW), vc(cacheRows * ROW);
+  for (float &x : q)
+    x = nd(rng);
+  for (float &x : kc)
+    x = nd(rng);
+  for (float &x : vc)
+    x = nd(rng);
+  float *dq = upload(q), *dk = upload(kc), *dv = upload(vc), *out = nullptr;
+  CHECK(cudaMalloc(&out, q.size() * sizeof(float)));
+  bool ok = true;
+  Step mixed({300, 1, 47, 1000, 129}, rng);
+  const size_t n = static_cast<size_t>(mixed.tokens) * NQ * HD;
+  reference<<<132 * 8, 256>>>(mixed.dev, dq, dk, dv, out);
+  CHECK(cudaDeviceSynchronize());
+  const std::vector<float> ref = fetch(out, n);
+  double mx = 1.0;
+  for (float r : ref)
+    mx = std::max(mx, static_cast<double>(std::fabs(r)));
+  auto check = [&](const char *name, double bound, auto &&fn) {
+    CHECK(cudaMemset(out, 0, n * sizeof(float)));
+    fn(mixed);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = fetch(out, n);
+    double err = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      const double e = std::fabs(static_cast<double>(got[i]) - ref[i]);
+      err = std::isnan(e) ? INFINITY : std::max(err, e);
+    }
+    err /= mx;
+    const bool pass = err <= bound;
+    ok = ok && pass;
+    std::printf("%s %s: %.3g (bound %.0e)\n", pass ? "PASS" : "FAIL", name, err,
+                bound);
+  };
+  check("3 terms, 32 positions", 1e-4,
+        [&](const Step &s) { run<3, 32>(s, dq, dk, dv, out); });
+  check("1 term, 32 positions", 2e-2,
+        [&](const Step &s) { run<1, 32>(s, dq, dk, dv, out); });
+  check("1 term, 64 positions", 2e-2,
+        [&](const Step &s) { run<1, 64>(s, dq, dk, dv, out); });
+
+  Step longPrompt({MAXT}, rng);
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  auto time = [&](auto &&fn) {
+    fn();
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaEventRecord(e0));
+    for (int r = 0; r < 5; ++r)
+      fn();
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms / 5;
+  };
+  const double flops = 4.0 * MAXT * (MAXT + 1) / 2 * NQ * HD;
+  auto report = [&](const char *name, float ms) {
+    std::printf("8192 tokens, %s: %.3f ms, %.0f TFLOP/s\n", name, ms,
+                flops / ms * 1e-9);
+  };
+  report("3 terms, 32 positions",
+         time([&] { run<3, 32>(longPrompt, dq, dk, dv, out); }));
+  report("1 term, 32 positions",
+         time([&] { run<1, 32>(longPrompt, dq, dk, dv, out); }));
+  report("1 term, 64 positions",
+         time([&] { run<1, 64>(longPrompt, dq, dk, dv, out); }));
+  return ok ? 0 : 1;
+}
