@@ -591,30 +591,42 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
 #endif
 }
 
+/// Context splits of a decode step of T tokens: as many as give about
+/// WARPS_TARGET (token, head, split) warps, at least 1 and at most NSPLIT.
+/// Few tokens need many splits to fill the GPU; many tokens fill it with
+/// few, and each warp then walks more positions for its fixed costs (query,
+/// partial softmax, combine).
+template <int NQ, int NSPLIT, int WARPS_TARGET>
+__device__ __forceinline__ int decode_splits(int T) {
+  return max(1, min(NSPLIT, WARPS_TARGET / max(1, T * NQ)));
+}
+
 /// Decode attention split over the context (flash decoding): one warp per
-/// (token, head, split), split s takes its share of the positions (multiples
-/// of 32) and writes (m, l, acc[HD]) to `part`; kv_attend_combine merges the
-/// NSPLIT partial softmaxes. A long context then keeps the GPU busy at
-/// batch 1 instead of one block walking it.
-template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT>
+/// (token, head, split), split s of decode_splits() takes its share of the
+/// positions (multiples of 32) and writes (m, l, acc[HD]) to `part`;
+/// kv_attend_combine merges the partial softmaxes. A long context then
+/// keeps the GPU busy at batch 1 instead of one block walking it.
+template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
+          int WARPS_TARGET>
 __device__ void kv_attend_split(const nf_step_args *a, const float *q,
                                 const float *kcache, const float *vcache,
                                 float scale, float *part) {
   constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
   __shared__ __align__(16) float sq[WARPS][HD];
   const int lane = lane_id(), wib = threadIdx.x >> 5;
-  const long long items = static_cast<long long>(a->num_tokens) * NQ * NSPLIT;
+  const int nsplit = decode_splits<NQ, NSPLIT, WARPS_TARGET>(a->num_tokens);
+  const long long items = static_cast<long long>(a->num_tokens) * NQ * nsplit;
   for (long long item = global_warp(); item < items; item += grid_warps()) {
     // Neighbouring warps take neighbouring heads of one (token, split): the
     // query heads of a kv head then read the same K/V rows at about the
     // same time, from L1.
     const int h = static_cast<int>(item % NQ);
     const long long ts = item / NQ;
-    const int sp = static_cast<int>(ts % NSPLIT);
-    const int t = static_cast<int>(ts / NSPLIT);
+    const int sp = static_cast<int>(ts % nsplit);
+    const int t = static_cast<int>(ts / nsplit);
     const TokenPos tp = token_pos(a, t);
     const int len = tp.pos + 1;
-    const int per = ((len + NSPLIT - 1) / NSPLIT + 31) / 32 * 32;
+    const int per = ((len + nsplit - 1) / nsplit + 31) / 32 * 32;
     const int p_begin = min(len, sp * per), p_end = min(len, p_begin + per);
     const int32_t *pt =
         a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq;
@@ -646,11 +658,12 @@ __device__ void kv_attend_split(const nf_step_args *a, const float *q,
 /// (M and the sum of l by warp reductions), then the lanes, which own
 /// head dimensions, add the acc of every non-empty split with its factor
 /// (8 splits' loads in flight), splits in order.
-template <int NQ, int HD, int NSPLIT>
+template <int NQ, int HD, int NSPLIT, int WARPS_TARGET>
 __device__ void kv_attend_combine(const nf_step_args *a, const float *part,
                                   float *out) {
   constexpr int DPL = (HD + 31) / 32, SPL = (NSPLIT + 31) / 32;
   const int lane = lane_id();
+  const int nsplit = decode_splits<NQ, NSPLIT, WARPS_TARGET>(a->num_tokens);
   const long long items = static_cast<long long>(a->num_tokens) * NQ;
   for (long long item = global_warp(); item < items; item += grid_warps()) {
     const float *p = part + item * NSPLIT * (HD + 2);
@@ -658,8 +671,8 @@ __device__ void kv_attend_combine(const nf_step_args *a, const float *part,
 #pragma unroll
     for (int u = 0; u < SPL; ++u) {
       const int sp = lane + 32 * u;
-      ms[u] = sp < NSPLIT ? p[sp * (HD + 2)] : -f32_inf();
-      ls[u] = sp < NSPLIT ? p[sp * (HD + 2) + 1] : 0.0f;
+      ms[u] = sp < nsplit ? p[sp * (HD + 2)] : -f32_inf();
+      ls[u] = sp < nsplit ? p[sp * (HD + 2) + 1] : 0.0f;
       M = fmaxf(M, ms[u]);
     }
     M = warp_max(M);
@@ -680,7 +693,7 @@ __device__ void kv_attend_combine(const nf_step_args *a, const float *part,
       for (int j = 0; j < 32; ++j) {
         const int sp = 32 * u + j;
         const float c = __shfl_sync(0xffffffffu, cs[u], j);
-        if (sp >= NSPLIT || c == 0.0f) // uniform over the warp
+        if (sp >= nsplit || c == 0.0f) // uniform over the warp
           continue;
         const float *ps = p + sp * (HD + 2) + 2;
 #pragma unroll

@@ -161,8 +161,9 @@ double rel_err(const std::vector<float> &got, const std::vector<float> &ref,
 } // namespace
 
 int main(int argc, char **argv) {
-  // "scan-once": one chunked scan of 8192 tokens, one term (for a profiler).
-  const bool once = argc > 1 && std::string(argv[1]) == "scan-once";
+  // "scan-once[-steep]": one chunked scan of 8192 tokens, one term (for a
+  // profiler).
+  const bool once = argc > 1 && std::string(argv[1]).rfind("scan-once", 0) == 0;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> xbc(static_cast<size_t>(MAXT) * CD),
@@ -170,8 +171,11 @@ int main(int argc, char **argv) {
       state0(SLOTS * STATE);
   for (size_t i = 0; i < xbc.size(); ++i)
     xbc[i] = (i % CD < I ? 1.0f : 0.3f) * nd(rng);
+  // "scan-once-steep": large steps (dt around 8, strong decays), for timing
+  // against data where most decay factors underflow.
+  const bool steep = argc > 1 && std::string(argv[1]) == "scan-once-steep";
   for (float &v : dt)
-    v = 0.8f * nd(rng) - 2.0f;
+    v = steep ? 3.0f * nd(rng) + 8.0f : 0.8f * nd(rng) - 2.0f;
   for (int h = 0; h < NH; ++h) {
     bias[h] = 0.5f * nd(rng);
     alog[h] = std::log(1.0f + 15.0f * h / NH);
@@ -202,6 +206,16 @@ int main(int argc, char **argv) {
     Step st({MAXT});
     run_ssd<1>(st, b);
     CHECK(cudaDeviceSynchronize());
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    CHECK(cudaEventRecord(e0));
+    run_ssd<1>(st, b, 3);
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    std::printf("%s: scan %.3f ms\n", argv[1], ms);
     return 0;
   }
   bool ok = true;

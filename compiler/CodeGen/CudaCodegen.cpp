@@ -1123,11 +1123,14 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                            num(2 * op.storage()) + "), nf::storage(a, " +
                            num(2 * op.storage() + 1) + "), " +
                            floatLit(*scale) + ", " + arenaPtr(out[0]) + ");\n";
-  // Decode: split over the context, then combine (flash decoding). 64
-  // splits of at least 32 positions: at batch 1 that is 2048 warps for 32
-  // heads, and a 1K context is one 32-position tile per warp.
+  // Decode: split over the context, then combine (flash decoding). Up to
+  // 64 splits of at least 32 positions, as many as give about 64 warps per
+  // SM (nf_attention.cuh decode_splits): at batch 1 that is 64 splits for
+  // 32 heads, and a 1K context is one 32-position tile per warp; at batch 32
+  // 8 splits of 128 positions.
   if (phase == "decode") {
     constexpr int64_t kSplits = 64, perBlock = 8;
+    const std::string warpsTarget = num(int64_t(opts.smCount) * 64);
     const int64_t part =
         newScratch(maxTokens * *heads * kSplits * (HD + 2) * 4);
     const std::string partPtr = "nf::arena<float>(a, " + num(part) + "ll)";
@@ -1137,18 +1140,20 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
               32 * perBlock,
               "  nf::kv_attend_split<" + num(*heads) + ", " + num(NKV) + ", " +
                   num(HD) + ", " + num(st->page_size()) + ", " + num(perBlock) +
-                  ", " + num(kSplits) + ">(a, " + arenaPtr(in[1]) +
-                  ", nf::storage(a, " + num(2 * op.storage()) +
-                  "), nf::storage(a, " + num(2 * op.storage() + 1) + "), " +
-                  floatLit(*scale) + ", " + partPtr + ");\n",
+                  ", " + num(kSplits) + ", " + warpsTarget + ">(a, " +
+                  arenaPtr(in[1]) + ", nf::storage(a, " +
+                  num(2 * op.storage()) + "), nf::storage(a, " +
+                  num(2 * op.storage() + 1) + "), " + floatLit(*scale) + ", " +
+                  partPtr + ");\n",
               "nf_kv.attend (decode): a warp per (token, head, context "
               "split), online softmax per split");
-    addLaunch(
-        fnName(i, "attend_combine"),
-        gridOf(ceilDiv(maxTokens * *heads, 8), int64_t(opts.smCount) * 8), 256,
-        "  nf::kv_attend_combine<" + num(*heads) + ", " + num(HD) + ", " +
-            num(kSplits) + ">(a, " + partPtr + ", " + arenaPtr(out[0]) + ");\n",
-        "nf_kv.attend (decode): the splits' softmaxes merged");
+    addLaunch(fnName(i, "attend_combine"),
+              gridOf(ceilDiv(maxTokens * *heads, 8), int64_t(opts.smCount) * 8),
+              256,
+              "  nf::kv_attend_combine<" + num(*heads) + ", " + num(HD) + ", " +
+                  num(kSplits) + ", " + warpsTarget + ">(a, " + partPtr + ", " +
+                  arenaPtr(out[0]) + ");\n",
+              "nf_kv.attend (decode): the splits' softmaxes merged");
     return size_t(1);
   }
   // Prefill on tensor cores (FlashAttention-2 loop, nf_attention.cuh) when
