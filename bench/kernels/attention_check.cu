@@ -28,11 +28,11 @@ __global__ void __launch_bounds__(256)
               const float *v, float *out) {
   nf::kv_attend_warp<NQ, NKV, HD, PS, 8>(a, q, k, v, SCALE, out);
 }
-template <int TERMS, int BP>
-__global__ void __launch_bounds__(32 * WARPS)
+template <int TERMS, int BP, int W = WARPS>
+__global__ void __launch_bounds__(32 * W)
     mma(const nf_step_args *a, const float *q, const float *k, const float *v,
         float *out) {
-  nf::kv_attend_mma<NQ, NKV, HD, PS, WARPS, TERMS, BP>(a, q, k, v, SCALE, out);
+  nf::kv_attend_mma<NQ, NKV, HD, PS, W, TERMS, BP>(a, q, k, v, SCALE, out);
 }
 
 template <class T> T *upload(const std::vector<T> &v) {
@@ -73,18 +73,18 @@ struct Step {
   }
 };
 
-template <int TERMS, int BP>
+template <int TERMS, int BP, int W = WARPS>
 void run(const Step &st, const float *q, const float *k, const float *v,
          float *out) {
-  constexpr int smem = nf::kv_attend_mma_smem<HD, WARPS, TERMS, BP>();
+  constexpr int smem = nf::kv_attend_mma_smem<HD, W, TERMS, BP>();
   static bool once = [] {
     CHECK(cudaFuncSetAttribute(
-        mma<TERMS, BP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        mma<TERMS, BP, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)once;
-  const int tiles = (st.tokens * (NQ / NKV) + 16 * WARPS - 1) / (16 * WARPS);
-  mma<TERMS, BP><<<std::min(tiles * NKV, 132 * 4), 32 * WARPS, smem>>>(
+  const int tiles = (st.tokens * (NQ / NKV) + 16 * W - 1) / (16 * W);
+  mma<TERMS, BP, W><<<std::min(tiles * NKV, 132 * 4 * (8 / W)), 32 * W, smem>>>(
       st.dev, q, k, v, out);
 }
 
@@ -141,6 +141,8 @@ int main() {
         [&](const Step &s) { run<1, 32>(s, dq, dk, dv, out); });
   check("1 term, 64 positions", 2e-2,
         [&](const Step &s) { run<1, 64>(s, dq, dk, dv, out); });
+  check("1 term, 64 positions, 4 warps", 2e-2,
+        [&](const Step &s) { run<1, 64, 4>(s, dq, dk, dv, out); });
 
   Step longPrompt({MAXT}, rng);
   cudaEvent_t e0, e1;
@@ -169,5 +171,9 @@ int main() {
          time([&] { run<1, 32>(longPrompt, dq, dk, dv, out); }));
   report("1 term, 64 positions",
          time([&] { run<1, 64>(longPrompt, dq, dk, dv, out); }));
+  report("1 term, 64 positions, 4 warps",
+         time([&] { run<1, 64, 4>(longPrompt, dq, dk, dv, out); }));
+  report("1 term, 32 positions, 4 warps",
+         time([&] { run<1, 32, 4>(longPrompt, dq, dk, dv, out); }));
   return ok ? 0 : 1;
 }
