@@ -62,6 +62,32 @@ __global__ void __launch_bounds__(32 * (P / 16), MINB)
       a, xbc, dt, bias, alog, d, DT_MIN, DT_MAX, state, y, local, decay);
 }
 
+// The scan addressed as a generated plan addresses it: every buffer an
+// offset of the step arena (those of the Nano plan), weights and state
+// through the step's tables.
+constexpr long long kXbcAt = 201326592ll, kDtAt = 624951296ll, kYAt = 0,
+                    kLocalAt = 4383047680ll, kDecayAt = 4586471424ll;
+template <bool kStates, long long kY = kYAt>
+__global__ void __launch_bounds__(128) ssd_arena(const nf_step_args *a) {
+  nf::ssd_chunk<float, float, float, NH, P, N, G, L, CMAX, 64, 1, kStates>(
+      a, nf::arena<float>(a, kXbcAt), nf::arena<float>(a, kDtAt),
+      nf::weight<float>(a, 0), nf::weight<float>(a, 1), nf::weight<float>(a, 2),
+      DT_MIN, DT_MAX, nf::storage(a, 0), nf::arena<float>(a, kY),
+      nf::arena<float>(a, kLocalAt), nf::arena<float>(a, kDecayAt));
+}
+
+// The same with the arena's base as a kernel parameter.
+__global__ void __launch_bounds__(128)
+    ssd_arena_param(const nf_step_args *a, char *base) {
+  auto at = [&](long long off) {
+    return reinterpret_cast<float *>(base + off);
+  };
+  nf::ssd_chunk<float, float, float, NH, P, N, G, L, CMAX, 64, 1, false>(
+      a, at(kXbcAt), at(kDtAt), nf::weight<float>(a, 0),
+      nf::weight<float>(a, 1), nf::weight<float>(a, 2), DT_MIN, DT_MAX,
+      nf::storage(a, 0), at(kYAt), at(kLocalAt), at(kDecayAt));
+}
+
 template <class T> T *upload(const std::vector<T> &v) {
   T *p = nullptr;
   CHECK(cudaMalloc(&p, v.size() * sizeof(T)));
@@ -216,6 +242,81 @@ int main(int argc, char **argv) {
     float ms = 0;
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
     std::printf("%s: scan %.3f ms\n", argv[1], ms);
+    // The same scan on buffers at the plan's arena offsets.
+    const size_t localSlots = MAXT / L + SLOTS + 1;
+    char *arena = nullptr;
+    CHECK(cudaMalloc(&arena, kDecayAt + localSlots * NH * 4));
+    CHECK(cudaMemcpy(arena + kXbcAt, b.xbc, xbc.size() * 4,
+                     cudaMemcpyDeviceToDevice));
+    CHECK(cudaMemcpy(arena + kDtAt, b.dt, dt.size() * 4,
+                     cudaMemcpyDeviceToDevice));
+    const void *weights[3] = {b.bias, b.alog, b.d};
+    void *storage[1] = {b.state};
+    const void **dw = nullptr;
+    void **ds = nullptr;
+    CHECK(cudaMalloc(&dw, sizeof weights));
+    CHECK(cudaMalloc(&ds, sizeof storage));
+    CHECK(cudaMemcpy(dw, weights, sizeof weights, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(ds, storage, sizeof storage, cudaMemcpyHostToDevice));
+    nf_step_args host = st.host;
+    host.arena = arena;
+    host.weights = dw;
+    host.storage = ds;
+    nf_step_args *args = nullptr;
+    CHECK(cudaMalloc(&args, sizeof host));
+    CHECK(cudaMemcpy(args, &host, sizeof host, cudaMemcpyHostToDevice));
+    constexpr int s1 = nf::ssd_chunk_smem<P, N, 64, 1, true>();
+    constexpr int s3 = nf::ssd_chunk_smem<P, N, 64, 1, false>();
+    CHECK(cudaFuncSetAttribute(
+        ssd_arena<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, s1));
+    CHECK(cudaFuncSetAttribute(
+        ssd_arena<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, s3));
+    const int grid = std::min(CMAX * NH, 132 * 8);
+    ssd_arena<true><<<grid, 128, s1>>>(args);
+    carry<<<(STATE + 255) / 256, 256>>>(
+        args, b.state, reinterpret_cast<float *>(arena + kLocalAt),
+        reinterpret_cast<float *>(arena + kDecayAt));
+    ssd_arena<false><<<grid, 128, s3>>>(args);
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaEventRecord(e0));
+    ssd_arena<false><<<grid, 128, s3>>>(args);
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    std::printf("%s, plan's arena offsets: scan %.3f ms\n", argv[1], ms);
+    // Which matters: where the buffers lie, or arena-relative addressing?
+    constexpr long long kYFar = 3ll << 30;
+    CHECK(cudaFuncSetAttribute(ssd_arena<false, kYFar>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               s3));
+    CHECK(cudaEventRecord(e0));
+    ssd_arena<false, kYFar><<<grid, 128, s3>>>(args);
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    std::printf("%s, arena, y at 3 GiB: scan %.3f ms\n", argv[1], ms);
+    CHECK(cudaFuncSetAttribute(
+        ssd_arena_param, cudaFuncAttributeMaxDynamicSharedMemorySize, s3));
+    CHECK(cudaEventRecord(e0));
+    ssd_arena_param<<<grid, 128, s3>>>(args, arena);
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    std::printf("%s, arena base as a kernel parameter: scan %.3f ms\n", argv[1],
+                ms);
+    Buffers at = b;
+    at.xbc = reinterpret_cast<float *>(arena + kXbcAt);
+    at.dt = reinterpret_cast<float *>(arena + kDtAt);
+    at.y = reinterpret_cast<float *>(arena + kYAt);
+    at.local = reinterpret_cast<float *>(arena + kLocalAt);
+    at.decay = reinterpret_cast<float *>(arena + kDecayAt);
+    CHECK(cudaEventRecord(e0));
+    run_ssd<1>(st, at, 3);
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    std::printf("%s, kernel arguments into the arena: scan %.3f ms\n", argv[1],
+                ms);
     return 0;
   }
   bool ok = true;
