@@ -474,12 +474,8 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
               bf[te][1] = *reinterpret_cast<const unsigned *>(
                   &sK[te][n * 8 + g][k0 + 2 * c + 8]);
             }
-            // Term pairs (i, j) with i + j < TERMS, smallest first.
-#pragma unroll
-            for (int sum = TERMS - 1; sum >= 0; --sum)
-#pragma unroll
-              for (int ti = sum; ti >= 0; --ti)
-                mma_bf16(s[n], af[ti], bf[sum - ti][0], bf[sum - ti][1]);
+            mma_bf16_terms<TERMS>(s[n], af,
+                                  [&](int t, int r) { return bf[t][r]; });
           }
         }
         // Causal mask, scale and online softmax (rows g and g + 8).
@@ -532,23 +528,7 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
 #pragma unroll
         for (int kk = 0; kk < BP / 16; ++kk) {
           unsigned pf[TERMS][4];
-          {
-            unsigned short e[8][3];
-            const float pv[8] = {s[2 * kk][0],     s[2 * kk][1],
-                                 s[2 * kk][2],     s[2 * kk][3],
-                                 s[2 * kk + 1][0], s[2 * kk + 1][1],
-                                 s[2 * kk + 1][2], s[2 * kk + 1][3]};
-#pragma unroll
-            for (int u = 0; u < 8; ++u)
-              split_bf16<TERMS>(pv[u], e[u]);
-#pragma unroll
-            for (int te = 0; te < TERMS; ++te) {
-              pf[te][0] = pack_bf16x2(e[0][te], e[1][te]);
-              pf[te][1] = pack_bf16x2(e[2][te], e[3][te]);
-              pf[te][2] = pack_bf16x2(e[4][te], e[5][te]);
-              pf[te][3] = pack_bf16x2(e[6][te], e[7][te]);
-            }
-          }
+          c_pair_to_a<TERMS>(s[2 * kk], s[2 * kk + 1], pf);
           // V fragments of dimension tiles n, n + 1: lane l addresses
           // position kk * 16 + l % 16, dimensions (n + l / 16) * 8.
 #pragma unroll
@@ -561,12 +541,8 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
                   &sV[te][kk * 16 + (lane & 15)][(n + (lane >> 4)) * 8]);
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-#pragma unroll
-              for (int sum = TERMS - 1; sum >= 0; --sum)
-#pragma unroll
-                for (int ti = sum; ti >= 0; --ti)
-                  mma_bf16(o[n + h], pf[ti], bf[sum - ti][2 * h],
-                           bf[sum - ti][2 * h + 1]);
+              mma_bf16_terms<TERMS>(
+                  o[n + h], pf, [&](int t, int r) { return bf[t][2 * h + r]; });
           }
         }
       }

@@ -557,11 +557,8 @@ ssd_chunk(const nf_step_args *a, const float *xbc, const float *dt_raw,
                 bf[te][1] = *reinterpret_cast<const unsigned *>(
                     &sS[te][n * 8 + g8][k0 + 2 * c4 + 8]);
               }
-#pragma unroll
-              for (int sum = TERMS - 1; sum >= 0; --sum)
-#pragma unroll
-                for (int ti = sum; ti >= 0; --ti)
-                  mma_bf16(Y[n], af[ti], bf[sum - ti][0], bf[sum - ti][1]);
+              mma_bf16_terms<TERMS>(Y[n], af,
+                                    [&](int t, int r) { return bf[t][r]; });
             }
             // C B^T: B operand (n, s) = B[s][n].
 #pragma unroll
@@ -576,11 +573,8 @@ ssd_chunk(const nf_step_args *a, const float *xbc, const float *dt_raw,
                 bf[te][1] = *reinterpret_cast<const unsigned *>(
                     &sB[te][n * 8 + g8][k0 + 2 * c4 + 8]);
               }
-#pragma unroll
-              for (int sum = TERMS - 1; sum >= 0; --sum)
-#pragma unroll
-                for (int ti = sum; ti >= 0; --ti)
-                  mma_bf16(M[n], af[ti], bf[sum - ti][0], bf[sum - ti][1]);
+              mma_bf16_terms<TERMS>(M[n], af,
+                                    [&](int t, int r) { return bf[t][r]; });
             }
           }
           const float cum0 = sCum[r0], cum1 = sCum[r0 + 8];
@@ -607,23 +601,7 @@ ssd_chunk(const nf_step_args *a, const float *xbc, const float *dt_raw,
             if (kk > tt)
               break;
             unsigned pf[TERMS][4];
-            {
-              unsigned short e[8][3];
-              const float pv[8] = {M[2 * kk][0],     M[2 * kk][1],
-                                   M[2 * kk][2],     M[2 * kk][3],
-                                   M[2 * kk + 1][0], M[2 * kk + 1][1],
-                                   M[2 * kk + 1][2], M[2 * kk + 1][3]};
-#pragma unroll
-              for (int u = 0; u < 8; ++u)
-                split_bf16<TERMS>(pv[u], e[u]);
-#pragma unroll
-              for (int te = 0; te < TERMS; ++te) {
-                pf[te][0] = pack_bf16x2(e[0][te], e[1][te]);
-                pf[te][1] = pack_bf16x2(e[2][te], e[3][te]);
-                pf[te][2] = pack_bf16x2(e[4][te], e[5][te]);
-                pf[te][3] = pack_bf16x2(e[6][te], e[7][te]);
-              }
-            }
+            c_pair_to_a<TERMS>(M[2 * kk], M[2 * kk + 1], pf);
 #pragma unroll
             for (int n = 0; n < NTP; n += 2) {
               unsigned bf[TERMS][4];
@@ -634,12 +612,9 @@ ssd_chunk(const nf_step_args *a, const float *xbc, const float *dt_raw,
                     &sX[te][kk * 16 + (lane & 15)][(n + (lane >> 4)) * 8]);
 #pragma unroll
               for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-                for (int sum = TERMS - 1; sum >= 0; --sum)
-#pragma unroll
-                  for (int ti = sum; ti >= 0; --ti)
-                    mma_bf16(Y[n + hh], pf[ti], bf[sum - ti][2 * hh],
-                             bf[sum - ti][2 * hh + 1]);
+                mma_bf16_terms<TERMS>(Y[n + hh], pf, [&](int t, int r) {
+                  return bf[t][2 * hh + r];
+                });
             }
           }
           // y = Y + D x for the rows inside the chunk.
@@ -687,12 +662,8 @@ ssd_chunk(const nf_step_args *a, const float *xbc, const float *dt_raw,
                               &sB[te][k0 + (lane & 15)][(n + (lane >> 4)) * 8]);
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-            for (int sum = TERMS - 1; sum >= 0; --sum)
-#pragma unroll
-              for (int ti = sum; ti >= 0; --ti)
-                mma_bf16(S[n + hh], af[ti], bf[sum - ti][2 * hh],
-                         bf[sum - ti][2 * hh + 1]);
+            mma_bf16_terms<TERMS>(
+                S[n + hh], af, [&](int t, int r) { return bf[t][2 * hh + r]; });
         }
       }
       if (!kStates && q0 + Q < t_end) {

@@ -63,6 +63,41 @@ __device__ __forceinline__ void split4_bf16(float4 v, uint2 (&t)[3]) {
     t[p] = make_uint2(pack_bf16x2(x[p], y[p]), pack_bf16x2(z[p], w[p]));
 }
 
+/// c (+)= A B over the bf16 term pairs (i, j) with i + j < TERMS, smallest
+/// first (3 terms: products exact; 1: bf16 inputs). b(j, r): register r (0
+/// or 1) of term j's B fragment.
+template <int TERMS, class BFrag>
+__device__ __forceinline__ void
+mma_bf16_terms(float *c, const unsigned (&a)[TERMS][4], BFrag b) {
+#pragma unroll
+  for (int sum = TERMS - 1; sum >= 0; --sum)
+#pragma unroll
+    for (int ti = sum; ti >= 0; --ti)
+      mma_bf16(c, a[ti], b(sum - ti, 0), b(sum - ti, 1));
+}
+
+/// The C fragments of two adjacent n-tiles (columns 16 kk .. 16 kk + 15 of
+/// rows g and g + 8) as the A fragment of k-step kk, in TERMS bf16 terms:
+/// a product's result reused as the next product's operand without shared
+/// memory (FlashAttention's P).
+template <int TERMS>
+__device__ __forceinline__ void c_pair_to_a(const float (&c0)[4],
+                                            const float (&c1)[4],
+                                            unsigned (&a)[TERMS][4]) {
+  unsigned short e[8][3];
+  const float v[8] = {c0[0], c0[1], c0[2], c0[3], c1[0], c1[1], c1[2], c1[3]};
+#pragma unroll
+  for (int u = 0; u < 8; ++u)
+    split_bf16<TERMS>(v[u], e[u]);
+#pragma unroll
+  for (int te = 0; te < TERMS; ++te) {
+    a[te][0] = pack_bf16x2(e[0][te], e[1][te]);
+    a[te][1] = pack_bf16x2(e[2][te], e[3][te]);
+    a[te][2] = pack_bf16x2(e[4][te], e[5][te]);
+    a[te][3] = pack_bf16x2(e[6][te], e[7][te]);
+  }
+}
+
 __device__ __forceinline__ void ldmatrix_x4(unsigned *r, const void *p) {
   const unsigned addr =
       static_cast<unsigned>(__cvta_generic_to_shared(const_cast<void *>(p)));

@@ -47,6 +47,10 @@ int64_t alignTo(int64_t v) {
   return (v + kAlignment - 1) / kAlignment * kAlignment;
 }
 int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/// Bytes left beside a kernel's dynamic shared memory for its static
+/// shared variables when checking a target's limit (the limit is for both).
+constexpr int64_t kStaticSharedAllowance = 2048;
+
 uint32_t gridOf(int64_t blocks, int64_t cap) {
   return static_cast<uint32_t>(std::clamp<int64_t>(blocks, 1, cap));
 }
@@ -981,10 +985,12 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
            (q * (N + 8) + q * (P + 8) +
             (states ? 0 : q * (N + 8) + q * (P + 8) + P * (N + 8)));
   };
-  const int64_t kSub = smemOf(64, false) <= opts.maxSharedBytes ? 64 : 32;
+  auto fits = [&](int64_t q) {
+    return smemOf(q, false) + kStaticSharedAllowance <= opts.maxSharedBytes;
+  };
+  const int64_t kSub = fits(64) ? 64 : 32;
   if (opName(op) == "nf_kv.ssm_scan" && opts.ampereOrLater && P % 16 == 0 &&
-      N % 16 == 0 && P <= 128 && st->slots() > 0 &&
-      smemOf(kSub, false) <= opts.maxSharedBytes) {
+      N % 16 == 0 && P <= 128 && st->slots() > 0 && fits(kSub)) {
     const int64_t cmax = ceilDiv(maxTokens, kChunk);
     auto smemOfSub = [&](bool states) { return smemOf(kSub, states); };
     std::string local = "static_cast<float *>(nullptr)", decay = local;
@@ -1159,17 +1165,26 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   // Prefill on tensor cores (FlashAttention-2 loop, nf_attention.cuh) when
   // the head dimension fits mma's K steps and the O tile the registers;
   // activations split into the plan's bf16 terms as the GEMMs do.
-  if (HD % 16 == 0 && HD <= 128) {
-    // K/V tiles of 64 positions with one bf16 term (3.19 ms against 3.53
-    // for 32 per 8192-token Nano layer on the H200,
-    // bench/kernels/attention_check.cu); exact products keep 32 (their
-    // three terms' tiles would not fit beside the registers).
-    constexpr int64_t kWarps = 8, kRows = 16 * kWarps;
-    const int64_t terms = opts.matmulTerms;
-    const int64_t positions = terms == 1 ? 64 : 32;
+  // K/V tiles of 64 positions with one bf16 term (3.19 ms against 3.53
+  // for 32 per 8192-token Nano layer on the H200,
+  // bench/kernels/attention_check.cu); exact products keep 32 (their three
+  // terms' tiles would not fit beside the registers), and so does a target
+  // whose shared memory 64 would pass. Only when every target is sm_80 or
+  // later (before, the kernel falls back to the warp form, which needs none
+  // of the tiles) and the tiles fit every target.
+  constexpr int64_t kWarps = 8, kRows = 16 * kWarps;
+  const int64_t terms = opts.matmulTerms;
+  auto mmaSmem = [&](int64_t positions) {
+    return 2 * terms * (kRows * (HD + 8) + 2 * positions * (HD + 8));
+  };
+  const int64_t positions =
+      terms == 1 && mmaSmem(64) + kStaticSharedAllowance <= opts.maxSharedBytes
+          ? 64
+          : 32;
+  if (HD % 16 == 0 && HD <= 128 && opts.ampereOrLater &&
+      mmaSmem(positions) + kStaticSharedAllowance <= opts.maxSharedBytes) {
     const int64_t tiles = ceilDiv(maxTokens * (*heads / NKV), kRows) * NKV;
-    const int64_t smem =
-        2 * terms * (kRows * (HD + 8) + 2 * positions * (HD + 8));
+    const int64_t smem = mmaSmem(positions);
     const std::string tmpl = num(HD) + ", " + num(kWarps) + ", " + num(terms) +
                              ", " + num(positions);
     addLaunch(fnName(i, "attend_mma"), gridOf(tiles, int64_t(opts.smCount) * 4),
