@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -61,27 +62,24 @@ struct Job {
 };
 
 /// The hash of the device headers a kernel's source includes, directly or
-/// through other headers (`#include "name"` of an embedded header): a change
-/// to one kernel template recompiles only the kernels that use it.
+/// through other headers (`#include "name"` or `<name>` of an embedded
+/// header, any spacing): a change to one kernel template recompiles only
+/// the kernels that use it.
 std::string includedHeadersHash(const std::string &source) {
   std::map<std::string, const std::string *> byName;
   for (const auto &[name, text] : kernelHeaders())
     byName[name] = &text;
+  static const std::regex kInclude(R"(#\s*include\s*[<"]([^>"]+)[>"])");
   std::set<std::string> seen;
   std::vector<const std::string *> pending{&source};
   while (!pending.empty()) {
     const std::string &text = *pending.back();
     pending.pop_back();
-    static const std::string kInclude = "#include \"";
-    for (size_t at = text.find(kInclude); at != std::string::npos;
-         at = text.find(kInclude, at + 1)) {
-      const size_t begin = at + kInclude.size();
-      const size_t end = text.find('"', begin);
-      if (end == std::string::npos)
-        break;
-      auto it = byName.find(text.substr(begin, end - begin));
-      if (it != byName.end() && seen.insert(it->first).second)
-        pending.push_back(it->second);
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), kInclude);
+         it != std::sregex_iterator(); ++it) {
+      auto h = byName.find((*it)[1].str());
+      if (h != byName.end() && seen.insert(h->first).second)
+        pending.push_back(h->second);
     }
   }
   std::string all;
