@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Prepares, on the development machine (MLIR, NVRTC; no GPU needed), the
+# directory that bench/run_gpu_bench.sh and scripts/gpu_check.sh run from on
+# the GPU machine: the binaries and every plan they use, including the two
+# plans of the Nemotron-3-Nano-30B-A3B shape (docs/performance.md).
+#
+#   bash bench/prepare_gpu_bench.sh [CARRY]     (default: build-gpu-carry)
+#
+# Then carry CARRY to the GPU machine and run there, in one call:
+#   OUT=<dir> bash scripts/gpu_check.sh run CARRY
+#   OUT=<dir> bash bench/run_gpu_bench.sh CARRY
+# The kernel cache ($NF_KERNEL_CACHE, docs/cuda.md) makes a second run after
+# a kernel-template change recompile only the modules that use it.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+CARRY="${1:-build-gpu-carry}"
+case "$CARRY" in /*) ;; *) CARRY="$REPO/$CARRY" ;; esac
+build="${NF_BUILD_DIR:-$REPO/build}"
+nfc="$build/bin/nfc"
+# The fixtures, pydoc-moe and the binaries (scripts/gpu_check.sh prepare).
+bash "$REPO/scripts/gpu_check.sh" prepare "$CARRY"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$nfc" import "$REPO/examples/pydoc-moe" -o "$work/pydoc.mlir"
+"$nfc" compile "$work/pydoc.mlir" --target=cuda:sm_90 --matmul-inputs=bf16 \
+  -o "$CARRY/plans/pydoc-moe-bf16.nfb"
+python3 "$REPO/bench/make_nano_shape.py" "$work/nano" > /dev/null
+"$nfc" import "$work/nano" -o "$work/nano.mlir"
+for inputs in exact bf16; do
+  name=nano
+  opts=()
+  if [ "$inputs" = bf16 ]; then
+    name=nano-bf16
+    opts=(--matmul-inputs=bf16)
+  fi
+  "$nfc" compile "$work/nano.mlir" --target=cuda "${opts[@]}" \
+    --max-tokens 8192 --max-sequences 64 -o "$CARRY/plans/$name.nfb" \
+    --print-kernel-cache-stats
+done
+du -sh "$CARRY"
