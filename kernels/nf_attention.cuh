@@ -454,26 +454,14 @@ __device__ void kv_attend_mma(const nf_step_args *a, const float *q,
         for (int k0 = 0; k0 < HD; k0 += 16) {
           unsigned af[TERMS][4];
 #pragma unroll
-          for (int te = 0; te < TERMS; ++te) {
-            af[te][0] = *reinterpret_cast<const unsigned *>(
-                &sQ[te][warp * 16 + g][k0 + 2 * c]);
-            af[te][1] = *reinterpret_cast<const unsigned *>(
-                &sQ[te][warp * 16 + g + 8][k0 + 2 * c]);
-            af[te][2] = *reinterpret_cast<const unsigned *>(
-                &sQ[te][warp * 16 + g][k0 + 2 * c + 8]);
-            af[te][3] = *reinterpret_cast<const unsigned *>(
-                &sQ[te][warp * 16 + g + 8][k0 + 2 * c + 8]);
-          }
+          for (int te = 0; te < TERMS; ++te)
+            load_a_frag<QS>(af[te], &sQ[te][warp * 16 + g][k0 + 2 * c]);
 #pragma unroll
           for (int n = 0; n < NTS; ++n) {
             unsigned bf[TERMS][2];
 #pragma unroll
-            for (int te = 0; te < TERMS; ++te) {
-              bf[te][0] = *reinterpret_cast<const unsigned *>(
-                  &sK[te][n * 8 + g][k0 + 2 * c]);
-              bf[te][1] = *reinterpret_cast<const unsigned *>(
-                  &sK[te][n * 8 + g][k0 + 2 * c + 8]);
-            }
+            for (int te = 0; te < TERMS; ++te)
+              load_b_frag(bf[te], &sK[te][n * 8 + g][k0 + 2 * c]);
             mma_bf16_terms<TERMS>(s[n], af,
                                   [&](int t, int r) { return bf[t][r]; });
           }

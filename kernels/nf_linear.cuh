@@ -354,9 +354,7 @@ __device__ __forceinline__ void mma_tile(const nf_step_args *a, int g, int row0,
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int n = wn * 32 + j * 8 + gid;
-        bf[j][0] = *reinterpret_cast<const unsigned *>(&sm.b[n][kk + 2 * tig]);
-        bf[j][1] =
-            *reinterpret_cast<const unsigned *>(&sm.b[n][kk + 2 * tig + 8]);
+        load_b_frag(bf[j], &sm.b[n][kk + 2 * tig]);
       }
 #pragma unroll
       for (int sp = TERMS - 1; sp >= 0; --sp) { // small terms first
@@ -364,14 +362,7 @@ __device__ __forceinline__ void mma_tile(const nf_step_args *a, int g, int row0,
         for (int i = 0; i < 2; ++i) {
           const int r = wm * 32 + i * 16 + gid;
           unsigned af[4];
-          af[0] =
-              *reinterpret_cast<const unsigned *>(&sm.a[sp][r][kk + 2 * tig]);
-          af[1] = *reinterpret_cast<const unsigned *>(
-              &sm.a[sp][r + 8][kk + 2 * tig]);
-          af[2] = *reinterpret_cast<const unsigned *>(
-              &sm.a[sp][r][kk + 2 * tig + 8]);
-          af[3] = *reinterpret_cast<const unsigned *>(
-              &sm.a[sp][r + 8][kk + 2 * tig + 8]);
+          load_a_frag<kMmaTileK + kMmaPad>(af, &sm.a[sp][r][kk + 2 * tig]);
 #pragma unroll
           for (int j = 0; j < 4; ++j)
             mma_bf16(part[i][j], af, bf[j][0], bf[j][1]);

@@ -536,27 +536,15 @@ ssd_chunk(const nf_step_args *a, const float *xbc, const float *dt_raw,
           for (int k0 = 0; k0 < N; k0 += 16) {
             unsigned af[TERMS][4];
 #pragma unroll
-            for (int te = 0; te < TERMS; ++te) {
-              af[te][0] =
-                  *reinterpret_cast<const unsigned *>(&sC[te][r0][k0 + 2 * c4]);
-              af[te][1] = *reinterpret_cast<const unsigned *>(
-                  &sC[te][r0 + 8][k0 + 2 * c4]);
-              af[te][2] = *reinterpret_cast<const unsigned *>(
-                  &sC[te][r0][k0 + 2 * c4 + 8]);
-              af[te][3] = *reinterpret_cast<const unsigned *>(
-                  &sC[te][r0 + 8][k0 + 2 * c4 + 8]);
-            }
-            // C S^T: B operand (n, p) = S[p][n].
+            for (int te = 0; te < TERMS; ++te)
+              load_a_frag<NS>(af[te], &sC[te][r0][k0 + 2 * c4]);
+              // C S^T: B operand (n, p) = S[p][n].
 #pragma unroll
             for (int n = 0; n < NTP; ++n) {
               unsigned bf[TERMS][2];
 #pragma unroll
-              for (int te = 0; te < TERMS; ++te) {
-                bf[te][0] = *reinterpret_cast<const unsigned *>(
-                    &sS[te][n * 8 + g8][k0 + 2 * c4]);
-                bf[te][1] = *reinterpret_cast<const unsigned *>(
-                    &sS[te][n * 8 + g8][k0 + 2 * c4 + 8]);
-              }
+              for (int te = 0; te < TERMS; ++te)
+                load_b_frag(bf[te], &sS[te][n * 8 + g8][k0 + 2 * c4]);
               mma_bf16_terms<TERMS>(Y[n], af,
                                     [&](int t, int r) { return bf[t][r]; });
             }
@@ -567,12 +555,8 @@ ssd_chunk(const nf_step_args *a, const float *xbc, const float *dt_raw,
                 break;
               unsigned bf[TERMS][2];
 #pragma unroll
-              for (int te = 0; te < TERMS; ++te) {
-                bf[te][0] = *reinterpret_cast<const unsigned *>(
-                    &sB[te][n * 8 + g8][k0 + 2 * c4]);
-                bf[te][1] = *reinterpret_cast<const unsigned *>(
-                    &sB[te][n * 8 + g8][k0 + 2 * c4 + 8]);
-              }
+              for (int te = 0; te < TERMS; ++te)
+                load_b_frag(bf[te], &sB[te][n * 8 + g8][k0 + 2 * c4]);
               mma_bf16_terms<TERMS>(M[n], af,
                                     [&](int t, int r) { return bf[t][r]; });
             }

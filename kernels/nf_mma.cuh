@@ -63,6 +63,25 @@ __device__ __forceinline__ void split4_bf16(float4 v, uint2 (&t)[3]) {
     t[p] = make_uint2(pack_bf16x2(x[p], y[p]), pack_bf16x2(z[p], w[p]));
 }
 
+/// The A fragment (16 rows x 16 k) of a row-major bf16 tile whose rows are
+/// STRIDE elements apart; p points at element (lane / 4, k0 + 2 (lane % 4)).
+template <int STRIDE>
+__device__ __forceinline__ void load_a_frag(unsigned (&a)[4],
+                                            const unsigned short *p) {
+  a[0] = *reinterpret_cast<const unsigned *>(p);
+  a[1] = *reinterpret_cast<const unsigned *>(p + 8 * STRIDE);
+  a[2] = *reinterpret_cast<const unsigned *>(p + 8);
+  a[3] = *reinterpret_cast<const unsigned *>(p + 8 * STRIDE + 8);
+}
+
+/// The B fragment (16 k x 8 n) of a bf16 tile stored n-major (B[k][n] at
+/// [n][k]); p points at element (n0 + lane / 4, k0 + 2 (lane % 4)).
+__device__ __forceinline__ void load_b_frag(unsigned (&b)[2],
+                                            const unsigned short *p) {
+  b[0] = *reinterpret_cast<const unsigned *>(p);
+  b[1] = *reinterpret_cast<const unsigned *>(p + 8);
+}
+
 /// c (+)= A B over the bf16 term pairs (i, j) with i + j < TERMS, smallest
 /// first (3 terms: products exact; 1: bf16 inputs). b(j, r): register r (0
 /// or 1) of term j's B fragment.

@@ -35,13 +35,6 @@ __global__ void __launch_bounds__(32 * W)
   nf::kv_attend_mma<NQ, NKV, HD, PS, W, TERMS, BP>(a, q, k, v, SCALE, out);
 }
 
-template <class T> T *upload(const std::vector<T> &v) {
-  T *p = nullptr;
-  CHECK(cudaMalloc(&p, v.size() * sizeof(T)));
-  CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
-
 /// A prefill step of sequences with the given lengths, each from position
 /// 0, with pages dealt out in a shuffled order.
 struct Step {
@@ -108,7 +101,7 @@ int main() {
   for (float &x : vc)
     x = nd(rng);
   float *dq = upload(q), *dk = upload(kc), *dv = upload(vc), *out = nullptr;
-  CHECK(cudaMalloc(&out, q.size() * sizeof(float)));
+  out = device_alloc<float>(q.size());
   bool ok = true;
   Step mixed({300, 1, 47, 1000, 129}, rng);
   const size_t n = static_cast<size_t>(mixed.tokens) * NQ * HD;
@@ -145,21 +138,7 @@ int main() {
         [&](const Step &s) { run<1, 64, 4>(s, dq, dk, dv, out); });
 
   Step longPrompt({MAXT}, rng);
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  auto time = [&](auto &&fn) {
-    fn();
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaEventRecord(e0));
-    for (int r = 0; r < 5; ++r)
-      fn();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    return ms / 5;
-  };
+  auto time = [](auto &&fn) { return time_ms(fn, 5); };
   const double flops = 4.0 * MAXT * (MAXT + 1) / 2 * NQ * HD;
   auto report = [&](const char *name, float ms) {
     std::printf("8192 tokens, %s: %.3f ms, %.0f TFLOP/s\n", name, ms,

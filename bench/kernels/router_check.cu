@@ -50,11 +50,6 @@ __global__ void __launch_bounds__(256)
                                                     sel, pre);
 }
 
-template <class T> T *alloc(size_t n) {
-  T *p = nullptr;
-  CHECK(cudaMalloc(&p, n * sizeof(T)));
-  return p;
-}
 } // namespace
 
 int main() {
@@ -72,31 +67,18 @@ int main() {
   }
   for (float &v : bias)
     v = 0.1f * nd(rng);
-  float *dx = alloc<float>(x.size()), *db = alloc<float>(E);
-  WG *dg = alloc<WG>(gate.size());
+  float *dx = device_alloc<float>(x.size()), *db = device_alloc<float>(E);
+  WG *dg = device_alloc<WG>(gate.size());
   CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dg, gate.data(), gate.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(db, bias.data(), E * 4, cudaMemcpyHostToDevice));
   const size_t n = static_cast<size_t>(MAXT) * E;
-  float *sc = alloc<float>(n), *se = alloc<float>(n);
-  double *pre0 = alloc<double>(2 * n), *pre1 = alloc<double>(2 * n);
+  float *sc = device_alloc<float>(n), *se = device_alloc<float>(n);
+  double *pre0 = device_alloc<double>(2 * n),
+         *pre1 = device_alloc<double>(2 * n);
   nf_step_args host{};
-  nf_step_args *args = alloc<nf_step_args>(1);
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  auto time = [&](auto &&fn) {
-    fn();
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaEventRecord(e0));
-    for (int r = 0; r < 10; ++r)
-      fn();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    return ms / 10;
-  };
+  nf_step_args *args = device_alloc<nf_step_args>(1);
+  auto time = [](auto &&fn) { return time_ms(fn); };
   bool ok = true;
   for (int T : {1000, MAXT}) {
     host.num_tokens = T;

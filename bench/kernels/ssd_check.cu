@@ -88,13 +88,6 @@ __global__ void __launch_bounds__(128)
       nf::storage(a, 0), at(kYAt), at(kLocalAt), at(kDecayAt));
 }
 
-template <class T> T *upload(const std::vector<T> &v) {
-  T *p = nullptr;
-  CHECK(cudaMalloc(&p, v.size() * sizeof(T)));
-  CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
-
 struct Step {
   nf_step_args host{};
   nf_step_args *dev = nullptr;
@@ -232,16 +225,10 @@ int main(int argc, char **argv) {
     Step st({MAXT});
     run_ssd<1>(st, b);
     CHECK(cudaDeviceSynchronize());
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    CHECK(cudaEventRecord(e0));
-    run_ssd<1>(st, b, 3);
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    std::printf("%s: scan %.3f ms\n", argv[1], ms);
+    // Each variant timed once, as a profiler would see it.
+    auto once_ms = [](auto &&fn) { return time_ms(fn, 1, false); };
+    std::printf("%s: scan %.3f ms\n", argv[1],
+                once_ms([&] { run_ssd<1>(st, b, 3); }));
     // The same scan on buffers at the plan's arena offsets.
     const size_t localSlots = MAXT / L + SLOTS + 1;
     char *arena = nullptr;
@@ -278,45 +265,29 @@ int main(int argc, char **argv) {
         reinterpret_cast<float *>(arena + kDecayAt));
     ssd_arena<false><<<grid, 128, s3>>>(args);
     CHECK(cudaDeviceSynchronize());
-    CHECK(cudaEventRecord(e0));
-    ssd_arena<false><<<grid, 128, s3>>>(args);
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    std::printf("%s, plan's arena offsets: scan %.3f ms\n", argv[1], ms);
+    std::printf("%s, plan's arena offsets: scan %.3f ms\n", argv[1],
+                once_ms([&] { ssd_arena<false><<<grid, 128, s3>>>(args); }));
     // Which matters: where the buffers lie, or arena-relative addressing?
     constexpr long long kYFar = 3ll << 30;
     CHECK(cudaFuncSetAttribute(ssd_arena<false, kYFar>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                s3));
-    CHECK(cudaEventRecord(e0));
-    ssd_arena<false, kYFar><<<grid, 128, s3>>>(args);
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    std::printf("%s, arena, y at 3 GiB: scan %.3f ms\n", argv[1], ms);
+    std::printf("%s, arena, y at 3 GiB: scan %.3f ms\n", argv[1], once_ms([&] {
+                  ssd_arena<false, kYFar><<<grid, 128, s3>>>(args);
+                }));
     CHECK(cudaFuncSetAttribute(
         ssd_arena_param, cudaFuncAttributeMaxDynamicSharedMemorySize, s3));
-    CHECK(cudaEventRecord(e0));
-    ssd_arena_param<<<grid, 128, s3>>>(args, arena);
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    std::printf("%s, arena base as a kernel parameter: scan %.3f ms\n", argv[1],
-                ms);
+    std::printf(
+        "%s, arena base as a kernel parameter: scan %.3f ms\n", argv[1],
+        once_ms([&] { ssd_arena_param<<<grid, 128, s3>>>(args, arena); }));
     Buffers at = b;
     at.xbc = reinterpret_cast<float *>(arena + kXbcAt);
     at.dt = reinterpret_cast<float *>(arena + kDtAt);
     at.y = reinterpret_cast<float *>(arena + kYAt);
     at.local = reinterpret_cast<float *>(arena + kLocalAt);
     at.decay = reinterpret_cast<float *>(arena + kDecayAt);
-    CHECK(cudaEventRecord(e0));
-    run_ssd<1>(st, at, 3);
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
     std::printf("%s, kernel arguments into the arena: scan %.3f ms\n", argv[1],
-                ms);
+                once_ms([&] { run_ssd<1>(st, at, 3); }));
     return 0;
   }
   bool ok = true;
@@ -377,22 +348,7 @@ int main(int argc, char **argv) {
   }
   // Time one 8192-token prompt.
   Step st({MAXT});
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  auto time = [&](auto &&fn) {
-    fn();
-    CHECK(cudaDeviceSynchronize());
-    constexpr int reps = 10;
-    CHECK(cudaEventRecord(e0));
-    for (int r = 0; r < reps; ++r)
-      fn();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    return ms / reps;
-  };
+  auto time = [](auto &&fn) { return time_ms(fn); };
   std::printf("8192 tokens: walk (chunked) %.3f ms, ssd 3 terms %.3f ms, "
               "ssd 1 term %.3f ms\n",
               time([&] { run_walk(st, b, true); }),
