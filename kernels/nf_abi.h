@@ -31,7 +31,8 @@ typedef struct nf_seq_desc {
 } nf_seq_desc;
 
 typedef struct nf_step_args {
-  char *arena;                 // step arena: arena_bytes + scratch_bytes
+  char *arena;                 // step arena: arena_bytes + scratch_bytes (kernels read its
+                               // address from their module's nf_arena_base, nf_common.cuh)
   const void *const *weights;  // device pointer of each Plan.weights entry (packed layout)
   void *const *storage;        // per Plan.storage entry i: [2i] K or conv state, [2i+1] V or SSM state
   const int32_t *tokens;       // [num_tokens]

@@ -188,9 +188,20 @@ template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
 // ---------------------------------------------------------------------------
 // Step arguments
 
+/// The step arena's base (a->arena), set by the runtime in every module once
+/// the arena is allocated (it does not change). Read from the constant bank
+/// it is the same for every thread before the kernel starts: the pointers
+/// derived from a->arena, a load from memory, made the tensor-core SSM scan
+/// 1.8x slower (bench/kernels/ssd_check.cu, "plan's arena offsets").
+} // namespace nf
+extern "C" {
+__constant__ char *nf_arena_base; // unmangled: the runtime looks it up
+}
+namespace nf {
+
 template <class T>
-__device__ __forceinline__ T *arena(const nf_step_args *a, long long offset) {
-  return reinterpret_cast<T *>(a->arena + offset);
+__device__ __forceinline__ T *arena(const nf_step_args *, long long offset) {
+  return reinterpret_cast<T *>(nf_arena_base + offset);
 }
 template <class T>
 __device__ __forceinline__ const T *weight(const nf_step_args *a, int index) {

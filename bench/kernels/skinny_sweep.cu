@@ -192,6 +192,7 @@ int main() {
   CHECK(cudaMemcpy(dW, &w, sizeof(void *), cudaMemcpyHostToDevice));
   nf_step_args args{};
   args.arena = arena;
+  CHECK(cudaMemcpyToSymbol(nf_arena_base, &arena, sizeof arena));
   args.weights = dW;
   args.num_tokens = 1;
   args.num_seqs = 1;

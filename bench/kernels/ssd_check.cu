@@ -247,6 +247,7 @@ int main(int argc, char **argv) {
     CHECK(cudaMemcpy(ds, storage, sizeof storage, cudaMemcpyHostToDevice));
     nf_step_args host = st.host;
     host.arena = arena;
+    CHECK(cudaMemcpyToSymbol(nf_arena_base, &arena, sizeof arena));
     host.weights = dw;
     host.storage = ds;
     nf_step_args *args = nullptr;

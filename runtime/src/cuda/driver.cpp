@@ -105,6 +105,7 @@ StatusOr<std::unique_ptr<Driver>> openDriver(const std::string &library) {
       {slotOf(d->cuModuleLoadDataEx), {"cuModuleLoadDataEx"}, true},
       {slotOf(d->cuModuleUnload), {"cuModuleUnload"}, true},
       {slotOf(d->cuModuleGetFunction), {"cuModuleGetFunction"}, true},
+      {slotOf(d->cuModuleGetGlobal), {"cuModuleGetGlobal_v2"}, false},
       {slotOf(d->cuFuncSetAttribute), {"cuFuncSetAttribute"}, true},
       {slotOf(d->cuOccupancyMaxActiveBlocksPerMultiprocessor),
        {"cuOccupancyMaxActiveBlocksPerMultiprocessor"},
