@@ -453,7 +453,10 @@ ssd_chunk(const nf_step_args *a, const float *xbc, const float *dt_raw,
           if (lane >= o)
             incl += v;
         }
-        const float excl = incl - run;
+        // The previous lane's sum itself, not incl - run (which rounds).
+        float excl = __shfl_up_sync(0xffffffffu, incl, 1);
+        if (lane == 0)
+          excl = 0.0f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           sCum[lane * R + r] = excl + cs[r];
