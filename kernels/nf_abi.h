@@ -1,13 +1,15 @@
 // Launch ABI between the CUDA kernels nfc generates (kernels/*.cuh templates,
 // compiled ahead of time with NVRTC) and the runtime's CUDA backend.
 //
-// Every generated __global__ function takes one argument: a pointer to an
-// nf_step_args in device memory. Shapes, dtypes, arena offsets, weight and
-// storage indices are compile-time constants of the generated source; only
-// what changes from step to step lives here. Because the token count is read
-// from device memory, a captured CUDA graph serves every batch size up to the
-// step's max tokens. Kernels cover their work with grid-stride loops, so the
-// launch shape recorded in the plan is fixed.
+// Every generated __global__ function takes two arguments: a pointer to an
+// nf_step_args in device memory, and the step arena's base (the address
+// nf_step_args.arena holds, as a parameter so that every thread has it without
+// a load; functions of plans before 1.3 take only the first). Shapes, dtypes,
+// arena offsets, weight and storage indices are compile-time constants of the
+// generated source; only what changes from step to step lives here. Because
+// the token count is read from device memory, a captured CUDA graph serves
+// every batch size up to the step's max tokens. Kernels cover their work with
+// grid-stride loops, so the launch shape recorded in the plan is fixed.
 //
 // Plain C layout, shared verbatim by host (C++20) and device (NVRTC) code.
 #ifndef NF_KERNELS_ABI_H
@@ -31,8 +33,7 @@ typedef struct nf_seq_desc {
 } nf_seq_desc;
 
 typedef struct nf_step_args {
-  char *arena;                 // step arena: arena_bytes + scratch_bytes (kernels read its
-                               // address from their module's nf_arena_base, nf_common.cuh)
+  char *arena;                 // step arena: arena_bytes + scratch_bytes
   const void *const *weights;  // device pointer of each Plan.weights entry (packed layout)
   void *const *storage;        // per Plan.storage entry i: [2i] K or conv state, [2i+1] V or SSM state
   const int32_t *tokens;       // [num_tokens]

@@ -21,7 +21,7 @@ __device__ __forceinline__ long long kv_position_offset(const int32_t *pt,
 
 /// Element offset of row t's cache row (position start_pos + local).
 template <int ROW, int PS>
-__device__ __forceinline__ long long kv_row_offset(const nf_step_args *a,
+__device__ __forceinline__ long long kv_row_offset(Step a,
                                                    int t) {
   const TokenPos tp = token_pos(a, t);
   return kv_position_offset<ROW, PS>(
@@ -31,7 +31,7 @@ __device__ __forceinline__ long long kv_row_offset(const nf_step_args *a,
 
 /// Writes the step's K/V rows ([T, ROW] each) at their positions.
 template <int ROW, int PS>
-__device__ void kv_append(const nf_step_args *a, const float *k, const float *v,
+__device__ void kv_append(Step a, const float *k, const float *v,
                           float *kcache, float *vcache) {
   const long long n = static_cast<long long>(a->num_tokens) * ROW;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
@@ -59,7 +59,7 @@ __device__ void kv_append(const nf_step_args *a, const float *k, const float *v,
 /// sequences are taken one at a time. Shared memory is dynamic:
 /// 4 * (32 * (HD + 1) + 32 * HD + QT * WARPS * HPW * HD) bytes.
 template <int NQ, int NKV, int HD, int PS, int WARPS, int QT>
-__device__ void kv_attend(const nf_step_args *a, const float *q,
+__device__ void kv_attend(Step a, const float *q,
                           const float *kcache, const float *vcache, float scale,
                           float *out) {
   constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
@@ -265,7 +265,7 @@ attend_range(const int32_t *pt, const float *sq, const float *kcache,
 /// The same with one warp per (token, head) and no shared tiles: for head
 /// dimensions whose K/V tiles do not fit in static shared memory (> 128).
 template <int NQ, int NKV, int HD, int PS, int WARPS>
-__device__ void kv_attend_warp(const nf_step_args *a, const float *q,
+__device__ void kv_attend_warp(Step a, const float *q,
                                const float *kcache, const float *vcache,
                                float scale, float *out) {
   constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
@@ -319,7 +319,7 @@ __host__ __device__ constexpr int kv_attend_mma_smem() {
 /// rows masked). Tiles are taken longest first (from the last token), which
 /// balances the causal work.
 template <int NQ, int NKV, int HD, int PS, int WARPS, int TERMS, int BP = 32>
-__device__ void kv_attend_mma(const nf_step_args *a, const float *q,
+__device__ void kv_attend_mma(Step a, const float *q,
                               const float *kcache, const float *vcache,
                               float scale, float *out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -572,7 +572,7 @@ __device__ __forceinline__ int decode_splits(int T) {
 /// keeps the GPU busy at batch 1 instead of one block walking it.
 template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
           int WARPS_TARGET>
-__device__ void kv_attend_split(const nf_step_args *a, const float *q,
+__device__ void kv_attend_split(Step a, const float *q,
                                 const float *kcache, const float *vcache,
                                 float scale, float *part) {
   constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
@@ -623,7 +623,7 @@ __device__ void kv_attend_split(const nf_step_args *a, const float *q,
 /// head dimensions, add the acc of every non-empty split with its factor
 /// (8 splits' loads in flight), splits in order.
 template <int NQ, int HD, int NSPLIT, int WARPS_TARGET>
-__device__ void kv_attend_combine(const nf_step_args *a, const float *part,
+__device__ void kv_attend_combine(Step a, const float *part,
                                   float *out) {
   constexpr int DPL = (HD + 31) / 32, SPL = (NSPLIT + 31) / 32;
   const int lane = lane_id();

@@ -2,8 +2,9 @@
 // with NVRTC: no system headers, nothing but nf_abi.h).
 //
 // Conventions of every template in kernels/*.cuh:
-//   - the generated __global__ function takes `const nf_step_args *a` and
-//     passes the template typed pointers it computes from compile-time arena
+//   - the generated __global__ function takes the step's arguments and the
+//     arena's base (nf_abi.h), passes them on as `nf::Step a`, and passes
+//     the template typed pointers it computes from compile-time arena
 //     offsets, weight indices and storage indices (see nf_abi.h);
 //   - activations are f32 (i32 for ids and counts), weights are f32, bf16 or
 //     f16 (nf::bf16 / nf::f16 hold the raw bits) and every sum accumulates in
@@ -188,26 +189,38 @@ template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
 // ---------------------------------------------------------------------------
 // Step arguments
 
-/// The step arena's base (a->arena), set by the runtime in every module once
-/// the arena is allocated (it does not change). Read from the constant bank
-/// it is the same for every thread before the kernel starts: the pointers
-/// derived from a->arena, a load from memory, made the tensor-core SSM scan
-/// 1.8x slower (bench/kernels/ssd_check.cu, "plan's arena offsets").
-} // namespace nf
-extern "C" {
-__constant__ char *nf_arena_base; // unmangled: the runtime looks it up
-}
-namespace nf {
+/// What every generated function hands its templates: the step's arguments
+/// (device memory: they change from step to step) and the arena's base (the
+/// second kernel parameter, nf_abi.h). The base must not come from
+/// args->arena: a pointer loaded from memory made the tensor-core SSM scan
+/// 1.8x slower (bench/kernels/ssd_check.cu, "plan's arena offsets"), and a
+/// per-module __constant__ copy cost batch-1 decode ~0.3 ms per step (the
+/// constant's line falls out of L2 while the weights stream through it).
+struct Step {
+  const nf_step_args *args;
+  char *arena;
+  __device__ __forceinline__ const nf_step_args *operator->() const {
+    return args;
+  }
+};
 
+/// A pointer into the arena. The base passes through an empty asm at each
+/// use, so the compiler treats every derived address as computed where it is
+/// used, as it had to with a base loaded from memory: a known base let it
+/// hoist the decode linears' store addresses above their K loops and hold
+/// them in registers (127 instead of 80: two blocks per SM instead of three,
+/// batch-1 decode 5-10% slower).
 template <class T>
-__device__ __forceinline__ T *arena(const nf_step_args *, long long offset) {
-  return reinterpret_cast<T *>(nf_arena_base + offset);
+__device__ __forceinline__ T *arena(Step a, long long offset) {
+  char *base = a.arena;
+  asm volatile("" : "+l"(base));
+  return reinterpret_cast<T *>(base + offset);
 }
 template <class T>
-__device__ __forceinline__ const T *weight(const nf_step_args *a, int index) {
+__device__ __forceinline__ const T *weight(Step a, int index) {
   return static_cast<const T *>(a->weights[index]);
 }
-__device__ __forceinline__ float *storage(const nf_step_args *a, int index) {
+__device__ __forceinline__ float *storage(Step a, int index) {
   return static_cast<float *>(a->storage[index]);
 }
 
@@ -219,10 +232,10 @@ struct TokenPos {
   int pos;   // desc.start_pos + local
 };
 /// Row r of the LM head's rows: the r-th row whose logits the runtime reads.
-__device__ __forceinline__ int logit_row(const nf_step_args *a, int r) {
+__device__ __forceinline__ int logit_row(Step a, int r) {
   return a->logit_rows ? a->logit_rows[r] : r;
 }
-__device__ __forceinline__ TokenPos token_pos(const nf_step_args *a, int t) {
+__device__ __forceinline__ TokenPos token_pos(Step a, int t) {
   TokenPos p;
   p.seq = a->token_seq[t];
   p.desc = a->seqs[p.seq];

@@ -47,8 +47,8 @@ struct DenseGroups {
   /// output: a launch may fetch weights before waiting for the launches
   /// before it (programmatic dependent launch).
   static constexpr bool kRowsFromArgs = true;
-  __device__ static __forceinline__ void group(const nf_step_args *a, int,
-                                               int &begin, int &count) {
+  __device__ static __forceinline__ void group(Step a, int, int &begin,
+                                               int &count) {
     begin = 0;
     count = a->num_tokens;
   }
@@ -60,8 +60,8 @@ struct DenseGroups {
 struct LogitRowGroups {
   static constexpr int G = 1;
   static constexpr bool kRowsFromArgs = true;
-  __device__ static __forceinline__ void group(const nf_step_args *a, int,
-                                               int &begin, int &count) {
+  __device__ static __forceinline__ void group(Step a, int, int &begin,
+                                               int &count) {
     begin = 0;
     count = a->logit_rows ? a->num_logit_rows : a->num_tokens;
   }
@@ -72,17 +72,15 @@ struct LogitRowGroups {
 template <int E, long long DISPATCH> struct DispatchGroups {
   static constexpr int G = E;
   static constexpr bool kRowsFromArgs = false; // rows from moe_dispatch
-  __device__ static __forceinline__ const int32_t *
-  offsets(const nf_step_args *a) {
+  __device__ static __forceinline__ const int32_t *offsets(Step a) {
     return arena<int32_t>(a, DISPATCH);
   }
   /// Token of each assignment row.
-  __device__ static __forceinline__ const int32_t *
-  row_token(const nf_step_args *a) {
+  __device__ static __forceinline__ const int32_t *row_token(Step a) {
     return arena<int32_t>(a, DISPATCH) + E + 1;
   }
-  __device__ static __forceinline__ void group(const nf_step_args *a, int g,
-                                               int &begin, int &count) {
+  __device__ static __forceinline__ void group(Step a, int g, int &begin,
+                                               int &count) {
     const int32_t *off = offsets(a);
     begin = off[g];
     count = off[g + 1] - off[g];
@@ -99,8 +97,7 @@ template <class S> struct GroupItems {
   /// Call from every thread of the block (contains __syncthreads).
   /// items_of(rows) = the items of a group of that many rows.
   template <class ItemsOf>
-  __device__ __forceinline__ void build(const nf_step_args *a,
-                                        ItemsOf items_of) {
+  __device__ __forceinline__ void build(Step a, ItemsOf items_of) {
     const int tid = threadIdx.x, lane = lane_id();
     for (int g = tid; g < S::G; g += blockDim.x) {
       int b, c;
@@ -172,9 +169,9 @@ __device__ __forceinline__ void load4_row(const T *row, int k, float *out,
 /// One 64x64 output tile: rows [row0, row0 + rows) of group g (global row
 /// indices), features [n0, n0 + 64).
 template <class S>
-__device__ __forceinline__ void
-gemm_tile(const nf_step_args *a, int g, int row0, int rows, int n0,
-          float (*As)[kTileM + 4], float (*Bs)[kTileN + 4]) {
+__device__ __forceinline__ void gemm_tile(Step a, int g, int row0, int rows,
+                                          int n0, float (*As)[kTileM + 4],
+                                          float (*Bs)[kTileN + 4]) {
   using W = typename S::W;
   const int tid = threadIdx.x;
   // Loader: thread -> (row / feature lr, k offset lk) of the 64x16 slices.
@@ -254,8 +251,8 @@ template <int TERMS> struct MmaSmem {
 /// features at wn * 32; rows past `rows` and features past S::N are skipped.
 template <class S, int MI>
 __device__ __forceinline__ void
-store_warp_tile(const nf_step_args *a, const float (&acc)[MI][4][4], int row0,
-                int rows, int n0, int wm, int wn) {
+store_warp_tile(Step a, const float (&acc)[MI][4][4], int row0, int rows,
+                int n0, int wm, int wn) {
   const int lane = lane_id(), gid = lane >> 2, tig = lane & 3;
 #pragma unroll
   for (int i = 0; i < MI; ++i)
@@ -271,8 +268,8 @@ store_warp_tile(const nf_step_args *a, const float (&acc)[MI][4][4], int row0,
 }
 
 template <class S, int TERMS>
-__device__ __forceinline__ void mma_tile(const nf_step_args *a, int g, int row0,
-                                         int rows, int n0, MmaSmem<TERMS> &sm) {
+__device__ __forceinline__ void mma_tile(Step a, int g, int row0, int rows,
+                                         int n0, MmaSmem<TERMS> &sm) {
   static_assert(S::K % 8 == 0, "16-byte weight rows");
   const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
   // Loader: A 64 x 32 f32 (8 per thread), B 128 x 32 bf16 (16 per thread).
@@ -395,9 +392,8 @@ struct BigMmaSmem {
 };
 
 template <class S>
-__device__ __forceinline__ void big_mma_tile(const nf_step_args *a, int g,
-                                             int row0, int rows, int n0,
-                                             BigMmaSmem &sm) {
+__device__ __forceinline__ void big_mma_tile(Step a, int g, int row0, int rows,
+                                             int n0, BigMmaSmem &sm) {
   static_assert(S::K % 8 == 0, "16-byte weight rows");
   const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
   // Loader: A 128 x 32 f32 (16 per thread: row tid / 2, half (tid & 1)),
@@ -489,8 +485,7 @@ __device__ __forceinline__ void big_mma_tile(const nf_step_args *a, int g,
 /// Plane p of row r = bf16 term p of the f32 row (split_bf16<TERMS>):
 /// rows [0, a->num_tokens * RPT) of a [rows, K] f32 activation.
 template <int TERMS, int K, int RPT, long long PLANE>
-__device__ void split_rows_bf16(const nf_step_args *a, const float *src,
-                                unsigned short *dst) {
+__device__ void split_rows_bf16(Step a, const float *src, unsigned short *dst) {
   static_assert(K % 4 == 0, "rows of whole float4s");
   const long long n = static_cast<long long>(a->num_tokens) * RPT * (K / 4);
   for (long long i = global_thread(); i < n; i += grid_threads()) {
@@ -512,8 +507,8 @@ template <int TERMS> __host__ __device__ constexpr int pipelined_gemm_smem() {
 }
 
 template <class S, int TERMS>
-__device__ __forceinline__ void pipelined_mma_tile(const nf_step_args *a, int g,
-                                                   int row0, int rows, int n0,
+__device__ __forceinline__ void pipelined_mma_tile(Step a, int g, int row0,
+                                                   int rows, int n0,
                                                    unsigned short *smem) {
   static_assert(S::K % 8 == 0, "16-byte rows");
   constexpr int ST = gemm_stages<TERMS>(), BM = kGemmTile, LD = kGemmLd;
@@ -616,8 +611,8 @@ template <> struct IsBf16<bf16> { static constexpr bool value = true; };
 
 /// Output feature n for `count` (<= kGemvRows) rows starting at `begin`.
 template <class S>
-__device__ __forceinline__ void
-gemv_item(const nf_step_args *a, int g, int begin, int count, int n, int lane) {
+__device__ __forceinline__ void gemv_item(Step a, int g, int begin, int count,
+                                          int n, int lane) {
   using W = typename S::W;
   constexpr int V = Vec16<W>::N;
   const W *w = S::weight(a, g) + static_cast<long long>(n) * S::K;
@@ -673,7 +668,7 @@ gemv_item(const nf_step_args *a, int g, int begin, int count, int n, int lane) {
 /// (launched with at least wgmma_gemm_smem<TERMS>() bytes) wgmma_tile where
 /// compiled for sm_90a.
 template <class S, int TERMS = 3, bool kPlanes = false, bool kWgmma = false>
-__device__ void linear(const nf_step_args *a) {
+__device__ void linear(Step a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr bool kMma = IsBf16<typename S::W>::value && S::K % 8 == 0;
 #else
@@ -770,9 +765,8 @@ __device__ __forceinline__ unsigned uint4_at(const uint4 &v, int i) {
 
 template <class S, int KW, int MT, int NT, int STAGES, int TERMS,
           bool kWaitAfterFetch>
-__device__ __forceinline__ void skinny_item(const nf_step_args *a, int g,
-                                            int row0, int rows, int n0,
-                                            float *red) {
+__device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
+                                            int n0, float *red) {
   constexpr int KSTEPS = S::K / 32;
   const int lane = lane_id(), warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
@@ -912,7 +906,7 @@ __device__ __forceinline__ void skinny_item(const nf_step_args *a, int g,
 /// for (an L2 prefetch of the whole item), so weight streaming overlaps
 /// the previous launch's tail when this one is a programmatic dependent.
 template <class S, int MT, int STAGES, int KW, int TERMS = 3>
-__device__ void skinny_linear(const nf_step_args *a) {
+__device__ void skinny_linear(Step a) {
   static_assert(S::K % 32 == 0, "32-deep K steps");
   constexpr int ROWS = 16;
   constexpr int FT = 16 * MT; // features per item

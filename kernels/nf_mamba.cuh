@@ -42,7 +42,7 @@ __device__ __forceinline__ float conv_step(const float (&wc)[KW], float b,
 /// advances it in a later launch). w is [CD, KW] (w[c, KW-1] multiplies the
 /// current token).
 template <class W, class B, int CD, int KW, bool kBias>
-__device__ void causal_conv_out(const nf_step_args *a, const float *in,
+__device__ void causal_conv_out(Step a, const float *in,
                                 const W *w, const B *bias, const float *window,
                                 float *out) {
   constexpr int K1 = KW - 1, TPT = 8;
@@ -88,7 +88,7 @@ __device__ void causal_conv_out(const nf_step_args *a, const float *in,
 /// Advances each sequence's conv window to its last KW-1 inputs (after
 /// causal_conv_out of the same step has read the old window).
 template <int CD, int KW>
-__device__ void causal_conv_window(const nf_step_args *a, const float *in,
+__device__ void causal_conv_window(Step a, const float *in,
                                    float *window) {
   constexpr int K1 = KW - 1;
   const long long n = static_cast<long long>(a->num_seqs) * CD;
@@ -114,7 +114,7 @@ __device__ void causal_conv_window(const nf_step_args *a, const float *in,
 /// Decode form: one thread per (sequence, channel) walks the sequence's
 /// tokens with the window in registers: outputs and window in one launch.
 template <class W, class B, int CD, int KW, bool kBias>
-__device__ void causal_conv_seq(const nf_step_args *a, const float *in,
+__device__ void causal_conv_seq(Step a, const float *in,
                                 const W *w, const B *bias, float *window,
                                 float *out) {
   constexpr int K1 = KW - 1;
@@ -182,7 +182,7 @@ __device__ __forceinline__ int ssm_chunk_slot(const nf_seq_desc &d, int s,
 /// L == 256 (a token per thread for the decay products); thread blocks of
 /// 4 channels x 8 state values, RB of them per thread.
 template <class WB, class WA, int NH, int P, int N, int G, int L, int CMAX>
-__device__ void ssm_chunk_states(const nf_step_args *a, const float *xbc,
+__device__ void ssm_chunk_states(Step a, const float *xbc,
                                  const float *dt_raw, const WB *dt_bias,
                                  const WA *a_log, float dt_min, float dt_max,
                                  float *local, float *decay) {
@@ -281,7 +281,7 @@ __device__ void ssm_chunk_states(const nf_step_args *a, const float *xbc,
 
 /// Launch 2 (see above): a thread per (sequence, head, p, n).
 template <int NH, int P, int N, int L>
-__device__ void ssm_chunk_carry(const nf_step_args *a, const float *state,
+__device__ void ssm_chunk_carry(Step a, const float *state,
                                 float *local, const float *decay) {
   constexpr long long PER_SEQ = static_cast<long long>(NH) * P * N;
   const long long n = a->num_seqs * PER_SEQ;
@@ -355,7 +355,7 @@ __host__ __device__ constexpr int ssd_chunk_smem() {
 template <class WB, class WA, class WD, int NH, int P, int N, int G, int L,
           int CMAX, int Q, int TERMS, bool kStates>
 __device__ void
-ssd_chunk(const nf_step_args *a, const float *xbc, const float *dt_raw,
+ssd_chunk(Step a, const float *xbc, const float *dt_raw,
           const WB *dt_bias, const WA *a_log, const WD *d_skip, float dt_min,
           float dt_max, float *state, float *y, float *local, float *decay) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -699,7 +699,7 @@ ssd_chunk(const nf_step_args *a, const float *xbc, const float *dt_raw,
 /// per sequence, each starting from its init in chunk_init.
 template <class WB, class WA, class WD, int NH, int P, int N, int G, int PT,
           int NS, int TC, int L = 0, int CMAX = 1>
-__device__ void ssm_scan(const nf_step_args *a, const float *xbc,
+__device__ void ssm_scan(Step a, const float *xbc,
                          const float *dt_raw, const WB *dt_bias,
                          const WA *a_log, const WD *d_skip, float dt_min,
                          float dt_max, float *state, float *y,

@@ -37,7 +37,7 @@ router_score(double logit, const WB *bias, int e, long long o, float *scores,
 /// expert), f64 sums of f32 x bf16/f32 products, s and sb written as f64
 /// pairs to `pre` for moe_route and as f32 to `scores` / `sel`.
 template <class WG, class WB, int E, int H>
-__device__ void moe_router_logits(const nf_step_args *a, const float *x,
+__device__ void moe_router_logits(Step a, const float *x,
                                   const WG *gate, const WB *bias, float *scores,
                                   float *sel, double *pre) {
   constexpr int V = Vec16<WG>::N;
@@ -79,7 +79,7 @@ __device__ void moe_router_logits(const nf_step_args *a, const float *x,
 /// gate byte read once per TT tokens instead of once per token), 16 x 16
 /// threads with TT / 16 x EB / 16 f64 sums each; launch with 256 threads.
 template <class WG, class WB, int E, int H, int TT, int EB>
-__device__ void moe_router_logits_tiled(const nf_step_args *a, const float *x,
+__device__ void moe_router_logits_tiled(Step a, const float *x,
                                         const WG *gate, const WB *bias,
                                         float *scores, float *sel,
                                         double *pre) {
@@ -173,7 +173,7 @@ __device__ void moe_router_logits_tiled(const nf_step_args *a, const float *x,
 /// (128 / TT)-th expert tile, in slices of KC of H staged as f64 in shared
 /// memory (the next slice's values loaded into registers meanwhile).
 template <class WG, class WB, int E, int H, int TT, int KC = 16>
-__device__ void moe_router_logits_dmma(const nf_step_args *a, const float *x,
+__device__ void moe_router_logits_dmma(Step a, const float *x,
                                        const WG *gate, const WB *bias,
                                        float *scores, float *sel, double *pre) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -290,7 +290,7 @@ __device__ void moe_router_logits_dmma(const nf_step_args *a, const float *x,
 template <class WG, class WB, int E, int H, int K, int NGROUP, int TOPKG,
           bool kRouter, bool kSelect, bool kDefer, bool kNorm,
           bool kOneTokenBudget = false>
-__device__ void moe_route(const nf_step_args *a, const float *x, const WG *gate,
+__device__ void moe_route(Step a, const float *x, const WG *gate,
                           const WB *bias, float *scores, float *sel,
                           int32_t *experts, float *weights, int32_t *counts,
                           float rsf, const double *pre = nullptr,
@@ -480,7 +480,7 @@ __device__ __forceinline__ void for_each_candidate(const float *w, int n,
 /// R-th largest share, then its ties are taken in (c, i) order. Then the
 /// kept experts' weights are renormalised as in moe_route.
 template <int K>
-__device__ void moe_budget(const nf_step_args *a, const float *budget,
+__device__ void moe_budget(Step a, const float *budget,
                            int32_t *experts, float *weights, int32_t *counts,
                            int min_k, bool norm_topk, float rsf) {
   __shared__ int s_hist[256];
@@ -634,7 +634,7 @@ __device__ void moe_budget(const nf_step_args *a, const float *budget,
 /// that turns the counts into each warp's first row per expert, again to
 /// place the rows. Rows of an expert thus follow token order.
 template <int E, int K, int M, int DW>
-__device__ void moe_dispatch(const nf_step_args *a, const int32_t *experts,
+__device__ void moe_dispatch(Step a, const int32_t *experts,
                              const int32_t *counts, int32_t *dispatch) {
   static_assert(K <= 32, "at most 32 experts per token");
   __shared__ int s_hist[DW][E], s_off[E];

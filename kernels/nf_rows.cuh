@@ -10,7 +10,7 @@ namespace nf {
 
 /// out[t, :] = table[ids[t], :] (ids: the step's token ids or an i32 column).
 template <class W, int H>
-__device__ void embed(const nf_step_args *a, const int32_t *ids, const W *table,
+__device__ void embed(Step a, const int32_t *ids, const W *table,
                       float *out) {
   const long long n = static_cast<long long>(a->num_tokens) * H;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
@@ -21,7 +21,7 @@ __device__ void embed(const nf_step_args *a, const int32_t *ids, const W *table,
 
 /// out = x + y over COLS columns (out may alias x or y).
 template <int COLS>
-__device__ void add(const nf_step_args *a, const float *x, const float *y,
+__device__ void add(Step a, const float *x, const float *y,
                     float *out) {
   const long long n = static_cast<long long>(a->num_tokens) * COLS;
   for (long long i = global_thread(); i < n; i += grid_threads())
@@ -30,7 +30,7 @@ __device__ void add(const nf_step_args *a, const float *x, const float *y,
 
 /// out = act(x) over COLS columns.
 template <int COLS, int A>
-__device__ void activation(const nf_step_args *a, const float *x, float *out) {
+__device__ void activation(Step a, const float *x, float *out) {
   const long long n = static_cast<long long>(a->num_tokens) * COLS;
   for (long long i = global_thread(); i < n; i += grid_threads())
     out[i] = activate<A>(x[i]);
@@ -38,7 +38,7 @@ __device__ void activation(const nf_step_args *a, const float *x, float *out) {
 
 /// out[t, 0:WIDTH] = x[t, COL0:COL0+WIDTH] for an input of IN_COLS columns.
 template <int IN_COLS, int COL0, int WIDTH>
-__device__ void copy_columns(const nf_step_args *a, const float *x,
+__device__ void copy_columns(Step a, const float *x,
                              float *out) {
   const long long n = static_cast<long long>(a->num_tokens) * WIDTH;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
@@ -95,7 +95,7 @@ __device__ __forceinline__ void rms_norm_row(const float *x, const float *y,
 
 /// RMSNorm, one block per row.
 template <class W, int H>
-__device__ void rms_norm(const nf_step_args *a, const float *x, const W *w,
+__device__ void rms_norm(Step a, const float *x, const W *w,
                          double eps, float *out) {
   const int T = a->num_tokens;
   for (long long t = blockIdx.x; t < T; t += gridDim.x)
@@ -104,7 +104,7 @@ __device__ void rms_norm(const nf_step_args *a, const float *x, const W *w,
 
 /// sum = x + y; out = rms_norm(sum). One block per row.
 template <class W, int H>
-__device__ void add_rms_norm(const nf_step_args *a, const float *x,
+__device__ void add_rms_norm(Step a, const float *x,
                              const float *y, float *sum, const W *w, double eps,
                              float *out) {
   const int T = a->num_tokens;
@@ -116,7 +116,7 @@ __device__ void add_rms_norm(const nf_step_args *a, const float *x,
 /// group of I/G features, times w. One block per (token, group); elements
 /// and weights loaded up front as in rms_norm_row.
 template <class W, int I, int G>
-__device__ void gated_rms_norm(const nf_step_args *a, const float *y,
+__device__ void gated_rms_norm(Step a, const float *y,
                                const float *z, const W *w, double eps,
                                float *out) {
   constexpr int GS = I / G, EPT = (GS + kRowThreads - 1) / kRowThreads;
@@ -155,7 +155,7 @@ __device__ void gated_rms_norm(const nf_step_args *a, const float *y,
 /// nf_moe.combine: out[t] = sum_j w[t, j] * rows[slotRow[t, j]] in j order
 /// (f32), skipping unused slots. The dispatch layout is that of nf_moe.cuh.
 template <int HE, int KW, int E, int M>
-__device__ void moe_combine(const nf_step_args *a, const float *rows,
+__device__ void moe_combine(Step a, const float *rows,
                             const int32_t *dispatch, const float *w,
                             float *out) {
   const int T = a->num_tokens;

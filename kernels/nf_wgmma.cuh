@@ -105,7 +105,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64],
 }
 
 template <class S, int TERMS>
-__device__ __forceinline__ void wgmma_tile(const nf_step_args *a, int g,
+__device__ __forceinline__ void wgmma_tile(Step a, int g,
                                            int row0, int rows, int n0,
                                            unsigned char *smem_raw) {
   static_assert(S::K % 8 == 0, "16-byte rows");

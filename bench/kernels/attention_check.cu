@@ -24,15 +24,17 @@ constexpr int ROW = NKV * HD, MAXT = 8192;
 constexpr float SCALE = 0.08838834764831845f; // 1 / sqrt(128)
 
 __global__ void __launch_bounds__(256)
-    reference(const nf_step_args *a, const float *q, const float *k,
+    reference(const nf_step_args *args, const float *q, const float *k,
               const float *v, float *out) {
-  nf::kv_attend_warp<NQ, NKV, HD, PS, 8>(a, q, k, v, SCALE, out);
+  nf::kv_attend_warp<NQ, NKV, HD, PS, 8>(nf::Step{args, nullptr}, q, k, v,
+                                         SCALE, out);
 }
 template <int TERMS, int BP, int W = WARPS>
 __global__ void __launch_bounds__(32 * W)
-    mma(const nf_step_args *a, const float *q, const float *k, const float *v,
-        float *out) {
-  nf::kv_attend_mma<NQ, NKV, HD, PS, W, TERMS, BP>(a, q, k, v, SCALE, out);
+    mma(const nf_step_args *args, const float *q, const float *k,
+        const float *v, float *out) {
+  nf::kv_attend_mma<NQ, NKV, HD, PS, W, TERMS, BP>(nf::Step{args, nullptr}, q,
+                                                   k, v, SCALE, out);
 }
 
 /// A prefill step of sequences with the given lengths, each from position

@@ -29,11 +29,11 @@ template <int N_, int K_> struct Spec {
   using W = nf::bf16;
   static constexpr int N = N_, K = K_;
   static constexpr long long PLANE = kMaxRows * K_;
-  __device__ static const W *weight(const nf_step_args *, int) { return g_w; }
-  __device__ static const unsigned short *row16(const nf_step_args *, int r) {
+  __device__ static const W *weight(nf::Step, int) { return g_w; }
+  __device__ static const unsigned short *row16(nf::Step, int r) {
     return g_a + static_cast<long long>(r) * K;
   }
-  __device__ static void store(const nf_step_args *, int r, int n, float v) {
+  __device__ static void store(nf::Step, int r, int n, float v) {
     g_c[static_cast<long long>(r) * N + n] = v;
   }
 };
@@ -47,12 +47,12 @@ __global__ void __launch_bounds__(256) gemm(int M) {
     const int rows = min(128, M - mt * 128);
     if constexpr (WG) {
 #ifdef NF_HAS_WGMMA
-      nf::wgmma_tile<S, TERMS>(nullptr, 0, mt * 128, rows, nt * 128,
+      nf::wgmma_tile<S, TERMS>(nf::Step{}, 0, mt * 128, rows, nt * 128,
                                reinterpret_cast<unsigned char *>(smem));
 #endif
     } else {
       nf::pipelined_mma_tile<S, TERMS>(
-          nullptr, 0, mt * 128, rows, nt * 128,
+          nf::Step{}, 0, mt * 128, rows, nt * 128,
           reinterpret_cast<unsigned short *>(smem));
     }
   }

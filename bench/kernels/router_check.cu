@@ -21,33 +21,33 @@ constexpr int E = 128, H = 2688, MAXT = 8192;
 using WG = nf::bf16;
 
 __global__ void __launch_bounds__(256)
-    tiled(const nf_step_args *a, const float *x, const WG *gate,
+    tiled(const nf_step_args *args, const float *x, const WG *gate,
           const float *bias, float *scores, float *sel, double *pre) {
-  nf::moe_router_logits_tiled<WG, float, E, H, 32, 64>(a, x, gate, bias, scores,
-                                                       sel, pre);
+  nf::moe_router_logits_tiled<WG, float, E, H, 32, 64>(
+      nf::Step{args, nullptr}, x, gate, bias, scores, sel, pre);
 }
 template <int TT, int KC>
 __global__ void __launch_bounds__(256)
-    dmma(const nf_step_args *a, const float *x, const WG *gate,
+    dmma(const nf_step_args *args, const float *x, const WG *gate,
          const float *bias, float *scores, float *sel, double *pre) {
-  nf::moe_router_logits_dmma<WG, float, E, H, TT, KC>(a, x, gate, bias, scores,
-                                                      sel, pre);
+  nf::moe_router_logits_dmma<WG, float, E, H, TT, KC>(
+      nf::Step{args, nullptr}, x, gate, bias, scores, sel, pre);
 }
 
 // An expert count that is not a multiple of 8 (tiny-latent's 12).
 constexpr int E2 = 12, H2 = 64;
 __global__ void __launch_bounds__(256)
-    tiled_odd(const nf_step_args *a, const float *x, const WG *gate,
+    tiled_odd(const nf_step_args *args, const float *x, const WG *gate,
               const float *bias, float *scores, float *sel, double *pre) {
-  nf::moe_router_logits_tiled<WG, float, E2, H2, 16, 32>(a, x, gate, bias,
-                                                         scores, sel, pre);
+  nf::moe_router_logits_tiled<WG, float, E2, H2, 16, 32>(
+      nf::Step{args, nullptr}, x, gate, bias, scores, sel, pre);
 }
 template <int TT>
 __global__ void __launch_bounds__(256)
-    dmma_odd(const nf_step_args *a, const float *x, const WG *gate,
+    dmma_odd(const nf_step_args *args, const float *x, const WG *gate,
              const float *bias, float *scores, float *sel, double *pre) {
-  nf::moe_router_logits_dmma<WG, float, E2, H2, TT>(a, x, gate, bias, scores,
-                                                    sel, pre);
+  nf::moe_router_logits_dmma<WG, float, E2, H2, TT>(
+      nf::Step{args, nullptr}, x, gate, bias, scores, sel, pre);
 }
 
 } // namespace

@@ -29,21 +29,19 @@ template <int N_, int K_, int E> struct Spec {
   using W = nf::bf16;
   static constexpr int N = N_, K = K_, G = E;
   static constexpr bool kRowsFromArgs = false; // groups from the arena
-  __device__ static __forceinline__ const W *weight(const nf_step_args *a,
-                                                    int g) {
+  __device__ static __forceinline__ const W *weight(nf::Step a, int g) {
     return static_cast<const W *>(a->weights[0]) +
            static_cast<long long>(g) * N * K;
   }
-  __device__ static __forceinline__ const float *row(const nf_step_args *a,
-                                                     int r) {
+  __device__ static __forceinline__ const float *row(nf::Step a, int r) {
     return nf::arena<float>(a, kXOff) + static_cast<long long>(r) * K;
   }
-  __device__ static __forceinline__ void store(const nf_step_args *a, int r,
-                                               int n, float v) {
+  __device__ static __forceinline__ void store(nf::Step a, int r, int n,
+                                               float v) {
     nf::arena<float>(a, kYOff)[static_cast<long long>(r) * N + n] = v;
   }
-  __device__ static __forceinline__ void group(const nf_step_args *a, int g,
-                                               int &begin, int &count) {
+  __device__ static __forceinline__ void group(nf::Step a, int g, int &begin,
+                                               int &count) {
     const int32_t *off = nf::arena<int32_t>(a, 0);
     begin = off[g];
     count = off[g + 1] - off[g];
@@ -52,8 +50,8 @@ template <int N_, int K_, int E> struct Spec {
 
 template <class S, int MT, int STAGES, int KW>
 __global__ void __launch_bounds__(32 * KW, NF_MIN_BLOCKS)
-    skinny(const nf_step_args *a) {
-  nf::skinny_linear<S, MT, STAGES, KW, NF_TERMS>(a);
+    skinny(const nf_step_args *__restrict__ args, char *__restrict__ arena) {
+  nf::skinny_linear<S, MT, STAGES, KW, NF_TERMS>(nf::Step{args, arena});
 }
 
 struct Problem {
@@ -112,7 +110,7 @@ static void run(const char *label, Kernel kernel, int grid, int block,
     CHECK(cudaMemcpyAsync(arena, dOffs + it * (p.E + 1),
                           sizeof(int32_t) * (p.E + 1),
                           cudaMemcpyDeviceToDevice));
-    kernel<<<grid, block>>>(dArgs);
+    kernel<<<grid, block>>>(dArgs, arena);
   };
   step(0);
   CHECK(cudaDeviceSynchronize());
@@ -192,7 +190,6 @@ int main() {
   CHECK(cudaMemcpy(dW, &w, sizeof(void *), cudaMemcpyHostToDevice));
   nf_step_args args{};
   args.arena = arena;
-  CHECK(cudaMemcpyToSymbol(nf_arena_base, &arena, sizeof arena));
   args.weights = dW;
   args.num_tokens = 1;
   args.num_seqs = 1;

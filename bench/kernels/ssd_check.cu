@@ -28,38 +28,43 @@ constexpr float DT_MIN = 0.0f, DT_MAX = 1e30f;
 constexpr long long STATE = static_cast<long long>(NH) * P * N;
 
 __global__ void __launch_bounds__(PT *NS)
-    walk_plain(const nf_step_args *a, const float *xbc, const float *dt,
+    walk_plain(const nf_step_args *args, const float *xbc, const float *dt,
                const float *bias, const float *alog, const float *d,
                float *state, float *y) {
   nf::ssm_scan<float, float, float, NH, P, N, G, PT, NS, TC>(
-      a, xbc, dt, bias, alog, d, DT_MIN, DT_MAX, state, y);
+      nf::Step{args, nullptr}, xbc, dt, bias, alog, d, DT_MIN, DT_MAX, state,
+      y);
 }
 __global__ void __launch_bounds__(256)
-    walk_states(const nf_step_args *a, const float *xbc, const float *dt,
+    walk_states(const nf_step_args *args, const float *xbc, const float *dt,
                 const float *bias, const float *alog, float *local,
                 float *decay) {
   nf::ssm_chunk_states<float, float, NH, P, N, G, L, CMAX>(
-      a, xbc, dt, bias, alog, DT_MIN, DT_MAX, local, decay);
+      nf::Step{args, nullptr}, xbc, dt, bias, alog, DT_MIN, DT_MAX, local,
+      decay);
 }
 __global__ void __launch_bounds__(256)
-    carry(const nf_step_args *a, const float *state, float *local,
+    carry(const nf_step_args *args, const float *state, float *local,
           const float *decay) {
-  nf::ssm_chunk_carry<NH, P, N, L>(a, state, local, decay);
+  nf::ssm_chunk_carry<NH, P, N, L>(nf::Step{args, nullptr}, state, local,
+                                   decay);
 }
 __global__ void __launch_bounds__(PT *NS)
-    walk_chunks(const nf_step_args *a, const float *xbc, const float *dt,
+    walk_chunks(const nf_step_args *args, const float *xbc, const float *dt,
                 const float *bias, const float *alog, const float *d,
                 float *state, float *y, const float *local) {
   nf::ssm_scan<float, float, float, NH, P, N, G, PT, NS, TC, L, CMAX>(
-      a, xbc, dt, bias, alog, d, DT_MIN, DT_MAX, state, y, local);
+      nf::Step{args, nullptr}, xbc, dt, bias, alog, d, DT_MIN, DT_MAX, state, y,
+      local);
 }
 template <int TERMS, bool kStates, int Q, int MINB>
 __global__ void __launch_bounds__(32 * (P / 16), MINB)
-    ssd(const nf_step_args *a, const float *xbc, const float *dt,
+    ssd(const nf_step_args *args, const float *xbc, const float *dt,
         const float *bias, const float *alog, const float *d, float *state,
         float *y, float *local, float *decay) {
   nf::ssd_chunk<float, float, float, NH, P, N, G, L, CMAX, Q, TERMS, kStates>(
-      a, xbc, dt, bias, alog, d, DT_MIN, DT_MAX, state, y, local, decay);
+      nf::Step{args, nullptr}, xbc, dt, bias, alog, d, DT_MIN, DT_MAX, state, y,
+      local, decay);
 }
 
 // The scan addressed as a generated plan addresses it: every buffer an
@@ -68,24 +73,14 @@ __global__ void __launch_bounds__(32 * (P / 16), MINB)
 constexpr long long kXbcAt = 201326592ll, kDtAt = 624951296ll, kYAt = 0,
                     kLocalAt = 4383047680ll, kDecayAt = 4586471424ll;
 template <bool kStates, long long kY = kYAt>
-__global__ void __launch_bounds__(128) ssd_arena(const nf_step_args *a) {
+__global__ void __launch_bounds__(128)
+    ssd_arena(const nf_step_args *__restrict__ args, char *__restrict__ base) {
+  const nf::Step a{args, base};
   nf::ssd_chunk<float, float, float, NH, P, N, G, L, CMAX, 64, 1, kStates>(
       a, nf::arena<float>(a, kXbcAt), nf::arena<float>(a, kDtAt),
       nf::weight<float>(a, 0), nf::weight<float>(a, 1), nf::weight<float>(a, 2),
       DT_MIN, DT_MAX, nf::storage(a, 0), nf::arena<float>(a, kY),
       nf::arena<float>(a, kLocalAt), nf::arena<float>(a, kDecayAt));
-}
-
-// The same with the arena's base as a kernel parameter.
-__global__ void __launch_bounds__(128)
-    ssd_arena_param(const nf_step_args *a, char *base) {
-  auto at = [&](long long off) {
-    return reinterpret_cast<float *>(base + off);
-  };
-  nf::ssd_chunk<float, float, float, NH, P, N, G, L, CMAX, 64, 1, false>(
-      a, at(kXbcAt), at(kDtAt), nf::weight<float>(a, 0),
-      nf::weight<float>(a, 1), nf::weight<float>(a, 2), DT_MIN, DT_MAX,
-      nf::storage(a, 0), at(kYAt), at(kLocalAt), at(kDecayAt));
 }
 
 struct Step {
@@ -247,7 +242,6 @@ int main(int argc, char **argv) {
     CHECK(cudaMemcpy(ds, storage, sizeof storage, cudaMemcpyHostToDevice));
     nf_step_args host = st.host;
     host.arena = arena;
-    CHECK(cudaMemcpyToSymbol(nf_arena_base, &arena, sizeof arena));
     host.weights = dw;
     host.storage = ds;
     nf_step_args *args = nullptr;
@@ -260,27 +254,23 @@ int main(int argc, char **argv) {
     CHECK(cudaFuncSetAttribute(
         ssd_arena<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, s3));
     const int grid = std::min(CMAX * NH, 132 * 8);
-    ssd_arena<true><<<grid, 128, s1>>>(args);
+    ssd_arena<true><<<grid, 128, s1>>>(args, arena);
     carry<<<(STATE + 255) / 256, 256>>>(
         args, b.state, reinterpret_cast<float *>(arena + kLocalAt),
         reinterpret_cast<float *>(arena + kDecayAt));
-    ssd_arena<false><<<grid, 128, s3>>>(args);
+    ssd_arena<false><<<grid, 128, s3>>>(args, arena);
     CHECK(cudaDeviceSynchronize());
-    std::printf("%s, plan's arena offsets: scan %.3f ms\n", argv[1],
-                once_ms([&] { ssd_arena<false><<<grid, 128, s3>>>(args); }));
+    std::printf(
+        "%s, plan's arena offsets: scan %.3f ms\n", argv[1],
+        once_ms([&] { ssd_arena<false><<<grid, 128, s3>>>(args, arena); }));
     // Which matters: where the buffers lie, or arena-relative addressing?
     constexpr long long kYFar = 3ll << 30;
     CHECK(cudaFuncSetAttribute(ssd_arena<false, kYFar>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                s3));
     std::printf("%s, arena, y at 3 GiB: scan %.3f ms\n", argv[1], once_ms([&] {
-                  ssd_arena<false, kYFar><<<grid, 128, s3>>>(args);
+                  ssd_arena<false, kYFar><<<grid, 128, s3>>>(args, arena);
                 }));
-    CHECK(cudaFuncSetAttribute(
-        ssd_arena_param, cudaFuncAttributeMaxDynamicSharedMemorySize, s3));
-    std::printf(
-        "%s, arena base as a kernel parameter: scan %.3f ms\n", argv[1],
-        once_ms([&] { ssd_arena_param<<<grid, 128, s3>>>(args, arena); }));
     Buffers at = b;
     at.xbc = reinterpret_cast<float *>(arena + kXbcAt);
     at.dt = reinterpret_cast<float *>(arena + kDtAt);

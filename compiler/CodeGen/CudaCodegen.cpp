@@ -285,7 +285,10 @@ private:
     const bool early = phase == "decode";
     text << "// " << comment << "\n"
          << "extern \"C\" __global__ void __launch_bounds__(" << block << ") "
-         << fn << "(const nf_step_args *__restrict__ a) {\n"
+         << fn
+         << "(const nf_step_args *__restrict__ args, char *__restrict__ "
+            "arena) {\n"
+         << "  const nf::Step a{args, arena};\n"
          << inject << (bodyWaits ? "" : "  nf::wait_for_previous_grids();\n")
          << (early ? "  nf::allow_next_grid();\n" : "") << body
          << (early ? "" : "  nf::allow_next_grid();\n") << "}\n\n";
@@ -380,19 +383,19 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   text << "struct " << spec << " : " << s.groups << " {\n"
        << "  using W = " << s.wtype << ";\n"
        << "  static constexpr int N = " << s.N << ", K = " << s.K << ";\n"
-       << "  __device__ static __forceinline__ const W *weight(const "
-          "nf_step_args *a, int g) {\n"
+       << "  __device__ static __forceinline__ const W *weight("
+          "nf::Step a, int g) {\n"
        << "    (void)g;\n    return " << s.weight << ";\n  }\n"
-       << "  __device__ static __forceinline__ const float *row(const "
-          "nf_step_args *a, int r) {\n"
+       << "  __device__ static __forceinline__ const float *row("
+          "nf::Step a, int r) {\n"
        << "    return " << s.input << " + " << rowOffset << ";\n  }\n";
   if (planes)
     text << "  static constexpr long long PLANE = " << planeElems << "ll;\n"
          << "  __device__ static __forceinline__ const unsigned short *"
-            "row16(const nf_step_args *a, int r) {\n"
+            "row16(nf::Step a, int r) {\n"
          << "    return " << planePtr << " + " << rowOffset << ";\n  }\n";
-  text << "  __device__ static __forceinline__ void store(const nf_step_args "
-          "*a, int r, int n, float v) {\n"
+  text << "  __device__ static __forceinline__ void store(nf::Step "
+          "a, int r, int n, float v) {\n"
        << s.store << "  }\n};\n";
   if (planes) {
     addLaunch(fn + "_split", elementGrid(planeElems / 4), 256,
@@ -447,6 +450,8 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // with bf16 inputs (its registers allow it): that streamed the batch-1
     // expert and in_proj weights 15-22% faster (bench/kernels/skinny_sweep.cu)
     // but slowed batch 64 when the wide variant did the same.
+    // (No minimum-blocks launch bound: with one, ptxas spills to reach it,
+    // where without one the narrow variant fits three blocks unspilled.)
     const int64_t cap = int64_t(opts.smCount) * 2;
     const int64_t narrowCap =
         opts.matmulTerms == 1 ? int64_t(opts.smCount) * 3 : cap;

@@ -239,9 +239,16 @@ CUresult launchOn(Function *f, unsigned grid, unsigned block, Stream *s,
     return kInvalidValue;
   const auto *args = reinterpret_cast<const nf_step_args *>(
       static_cast<uintptr_t>(*static_cast<CUdeviceptr *>(params[0])));
+  // The second parameter is the arena's base (nf_abi.h): it must be the
+  // address the step arguments hold.
+  const uintptr_t arena = *static_cast<CUdeviceptr *>(params[1]);
   Kernel k = f->kernel;
   // Not one of the smoke kernels: fails when it runs.
-  return enqueue(s, [k, args] { return k ? k(args) : kLaunchFailed; });
+  return enqueue(s, [k, args, arena] {
+    if (reinterpret_cast<uintptr_t>(args->arena) != arena)
+      return kLaunchFailed;
+    return k ? k(args) : kLaunchFailed;
+  });
 }
 
 CUresult copy(uintptr_t dst, bool dstDevice, uintptr_t src, bool srcDevice,
@@ -430,8 +437,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n,
                               Stream *s) {
   return copy(dst, true, reinterpret_cast<uintptr_t>(src), false, n, s);
 }
-CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n,
-                              Stream *s) {
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, Stream *s) {
   return copy(reinterpret_cast<uintptr_t>(dst), false, src, true, n, s);
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n,
@@ -455,8 +461,9 @@ CUresult cuModuleLoadDataEx(Module **m, const void *image, unsigned n,
     return kInvalidContext;
   const char *p = static_cast<const char *>(image);
   std::string text;
-  if (std::strncmp(p, "\x7f"
-                      "ELF",
+  if (std::strncmp(p,
+                   "\x7f"
+                   "ELF",
                    4) == 0) {
     // ELF: the section header table ends the image.
     uint64_t shoff;
@@ -487,9 +494,9 @@ CUresult cuModuleGetFunction(Function **f, Module *m, const char *name) {
   if (!current())
     return kInvalidContext;
   const std::string n(name);
-  const bool found = m->image.find(".entry " + n + "(") != std::string::npos ||
-                     m->image.find(std::string(n.c_str(), n.size() + 1)) !=
-                         std::string::npos;
+  const bool found =
+      m->image.find(".entry " + n + "(") != std::string::npos ||
+      m->image.find(std::string(n.c_str(), n.size() + 1)) != std::string::npos;
   if (!found)
     return kNotFound;
   // Functions live as long as the process (a small leak per load).
@@ -508,9 +515,9 @@ CUresult cuLaunchKernel(Function *f, unsigned gx, unsigned, unsigned,
                         void **params, void **) {
   return launchOn(f, gx, bx, s, params);
 }
-CUresult cuLaunchCooperativeKernel(Function *f, unsigned gx, unsigned,
-                                   unsigned, unsigned bx, unsigned, unsigned,
-                                   unsigned, Stream *s, void **params) {
+CUresult cuLaunchCooperativeKernel(Function *f, unsigned gx, unsigned, unsigned,
+                                   unsigned bx, unsigned, unsigned, unsigned,
+                                   Stream *s, void **params) {
   if (gx > 32)
     return kInvalidValue;
   return launchOn(f, gx, bx, s, params);

@@ -636,38 +636,6 @@ Status CudaEngine::allocate() {
       !s)
     return s;
 
-  // Every module reads the arena's base from its constant bank
-  // (nf_common.cuh nf_arena_base): set it once, here. Modules without it
-  // (the test driver's, or a module that never uses the arena) are skipped.
-  if (d_->cuModuleGetGlobal) {
-    const CUdeviceptr base = g.arena.ptr();
-    for (const Module &m : g.modules) {
-      CUdeviceptr sym = 0;
-      size_t bytes = 0;
-      const CUresult r =
-          d_->cuModuleGetGlobal(&sym, &bytes, m.get(), "nf_arena_base");
-      if (r == CUDA_ERROR_NOT_FOUND)
-        continue;
-      if (Status s = d_->check(r, "cuModuleGetGlobal"); !s)
-        return Status::error(where() + ": arena base: " + s.message());
-      if (bytes != sizeof base)
-        return Status::error(where() +
-                             ": arena base: the module's "
-                             "nf_arena_base has " +
-                             std::to_string(bytes) + " bytes, not 8");
-      if (Status s =
-              d_->check(d_->cuMemcpyHtoDAsync(sym, &base, sizeof base, stream),
-                        "cuMemcpyHtoDAsync");
-          !s)
-        return Status::error(where() + ": arena base: " + s.message());
-    }
-    // `base` must outlive its copies.
-    if (Status s =
-            d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
-        !s)
-      return Status::error(where() + ": arena base: " + s.message());
-  }
-
   // State: two buffers per storage entry.
   const int64_t slots = storage_.cache.numSlots;
   std::vector<CUdeviceptr> sptrs;
@@ -795,7 +763,8 @@ Status CudaEngine::enqueue(const Program &p, int64_t rows) {
     if (timed)
       (void)d_->cuEventRecord(g.profileStart.get(), stream);
     if (Status s = launch(*d_, l.fn, l.grid, l.block, l.shared, l.cooperative,
-                          l.programmatic && !profiling_, stream, g.args.ptr());
+                          l.programmatic && !profiling_, stream, g.args.ptr(),
+                          g.arena.ptr());
         !s)
       return Status::error(l.where + ": " + s.message());
     if (profiling_) {

@@ -105,7 +105,6 @@ StatusOr<std::unique_ptr<Driver>> openDriver(const std::string &library) {
       {slotOf(d->cuModuleLoadDataEx), {"cuModuleLoadDataEx"}, true},
       {slotOf(d->cuModuleUnload), {"cuModuleUnload"}, true},
       {slotOf(d->cuModuleGetFunction), {"cuModuleGetFunction"}, true},
-      {slotOf(d->cuModuleGetGlobal), {"cuModuleGetGlobal_v2"}, false},
       {slotOf(d->cuFuncSetAttribute), {"cuFuncSetAttribute"}, true},
       {slotOf(d->cuOccupancyMaxActiveBlocksPerMultiprocessor),
        {"cuOccupancyMaxActiveBlocksPerMultiprocessor"},
@@ -352,8 +351,8 @@ StatusOr<Module> loadModule(const Driver &d, const void *image, size_t size,
 
 Status launch(const Driver &d, CUfunction f, unsigned grid, unsigned block,
               unsigned sharedBytes, bool cooperative, bool programmatic,
-              CUstream stream, CUdeviceptr arg) {
-  void *params[] = {&arg};
+              CUstream stream, CUdeviceptr args, CUdeviceptr arena) {
+  void *params[] = {&args, &arena};
   if ((cooperative || programmatic) && d.cuLaunchKernelEx) {
     CUlaunchAttribute attr;
     std::memset(&attr, 0, sizeof attr);

@@ -58,7 +58,6 @@ constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
 constexpr CUresult CUDA_ERROR_STUB_LIBRARY = 34;
 constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
-constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
 
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
@@ -144,9 +143,6 @@ struct Driver {
   CUresult (*cuModuleUnload)(CUmodule) = nullptr;
   CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule,
                                   const char *) = nullptr;
-  // Optional (the test driver has none): a module's __constant__ variable.
-  CUresult (*cuModuleGetGlobal)(CUdeviceptr *, size_t *, CUmodule,
-                                const char *) = nullptr;
   CUresult (*cuFuncSetAttribute)(CUfunction, CUfunction_attribute,
                                  int) = nullptr;
   CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *, CUfunction,
@@ -363,7 +359,9 @@ StatusOr<Stream> createStream(const Driver &d);
 StatusOr<Module> loadModule(const Driver &d, const void *image, size_t size,
                             bool ptx);
 
-/// Launches `f` with one kernel parameter, `arg` (a device pointer):
+/// Launches `f` with the kernel parameters of nf_abi.h, `args` and `arena`
+/// (device pointers; a function that declares only the first, from a plan
+/// before 1.3, reads only that):
 /// cuLaunchKernel, or cuLaunchKernelEx with the cooperative attribute
 /// (capturable into graphs; else cuLaunchCooperativeKernel) or the
 /// programmatic-stream-serialization attribute (the kernel may start before
@@ -371,6 +369,6 @@ StatusOr<Module> loadModule(const Driver &d, const void *image, size_t size,
 /// griddepcontrol.wait).
 Status launch(const Driver &d, CUfunction f, unsigned grid, unsigned block,
               unsigned sharedBytes, bool cooperative, bool programmatic,
-              CUstream stream, CUdeviceptr arg);
+              CUstream stream, CUdeviceptr args, CUdeviceptr arena);
 
 } // namespace nf::cuda
