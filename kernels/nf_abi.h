@@ -1,10 +1,11 @@
 // Launch ABI between the CUDA kernels nfc generates (kernels/*.cuh templates,
 // compiled ahead of time with NVRTC) and the runtime's CUDA backend.
 //
-// Every generated __global__ function takes two arguments: a pointer to an
-// nf_step_args in device memory, and the step arena's base (the address
-// nf_step_args.arena holds, as a parameter so that every thread has it without
-// a load; functions of plans before 1.3 take only the first). Shapes, dtypes,
+// The runtime launches every generated __global__ function with two
+// arguments: a pointer to an nf_step_args in device memory, and the step
+// arena's base (the address nf_step_args.arena holds). Prefill functions
+// declare both; decode functions, and every function of plans before 1.3,
+// only the first (nf_common.cuh, nf::arena). Shapes, dtypes,
 // arena offsets, weight and storage indices are compile-time constants of the
 // generated source; only what changes from step to step lives here. Because
 // the token count is read from device memory, a captured CUDA graph serves

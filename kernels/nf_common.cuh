@@ -190,12 +190,11 @@ template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
 // Step arguments
 
 /// What every generated function hands its templates: the step's arguments
-/// (device memory: they change from step to step) and the arena's base (the
-/// second kernel parameter, nf_abi.h). The base must not come from
-/// args->arena: a pointer loaded from memory made the tensor-core SSM scan
-/// 1.8x slower (bench/kernels/ssd_check.cu, "plan's arena offsets"), and a
-/// per-module __constant__ copy cost batch-1 decode ~0.3 ms per step (the
-/// constant's line falls out of L2 while the weights stream through it).
+/// (device memory: they change from step to step) and, in prefill
+/// functions, the arena's base (their second kernel parameter, nf_abi.h;
+/// null in decode functions). A per-module __constant__ copy of the base
+/// was tried too: each module's copy falls out of L2 between decode steps
+/// while the weights stream through it.
 struct Step {
   const nf_step_args *args;
   char *arena;
@@ -204,17 +203,21 @@ struct Step {
   }
 };
 
-/// A pointer into the arena. The base passes through an empty asm at each
-/// use, so the compiler treats every derived address as computed where it is
-/// used, as it had to with a base loaded from memory: a known base let it
-/// hoist the decode linears' store addresses above their K loops and hold
-/// them in registers (127 instead of 80: two blocks per SM instead of three,
-/// batch-1 decode 5-10% slower).
+/// A pointer into the arena. Prefill functions take the arena's base as a
+/// kernel parameter (Step::arena); decode functions, whose module defines
+/// NF_ARENA_FROM_ARGS, read args->arena at each use. Measured on the H200
+/// (Nano shape, bf16 inputs): the parameter makes 8K prefill 7% faster (the
+/// SSM scan 1.8x: a known base lets the compiler keep its addresses) but
+/// batch-1 decode 7% slower, which neither minimum-blocks launch bounds on
+/// the decode linears (their registers grew 78 -> 128) nor an empty asm on
+/// the base at each use recovered (bench/results/2026-11-30c/README.md).
 template <class T>
 __device__ __forceinline__ T *arena(Step a, long long offset) {
-  char *base = a.arena;
-  asm volatile("" : "+l"(base));
-  return reinterpret_cast<T *>(base + offset);
+#ifdef NF_ARENA_FROM_ARGS
+  return reinterpret_cast<T *>(a->arena + offset);
+#else
+  return reinterpret_cast<T *>(a.arena + offset);
+#endif
 }
 template <class T>
 __device__ __forceinline__ const T *weight(Step a, int index) {

@@ -286,9 +286,11 @@ private:
     text << "// " << comment << "\n"
          << "extern \"C\" __global__ void __launch_bounds__(" << block << ") "
          << fn
-         << "(const nf_step_args *__restrict__ args, char *__restrict__ "
-            "arena) {\n"
-         << "  const nf::Step a{args, arena};\n"
+         << (phase == "decode" ? "(const nf_step_args *__restrict__ args) {\n"
+                                 "  const nf::Step a{args, nullptr};\n"
+                               : "(const nf_step_args *__restrict__ args, char "
+                                 "*__restrict__ arena) {\n"
+                                 "  const nf::Step a{args, arena};\n")
          << inject << (bodyWaits ? "" : "  nf::wait_for_previous_grids();\n")
          << (early ? "  nf::allow_next_grid();\n" : "") << body
          << (early ? "" : "  nf::allow_next_grid();\n") << "}\n\n";
@@ -1566,7 +1568,11 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
   for (const CudaLaunchInfo &l : launches)
     src << "\n//   " << l.function << " <<<" << l.grid << ", " << l.block
         << ">>>";
-  src << "\n#include \"nf_common.cuh\"\n";
+  // Decode functions read the arena's base from the step's arguments at
+  // each use (nf_common.cuh, nf::arena).
+  src << "\n"
+      << (phase == "decode" ? "#define NF_ARENA_FROM_ARGS 1\n" : "")
+      << "#include \"nf_common.cuh\"\n";
   for (const std::string &inc : includes)
     src << "#include \"" << inc << "\"\n";
   src << "\n" << text.str();
