@@ -2,10 +2,10 @@
 // with NVRTC: no system headers, nothing but nf_abi.h).
 //
 // Conventions of every template in kernels/*.cuh:
-//   - the generated __global__ function takes the step's arguments and the
-//     arena's base (nf_abi.h), passes them on as `nf::Step a`, and passes
-//     the template typed pointers it computes from compile-time arena
-//     offsets, weight indices and storage indices (see nf_abi.h);
+//   - the generated __global__ function takes the step's arguments (and in
+//     prefill the arena's base, nf_abi.h), passes them on as `nf::Step a`,
+//     and passes the template typed pointers it computes from compile-time
+//     arena offsets, weight indices and storage indices (see nf_abi.h);
 //   - activations are f32 (i32 for ids and counts), weights are f32, bf16 or
 //     f16 (nf::bf16 / nf::f16 hold the raw bits) and every sum accumulates in
 //     f32 (f64 where the CPU reference does);

@@ -360,8 +360,8 @@ StatusOr<Module> loadModule(const Driver &d, const void *image, size_t size,
                             bool ptx);
 
 /// Launches `f` with the kernel parameters of nf_abi.h, `args` and `arena`
-/// (device pointers; a function that declares only the first, from a plan
-/// before 1.3, reads only that):
+/// (device pointers; a function that declares only the first, a decode
+/// function or one from a plan before 1.3, reads only that):
 /// cuLaunchKernel, or cuLaunchKernelEx with the cooperative attribute
 /// (capturable into graphs; else cuLaunchCooperativeKernel) or the
 /// programmatic-stream-serialization attribute (the kernel may start before
