@@ -186,6 +186,17 @@ template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
 #endif
 }
 
+/// Whether a linear's spec S has a row context (S::kRowCtx): a value
+/// S::row_ctx(a, r) that S::store(a, ctx, r, n, v) uses, which a GEMM
+/// epilogue computes once per row instead of once per element (a K/V
+/// append's page-table lookups).
+template <class S, class = void> struct HasRowCtx {
+  static constexpr bool value = false;
+};
+template <class S> struct HasRowCtx<S, decltype(void(S::kRowCtx))> {
+  static constexpr bool value = S::kRowCtx;
+};
+
 // ---------------------------------------------------------------------------
 // Step arguments
 

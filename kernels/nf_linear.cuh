@@ -506,6 +506,13 @@ template <int TERMS> __host__ __device__ constexpr int pipelined_gemm_smem() {
   return gemm_stages<TERMS>() * (TERMS + 1) * kGemmTile * kGemmLd * 2;
 }
 
+/// Barrier of the kLinearThreads threads that run pipelined_mma_tile: the
+/// whole block, or its first 256 threads where the block is larger (the
+/// kWsThreads of a warp-specialised launch running this PTX fallback).
+__device__ __forceinline__ void tile_threads_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kLinearThreads) : "memory");
+}
+
 template <class S, int TERMS>
 __device__ __forceinline__ void pipelined_mma_tile(Step a, int g, int row0,
                                                    int rows, int n0,
@@ -548,7 +555,7 @@ __device__ __forceinline__ void pipelined_mma_tile(Step a, int g, int row0,
   };
   const int wm = warp >> 2, wn = warp & 3;
   float acc[4][4][4] = {};
-  __syncthreads(); // the previous tile is done with the stages
+  tile_threads_sync(); // the previous tile is done with the stages
 #pragma unroll
   for (int st = 0; st < ST - 1; ++st) {
     if (st < KT)
@@ -557,7 +564,7 @@ __device__ __forceinline__ void pipelined_mma_tile(Step a, int g, int row0,
   }
   for (int kt = 0; kt < KT; ++kt) {
     copy_async_wait<ST - 2>(); // slice kt has landed (this thread's part)
-    __syncthreads();           // everyone's part; slice kt - 1 is consumed
+    tile_threads_sync();       // everyone's part; slice kt - 1 is consumed
     if (kt + ST - 1 < KT)
       load_stage((kt + ST - 1) % ST, (kt + ST - 1) * kGemmK);
     copy_async_commit();
@@ -666,8 +673,13 @@ __device__ __forceinline__ void gemv_item(Step a, int g, int begin, int count,
 /// row16 / PLANE; launched with pipelined_gemm_smem<TERMS>() bytes of
 /// dynamic shared memory): tiles use pipelined_mma_tile, or with kWgmma
 /// (launched with at least wgmma_gemm_smem<TERMS>() bytes) wgmma_tile where
-/// compiled for sm_90a.
-template <class S, int TERMS = 3, bool kPlanes = false, bool kWgmma = false>
+/// compiled for sm_90a. kWsTileN > 0 (bf16 inputs with kWgmma; launched with
+/// kWsThreads threads and at least wgmma_ws_smem<kWsTileN>() bytes): the
+/// sm_90a cubin runs the warp-specialised wgmma_ws_gemm on 128 x kWsTileN
+/// tiles instead, and the PTX fallback runs pipelined_mma_tile on the first
+/// kLinearThreads threads.
+template <class S, int TERMS = 3, bool kPlanes = false, bool kWgmma = false,
+          int kWsTileN = 0>
 __device__ void linear(Step a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr bool kMma = IsBf16<typename S::W>::value && S::K % 8 == 0;
@@ -676,7 +688,12 @@ __device__ void linear(Step a) {
 #endif
   constexpr bool kPipe = kMma && kPlanes;
   constexpr bool kBig = kMma && TERMS == 1 && !kPipe;
-  constexpr int TN = kMma ? kMmaTileN : kTileN;
+#ifdef NF_HAS_WGMMA
+  constexpr bool kWs = kPipe && kWgmma && TERMS == 1 && kWsTileN > 0;
+#else
+  constexpr bool kWs = false;
+#endif
+  constexpr int TN = kWs ? kWsTileN : kMma ? kMmaTileN : kTileN;
   constexpr int TM = kPipe ? kGemmTile : kBig ? kBigTileM : kTileM;
   constexpr int NT = (S::N + TN - 1) / TN;
   constexpr int kSimtBytes = 2 * kTileK * (kTileM + 4) * sizeof(float);
@@ -692,7 +709,27 @@ __device__ void linear(Step a) {
       a, [](int c) { return c > kGemvRows ? (c + TM - 1) / TM * NT : 0; });
   const int *s_begin = s_groups.begin, *s_count = s_groups.count;
   const int tiles = s_groups.total();
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+#ifdef NF_HAS_WGMMA
+  if constexpr (kWs) {
+    extern __shared__ float4 nf_gemm_smem[];
+    wgmma_ws_gemm<S, kWsTileN>(
+        a, tiles,
+        [&](int tile, int &g, int &row0, int &rows, int &n0) {
+          g = s_groups.group_of(tile);
+          const int local = tile - s_groups.first[g];
+          const int mt = local / NT;
+          row0 = s_begin[g] + mt * TM;
+          rows = min(TM, s_count[g] - mt * TM);
+          n0 = (local % NT) * TN;
+        },
+        reinterpret_cast<unsigned char *>(nf_gemm_smem));
+  }
+#endif
+  // Threads past kLinearThreads (a kWsThreads launch running the PTX
+  // fallback) take no tiles.
+  const int tileBlocks =
+      kWs || (kPipe && threadIdx.x >= kLinearThreads) ? 0 : tiles;
+  for (int tile = blockIdx.x; tile < tileBlocks; tile += gridDim.x) {
     const int lo = s_groups.group_of(tile);
     const int local = tile - s_groups.first[lo];
     const int mt = local / NT, nt = local % NT;
@@ -700,7 +737,7 @@ __device__ void linear(Step a) {
     if constexpr (kPipe) {
       extern __shared__ float4 nf_gemm_smem[];
 #ifdef NF_HAS_WGMMA
-      if constexpr (kWgmma) {
+      if constexpr (kWgmma && !kWs) {
         static_assert(kWgTile == TM && kWgTile == TN, "same tiles");
         wgmma_tile<S, TERMS>(a, lo, s_begin[lo] + mt * TM, rows, nt * TN,
                              reinterpret_cast<unsigned char *>(nf_gemm_smem));

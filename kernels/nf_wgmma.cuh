@@ -43,6 +43,27 @@ template <int TERMS> __host__ __device__ constexpr int wgmma_gemm_smem() {
   return wgmma_stages<TERMS>() * wgmma_stage_bytes<TERMS>() + 1024;
 }
 
+/// Threads of a wgmma_ws_gemm block with CW consumer warpgroups: a producer
+/// warpgroup and the consumers.
+template <int CW = 2> __host__ __device__ constexpr int wgmma_ws_threads() {
+  return 128 * (CW + 1);
+}
+constexpr int kWsThreads = wgmma_ws_threads<2>();
+/// Bytes of one stage: the 64 CW x 64 input tile and the TN x 64 weight tile.
+template <int TN, int CW = 2>
+__host__ __device__ constexpr int wgmma_ws_stage_bytes() {
+  return (64 * CW + TN) * kWgK * 2;
+}
+template <int TN, int CW = 2>
+__host__ __device__ constexpr int wgmma_ws_stages() {
+  return (210 * 1024) / wgmma_ws_stage_bytes<TN, CW>();
+}
+/// Dynamic shared memory of wgmma_ws_gemm (1 KiB for alignment).
+template <int TN, int CW = 2>
+__host__ __device__ constexpr int wgmma_ws_smem() {
+  return wgmma_ws_stages<TN, CW>() * wgmma_ws_stage_bytes<TN, CW>() + 1024;
+}
+
 #ifdef NF_HAS_WGMMA
 
 /// Shared-memory matrix descriptor of a K-major tile in the 128-byte
@@ -104,10 +125,289 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64],
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
+__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96],
+                                                 unsigned long long da,
+                                                 unsigned long long db,
+                                                 int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
+      "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+      "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, "
+      "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "
+      "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, "
+      "%67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, "
+      "%93, %94, %95"
+      "}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),
+        "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),
+        "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+        "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
+        "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]),
+        "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),
+        "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]),
+        "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128],
+                                                 unsigned long long da,
+                                                 unsigned long long db,
+                                                 int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
+      "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+      "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, "
+      "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "
+      "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, "
+      "%67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, "
+      "%93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, "
+      "%105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, "
+      "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
+      "%127"
+      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),
+        "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),
+        "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+        "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
+        "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]),
+        "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),
+        "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]),
+        "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]),
+        "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]),
+        "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]),
+        "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
+        "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+        "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+/// wgmma m64 x TN x k16 (TN 128, 192 or 256): d holds TN / 2 values per
+/// thread in the layout of wgmma_m64n128k16, over TN / 8 n-tiles.
+template <int TN>
+__device__ __forceinline__ void
+wgmma_m64k16(float (&d)[TN / 2], unsigned long long da, unsigned long long db,
+             int accumulate) {
+  if constexpr (TN == 128)
+    wgmma_m64n128k16(d, da, db, accumulate);
+  else if constexpr (TN == 192)
+    wgmma_m64n192k16(d, da, db, accumulate);
+  else
+    wgmma_m64n256k16(d, da, db, accumulate);
+}
+
+__device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count)
+               : "memory");
+}
+/// Waits until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile("{\n.reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
+  asm volatile("{\n.reg .b64 state;\n"
+               "mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+/// One arrival on the barrier once this thread's cp.async copies so far
+/// have landed (counted in the barrier's expected arrivals: noinc).
+__device__ __forceinline__ void mbarrier_arrive_copies(unsigned bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar)
+               : "memory");
+}
+
+// Warp-specialised persistent GEMM (bf16 inputs, one plane): a block of
+// kWsThreads = 384 threads, warpgroup 0 loads and warpgroups 1 and 2
+// multiply. Tiles are 128 rows x TN features; each consumer warpgroup owns
+// 64 rows and issues m64 x TN x k16 wgmma reading both operands from shared
+// memory. The producer streams 64-deep K slices with cp.async into
+// wgmma_ws_stages<TN>() stages (the 128-byte swizzle of wgmma_tile) and
+// signals each stage's "full" barrier when its copies land
+// (cp.async.mbarrier.arrive); a consumer warpgroup releases a stage on its
+// "empty" barrier once the wgmma reading it completed. The pipeline runs
+// across tiles: the producer loads the next tile while the consumers store
+// the last one. (wgmma_tile instead makes all 256 threads load and multiply,
+// with a block barrier per slice: 445-476 TFLOP/s on the Nano shapes.)
+/// Runs tiles blockIdx.x, blockIdx.x + gridDim.x, ... < tiles; tile_of(t,
+/// g, row0, rows, n0) names tile t's group, first row, row count (<= 64 CW)
+/// and first feature. Call from all wgmma_ws_threads<CW>() threads.
+template <class S, int TN, int CW = 2, class TileOf>
+__device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
+                                              unsigned char *smem_raw) {
+  static_assert(S::K % 8 == 0, "16-byte rows");
+  static_assert(TN == 128 || TN == 192 || TN == 256, "wgmma n");
+  static_assert(CW == 2 || CW == 3, "two or three consumer warpgroups");
+  constexpr int TM = 64 * CW, AJ = TM / 16, BJ = TN / 16;
+  constexpr int ST = wgmma_ws_stages<TN, CW>();
+  constexpr int STAGE = wgmma_ws_stage_bytes<TN, CW>();
+  constexpr int A_BYTES = TM * kWgK * 2;
+  constexpr int KT = (S::K + kWgK - 1) / kWgK;
+  // Three consumers of 256-wide tiles would need more than 65536 / 512
+  // registers (ptxas does not compile them under that bound even with
+  // setmaxnreg moving registers from the producer).
+  static_assert(CW == 2 || TN <= 192, "registers");
+  static_assert(ST >= 2, "double buffering at least");
+  __shared__ __align__(8) unsigned long long ws_bars[2 * ST];
+  unsigned char *smem = reinterpret_cast<unsigned char *>(
+      (reinterpret_cast<unsigned long long>(smem_raw) + 1023) & ~1023ull);
+  const unsigned sbase = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned full0 =
+      static_cast<unsigned>(__cvta_generic_to_shared(ws_bars));
+  const unsigned empty0 = full0 + 8 * ST;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < ST; ++s) {
+      mbarrier_init(full0 + 8 * s, 128); // each producer thread's copies
+      mbarrier_init(empty0 + 8 * s, CW); // each consumer warpgroup
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (wg == 0) {
+    // Producer: thread p copies 16-byte chunk p % 8 of rows p / 8 + 16 j,
+    // stored at chunk (p % 8) ^ (row % 8) (row % 8 does not depend on j).
+    const int p = tid, r0 = p >> 3, ch = p & 7;
+    const unsigned soff = r0 * 128 + ((ch ^ (r0 & 7)) << 4);
+    int it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int g, row0, rows, n0;
+      tile_of(t, g, row0, rows, n0);
+      const bf16 *wbase = S::weight(a, g);
+      const unsigned short *arow[AJ];
+#pragma unroll
+      for (int j = 0; j < AJ; ++j)
+        arow[j] = r0 + 16 * j < rows ? S::row16(a, row0 + r0 + 16 * j) + ch * 8
+                                     : nullptr;
+      const bf16 *brow =
+          wbase + static_cast<long long>(n0 + r0) * S::K + ch * 8;
+      const int bvalid = S::N - n0 - r0; // rows r0 + 16 j < N - n0
+      for (int kt = 0; kt < KT; ++kt, ++it) {
+        const int stage = it % ST;
+        mbarrier_wait(empty0 + 8 * stage, ((it / ST) & 1) ^ 1);
+        unsigned char *st = smem + stage * STAGE;
+        const int k0 = kt * kWgK;
+        const bool kin = k0 + ch * 8 < S::K;
+#pragma unroll
+        for (int j = 0; j < AJ; ++j)
+          copy_async16_or_zero(st + soff + j * 2048,
+                               arow[j] ? static_cast<const void *>(arow[j] + k0)
+                                       : wbase, // not read
+                               arow[j] && kin);
+#pragma unroll
+        for (int j = 0; j < BJ; ++j) {
+          const bool valid = 16 * j < bvalid && kin;
+          copy_async16_or_zero(
+              st + A_BYTES + soff + j * 2048,
+              valid ? static_cast<const void *>(
+                          brow + static_cast<long long>(16 * j) * S::K + k0)
+                    : wbase, // not read
+              valid);
+        }
+        mbarrier_arrive_copies(full0 + 8 * stage);
+      }
+    }
+    return;
+  }
+  // Consumers: warpgroup cw multiplies rows 64 cw .. 64 cw + 63 of a tile.
+  const int cw = wg - 1, lane = lane_id(), warp = (tid >> 5) & 3;
+  const bool signals = (tid & 127) == 0;
+  int it = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int g, row0, rows, n0;
+    tile_of(t, g, row0, rows, n0);
+    float acc[TN / 2];
+#pragma unroll
+    for (int i = 0; i < TN / 2; ++i)
+      acc[i] = 0.0f;
+    for (int kt = 0; kt < KT; ++kt, ++it) {
+      const int stage = it % ST;
+      mbarrier_wait(full0 + 8 * stage, (it / ST) & 1);
+      const unsigned sa = sbase + stage * STAGE + cw * 8192;
+      const unsigned sb = sbase + stage * STAGE + A_BYTES;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kWgK / 16; ++kk)
+        wgmma_m64k16<TN>(acc, wgmma_desc(sa + kk * 32),
+                         wgmma_desc(sb + kk * 32), 1);
+      wgmma_commit();
+      wgmma_wait<1>(); // the previous slice's wgmma are done with its stage
+      if (kt > 0 && signals)
+        mbarrier_arrive(empty0 + 8 * ((it + ST - 1) % ST));
+    }
+    wgmma_wait<0>();
+    if (signals)
+      mbarrier_arrive(empty0 + 8 * ((it + ST - 1) % ST));
+    // Row by row: d[4 j + 2 h + e] is row gid + 8 h, column 8 j + 2 tig + e.
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = cw * 64 + warp * 16 + gid + 8 * h;
+      if (r >= rows)
+        continue;
+      if constexpr (HasRowCtx<S>::value) {
+        const long long ctx = S::row_ctx(a, row0 + r);
+#pragma unroll
+        for (int j = 0; j < TN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int n = n0 + j * 8 + 2 * tig + e;
+            if (n < S::N)
+              S::store(a, ctx, row0 + r, n, acc[4 * j + 2 * h + e]);
+          }
+      } else {
+#pragma unroll
+        for (int j = 0; j < TN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int n = n0 + j * 8 + 2 * tig + e;
+            if (n < S::N)
+              S::store(a, row0 + r, n, acc[4 * j + 2 * h + e]);
+          }
+      }
+    }
+  }
+}
+
 template <class S, int TERMS>
-__device__ __forceinline__ void wgmma_tile(Step a, int g,
-                                           int row0, int rows, int n0,
-                                           unsigned char *smem_raw) {
+__device__ __forceinline__ void wgmma_tile(Step a, int g, int row0, int rows,
+                                           int n0, unsigned char *smem_raw) {
   static_assert(S::K % 8 == 0, "16-byte rows");
   constexpr int ST = wgmma_stages<TERMS>();
   constexpr int PLANE_BYTES = kWgTile * kWgK * 2;

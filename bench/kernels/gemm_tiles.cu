@@ -87,6 +87,78 @@ __global__ void reference(const unsigned short *a, const unsigned short *w,
   c[i] = s;
 }
 
+template <class S, int TN, int CW>
+__global__ void __launch_bounds__(nf::wgmma_ws_threads<CW>()) gemm_ws(int M) {
+#ifdef NF_HAS_WGMMA
+  extern __shared__ float4 smem[];
+  constexpr int TM = 64 * CW;
+  const int NT = (S::N + TN - 1) / TN, MT = (M + TM - 1) / TM;
+  nf::wgmma_ws_gemm<S, TN, CW>(
+      nf::Step{}, NT * MT,
+      [&](int t, int &g, int &row0, int &rows, int &n0) {
+        const int mt = t / NT, nt = t % NT;
+        g = 0;
+        row0 = mt * TM;
+        rows = min(TM, M - row0);
+        n0 = nt * TN;
+      },
+      reinterpret_cast<unsigned char *>(smem));
+#endif
+}
+
+template <class K>
+void check_against(const char *name, const char *kind, int terms, int M, int N,
+                   int Kd, float *c, float *ref, K launch) {
+  const long long outs = static_cast<long long>(M) * N;
+  CHECK(cudaMemset(c, 0, outs * 4));
+  launch();
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> hc(outs), hr(outs);
+  CHECK(cudaMemcpy(hc.data(), c, outs * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(hr.data(), ref, outs * 4, cudaMemcpyDeviceToHost));
+  double maxRef = 0, maxErr = 0;
+  for (long long i = 0; i < outs; ++i) {
+    maxRef = std::max(maxRef, std::fabs(double(hr[i])));
+    maxErr = std::max(maxErr, std::fabs(double(hc[i]) - hr[i]));
+  }
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  constexpr int kReps = 10;
+  CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < kReps; ++i)
+    launch();
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  ms /= kReps;
+  const double tflops = 2.0 * M * N * Kd / (ms * 1e-3) / 1e12;
+  std::printf("%-8s %-9s terms %d  M %5d N %5d K %5d  %7.3f ms  %6.1f "
+              "TFLOP/s  max err %.2e of %.2e %s\n",
+              name, kind, terms, M, N, Kd, ms, tflops, maxErr, maxRef,
+              maxErr <= 1e-4 * maxRef ? "ok" : "WRONG");
+}
+
+/// The warp-specialised GEMM (wgmma_ws_gemm) with 64 CW x TN tiles.
+template <int N, int K, int TN, int CW = 2>
+void run_ws(const char *name, int M, unsigned short *a, unsigned short *w,
+            float *c, float *ref) {
+  using S = Spec<N, K>;
+  constexpr int smem = nf::wgmma_ws_smem<TN, CW>();
+  CHECK(cudaFuncSetAttribute(
+      gemm_ws<S, TN, CW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const long long outs = static_cast<long long>(M) * N;
+  reference<<<(outs + 255) / 256, 256>>>(a, w, ref, M, N, K, 1, S::PLANE);
+  CHECK(cudaDeviceSynchronize());
+  char kind[16];
+  std::snprintf(kind, sizeof kind, "ws %dx%d", 64 * CW, TN);
+  check_against(name, kind, 1, M, N, K, c, ref, [&] {
+    gemm_ws<S, TN, CW><<<132, nf::wgmma_ws_threads<CW>(), smem>>>(M);
+  });
+}
+
 template <int N, int K, int TERMS, bool WG>
 void run(const char *name, int M, unsigned short *a, unsigned short *w,
          float *c, float *ref) {
@@ -157,6 +229,21 @@ int main() {
   run<2688, 4096, 1, true>("out_proj", 8192, a, w, c, ref);
   run<1856, 2688, 1, true>("expert", 384, a, w, c, ref);
   run<1856, 2688, 1, false>("expert", 384, a, w, c, ref);
+  run_ws<1000, 1000, 128>("ragged", 300, a, w, c, ref);
+  run_ws<1000, 1000, 192>("ragged", 300, a, w, c, ref);
+  run_ws<1000, 1000, 256>("ragged", 300, a, w, c, ref);
+  run_ws<10304, 2688, 128>("in_proj", 8192, a, w, c, ref);
+  run_ws<10304, 2688, 192>("in_proj", 8192, a, w, c, ref);
+  run_ws<10304, 2688, 256>("in_proj", 8192, a, w, c, ref);
+  run_ws<2688, 4096, 128>("out_proj", 8192, a, w, c, ref);
+  run_ws<2688, 4096, 192>("out_proj", 8192, a, w, c, ref);
+  run_ws<2688, 4096, 256>("out_proj", 8192, a, w, c, ref);
+  run_ws<1856, 2688, 192>("expert", 384, a, w, c, ref);
+  run_ws<1856, 2688, 256>("expert", 384, a, w, c, ref);
+  run_ws<1000, 1000, 192, 3>("ragged", 300, a, w, c, ref);
+  run_ws<10304, 2688, 192, 3>("in_proj", 8192, a, w, c, ref);
+  run_ws<2688, 4096, 192, 3>("out_proj", 8192, a, w, c, ref);
+  run_ws<1856, 2688, 192, 3>("expert", 384, a, w, c, ref);
   run<10304, 2688, 3, false>("in_proj", 8192, a, w, c, ref);
   run<10304, 2688, 3, true>("in_proj", 8192, a, w, c, ref);
   return 0;

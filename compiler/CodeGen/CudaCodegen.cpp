@@ -51,6 +51,15 @@ int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /// shared variables when checking a target's limit (the limit is for both).
 constexpr int64_t kStaticSharedAllowance = 2048;
 
+/// Feature tile of the warp-specialised GEMM for N features: 256, or 192
+/// where 256 rounds N up by enough more to outweigh 192's lower rate
+/// (0.95x on the H200, bench/kernels/gemm_tiles.cu).
+int64_t wsTileN(int64_t n) {
+  const double cost256 = double(ceilDiv(n, 256) * 256);
+  const double cost192 = double(ceilDiv(n, 192) * 192) / 0.95;
+  return cost192 < cost256 ? 192 : 256;
+}
+
 uint32_t gridOf(int64_t blocks, int64_t cap) {
   return static_cast<uint32_t>(std::clamp<int64_t>(blocks, 1, cap));
 }
@@ -146,9 +155,12 @@ struct LinearSpec {
   std::string wtype;
   int64_t N = 0, K = 0, G = 1;
   std::string groups = "nf::DenseGroups";
-  std::string weight;       // expression of `const W *` for group g
-  std::string input;        // expression of the f32 input activation [rows, K]
-  std::string rowIndex;     // expression of row r's index in `input`
+  std::string weight;   // expression of `const W *` for group g
+  std::string input;    // expression of the f32 input activation [rows, K]
+  std::string rowIndex; // expression of row r's index in `input`
+  /// Optional: an expression (long long) of row r that the store uses as
+  /// `ctx`, computed once per row where a kernel supports it (HasRowCtx).
+  std::string rowCtx;
   int64_t rowsPerToken = 1; // input rows per token (assignments: top-k)
   std::string store;        // statements storing v at (r, n)
   int64_t maxRows = 0;
@@ -396,9 +408,28 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
          << "  __device__ static __forceinline__ const unsigned short *"
             "row16(nf::Step a, int r) {\n"
          << "    return " << planePtr << " + " << rowOffset << ";\n  }\n";
-  text << "  __device__ static __forceinline__ void store(nf::Step "
-          "a, int r, int n, float v) {\n"
-       << s.store << "  }\n};\n";
+  // With a row context, the per-element store computes it only where it
+  // is used (the branches that write the K/V cache).
+  std::string perElement = s.store;
+  for (size_t at; !s.rowCtx.empty() &&
+                  (at = perElement.find("[ctx + ")) != std::string::npos;)
+    perElement.replace(at, 7, "[" + s.rowCtx + " + ");
+  if (s.rowCtx.empty()) {
+    text << "  __device__ static __forceinline__ void store(nf::Step "
+            "a, int r, int n, float v) {\n"
+         << s.store << "  }\n};\n";
+  } else {
+    text << "  static constexpr bool kRowCtx = true;\n"
+         << "  __device__ static __forceinline__ long long row_ctx("
+            "nf::Step a, int r) {\n"
+         << "    return " << s.rowCtx << ";\n  }\n"
+         << "  __device__ static __forceinline__ void store(nf::Step "
+            "a, long long ctx, int r, int n, float v) {\n"
+         << s.store << "  }\n"
+         << "  __device__ static __forceinline__ void store(nf::Step "
+            "a, int r, int n, float v) {\n"
+         << perElement << "  }\n};\n";
+  }
   if (planes) {
     addLaunch(fn + "_split", elementGrid(planeElems / 4), 256,
               "  nf::split_rows_bf16<" + num(terms) + ", " + num(s.K) + ", " +
@@ -409,32 +440,52 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // 128 x 128 tiles; as many blocks as fit on an SM (shared memory). With
     // wgmma the sm_90a cubin runs wgmma_tile and the PTX (other targets)
     // pipelined_mma_tile: the launch gets the larger shared memory of both.
+    // With bf16 inputs the sm_90a cubin runs the warp-specialised GEMM
+    // instead (wgmma_ws_gemm: a loading warpgroup and two multiplying ones,
+    // 128 x TN tiles, one block per SM): 499-508 TFLOP/s on the Nano shapes
+    // on the H200 against 441-472 for wgmma_tile
+    // (bench/kernels/gemm_tiles.cu).
     const int64_t pipeSmem = (terms == 1 ? 4 : 3) * (terms + 1) * 128 * 40 * 2;
     const int64_t wgmmaSmem =
         (terms == 1 ? 5 : 3) * (terms + 1) * 128 * 64 * 2 + 1024;
-    const int64_t smem = opts.wgmma ? std::max(pipeSmem, wgmmaSmem) : pipeSmem;
+    const int64_t wsTile = wsTileN(s.N);
+    const int64_t wsStage = (128 + wsTile) * 64 * 2;
+    const int64_t wsSmem = (210 * 1024) / wsStage * wsStage + 1024;
+    const bool ws = opts.wgmma && terms == 1 &&
+                    wsSmem + kStaticSharedAllowance <= opts.maxSharedBytes;
+    const int64_t smem = ws           ? std::max(pipeSmem, wsSmem)
+                         : opts.wgmma ? std::max(pipeSmem, wgmmaSmem)
+                                      : pipeSmem;
     const int64_t perSm = (227 * 1024) / (smem + 1024);
+    const int64_t tileN = ws ? wsTile : 128;
     const int64_t tiles =
-        (ceilDiv(s.maxRows, 128) + (s.G > 1 ? s.G : 0)) * ceilDiv(s.N, 128);
+        (ceilDiv(s.maxRows, 128) + (s.G > 1 ? s.G : 0)) * ceilDiv(s.N, tileN);
     const int64_t gemvBlocks = ceilDiv(s.G * s.N, 8);
     hopperFeatures = hopperFeatures || opts.wgmma;
+    std::string sizeChecks = "  static_assert(nf::pipelined_gemm_smem<" +
+                             num(terms) + ">() == " + num(pipeSmem) +
+                             ", \"shared memory size\");\n";
+    if (ws)
+      sizeChecks += "  static_assert(nf::wgmma_ws_smem<" + num(wsTile) +
+                    ">() == " + num(wsSmem) + ", \"shared memory size\");\n";
+    else if (opts.wgmma)
+      sizeChecks += "  static_assert(nf::wgmma_gemm_smem<" + num(terms) +
+                    ">() == " + num(wgmmaSmem) + ", \"shared memory size\");\n";
     addLaunch(fn,
               gridOf(std::max(tiles, gemvBlocks),
                      int64_t(opts.smCount) * std::max<int64_t>(perSm, 1)),
-              256,
-              "  static_assert(nf::pipelined_gemm_smem<" + num(terms) +
-                  ">() == " + num(pipeSmem) + ", \"shared memory size\");\n" +
-                  (opts.wgmma ? "  static_assert(nf::wgmma_gemm_smem<" +
-                                    num(terms) + ">() == " + num(wgmmaSmem) +
-                                    ", \"shared memory size\");\n"
-                              : std::string()) +
-                  "  nf::linear<" + spec + ", " + num(terms) + ", true, " +
-                  (opts.wgmma ? "true" : "false") + ">(a);\n",
-              comment + (opts.wgmma
-                             ? ": tensor-core tiles on the bf16 planes "
-                               "(wgmma on sm_90a, else mma.sync)"
-                             : ": pipelined tensor-core tiles on the bf16 "
-                               "planes"));
+              ws ? 384 : 256,
+              sizeChecks + "  nf::linear<" + spec + ", " + num(terms) +
+                  ", true, " + (opts.wgmma ? "true" : "false") + ", " +
+                  num(ws ? wsTile : 0) + ">(a);\n",
+              comment +
+                  (ws ? ": warp-specialised wgmma GEMM on the bf16 plane, "
+                        "128 x " +
+                            num(wsTile) + " tiles (sm_90a; else mma.sync)"
+                   : opts.wgmma ? ": tensor-core tiles on the bf16 planes "
+                                  "(wgmma on sm_90a, else mma.sync)"
+                                : ": pipelined tensor-core tiles on the bf16 "
+                                  "planes"));
     launches.back().sharedBytes = static_cast<uint32_t>(smem);
     return;
   }
@@ -705,13 +756,14 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
         if (k != pieces.end() && v != pieces.end() && V(ain[1]).cols == row &&
             V(ain[2]).cols == row && st->dtype() == pl::DType::F32) {
           includes.insert("nf_attention.cuh");
-          const std::string off = "nf::kv_row_offset<" + num(row) + ", " +
-                                  num(st->page_size()) + ">(a, r)";
+          // The row's cache offset (page table lookups) is the store's
+          // row context: GEMM epilogues compute it once per row.
+          s.rowCtx = "nf::kv_row_offset<" + num(row) + ", " +
+                     num(st->page_size()) + ">(a, r)";
           cacheOf[static_cast<int>(k - pieces.begin())] =
-              "nf::storage(a, " + num(2 * ap.storage()) + ")[" + off + " + ";
+              "nf::storage(a, " + num(2 * ap.storage()) + ")[ctx + ";
           cacheOf[static_cast<int>(v - pieces.begin())] =
-              "nf::storage(a, " + num(2 * ap.storage() + 1) + ")[" + off +
-              " + ";
+              "nf::storage(a, " + num(2 * ap.storage() + 1) + ")[ctx + ";
           consumed = 3;
           label = "qkv_append";
           comment += " + nf.split + nf_kv.append";
