@@ -21,8 +21,7 @@ __device__ __forceinline__ long long kv_position_offset(const int32_t *pt,
 
 /// Element offset of row t's cache row (position start_pos + local).
 template <int ROW, int PS>
-__device__ __forceinline__ long long kv_row_offset(Step a,
-                                                   int t) {
+__device__ __forceinline__ long long kv_row_offset(Step a, int t) {
   const TokenPos tp = token_pos(a, t);
   return kv_position_offset<ROW, PS>(
       a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq,
@@ -31,8 +30,8 @@ __device__ __forceinline__ long long kv_row_offset(Step a,
 
 /// Writes the step's K/V rows ([T, ROW] each) at their positions.
 template <int ROW, int PS>
-__device__ void kv_append(Step a, const float *k, const float *v,
-                          float *kcache, float *vcache) {
+__device__ void kv_append(Step a, const float *k, const float *v, float *kcache,
+                          float *vcache) {
   const long long n = static_cast<long long>(a->num_tokens) * ROW;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
     const int t = static_cast<int>(i / ROW), c = static_cast<int>(i % ROW);
@@ -59,9 +58,8 @@ __device__ void kv_append(Step a, const float *k, const float *v,
 /// sequences are taken one at a time. Shared memory is dynamic:
 /// 4 * (32 * (HD + 1) + 32 * HD + QT * WARPS * HPW * HD) bytes.
 template <int NQ, int NKV, int HD, int PS, int WARPS, int QT>
-__device__ void kv_attend(Step a, const float *q,
-                          const float *kcache, const float *vcache, float scale,
-                          float *out) {
+__device__ void kv_attend(Step a, const float *q, const float *kcache,
+                          const float *vcache, float scale, float *out) {
   constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
   constexpr int HPW = (REP + WARPS - 1) / WARPS; // heads per warp
   constexpr int NH = WARPS * HPW;
@@ -265,9 +263,8 @@ attend_range(const int32_t *pt, const float *sq, const float *kcache,
 /// The same with one warp per (token, head) and no shared tiles: for head
 /// dimensions whose K/V tiles do not fit in static shared memory (> 128).
 template <int NQ, int NKV, int HD, int PS, int WARPS>
-__device__ void kv_attend_warp(Step a, const float *q,
-                               const float *kcache, const float *vcache,
-                               float scale, float *out) {
+__device__ void kv_attend_warp(Step a, const float *q, const float *kcache,
+                               const float *vcache, float scale, float *out) {
   constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
   __shared__ __align__(16) float sq[WARPS][HD];
   const int lane = lane_id(), wib = threadIdx.x >> 5;
@@ -297,10 +294,32 @@ __device__ void kv_attend_warp(Step a, const float *q,
 }
 
 /// Shared memory (dynamic) of kv_attend_mma, in bytes: bf16 terms of the
-/// query tile, of a K tile and of a V tile.
-template <int HD, int WARPS, int TERMS, int BP = 32>
+/// query tile, of a K tile and of a V tile (two of each with KV16).
+template <int HD, int WARPS, int TERMS, int BP = 32, bool KV16 = false>
 __host__ __device__ constexpr int kv_attend_mma_smem() {
-  return 2 * TERMS * (16 * WARPS * (HD + 8) + 2 * BP * (HD + 8));
+  return 2 * TERMS * (16 * WARPS * (HD + 8) + (KV16 ? 4 : 2) * BP * (HD + 8));
+}
+
+/// The step's K/V rows as bf16 (rounded as split4_bf16<1> rounds them):
+/// k16 / v16 [num_tokens, ROW], for kv_attend_mma<..., KV16> to stream with
+/// cp.async instead of converting the f32 cache rows in every block.
+template <int ROW, int PS>
+__device__ void kv_rows_to_bf16(Step a, const float *kcache,
+                                const float *vcache, unsigned short *k16,
+                                unsigned short *v16) {
+  static_assert(ROW % 4 == 0, "float4 rows");
+  const long long n = static_cast<long long>(a->num_tokens) * (ROW / 4);
+  for (long long i = global_thread(); i < n; i += grid_threads()) {
+    const int t = static_cast<int>(i / (ROW / 4));
+    const int c = static_cast<int>(i % (ROW / 4)) * 4;
+    const long long off = kv_row_offset<ROW, PS>(a, t) + c;
+    uint2 kt[3], vt[3];
+    split4_bf16<1>(*reinterpret_cast<const float4 *>(kcache + off), kt);
+    split4_bf16<1>(*reinterpret_cast<const float4 *>(vcache + off), vt);
+    const long long o = static_cast<long long>(t) * ROW + c;
+    *reinterpret_cast<uint2 *>(k16 + o) = kt[0];
+    *reinterpret_cast<uint2 *>(v16 + o) = vt[0];
+  }
 }
 
 /// Prefill attention on tensor cores (sm_80+; FlashAttention-2's loop with
@@ -318,10 +337,16 @@ __host__ __device__ constexpr int kv_attend_mma_smem() {
 /// several sequences in one tile are taken one sequence per pass (the other
 /// rows masked). Tiles are taken longest first (from the last token), which
 /// balances the causal work.
-template <int NQ, int NKV, int HD, int PS, int WARPS, int TERMS, int BP = 32>
-__device__ void kv_attend_mma(Step a, const float *q,
-                              const float *kcache, const float *vcache,
-                              float scale, float *out) {
+/// KV16 (one term; k16 / v16 from kv_rows_to_bf16): tiles of the step's own
+/// positions stream in bf16 with cp.async, double-buffered, instead of
+/// through registers; positions before the step (a prefix in the cache)
+/// are converted from the f32 cache as they are needed.
+template <int NQ, int NKV, int HD, int PS, int WARPS, int TERMS, int BP = 32,
+          bool KV16 = false>
+__device__ void kv_attend_mma(Step a, const float *q, const float *kcache,
+                              const float *vcache, float scale, float *out,
+                              const unsigned short *k16 = nullptr,
+                              const unsigned short *v16 = nullptr) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int REP = NQ / NKV, ROW = NKV * HD;
   constexpr int BQ = 16 * WARPS, QS = HD + 8, THREADS = 32 * WARPS;
@@ -331,13 +356,15 @@ __device__ void kv_attend_mma(Step a, const float *q,
   static_assert(HD % 16 == 0, "head_dim must be a multiple of 16");
   static_assert(NTO % 2 == 0, "V fragments two dimension tiles at a time");
   static_assert(TERMS == 1 || TERMS == 3, "1 or 3 bf16 terms");
+  static_assert(!KV16 || TERMS == 1, "bf16 K/V rows are one term");
+  constexpr int KVB = KV16 ? 2 : 1; // K/V tile buffers
   extern __shared__ float4 nf_attend_smem[];
   using Tile = unsigned short;
   Tile(*sQ)[BQ][QS] = reinterpret_cast<Tile(*)[BQ][QS]>(nf_attend_smem);
-  Tile(*sK)[BP][QS] =
+  Tile(*sKb)[BP][QS] =
       reinterpret_cast<Tile(*)[BP][QS]>(&sQ[0][0][0] + TERMS * BQ * QS);
-  Tile(*sV)[BP][QS] =
-      reinterpret_cast<Tile(*)[BP][QS]>(&sK[0][0][0] + TERMS * BP * QS);
+  Tile(*sVb)[BP][QS] =
+      reinterpret_cast<Tile(*)[BP][QS]>(&sKb[0][0][0] + KVB * TERMS * BP * QS);
   __shared__ int rowSeq[BQ], rowPos[BQ];
   __shared__ int passLo, passHi;
   const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
@@ -405,10 +432,10 @@ __device__ void kv_attend_mma(Step a, const float *q,
       for (int n = 0; n < NTO; ++n)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
       // The K/V rows of the tile at p0 into registers (zero past len).
-      float4 rk[KVN], rv[KVN];
+      float4 rk[KV16 ? 1 : KVN], rv[KV16 ? 1 : KVN];
       auto fetch = [&](int p0) {
 #pragma unroll
-        for (int u = 0; u < KVN; ++u) {
+        for (int u = 0; u < (KV16 ? 1 : KVN); ++u) {
           const int i = tid + THREADS * u, j = i / (HD / 4);
           const int d = (i % (HD / 4)) * 4, p = p0 + j;
           rk[u] = rv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -420,27 +447,81 @@ __device__ void kv_attend_mma(Step a, const float *q,
           }
         }
       };
-      fetch(0);
-      for (int p0 = 0; p0 < len; p0 += BP) {
-        __syncthreads(); // the previous K/V tile is consumed
-#pragma unroll
-        for (int u = 0; u < KVN; ++u) {
-          const int i = tid + THREADS * u, j = i / (HD / 4);
-          const int d = (i % (HD / 4)) * 4;
-          if (KVE % THREADS != 0 && i >= KVE)
-            break;
-          uint2 kt[3], vt[3];
-          split4_bf16<TERMS>(rk[u], kt);
-          split4_bf16<TERMS>(rv[u], vt);
-#pragma unroll
-          for (int te = 0; te < TERMS; ++te) {
-            *reinterpret_cast<uint2 *>(&sK[te][j][d]) = kt[te];
-            *reinterpret_cast<uint2 *>(&sV[te][j][d]) = vt[te];
+      // KV16: the tile at p0 into buffer b, with cp.async (positions of
+      // this step) or converted from the cache (earlier ones); one
+      // cp.async group either way.
+      const nf_seq_desc sd = a->seqs[sq];
+      auto stage = [&](int p0, int b) {
+        if (p0 >= sd.start_pos) {
+          for (int i = tid; i < BP * (HD / 8); i += THREADS) {
+            const int j = i / (HD / 8), d = (i % (HD / 8)) * 8, p = p0 + j;
+            const long long o =
+                static_cast<long long>(sd.begin + p - sd.start_pos) * ROW +
+                static_cast<long long>(kvh) * HD + d;
+            copy_async16_or_zero(&sKb[b][j][d], k16 + (p < len ? o : 0),
+                                 p < len);
+            copy_async16_or_zero(&sVb[b][j][d], v16 + (p < len ? o : 0),
+                                 p < len);
+          }
+        } else {
+          for (int i = tid; i < KVE; i += THREADS) {
+            const int j = i / (HD / 4), d = (i % (HD / 4)) * 4, p = p0 + j;
+            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+            if (p < len) {
+              const long long off = kv_position_offset<ROW, PS>(pt, p) +
+                                    static_cast<long long>(kvh) * HD + d;
+              kv = *reinterpret_cast<const float4 *>(kcache + off);
+              vv = *reinterpret_cast<const float4 *>(vcache + off);
+            }
+            uint2 kt[3], vt[3];
+            split4_bf16<1>(kv, kt);
+            split4_bf16<1>(vv, vt);
+            *reinterpret_cast<uint2 *>(&sKb[b][j][d]) = kt[0];
+            *reinterpret_cast<uint2 *>(&sVb[b][j][d]) = vt[0];
           }
         }
-        __syncthreads();
-        if (p0 + BP < len)
-          fetch(p0 + BP); // lands while this tile is multiplied
+        copy_async_commit();
+      };
+      if constexpr (KV16)
+        stage(0, 0);
+      else
+        fetch(0);
+      for (int p0 = 0, tileNo = 0; p0 < len; p0 += BP, ++tileNo) {
+        const int buf = KV16 ? tileNo & 1 : 0;
+        Tile(*sK)[BP][QS] = sKb + buf * TERMS;
+        Tile(*sV)[BP][QS] = sVb + buf * TERMS;
+        if constexpr (KV16) {
+          // The next tile lands in the other buffer while this one is
+          // multiplied, once every warp is done with the previous tile.
+          if (tileNo > 0)
+            __syncthreads();
+          if (p0 + BP < len)
+            stage(p0 + BP, buf ^ 1);
+          else
+            copy_async_commit();
+          copy_async_wait<1>();
+          __syncthreads();
+        } else {
+          __syncthreads(); // the previous K/V tile is consumed
+#pragma unroll
+          for (int u = 0; u < KVN; ++u) {
+            const int i = tid + THREADS * u, j = i / (HD / 4);
+            const int d = (i % (HD / 4)) * 4;
+            if (KVE % THREADS != 0 && i >= KVE)
+              break;
+            uint2 kt[3], vt[3];
+            split4_bf16<TERMS>(rk[u], kt);
+            split4_bf16<TERMS>(rv[u], vt);
+#pragma unroll
+            for (int te = 0; te < TERMS; ++te) {
+              *reinterpret_cast<uint2 *>(&sKb[te][j][d]) = kt[te];
+              *reinterpret_cast<uint2 *>(&sVb[te][j][d]) = vt[te];
+            }
+          }
+          __syncthreads();
+          if (p0 + BP < len)
+            fetch(p0 + BP); // lands while this tile is multiplied
+        }
         // mma.sync and the shuffles need the whole warp: skip the tile only
         // when it is past every row of the warp.
         if (__all_sync(0xffffffffu, pos0 < p0 && pos1 < p0))
@@ -572,9 +653,8 @@ __device__ __forceinline__ int decode_splits(int T) {
 /// keeps the GPU busy at batch 1 instead of one block walking it.
 template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
           int WARPS_TARGET>
-__device__ void kv_attend_split(Step a, const float *q,
-                                const float *kcache, const float *vcache,
-                                float scale, float *part) {
+__device__ void kv_attend_split(Step a, const float *q, const float *kcache,
+                                const float *vcache, float scale, float *part) {
   constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
   __shared__ __align__(16) float sq[WARPS][HD];
   const int lane = lane_id(), wib = threadIdx.x >> 5;
@@ -623,8 +703,7 @@ __device__ void kv_attend_split(Step a, const float *q,
 /// head dimensions, add the acc of every non-empty split with its factor
 /// (8 splits' loads in flight), splits in order.
 template <int NQ, int HD, int NSPLIT, int WARPS_TARGET>
-__device__ void kv_attend_combine(Step a, const float *part,
-                                  float *out) {
+__device__ void kv_attend_combine(Step a, const float *part, float *out) {
   constexpr int DPL = (HD + 31) / 32, SPL = (NSPLIT + 31) / 32;
   const int lane = lane_id();
   const int nsplit = decode_splits<NQ, NSPLIT, WARPS_TARGET>(a->num_tokens);

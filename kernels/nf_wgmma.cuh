@@ -356,18 +356,24 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
 #pragma unroll
     for (int i = 0; i < TN / 2; ++i)
       acc[i] = 0.0f;
+    // A warpgroup whose 64 rows are all past the tile's rows (the last tile
+    // of an expert's rows) only passes the stages on: the other one then has
+    // the tensor cores to itself.
+    const bool active = cw * 64 < rows;
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int stage = it % ST;
       mbarrier_wait(full0 + 8 * stage, (it / ST) & 1);
-      const unsigned sa = sbase + stage * STAGE + cw * 8192;
-      const unsigned sb = sbase + stage * STAGE + A_BYTES;
-      wgmma_fence();
+      if (active) {
+        const unsigned sa = sbase + stage * STAGE + cw * 8192;
+        const unsigned sb = sbase + stage * STAGE + A_BYTES;
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kWgK / 16; ++kk)
-        wgmma_m64k16<TN>(acc, wgmma_desc(sa + kk * 32),
-                         wgmma_desc(sb + kk * 32), 1);
-      wgmma_commit();
-      wgmma_wait<1>(); // the previous slice's wgmma are done with its stage
+        for (int kk = 0; kk < kWgK / 16; ++kk)
+          wgmma_m64k16<TN>(acc, wgmma_desc(sa + kk * 32),
+                           wgmma_desc(sb + kk * 32), 1);
+        wgmma_commit();
+        wgmma_wait<1>(); // the previous slice's wgmma are done with its stage
+      }
       if (kt > 0 && signals)
         mbarrier_arrive(empty0 + 8 * ((it + ST - 1) % ST));
     }

@@ -244,6 +244,10 @@ int main() {
   run_ws<10304, 2688, 192, 3>("in_proj", 8192, a, w, c, ref);
   run_ws<2688, 4096, 192, 3>("out_proj", 8192, a, w, c, ref);
   run_ws<1856, 2688, 192, 3>("expert", 384, a, w, c, ref);
+  // Rows just past a whole tile (an expert's last tile mostly empty): one
+  // consumer warpgroup idles.
+  run_ws<1856, 2688, 192>("expert", 64 * 132 + 16, a, w, c, ref);
+  run_ws<1856, 2688, 192>("expert", 64 * 132 + 80, a, w, c, ref);
   run<10304, 2688, 3, false>("in_proj", 8192, a, w, c, ref);
   run<10304, 2688, 3, true>("in_proj", 8192, a, w, c, ref);
   return 0;

@@ -1231,10 +1231,16 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   // whose shared memory 64 would pass. Only when every target is sm_80 or
   // later (before, the kernel falls back to the warp form, which needs none
   // of the tiles) and the tiles fit every target.
+  // With one term, the step's K/V rows are first rounded to bf16 once
+  // (kv_rows_to_bf16, codegen scratch), and the blocks stream them with
+  // cp.async into double-buffered tiles instead of each converting the f32
+  // cache rows through registers.
   constexpr int64_t kWarps = 8, kRows = 16 * kWarps;
   const int64_t terms = opts.matmulTerms;
+  const bool kv16 = terms == 1;
   auto mmaSmem = [&](int64_t positions) {
-    return 2 * terms * (kRows * (HD + 8) + 2 * positions * (HD + 8));
+    return 2 * terms *
+           (kRows * (HD + 8) + (kv16 ? 4 : 2) * positions * (HD + 8));
   };
   const int64_t positions =
       terms == 1 && mmaSmem(64) + kStaticSharedAllowance <= opts.maxSharedBytes
@@ -1245,7 +1251,28 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
     const int64_t tiles = ceilDiv(maxTokens * (*heads / NKV), kRows) * NKV;
     const int64_t smem = mmaSmem(positions);
     const std::string tmpl = num(HD) + ", " + num(kWarps) + ", " + num(terms) +
-                             ", " + num(positions);
+                             ", " + num(positions) +
+                             (kv16 ? ", true" : std::string());
+    std::string callArgs = args;
+    if (kv16) {
+      const int64_t row = NKV * HD;
+      const int64_t k16 = newScratch(2 * maxTokens * row * 2);
+      const std::string k16Ptr =
+          "nf::arena<unsigned short>(a, " + num(k16) + "ll)";
+      const std::string v16Ptr = "nf::arena<unsigned short>(a, " +
+                                 num(k16 + maxTokens * row * 2) + "ll)";
+      addLaunch(fnName(i, "attend_kv16"), elementGrid(maxTokens * row / 4), 256,
+                "  nf::kv_rows_to_bf16<" + num(row) + ", " +
+                    num(st->page_size()) + ">(a, nf::storage(a, " +
+                    num(2 * op.storage()) + "), nf::storage(a, " +
+                    num(2 * op.storage() + 1) + "), " + k16Ptr + ", " + v16Ptr +
+                    ");\n",
+                "nf_kv.attend: the step's K/V rows in bf16 (codegen scratch "
+                "at " +
+                    num(k16) + ")");
+      callArgs = args.substr(0, args.rfind(");")) + ", " + k16Ptr + ", " +
+                 v16Ptr + ");\n";
+    }
     addLaunch(fnName(i, "attend_mma"), gridOf(tiles, int64_t(opts.smCount) * 4),
               static_cast<uint32_t>(32 * kWarps),
               "  static_assert(nf::kv_attend_mma_smem<" + tmpl +
@@ -1253,10 +1280,11 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                   "  nf::kv_attend_mma<" + num(*heads) + ", " + num(NKV) +
                   ", " + num(HD) + ", " + num(st->page_size()) + ", " +
                   num(kWarps) + ", " + num(terms) + ", " + num(positions) +
-                  ">" + args,
+                  (kv16 ? ", true" : "") + ">" + callArgs,
               "nf_kv.attend: tensor cores, a block per 128 (token, head) rows "
               "of a kv head, " +
-                  num(positions) + " positions per step, online softmax");
+                  num(positions) + " positions per step, online softmax" +
+                  (kv16 ? ", bf16 K/V tiles by cp.async" : ""));
     launches.back().sharedBytes = static_cast<uint32_t>(smem);
     return size_t(1);
   }
