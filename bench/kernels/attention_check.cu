@@ -2,7 +2,10 @@
 // the f32 warp-per-(token, head) form (kv_attend_warp) at the
 // Nemotron-3-Nano shape (32 query heads, 2 kv heads, head_dim 128, pages of
 // 16 positions in a shuffled order), then its time for one 8192-token
-// prompt.
+// prompt. The KV16 form (one term; the step's K/V rows first rounded to
+// bf16 by kv_rows_to_bf16, then streamed with cp.async) is checked on the
+// same sequences and on sequences with a cached prefix (positions before
+// the step read from the f32 cache), and timed with its conversion.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels \
 //     bench/kernels/attention_check.cu -o attention_check && ./attention_check
@@ -37,23 +40,40 @@ __global__ void __launch_bounds__(32 * W)
                                                    k, v, SCALE, out);
 }
 
-/// A prefill step of sequences with the given lengths, each from position
-/// 0, with pages dealt out in a shuffled order.
+template <int BP, int W = WARPS>
+__global__ void __launch_bounds__(32 * W)
+    mma16(const nf_step_args *args, const float *q, const float *k,
+          const float *v, float *out, const unsigned short *k16,
+          const unsigned short *v16) {
+  nf::kv_attend_mma<NQ, NKV, HD, PS, W, 1, BP, true>(
+      nf::Step{args, nullptr}, q, k, v, SCALE, out, k16, v16);
+}
+__global__ void __launch_bounds__(256)
+    to_bf16(const nf_step_args *args, const float *k, const float *v,
+            unsigned short *k16, unsigned short *v16) {
+  nf::kv_rows_to_bf16<ROW, PS>(nf::Step{args, nullptr}, k, v, k16, v16);
+}
+
+/// A prefill step of sequences with the given lengths, from the given start
+/// positions (0 by default; positions before the start are a cached
+/// prefix), with pages dealt out in a shuffled order.
 struct Step {
   nf_step_args host{};
   nf_step_args *dev = nullptr;
   int tokens = 0;
-  Step(const std::vector<int> &lengths, std::mt19937 &rng) {
+  Step(const std::vector<int> &lengths, std::mt19937 &rng,
+       std::vector<int> starts = {}) {
+    starts.resize(lengths.size(), 0);
     std::vector<nf_seq_desc> seqs;
     std::vector<int32_t> tokenSeq;
     int maxPages = 0;
-    for (int len : lengths)
-      maxPages = std::max(maxPages, (len + PS - 1) / PS);
+    for (size_t s = 0; s < lengths.size(); ++s)
+      maxPages = std::max(maxPages, (starts[s] + lengths[s] + PS - 1) / PS);
     std::vector<int32_t> pages(lengths.size() * maxPages);
     std::iota(pages.begin(), pages.end(), 0);
     std::shuffle(pages.begin(), pages.end(), rng);
     for (size_t s = 0; s < lengths.size(); ++s) {
-      seqs.push_back({tokens, lengths[s], 0, static_cast<int32_t>(s)});
+      seqs.push_back({tokens, lengths[s], starts[s], static_cast<int32_t>(s)});
       tokenSeq.insert(tokenSeq.end(), lengths[s], static_cast<int32_t>(s));
       tokens += lengths[s];
     }
@@ -83,6 +103,25 @@ void run(const Step &st, const float *q, const float *k, const float *v,
       st.dev, q, k, v, out);
 }
 
+unsigned short *g_k16 = nullptr, *g_v16 = nullptr;
+
+template <int BP, int W = WARPS>
+void run16(const Step &st, const float *q, const float *k, const float *v,
+           float *out) {
+  constexpr int smem = nf::kv_attend_mma_smem<HD, W, 1, BP, true>();
+  static bool once = [] {
+    CHECK(cudaFuncSetAttribute(
+        mma16<BP, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)once;
+  to_bf16<<<std::max(1, std::min(st.tokens * ROW / 4 / 256, 132 * 8)), 256>>>(
+      st.dev, k, v, g_k16, g_v16);
+  const int tiles = (st.tokens * (NQ / NKV) + 16 * W - 1) / (16 * W);
+  mma16<BP, W><<<std::min(tiles * NKV, 132 * 4 * (8 / W)), 32 * W, smem>>>(
+      st.dev, q, k, v, out, g_k16, g_v16);
+}
+
 std::vector<float> fetch(const float *p, size_t n) {
   std::vector<float> h(n);
   CHECK(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -104,18 +143,29 @@ int main() {
     x = nd(rng);
   float *dq = upload(q), *dk = upload(kc), *dv = upload(vc), *out = nullptr;
   out = device_alloc<float>(q.size());
+  g_k16 = device_alloc<unsigned short>(static_cast<size_t>(MAXT) * ROW);
+  g_v16 = device_alloc<unsigned short>(static_cast<size_t>(MAXT) * ROW);
   bool ok = true;
   Step mixed({300, 1, 47, 1000, 129}, rng);
-  const size_t n = static_cast<size_t>(mixed.tokens) * NQ * HD;
-  reference<<<132 * 8, 256>>>(mixed.dev, dq, dk, dv, out);
-  CHECK(cudaDeviceSynchronize());
-  const std::vector<float> ref = fetch(out, n);
+  Step prefixed({300, 1, 47, 129}, rng, {100, 7, 0, 64});
+  const Step *cur = nullptr;
+  size_t n = 0;
+  std::vector<float> ref;
   double mx = 1.0;
-  for (float r : ref)
-    mx = std::max(mx, static_cast<double>(std::fabs(r)));
+  auto against = [&](const Step &st) {
+    cur = &st;
+    n = static_cast<size_t>(st.tokens) * NQ * HD;
+    reference<<<132 * 8, 256>>>(st.dev, dq, dk, dv, out);
+    CHECK(cudaDeviceSynchronize());
+    ref = fetch(out, n);
+    mx = 1.0;
+    for (float r : ref)
+      mx = std::max(mx, static_cast<double>(std::fabs(r)));
+  };
+  against(mixed);
   auto check = [&](const char *name, double bound, auto &&fn) {
     CHECK(cudaMemset(out, 0, n * sizeof(float)));
-    fn(mixed);
+    fn(*cur);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
     const std::vector<float> got = fetch(out, n);
@@ -138,6 +188,17 @@ int main() {
         [&](const Step &s) { run<1, 64>(s, dq, dk, dv, out); });
   check("1 term, 64 positions, 4 warps", 2e-2,
         [&](const Step &s) { run<1, 64, 4>(s, dq, dk, dv, out); });
+  check("KV16, 64 positions", 2e-2,
+        [&](const Step &s) { run16<64>(s, dq, dk, dv, out); });
+  check("KV16, 128 positions", 2e-2,
+        [&](const Step &s) { run16<128>(s, dq, dk, dv, out); });
+  against(prefixed);
+  check("cached prefix: 3 terms, 32 positions", 1e-4,
+        [&](const Step &s) { run<3, 32>(s, dq, dk, dv, out); });
+  check("cached prefix: KV16, 64 positions", 2e-2,
+        [&](const Step &s) { run16<64>(s, dq, dk, dv, out); });
+  check("cached prefix: KV16, 128 positions", 2e-2,
+        [&](const Step &s) { run16<128>(s, dq, dk, dv, out); });
 
   Step longPrompt({MAXT}, rng);
   auto time = [](auto &&fn) { return time_ms(fn, 5); };
@@ -156,5 +217,13 @@ int main() {
          time([&] { run<1, 64, 4>(longPrompt, dq, dk, dv, out); }));
   report("1 term, 32 positions, 4 warps",
          time([&] { run<1, 32, 4>(longPrompt, dq, dk, dv, out); }));
+  report("KV16 (with its conversion), 32 positions",
+         time([&] { run16<32>(longPrompt, dq, dk, dv, out); }));
+  report("KV16 (with its conversion), 64 positions",
+         time([&] { run16<64>(longPrompt, dq, dk, dv, out); }));
+  report("KV16 (with its conversion), 128 positions",
+         time([&] { run16<128>(longPrompt, dq, dk, dv, out); }));
+  report("KV16 (with its conversion), 64 positions, 4 warps",
+         time([&] { run16<64, 4>(longPrompt, dq, dk, dv, out); }));
   return ok ? 0 : 1;
 }
