@@ -697,6 +697,136 @@ __device__ void kv_attend_split(Step a, const float *q, const float *kcache,
   }
 }
 
+/// Shared memory (static) of kv_attend_split_gqa, in bytes: each warp's
+/// query rows and the exponentials of its 32 positions.
+template <int NQ, int NKV, int HD, int WARPS>
+__host__ __device__ constexpr int kv_attend_split_gqa_smem() {
+  return WARPS * (NQ / NKV) * (HD + 32) * 4;
+}
+
+/// kv_attend_split for grouped queries: one warp per (token, kv head,
+/// split) for all REP = NQ / NKV query heads of the kv head, so each K/V row
+/// is read once for all of them instead of once per head (with REP = 16 the
+/// per-head form spends most of a batch-32 step re-reading rows and paying
+/// each warp's fixed costs). The same splits and partial results (m, l,
+/// acc) per (token, head, split), merged by kv_attend_combine. Lane p of a
+/// 32-position slice scores its position for every head (the queries in
+/// shared memory); the lanes then own head dimensions and add each
+/// position's V row with the heads' exponentials (also from shared memory).
+template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
+          int WARPS_TARGET>
+__device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
+                                    const float *vcache, float scale,
+                                    float *part) {
+  constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
+  static_assert(HD % 4 == 0, "float4 K rows");
+  static_assert(kv_attend_split_gqa_smem<NQ, NKV, HD, WARPS>() <= 48 * 1024,
+                "static shared memory");
+  __shared__ __align__(16) float sq[WARPS][REP][HD];
+  __shared__ __align__(16) float se[WARPS][32][REP];
+  const int lane = lane_id(), wib = threadIdx.x >> 5;
+  const int nsplit = decode_splits<NQ, NSPLIT, WARPS_TARGET>(a->num_tokens);
+  const long long items = static_cast<long long>(a->num_tokens) * NKV * nsplit;
+  for (long long item = global_warp(); item < items; item += grid_warps()) {
+    const int kvh = static_cast<int>(item % NKV);
+    const long long ts = item / NKV;
+    const int sp = static_cast<int>(ts % nsplit);
+    const int t = static_cast<int>(ts / nsplit);
+    const TokenPos tp = token_pos(a, t);
+    const int len = tp.pos + 1;
+    const int per = ((len + nsplit - 1) / nsplit + 31) / 32 * 32;
+    const int p_begin = min(len, sp * per), p_end = min(len, p_begin + per);
+    const int32_t *pt =
+        a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq;
+    const float *qk = q + static_cast<long long>(t) * NQ * HD + kvh * REP * HD;
+    __syncwarp();
+    for (int i = lane; i < REP * HD; i += 32)
+      (&sq[wib][0][0])[i] = qk[i];
+    __syncwarp();
+    float m[REP], l[REP], acc[REP][DPL];
+#pragma unroll
+    for (int h = 0; h < REP; ++h) {
+      m[h] = -f32_inf();
+      l[h] = 0.0f;
+#pragma unroll
+      for (int dd = 0; dd < DPL; ++dd)
+        acc[h][dd] = 0.0f;
+    }
+    for (int p0 = p_begin; p0 < p_end; p0 += 32) {
+      const int p = p0 + lane;
+      const bool valid = p < p_end;
+      const long long off =
+          valid ? kv_position_offset<ROW, PS>(pt, p) + kvh * HD : 0;
+      float dot[REP];
+#pragma unroll
+      for (int h = 0; h < REP; ++h)
+        dot[h] = 0.0f;
+      if (valid) {
+        const float *kr = kcache + off;
+#pragma unroll 4
+        for (int d = 0; d < HD; d += 4) {
+          const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
+#pragma unroll
+          for (int h = 0; h < REP; ++h) {
+            const float4 qv = *reinterpret_cast<const float4 *>(&sq[wib][h][d]);
+            dot[h] = fmaf(qv.x, kv.x, dot[h]);
+            dot[h] = fmaf(qv.y, kv.y, dot[h]);
+            dot[h] = fmaf(qv.z, kv.z, dot[h]);
+            dot[h] = fmaf(qv.w, kv.w, dot[h]);
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < REP; ++h) {
+        const float score = valid ? dot[h] * scale : -f32_inf();
+        const float mn = fmaxf(m[h], warp_max(score));
+        const float corr = expf(m[h] - mn);
+        const float e = valid ? expf(score - mn) : 0.0f;
+        l[h] = l[h] * corr + warp_sum(e);
+        m[h] = mn;
+        se[wib][lane][h] = e;
+#pragma unroll
+        for (int dd = 0; dd < DPL; ++dd)
+          acc[h][dd] *= corr;
+      }
+      __syncwarp();
+      const int cnt = min(32, p_end - p0);
+#pragma unroll 4
+      for (int j = 0; j < cnt; ++j) {
+        const long long vo = __shfl_sync(0xffffffffu, off, j);
+#pragma unroll
+        for (int dd = 0; dd < DPL; ++dd) {
+          const int d = lane + 32 * dd;
+          if (d >= HD)
+            continue;
+          const float v = vcache[vo + d];
+#pragma unroll
+          for (int h = 0; h < REP; ++h)
+            acc[h][dd] = fmaf(se[wib][j][h], v, acc[h][dd]);
+        }
+      }
+      __syncwarp();
+    }
+#pragma unroll
+    for (int h = 0; h < REP; ++h) {
+      float *o =
+          part +
+          ((static_cast<long long>(t) * NQ + kvh * REP + h) * NSPLIT + sp) *
+              (HD + 2);
+      if (lane == 0) {
+        o[0] = m[h];
+        o[1] = l[h];
+      }
+#pragma unroll
+      for (int dd = 0; dd < DPL; ++dd) {
+        const int d = lane + 32 * dd;
+        if (d < HD)
+          o[2 + d] = acc[h][dd];
+      }
+    }
+  }
+}
+
 /// out[t, h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M): one warp per
 /// (token, head). Each lane takes the (m, l) of splits lane, lane + 32, ...
 /// (M and the sum of l by warp reductions), then the lanes, which own
