@@ -2,7 +2,9 @@
 // Nemotron-3-Nano-30B-A3B's prefill (8192 tokens): the mma.sync pipeline
 // (pipelined_mma_tile, nf_linear.cuh) and the Hopper wgmma tiles
 // (wgmma_tile, nf_wgmma.cuh), for bf16 inputs (1 plane) and exact inputs
-// (3 planes). Each result is checked against a plain f32 reference kernel
+// (3 planes), and the warp-specialised wgmma GEMM (wgmma_ws_gemm, bf16
+// inputs) with 64 CW x TN tiles. Each result is checked against a plain f32
+// reference kernel
 // (max error relative to the largest |reference|); a benchmark, not a test:
 // it prints TFLOP/s of each tile kind.
 //
