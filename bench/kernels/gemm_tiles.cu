@@ -4,9 +4,8 @@
 // (wgmma_tile, nf_wgmma.cuh), for bf16 inputs (1 plane) and exact inputs
 // (3 planes), and the warp-specialised wgmma GEMM (wgmma_ws_gemm, bf16
 // inputs) with 64 CW x TN tiles. Each result is checked against a plain f32
-// reference kernel
-// (max error relative to the largest |reference|); a benchmark, not a test:
-// it prints TFLOP/s of each tile kind.
+// reference kernel (max error relative to the largest |reference|); a
+// benchmark, not a test: it prints TFLOP/s of each tile kind.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I kernels bench/kernels/gemm_tiles.cu \
 //     -o gemm_tiles && ./gemm_tiles
