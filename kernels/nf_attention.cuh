@@ -646,6 +646,46 @@ __device__ __forceinline__ int decode_splits(int T) {
   return max(1, min(NSPLIT, WARPS_TARGET / max(1, T * NQ)));
 }
 
+/// The positions [p_begin, p_end) that split sp of nsplit takes of token
+/// t's context (shares of whole 32-position slices), and its page table.
+struct DecodeSlice {
+  int p_begin, p_end;
+  const int32_t *pt;
+};
+__device__ __forceinline__ DecodeSlice decode_slice(Step a, int t, int sp,
+                                                    int nsplit) {
+  const TokenPos tp = token_pos(a, t);
+  const int len = tp.pos + 1;
+  const int per = ((len + nsplit - 1) / nsplit + 31) / 32 * 32;
+  DecodeSlice s;
+  s.p_begin = min(len, sp * per);
+  s.p_end = min(len, s.p_begin + per);
+  s.pt = a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq;
+  return s;
+}
+
+/// Writes one warp's partial softmax (m, l, acc[HD] with the head dimension
+/// spread over the lanes) of (token t, head h, split sp), where
+/// kv_attend_combine reads it.
+template <int NQ, int HD, int NSPLIT>
+__device__ __forceinline__ void
+store_partial(float *part, int t, int h, int sp, float m, float l,
+              const float (&acc)[(HD + 31) / 32]) {
+  float *o =
+      part + ((static_cast<long long>(t) * NQ + h) * NSPLIT + sp) * (HD + 2);
+  const int lane = lane_id();
+  if (lane == 0) {
+    o[0] = m;
+    o[1] = l;
+  }
+#pragma unroll
+  for (int dd = 0; dd < (HD + 31) / 32; ++dd) {
+    const int d = lane + 32 * dd;
+    if (d < HD)
+      o[2 + d] = acc[dd];
+  }
+}
+
 /// Decode attention split over the context (flash decoding): one warp per
 /// (token, head, split), split s of decode_splits() takes its share of the
 /// positions (multiples of 32) and writes (m, l, acc[HD]) to `part`;
@@ -668,12 +708,9 @@ __device__ void kv_attend_split(Step a, const float *q, const float *kcache,
     const long long ts = item / NQ;
     const int sp = static_cast<int>(ts % nsplit);
     const int t = static_cast<int>(ts / nsplit);
-    const TokenPos tp = token_pos(a, t);
-    const int len = tp.pos + 1;
-    const int per = ((len + nsplit - 1) / nsplit + 31) / 32 * 32;
-    const int p_begin = min(len, sp * per), p_end = min(len, p_begin + per);
-    const int32_t *pt =
-        a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq;
+    const DecodeSlice sl = decode_slice(a, t, sp, nsplit);
+    const int p_begin = sl.p_begin, p_end = sl.p_end;
+    const int32_t *pt = sl.pt;
     const float *qh = q + static_cast<long long>(t) * NQ * HD + h * HD;
     __syncwarp();
     for (int d = lane; d < HD; d += 32)
@@ -682,18 +719,7 @@ __device__ void kv_attend_split(Step a, const float *q, const float *kcache,
     float m, l, acc[DPL];
     attend_range<NKV, HD, PS>(pt, sq[wib], kcache, vcache, scale, h / REP,
                               p_begin, p_end, m, l, acc);
-    float *o =
-        part + ((static_cast<long long>(t) * NQ + h) * NSPLIT + sp) * (HD + 2);
-    if (lane == 0) {
-      o[0] = m;
-      o[1] = l;
-    }
-#pragma unroll
-    for (int dd = 0; dd < DPL; ++dd) {
-      const int d = lane + 32 * dd;
-      if (d < HD)
-        o[2 + d] = acc[dd];
-    }
+    store_partial<NQ, HD, NSPLIT>(part, t, h, sp, m, l, acc);
   }
 }
 
@@ -732,12 +758,9 @@ __device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
     const long long ts = item / NKV;
     const int sp = static_cast<int>(ts % nsplit);
     const int t = static_cast<int>(ts / nsplit);
-    const TokenPos tp = token_pos(a, t);
-    const int len = tp.pos + 1;
-    const int per = ((len + nsplit - 1) / nsplit + 31) / 32 * 32;
-    const int p_begin = min(len, sp * per), p_end = min(len, p_begin + per);
-    const int32_t *pt =
-        a->page_tables + static_cast<long long>(tp.seq) * a->max_pages_per_seq;
+    const DecodeSlice sl = decode_slice(a, t, sp, nsplit);
+    const int p_begin = sl.p_begin, p_end = sl.p_end;
+    const int32_t *pt = sl.pt;
     const float *qk = q + static_cast<long long>(t) * NQ * HD + kvh * REP * HD;
     __syncwarp();
     for (int i = lane; i < REP * HD; i += 32)
@@ -808,22 +831,9 @@ __device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
       __syncwarp();
     }
 #pragma unroll
-    for (int h = 0; h < REP; ++h) {
-      float *o =
-          part +
-          ((static_cast<long long>(t) * NQ + kvh * REP + h) * NSPLIT + sp) *
-              (HD + 2);
-      if (lane == 0) {
-        o[0] = m[h];
-        o[1] = l[h];
-      }
-#pragma unroll
-      for (int dd = 0; dd < DPL; ++dd) {
-        const int d = lane + 32 * dd;
-        if (d < HD)
-          o[2 + d] = acc[h][dd];
-      }
-    }
+    for (int h = 0; h < REP; ++h)
+      store_partial<NQ, HD, NSPLIT>(part, t, kvh * REP + h, sp, m[h], l[h],
+                                    acc[h]);
   }
 }
 

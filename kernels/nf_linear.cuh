@@ -709,20 +709,20 @@ __device__ void linear(Step a) {
       a, [](int c) { return c > kGemvRows ? (c + TM - 1) / TM * NT : 0; });
   const int *s_begin = s_groups.begin, *s_count = s_groups.count;
   const int tiles = s_groups.total();
+  // Tile t: group g, its rows [row0, row0 + rows) and features from n0.
+  auto tile_of = [&](int t, int &g, int &row0, int &rows, int &n0) {
+    g = s_groups.group_of(t);
+    const int local = t - s_groups.first[g];
+    const int mt = local / NT;
+    row0 = s_begin[g] + mt * TM;
+    rows = min(TM, s_count[g] - mt * TM);
+    n0 = (local % NT) * TN;
+  };
 #ifdef NF_HAS_WGMMA
   if constexpr (kWs) {
     extern __shared__ float4 nf_gemm_smem[];
-    wgmma_ws_gemm<S, kWsTileN>(
-        a, tiles,
-        [&](int tile, int &g, int &row0, int &rows, int &n0) {
-          g = s_groups.group_of(tile);
-          const int local = tile - s_groups.first[g];
-          const int mt = local / NT;
-          row0 = s_begin[g] + mt * TM;
-          rows = min(TM, s_count[g] - mt * TM);
-          n0 = (local % NT) * TN;
-        },
-        reinterpret_cast<unsigned char *>(nf_gemm_smem));
+    wgmma_ws_gemm<S, kWsTileN>(a, tiles, tile_of,
+                               reinterpret_cast<unsigned char *>(nf_gemm_smem));
   }
 #endif
   // Threads past kLinearThreads (a kWsThreads launch running the PTX
@@ -730,33 +730,30 @@ __device__ void linear(Step a) {
   const int tileBlocks =
       kWs || (kPipe && threadIdx.x >= kLinearThreads) ? 0 : tiles;
   for (int tile = blockIdx.x; tile < tileBlocks; tile += gridDim.x) {
-    const int lo = s_groups.group_of(tile);
-    const int local = tile - s_groups.first[lo];
-    const int mt = local / NT, nt = local % NT;
-    const int rows = min(TM, s_count[lo] - mt * TM);
+    int g, row0, rows, n0;
+    tile_of(tile, g, row0, rows, n0);
     if constexpr (kPipe) {
       extern __shared__ float4 nf_gemm_smem[];
 #ifdef NF_HAS_WGMMA
       if constexpr (kWgmma && !kWs) {
         static_assert(kWgTile == TM && kWgTile == TN, "same tiles");
-        wgmma_tile<S, TERMS>(a, lo, s_begin[lo] + mt * TM, rows, nt * TN,
+        wgmma_tile<S, TERMS>(a, g, row0, rows, n0,
                              reinterpret_cast<unsigned char *>(nf_gemm_smem));
         continue;
       }
 #endif
       pipelined_mma_tile<S, TERMS>(
-          a, lo, s_begin[lo] + mt * TM, rows, nt * TN,
+          a, g, row0, rows, n0,
           reinterpret_cast<unsigned short *>(nf_gemm_smem));
     } else if constexpr (kBig) {
-      big_mma_tile<S>(a, lo, s_begin[lo] + mt * TM, rows, nt * TN,
+      big_mma_tile<S>(a, g, row0, rows, n0,
                       *reinterpret_cast<BigMmaSmem *>(s_tiles));
     } else if constexpr (kMma) {
-      mma_tile<S, TERMS>(a, lo, s_begin[lo] + mt * kTileM, rows, nt * TN,
+      mma_tile<S, TERMS>(a, g, row0, rows, n0,
                          *reinterpret_cast<MmaSmem<TERMS> *>(s_tiles));
     } else {
       gemm_tile<S>(
-          a, lo, s_begin[lo] + mt * kTileM, rows, nt * TN,
-          reinterpret_cast<float(*)[kTileM + 4]>(s_tiles),
+          a, g, row0, rows, n0, reinterpret_cast<float(*)[kTileM + 4]>(s_tiles),
           reinterpret_cast<float(*)[kTileN + 4]>(s_tiles + kSimtBytes / 2));
     }
   }

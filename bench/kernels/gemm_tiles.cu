@@ -107,13 +107,18 @@ __global__ void __launch_bounds__(nf::wgmma_ws_threads<CW>()) gemm_ws(int M) {
 #endif
 }
 
-template <class K>
-void check_against(const char *name, const char *kind, int terms, int M, int N,
-                   int Kd, float *c, float *ref, K launch) {
+/// Runs launch() once against the f32 reference kernel, then times it and
+/// prints its TFLOP/s (and the tensor-core rate over all TERMS planes).
+template <class Launch>
+void check_and_time(const char *name, const char *kind, int terms, int M, int N,
+                    int K, const unsigned short *a, const unsigned short *w,
+                    long long plane, float *c, float *ref, Launch launch) {
   const long long outs = static_cast<long long>(M) * N;
   CHECK(cudaMemset(c, 0, outs * 4));
   launch();
   CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  reference<<<(outs + 255) / 256, 256>>>(a, w, ref, M, N, K, terms, plane);
   CHECK(cudaDeviceSynchronize());
   std::vector<float> hc(outs), hr(outs);
   CHECK(cudaMemcpy(hc.data(), c, outs * 4, cudaMemcpyDeviceToHost));
@@ -123,23 +128,12 @@ void check_against(const char *name, const char *kind, int terms, int M, int N,
     maxRef = std::max(maxRef, std::fabs(double(hr[i])));
     maxErr = std::max(maxErr, std::fabs(double(hc[i]) - hr[i]));
   }
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  constexpr int kReps = 10;
-  CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < kReps; ++i)
-    launch();
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  ms /= kReps;
-  const double tflops = 2.0 * M * N * Kd / (ms * 1e-3) / 1e12;
-  std::printf("%-8s %-9s terms %d  M %5d N %5d K %5d  %7.3f ms  %6.1f "
-              "TFLOP/s  max err %.2e of %.2e %s\n",
-              name, kind, terms, M, N, Kd, ms, tflops, maxErr, maxRef,
-              maxErr <= 1e-4 * maxRef ? "ok" : "WRONG");
+  const float ms = time_ms(launch, 10, false);
+  const double tflops = 2.0 * M * N * K / (ms * 1e-3) / 1e12;
+  std::printf("%-8s %-9s terms %d  M %5d N %5d K %5d  %7.3f ms  %6.1f TFLOP/s"
+              "  (x%d terms: %6.1f)  max err %.2e of %.2e %s\n",
+              name, kind, terms, M, N, K, ms, tflops, terms, tflops * terms,
+              maxErr, maxRef, maxErr <= 1e-4 * maxRef ? "ok" : "WRONG");
 }
 
 /// The warp-specialised GEMM (wgmma_ws_gemm) with 64 CW x TN tiles.
@@ -150,12 +144,9 @@ void run_ws(const char *name, int M, unsigned short *a, unsigned short *w,
   constexpr int smem = nf::wgmma_ws_smem<TN, CW>();
   CHECK(cudaFuncSetAttribute(
       gemm_ws<S, TN, CW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const long long outs = static_cast<long long>(M) * N;
-  reference<<<(outs + 255) / 256, 256>>>(a, w, ref, M, N, K, 1, S::PLANE);
-  CHECK(cudaDeviceSynchronize());
   char kind[16];
   std::snprintf(kind, sizeof kind, "ws %dx%d", 64 * CW, TN);
-  check_against(name, kind, 1, M, N, K, c, ref, [&] {
+  check_and_time(name, kind, 1, M, N, K, a, w, S::PLANE, c, ref, [&] {
     gemm_ws<S, TN, CW><<<132, nf::wgmma_ws_threads<CW>(), smem>>>(M);
   });
 }
@@ -172,39 +163,8 @@ void run(const char *name, int M, unsigned short *a, unsigned short *w,
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &perSm, gemm<S, TERMS, WG>, 256, smem));
   const int grid = 132 * std::max(perSm, 1);
-  const long long outs = static_cast<long long>(M) * N;
-  CHECK(cudaMemset(c, 0, outs * 4));
-  gemm<S, TERMS, WG><<<grid, 256, smem>>>(M);
-  CHECK(cudaGetLastError());
-  CHECK(cudaDeviceSynchronize());
-  reference<<<(outs + 255) / 256, 256>>>(a, w, ref, M, N, K, TERMS, S::PLANE);
-  CHECK(cudaDeviceSynchronize());
-  std::vector<float> hc(outs), hr(outs);
-  CHECK(cudaMemcpy(hc.data(), c, outs * 4, cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy(hr.data(), ref, outs * 4, cudaMemcpyDeviceToHost));
-  double maxRef = 0, maxErr = 0;
-  for (long long i = 0; i < outs; ++i) {
-    maxRef = std::max(maxRef, std::fabs(double(hr[i])));
-    maxErr = std::max(maxErr, std::fabs(double(hc[i]) - hr[i]));
-  }
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  constexpr int kReps = 10;
-  CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < kReps; ++i)
-    gemm<S, TERMS, WG><<<grid, 256, smem>>>(M);
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  ms /= kReps;
-  const double tflops = 2.0 * M * N * K / (ms * 1e-3) / 1e12;
-  std::printf("%-8s %-7s terms %d  M %5d N %5d K %5d  %7.3f ms  %6.1f TFLOP/s"
-              "  (x%d terms: %6.1f)  max err %.2e of %.2e %s\n",
-              name, WG ? "wgmma" : "mma", TERMS, M, N, K, ms, tflops, TERMS,
-              tflops * TERMS, maxErr, maxRef,
-              maxErr <= 1e-4 * maxRef ? "ok" : "WRONG");
+  check_and_time(name, WG ? "wgmma" : "mma", TERMS, M, N, K, a, w, S::PLANE, c,
+                 ref, [&] { gemm<S, TERMS, WG><<<grid, 256, smem>>>(M); });
 }
 
 int main() {
