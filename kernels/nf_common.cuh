@@ -103,6 +103,38 @@ __device__ __forceinline__ void load4_act(const float *p, float *out) {
   out[3] = v.w;
 }
 
+__device__ __forceinline__ unsigned short f32_to_bf16_rn(float x) {
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+}
+__device__ __forceinline__ float bf16_bits_to_f32(unsigned short h) {
+  return __uint_as_float(static_cast<unsigned>(h) << 16);
+}
+
+/// Activations stored as bf16 rows (unsigned short: the bits; with bf16
+/// matmul inputs, rows that only GEMMs read are stored rounded, as their
+/// GEMMs would round them) or f32. 4 elements at p (8- / 16-byte aligned).
+__device__ __forceinline__ void load4_act(const unsigned short *p, float *out) {
+  const uint2 v = *reinterpret_cast<const uint2 *>(p);
+  unpack_bf16x2(v.x, out);
+  unpack_bf16x2(v.y, out + 2);
+}
+__device__ __forceinline__ void store_act(float *p, float v) { *p = v; }
+__device__ __forceinline__ void store_act(unsigned short *p, float v) {
+  *p = f32_to_bf16_rn(v);
+}
+/// p[0] = v0, p[1] = v1 in one store (p 8- or 4-byte aligned).
+__device__ __forceinline__ void store_act2(float *p, float v0, float v1) {
+  *reinterpret_cast<float2 *>(p) = make_float2(v0, v1);
+}
+__device__ __forceinline__ void store_act2(unsigned short *p, float v0,
+                                           float v1) {
+  *reinterpret_cast<unsigned *>(p) =
+      static_cast<unsigned>(f32_to_bf16_rn(v0)) |
+      (static_cast<unsigned>(f32_to_bf16_rn(v1)) << 16);
+}
+
 // ---------------------------------------------------------------------------
 // Programmatic dependent launch (sm_90+): a generated function waits until
 // the grids it depends on have completed and their writes are visible
@@ -195,6 +227,25 @@ template <class S, class = void> struct HasRowCtx {
 };
 template <class S> struct HasRowCtx<S, decltype(void(S::kRowCtx))> {
   static constexpr bool value = S::kRowCtx;
+};
+
+/// Whether a linear's spec S has S::store2(a, r, n, v0, v1): the outputs
+/// (r, n) and (r, n + 1) for an even n, n + 1 < N, in one store (GEMM
+/// epilogues whose fragments hold column pairs use it).
+template <class S, class = void> struct HasStore2 {
+  static constexpr bool value = false;
+};
+template <class S> struct HasStore2<S, decltype(void(S::kStore2))> {
+  static constexpr bool value = S::kStore2;
+};
+
+/// Whether a linear's spec S reads rows already stored as bf16 (S::kRowsBf16:
+/// S::row16 is the only row accessor, and there is no f32 S::row).
+template <class S, class = void> struct HasRowsBf16 {
+  static constexpr bool value = false;
+};
+template <class S> struct HasRowsBf16<S, decltype(void(S::kRowsBf16))> {
+  static constexpr bool value = S::kRowsBf16;
 };
 
 // ---------------------------------------------------------------------------

@@ -617,17 +617,25 @@ template <class T> struct IsBf16 { static constexpr bool value = false; };
 template <> struct IsBf16<bf16> { static constexpr bool value = true; };
 
 /// Output feature n for `count` (<= kGemvRows) rows starting at `begin`.
+/// Rows stored as bf16 (HasRowsBf16) are read through S::row16.
+template <class S> __device__ __forceinline__ auto gemv_row(Step a, int r) {
+  if constexpr (HasRowsBf16<S>::value)
+    return S::row16(a, r);
+  else
+    return S::row(a, r);
+}
+
 template <class S>
 __device__ __forceinline__ void gemv_item(Step a, int g, int begin, int count,
                                           int n, int lane) {
   using W = typename S::W;
   constexpr int V = Vec16<W>::N;
   const W *w = S::weight(a, g) + static_cast<long long>(n) * S::K;
-  const float *x[kGemvRows];
+  decltype(gemv_row<S>(a, 0)) x[kGemvRows];
   float acc[kGemvRows];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
-    x[r] = r < count ? S::row(a, begin + r) : nullptr;
+    x[r] = r < count ? gemv_row<S>(a, begin + r) : nullptr;
     acc[r] = 0.0f;
   }
   if (S::K % V == 0) {
@@ -652,8 +660,14 @@ __device__ __forceinline__ void gemv_item(Step a, int g, int begin, int count,
       const float wk = load(w, k);
 #pragma unroll
       for (int r = 0; r < kGemvRows; ++r)
-        if (r < count)
-          acc[r] = fmaf(wk, x[r][k], acc[r]);
+        if (r < count) {
+          float xk;
+          if constexpr (HasRowsBf16<S>::value)
+            xk = bf16_bits_to_f32(x[r][k]);
+          else
+            xk = x[r][k];
+          acc[r] = fmaf(wk, xk, acc[r]);
+        }
     }
   }
   float mine = 0.0f;

@@ -42,8 +42,8 @@ __device__ __forceinline__ float conv_step(const float (&wc)[KW], float b,
 /// advances it in a later launch). w is [CD, KW] (w[c, KW-1] multiplies the
 /// current token).
 template <class W, class B, int CD, int KW, bool kBias>
-__device__ void causal_conv_out(Step a, const float *in,
-                                const W *w, const B *bias, const float *window,
+__device__ void causal_conv_out(Step a, const float *in, const W *w,
+                                const B *bias, const float *window,
                                 float *out) {
   constexpr int K1 = KW - 1, TPT = 8;
   const int T = a->num_tokens;
@@ -70,6 +70,19 @@ __device__ void causal_conv_out(Step a, const float *in,
       }
     };
     fill();
+    if (tp.local + TPT <= tp.desc.count) {
+      // The TPT tokens continue one sequence (the common case): their
+      // inputs are loaded at once, not one memory latency per token.
+      float x[TPT];
+#pragma unroll
+      for (int j = 0; j < TPT; ++j)
+        x[j] = in[static_cast<long long>(t0 + j) * CD + c];
+#pragma unroll
+      for (int j = 0; j < TPT; ++j)
+        out[static_cast<long long>(t0 + j) * CD + c] =
+            conv_step<KW>(wc, b, win, x[j]);
+      continue;
+    }
     for (int j = 0; j < TPT && t0 + j < T; ++j) {
       if (j > 0) {
         if (tp.local + 1 < tp.desc.count) {
@@ -88,8 +101,7 @@ __device__ void causal_conv_out(Step a, const float *in,
 /// Advances each sequence's conv window to its last KW-1 inputs (after
 /// causal_conv_out of the same step has read the old window).
 template <int CD, int KW>
-__device__ void causal_conv_window(Step a, const float *in,
-                                   float *window) {
+__device__ void causal_conv_window(Step a, const float *in, float *window) {
   constexpr int K1 = KW - 1;
   const long long n = static_cast<long long>(a->num_seqs) * CD;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
@@ -114,9 +126,8 @@ __device__ void causal_conv_window(Step a, const float *in,
 /// Decode form: one thread per (sequence, channel) walks the sequence's
 /// tokens with the window in registers: outputs and window in one launch.
 template <class W, class B, int CD, int KW, bool kBias>
-__device__ void causal_conv_seq(Step a, const float *in,
-                                const W *w, const B *bias, float *window,
-                                float *out) {
+__device__ void causal_conv_seq(Step a, const float *in, const W *w,
+                                const B *bias, float *window, float *out) {
   constexpr int K1 = KW - 1;
   const long long n = static_cast<long long>(a->num_seqs) * CD;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
@@ -182,10 +193,10 @@ __device__ __forceinline__ int ssm_chunk_slot(const nf_seq_desc &d, int s,
 /// L == 256 (a token per thread for the decay products); thread blocks of
 /// 4 channels x 8 state values, RB of them per thread.
 template <class WB, class WA, int NH, int P, int N, int G, int L, int CMAX>
-__device__ void ssm_chunk_states(Step a, const float *xbc,
-                                 const float *dt_raw, const WB *dt_bias,
-                                 const WA *a_log, float dt_min, float dt_max,
-                                 float *local, float *decay) {
+__device__ void ssm_chunk_states(Step a, const float *xbc, const float *dt_raw,
+                                 const WB *dt_bias, const WA *a_log,
+                                 float dt_min, float dt_max, float *local,
+                                 float *decay) {
   static_assert(L == 256, "a token per thread");
   static_assert(P % 4 == 0 && N % 8 == 0, "4 x 8 output blocks");
   constexpr int I = NH * P, CD = I + 2 * G * N, HPG = NH / G;
@@ -281,8 +292,8 @@ __device__ void ssm_chunk_states(Step a, const float *xbc,
 
 /// Launch 2 (see above): a thread per (sequence, head, p, n).
 template <int NH, int P, int N, int L>
-__device__ void ssm_chunk_carry(Step a, const float *state,
-                                float *local, const float *decay) {
+__device__ void ssm_chunk_carry(Step a, const float *state, float *local,
+                                const float *decay) {
   constexpr long long PER_SEQ = static_cast<long long>(NH) * P * N;
   const long long n = a->num_seqs * PER_SEQ;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
@@ -354,10 +365,10 @@ __host__ __device__ constexpr int ssd_chunk_smem() {
 /// per (sequence, chunk, head): launch with 32 * (P / 16) threads.
 template <class WB, class WA, class WD, int NH, int P, int N, int G, int L,
           int CMAX, int Q, int TERMS, bool kStates>
-__device__ void
-ssd_chunk(Step a, const float *xbc, const float *dt_raw,
-          const WB *dt_bias, const WA *a_log, const WD *d_skip, float dt_min,
-          float dt_max, float *state, float *y, float *local, float *decay) {
+__device__ void ssd_chunk(Step a, const float *xbc, const float *dt_raw,
+                          const WB *dt_bias, const WA *a_log, const WD *d_skip,
+                          float dt_min, float dt_max, float *state, float *y,
+                          float *local, float *decay) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int I = NH * P, CD = I + 2 * G * N, HPG = NH / G;
   constexpr int WARPS = P / 16, THREADS = 32 * WARPS, NS = N + 8, XS = P + 8;
@@ -699,10 +710,9 @@ ssd_chunk(Step a, const float *xbc, const float *dt_raw,
 /// per sequence, each starting from its init in chunk_init.
 template <class WB, class WA, class WD, int NH, int P, int N, int G, int PT,
           int NS, int TC, int L = 0, int CMAX = 1>
-__device__ void ssm_scan(Step a, const float *xbc,
-                         const float *dt_raw, const WB *dt_bias,
-                         const WA *a_log, const WD *d_skip, float dt_min,
-                         float dt_max, float *state, float *y,
+__device__ void ssm_scan(Step a, const float *xbc, const float *dt_raw,
+                         const WB *dt_bias, const WA *a_log, const WD *d_skip,
+                         float dt_min, float dt_max, float *state, float *y,
                          const float *chunk_init = nullptr) {
   constexpr int I = NH * P, CD = I + 2 * G * N, NPER = N / NS;
   constexpr int HPG = NH / G, NPT = P / PT;

@@ -16,14 +16,6 @@
 
 namespace nf {
 
-__device__ __forceinline__ unsigned short f32_to_bf16_rn(float x) {
-  unsigned short h;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
-  return h;
-}
-__device__ __forceinline__ float bf16_bits_to_f32(unsigned short h) {
-  return __uint_as_float(static_cast<unsigned>(h) << 16);
-}
 __device__ __forceinline__ void mma_bf16(float *c, const unsigned *a,
                                          unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "

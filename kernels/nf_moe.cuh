@@ -37,9 +37,9 @@ router_score(double logit, const WB *bias, int e, long long o, float *scores,
 /// expert), f64 sums of f32 x bf16/f32 products, s and sb written as f64
 /// pairs to `pre` for moe_route and as f32 to `scores` / `sel`.
 template <class WG, class WB, int E, int H>
-__device__ void moe_router_logits(Step a, const float *x,
-                                  const WG *gate, const WB *bias, float *scores,
-                                  float *sel, double *pre) {
+__device__ void moe_router_logits(Step a, const float *x, const WG *gate,
+                                  const WB *bias, float *scores, float *sel,
+                                  double *pre) {
   constexpr int V = Vec16<WG>::N;
   const long long items = static_cast<long long>(a->num_tokens) * E;
   const int lane = lane_id();
@@ -79,10 +79,9 @@ __device__ void moe_router_logits(Step a, const float *x,
 /// gate byte read once per TT tokens instead of once per token), 16 x 16
 /// threads with TT / 16 x EB / 16 f64 sums each; launch with 256 threads.
 template <class WG, class WB, int E, int H, int TT, int EB>
-__device__ void moe_router_logits_tiled(Step a, const float *x,
-                                        const WG *gate, const WB *bias,
-                                        float *scores, float *sel,
-                                        double *pre) {
+__device__ void moe_router_logits_tiled(Step a, const float *x, const WG *gate,
+                                        const WB *bias, float *scores,
+                                        float *sel, double *pre) {
   constexpr int KC = 32, RT = TT / 16, RE = EB / 16;
   constexpr int XN = TT * KC / 256, GN = EB * KC / 256;
   static_assert(TT % 16 == 0 && EB % 16 == 0, "tiles of 16 x 16 threads");
@@ -173,9 +172,9 @@ __device__ void moe_router_logits_tiled(Step a, const float *x,
 /// (128 / TT)-th expert tile, in slices of KC of H staged as f64 in shared
 /// memory (the next slice's values loaded into registers meanwhile).
 template <class WG, class WB, int E, int H, int TT, int KC = 16>
-__device__ void moe_router_logits_dmma(Step a, const float *x,
-                                       const WG *gate, const WB *bias,
-                                       float *scores, float *sel, double *pre) {
+__device__ void moe_router_logits_dmma(Step a, const float *x, const WG *gate,
+                                       const WB *bias, float *scores,
+                                       float *sel, double *pre) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int KS = KC + 4; // row stride: conflict-free fragments
   constexpr int WT = TT / 16, WE = 8 / WT;
@@ -480,9 +479,9 @@ __device__ __forceinline__ void for_each_candidate(const float *w, int n,
 /// R-th largest share, then its ties are taken in (c, i) order. Then the
 /// kept experts' weights are renormalised as in moe_route.
 template <int K>
-__device__ void moe_budget(Step a, const float *budget,
-                           int32_t *experts, float *weights, int32_t *counts,
-                           int min_k, bool norm_topk, float rsf) {
+__device__ void moe_budget(Step a, const float *budget, int32_t *experts,
+                           float *weights, int32_t *counts, int min_k,
+                           bool norm_topk, float rsf) {
   __shared__ int s_hist[256];
   __shared__ unsigned long long s_prefix;
   __shared__ long long s_want;
@@ -629,14 +628,17 @@ __device__ void moe_budget(Step a, const float *budget,
 
 /// nf_moe.dispatch: counting sort of the (token, j < counts[t]) assignments
 /// by expert (layout above), in one block of DW warps. Warp w owns a
-/// contiguous range of tokens and walks it in order with lane j on the
-/// token's j-th expert: once to count per (warp, expert), then, after a scan
-/// that turns the counts into each warp's first row per expert, again to
-/// place the rows. Rows of an expert thus follow token order.
+/// contiguous range of tokens and walks its assignments in (token, j) order,
+/// 32 a step (lane i on the i-th), CH steps' loads in flight: once to count
+/// per (warp, expert), then, after a scan that turns the counts into each
+/// warp's first row per expert, again to place the rows. Lanes of a step
+/// with the same expert (different tokens) take consecutive rows in lane
+/// order (__match_any_sync), so rows of an expert follow token order.
 template <int E, int K, int M, int DW>
 __device__ void moe_dispatch(Step a, const int32_t *experts,
                              const int32_t *counts, int32_t *dispatch) {
-  static_assert(K <= 32, "at most 32 experts per token");
+  static_assert(K <= 32 && K <= M, "at most 32 experts per token");
+  constexpr int CH = 4;
   __shared__ int s_hist[DW][E], s_off[E];
   if (blockIdx.x != 0)
     return;
@@ -646,29 +648,36 @@ __device__ void moe_dispatch(Step a, const int32_t *experts,
   int32_t *slot_row = row_token + static_cast<long long>(T) * M;
   const int per = (T + DW - 1) / DW;
   const int t0 = min(T, warp * per), t1 = min(T, t0 + per);
+  const long long f1 = static_cast<long long>(t1) * K;
   for (int i = tid; i < DW * E; i += blockDim.x)
     (&s_hist[0][0])[i] = 0;
   __syncthreads();
-  // Expert of lane j for tokens t..t+3 (loads issued together).
-  auto fetch = [&](int t, int *e) {
+  // Expert of assignment f0 + 32 c + lane (-1: none) for c < CH.
+  auto fetch = [&](long long f0, int *e) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      e[u] = -1;
-      if (t + u < t1 && lane < K) {
-        const int x = experts[static_cast<long long>(t + u) * K + lane];
-        if (lane < counts[t + u] && x >= 0 && x < E)
-          e[u] = x;
+    for (int c = 0; c < CH; ++c) {
+      const long long f = f0 + 32 * c + lane;
+      e[c] = -1;
+      if (f < f1) {
+        const int x = experts[f];
+        if (static_cast<int>(f % K) < counts[f / K] && x >= 0 && x < E)
+          e[c] = x;
       }
     }
   };
+  const unsigned below = (1u << lane) - 1u;
   if (warp < DW)
-    for (int t = t0; t < t1; t += 4) {
-      int e[4];
-      fetch(t, e);
+    for (long long f0 = static_cast<long long>(t0) * K; f0 < f1;
+         f0 += 32 * CH) {
+      int e[CH];
+      fetch(f0, e);
 #pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (e[u] >= 0)
-          atomicAdd(&s_hist[warp][e[u]], 1);
+      for (int c = 0; c < CH; ++c) {
+        const unsigned peers = __match_any_sync(0xffffffffu, e[c]);
+        if (e[c] >= 0 && (peers & below) == 0)
+          s_hist[warp][e[c]] += __popc(peers);
+        __syncwarp();
+      }
     }
   __syncthreads();
   for (int e = tid; e < E; e += blockDim.x) {
@@ -709,26 +718,38 @@ __device__ void moe_dispatch(Step a, const int32_t *experts,
     }
   }
   __syncthreads();
-  if (warp < DW)
-    for (int t = t0; t < t1; t += 4) {
-      int e[4];
-      fetch(t, e);
+  if (warp < DW) {
+    for (long long f0 = static_cast<long long>(t0) * K; f0 < f1;
+         f0 += 32 * CH) {
+      int e[CH];
+      fetch(f0, e);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        if (t + u >= t1)
-          break;
-        // A token's experts are distinct, so rows follow (token, j) order.
-        for (int j = lane; j < M; j += 32) {
-          int row = -1;
-          if (j == lane && e[u] >= 0) {
-            row = atomicAdd(&s_hist[warp][e[u]], 1);
-            row_token[row] = t + u;
-          }
-          slot_row[static_cast<long long>(t + u) * M + j] = row;
+      for (int c = 0; c < CH; ++c) {
+        const long long f = f0 + 32 * c + lane;
+        const unsigned peers = __match_any_sync(0xffffffffu, e[c]);
+        const int leader = __ffs(peers) - 1;
+        int base = 0;
+        if (e[c] >= 0 && lane == leader) {
+          base = s_hist[warp][e[c]];
+          s_hist[warp][e[c]] = base + __popc(peers);
         }
+        base = __shfl_sync(0xffffffffu, base, leader);
         __syncwarp();
+        if (f < f1) {
+          const int row = e[c] >= 0 ? base + __popc(peers & below) : -1;
+          const long long t = f / K;
+          if (row >= 0)
+            row_token[row] = static_cast<int32_t>(t);
+          slot_row[t * M + f % K] = row;
+        }
       }
     }
+    // Slots past K (a dispatch sized for more experts per token) are unused.
+    if (M > K)
+      for (long long i = static_cast<long long>(t0) * (M - K) + lane;
+           i < static_cast<long long>(t1) * (M - K); i += 32)
+        slot_row[(i / (M - K)) * M + K + i % (M - K)] = -1;
+  }
 }
 
 } // namespace nf

@@ -10,8 +10,7 @@ namespace nf {
 
 /// out[t, :] = table[ids[t], :] (ids: the step's token ids or an i32 column).
 template <class W, int H>
-__device__ void embed(Step a, const int32_t *ids, const W *table,
-                      float *out) {
+__device__ void embed(Step a, const int32_t *ids, const W *table, float *out) {
   const long long n = static_cast<long long>(a->num_tokens) * H;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
     const long long t = i / H, c = i % H;
@@ -21,25 +20,23 @@ __device__ void embed(Step a, const int32_t *ids, const W *table,
 
 /// out = x + y over COLS columns (out may alias x or y).
 template <int COLS>
-__device__ void add(Step a, const float *x, const float *y,
-                    float *out) {
+__device__ void add(Step a, const float *x, const float *y, float *out) {
   const long long n = static_cast<long long>(a->num_tokens) * COLS;
   for (long long i = global_thread(); i < n; i += grid_threads())
     out[i] = x[i] + y[i];
 }
 
-/// out = act(x) over COLS columns.
-template <int COLS, int A>
-__device__ void activation(Step a, const float *x, float *out) {
+/// out = act(x) over COLS columns (O: as in rms_norm_row).
+template <int COLS, int A, class O = float>
+__device__ void activation(Step a, const float *x, O *out) {
   const long long n = static_cast<long long>(a->num_tokens) * COLS;
   for (long long i = global_thread(); i < n; i += grid_threads())
-    out[i] = activate<A>(x[i]);
+    store_act(out + i, activate<A>(x[i]));
 }
 
 /// out[t, 0:WIDTH] = x[t, COL0:COL0+WIDTH] for an input of IN_COLS columns.
 template <int IN_COLS, int COL0, int WIDTH>
-__device__ void copy_columns(Step a, const float *x,
-                             float *out) {
+__device__ void copy_columns(Step a, const float *x, float *out) {
   const long long n = static_cast<long long>(a->num_tokens) * WIDTH;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
     const long long t = i / WIDTH, c = i % WIDTH;
@@ -56,11 +53,11 @@ constexpr int kRowThreads = 256;
 /// of dependent loads short (a warp per row is latency bound at small
 /// batches), and each thread loads all of its elements (and weights) up
 /// front: one memory latency per row instead of one per element. out may
-/// alias x.
-template <class W, int H>
+/// alias x. O: float, or unsigned short for rows stored as bf16 (store_act).
+template <class W, int H, class O>
 __device__ __forceinline__ void rms_norm_row(const float *x, const float *y,
                                              float *sum, const W *w, double eps,
-                                             float *out) {
+                                             O *out) {
   constexpr int EPT = (H + kRowThreads - 1) / kRowThreads;
   const int tid = threadIdx.x;
   float v[EPT], wv[EPT];
@@ -89,24 +86,23 @@ __device__ __forceinline__ void rms_norm_row(const float *x, const float *y,
   for (int e = 0; e < EPT; ++e) {
     const int i = tid + e * kRowThreads;
     if (i < H)
-      out[i] = wv[e] * (v[e] * r);
+      store_act(out + i, wv[e] * (v[e] * r));
   }
 }
 
 /// RMSNorm, one block per row.
-template <class W, int H>
-__device__ void rms_norm(Step a, const float *x, const W *w,
-                         double eps, float *out) {
+template <class W, int H, class O = float>
+__device__ void rms_norm(Step a, const float *x, const W *w, double eps,
+                         O *out) {
   const int T = a->num_tokens;
   for (long long t = blockIdx.x; t < T; t += gridDim.x)
     rms_norm_row<W, H>(x + t * H, nullptr, nullptr, w, eps, out + t * H);
 }
 
 /// sum = x + y; out = rms_norm(sum). One block per row.
-template <class W, int H>
-__device__ void add_rms_norm(Step a, const float *x,
-                             const float *y, float *sum, const W *w, double eps,
-                             float *out) {
+template <class W, int H, class O = float>
+__device__ void add_rms_norm(Step a, const float *x, const float *y, float *sum,
+                             const W *w, double eps, O *out) {
   const int T = a->num_tokens;
   for (long long t = blockIdx.x; t < T; t += gridDim.x)
     rms_norm_row<W, H>(x + t * H, y + t * H, sum + t * H, w, eps, out + t * H);
@@ -114,14 +110,53 @@ __device__ void add_rms_norm(Step a, const float *x,
 
 /// Gated grouped RMSNorm (norm after gate): u = y * silu(z), normalised per
 /// group of I/G features, times w. One block per (token, group); elements
-/// and weights loaded up front as in rms_norm_row.
-template <class W, int I, int G>
-__device__ void gated_rms_norm(Step a, const float *y,
-                               const float *z, const W *w, double eps,
-                               float *out) {
+/// and weights loaded up front as in rms_norm_row; O as there.
+template <class W, int I, int G, class O = float>
+__device__ void gated_rms_norm(Step a, const float *y, const float *z,
+                               const W *w, double eps, O *out) {
   constexpr int GS = I / G, EPT = (GS + kRowThreads - 1) / kRowThreads;
   const int tid = threadIdx.x;
   const long long items = static_cast<long long>(a->num_tokens) * G;
+  if constexpr (GS % 128 == 0 && GS <= 1024) {
+    // Groups of whole float4s per lane: a warp per (token, group), no block
+    // barriers (Nano: 512 features, 16 a lane).
+    constexpr int NV = GS / 128;
+    const int lane = lane_id();
+    for (long long item = global_warp(); item < items; item += grid_warps()) {
+      const long long t = item / G;
+      const int q = static_cast<int>(item % G);
+      const long long base = t * I + static_cast<long long>(q) * GS;
+      float u[NV][4];
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        const int i = (v * 32 + lane) * 4;
+        const float4 yv = *reinterpret_cast<const float4 *>(y + base + i);
+        const float4 zv = *reinterpret_cast<const float4 *>(z + base + i);
+        u[v][0] = yv.x * silu(zv.x);
+        u[v][1] = yv.y * silu(zv.y);
+        u[v][2] = yv.z * silu(zv.z);
+        u[v][3] = yv.w * silu(zv.w);
+      }
+      double ss = 0.0;
+#pragma unroll
+      for (int v = 0; v < NV; ++v)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          ss += static_cast<double>(u[v][e]) * static_cast<double>(u[v][e]);
+      ss = warp_sum(ss);
+      const float r =
+          static_cast<float>(1.0 / sqrt(ss / static_cast<double>(GS) + eps));
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        const int i = (v * 32 + lane) * 4;
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          store_act(out + base + i + e,
+                    load(w, q * GS + i + e) * (u[v][e] * r));
+      }
+    }
+    return;
+  }
   for (long long item = blockIdx.x; item < items; item += gridDim.x) {
     const long long t = item / G;
     const int q = static_cast<int>(item % G);
@@ -147,7 +182,7 @@ __device__ void gated_rms_norm(Step a, const float *y,
     for (int e = 0; e < EPT; ++e) {
       const int i = tid + e * kRowThreads;
       if (i < GS)
-        out[base + i] = wv[e] * (u[e] * r);
+        store_act(out + base + i, wv[e] * (u[e] * r));
     }
   }
 }
@@ -155,11 +190,35 @@ __device__ void gated_rms_norm(Step a, const float *y,
 /// nf_moe.combine: out[t] = sum_j w[t, j] * rows[slotRow[t, j]] in j order
 /// (f32), skipping unused slots. The dispatch layout is that of nf_moe.cuh.
 template <int HE, int KW, int E, int M>
-__device__ void moe_combine(Step a, const float *rows,
-                            const int32_t *dispatch, const float *w,
-                            float *out) {
+__device__ void moe_combine(Step a, const float *rows, const int32_t *dispatch,
+                            const float *w, float *out) {
   const int T = a->num_tokens;
   const int32_t *slot_row = dispatch + E + 1 + static_cast<long long>(T) * M;
+  if constexpr (HE % 4 == 0) {
+    // Four columns a thread (float4): the same sums, a quarter of the
+    // loads of the slots and weights.
+    constexpr int HV = HE / 4;
+    const long long n = static_cast<long long>(T) * HV;
+    for (long long i = global_thread(); i < n; i += grid_threads()) {
+      const long long t = i / HV, c = i % HV;
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+      for (int j = 0; j < KW; ++j) {
+        const int32_t row = slot_row[t * M + j];
+        if (row < 0)
+          continue;
+        const float wj = w[t * KW + j];
+        const float4 v = reinterpret_cast<const float4 *>(
+            rows + static_cast<long long>(row) * HE)[c];
+        acc.x += wj * v.x;
+        acc.y += wj * v.y;
+        acc.z += wj * v.z;
+        acc.w += wj * v.w;
+      }
+      reinterpret_cast<float4 *>(out)[i] = acc;
+    }
+    return;
+  }
   const long long n = static_cast<long long>(T) * HE;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
     const long long t = i / HE, c = i % HE;

@@ -363,6 +363,9 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int stage = it % ST;
       mbarrier_wait(full0 + 8 * stage, (it / ST) & 1);
+      // The producer's cp.async wrote the stage through the generic proxy;
+      // wgmma reads it through the async proxy (PTX memory model).
+      fence_proxy_async_shared();
       if (active) {
         const unsigned sa = sbase + stage * STAGE + cw * 8192;
         const unsigned sb = sbase + stage * STAGE + A_BYTES;
@@ -397,6 +400,17 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
             if (n < S::N)
               S::store(a, ctx, row0 + r, n, acc[4 * j + 2 * h + e]);
           }
+      } else if constexpr (HasStore2<S>::value) {
+        // Column pairs (n is even: n0 is a multiple of TN) in one store.
+#pragma unroll
+        for (int j = 0; j < TN / 8; ++j) {
+          const int n = n0 + j * 8 + 2 * tig;
+          if (n + 1 < S::N)
+            S::store2(a, row0 + r, n, acc[4 * j + 2 * h],
+                      acc[4 * j + 2 * h + 1]);
+          else if (n < S::N)
+            S::store(a, row0 + r, n, acc[4 * j + 2 * h]);
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < TN / 8; ++j)

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
+#include <type_traits>
 #include <vector>
 
 __device__ const nf::bf16 *g_w;
@@ -36,6 +37,14 @@ template <int N_, int K_> struct Spec {
   }
   __device__ static void store(nf::Step, int r, int n, float v) {
     g_c[static_cast<long long>(r) * N + n] = v;
+  }
+};
+
+/// The same with column pairs stored at once (S::store2).
+template <int N_, int K_> struct Spec2 : Spec<N_, K_> {
+  static constexpr bool kStore2 = true;
+  __device__ static void store2(nf::Step, int r, int n, float v0, float v1) {
+    nf::store_act2(g_c + static_cast<long long>(r) * N_ + n, v0, v1);
   }
 };
 
@@ -137,15 +146,16 @@ void check_and_time(const char *name, const char *kind, int terms, int M, int N,
 }
 
 /// The warp-specialised GEMM (wgmma_ws_gemm) with 64 CW x TN tiles.
-template <int N, int K, int TN, int CW = 2>
+template <int N, int K, int TN, int CW = 2, bool kStore2 = false>
 void run_ws(const char *name, int M, unsigned short *a, unsigned short *w,
             float *c, float *ref) {
-  using S = Spec<N, K>;
+  using S = std::conditional_t<kStore2, Spec2<N, K>, Spec<N, K>>;
   constexpr int smem = nf::wgmma_ws_smem<TN, CW>();
   CHECK(cudaFuncSetAttribute(
       gemm_ws<S, TN, CW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   char kind[16];
-  std::snprintf(kind, sizeof kind, "ws %dx%d", 64 * CW, TN);
+  std::snprintf(kind, sizeof kind, "ws %dx%d%s", 64 * CW, TN,
+                kStore2 ? "p" : "");
   check_and_time(name, kind, 1, M, N, K, a, w, S::PLANE, c, ref, [&] {
     gemm_ws<S, TN, CW><<<132, nf::wgmma_ws_threads<CW>(), smem>>>(M);
   });
@@ -201,6 +211,11 @@ int main() {
   run_ws<2688, 4096, 256>("out_proj", 8192, a, w, c, ref);
   run_ws<1856, 2688, 192>("expert", 384, a, w, c, ref);
   run_ws<1856, 2688, 256>("expert", 384, a, w, c, ref);
+  // Column pairs stored at once (S::store2).
+  run_ws<1000, 1000, 192, 2, true>("ragged", 300, a, w, c, ref);
+  run_ws<10304, 2688, 256, 2, true>("in_proj", 8192, a, w, c, ref);
+  run_ws<2688, 4096, 192, 2, true>("out_proj", 8192, a, w, c, ref);
+  run_ws<1856, 2688, 192, 2, true>("expert", 384, a, w, c, ref);
   run_ws<1000, 1000, 192, 3>("ragged", 300, a, w, c, ref);
   run_ws<10304, 2688, 192, 3>("in_proj", 8192, a, w, c, ref);
   run_ws<2688, 4096, 192, 3>("out_proj", 8192, a, w, c, ref);

@@ -51,12 +51,15 @@ int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /// shared variables when checking a target's limit (the limit is for both).
 constexpr int64_t kStaticSharedAllowance = 2048;
 
-/// Feature tile of the warp-specialised GEMM for N features: 256, or 192
-/// where 256 rounds N up by enough more to outweigh 192's lower rate
-/// (0.95x on the H200, bench/kernels/gemm_tiles.cu).
+/// Feature tile of the warp-specialised GEMM for N features: 256, or 192 or
+/// 128 where 256 rounds N up by enough more to outweigh their lower rates
+/// (0.95x and 0.84x on the H200, bench/kernels/gemm_tiles.cu).
 int64_t wsTileN(int64_t n) {
   const double cost256 = double(ceilDiv(n, 256) * 256);
   const double cost192 = double(ceilDiv(n, 192) * 192) / 0.95;
+  const double cost128 = double(ceilDiv(n, 128) * 128) / 0.84;
+  if (cost128 < std::min(cost192, cost256))
+    return 128;
   return cost192 < cost256 ? 192 : 256;
 }
 
@@ -155,25 +158,32 @@ struct LinearSpec {
   std::string wtype;
   int64_t N = 0, K = 0, G = 1;
   std::string groups = "nf::DenseGroups";
-  std::string weight;   // expression of `const W *` for group g
-  std::string input;    // expression of the f32 input activation [rows, K]
+  std::string weight; // expression of `const W *` for group g
+  std::string input;  // expression of the f32 input activation [rows, K]
+  /// Instead of `input`: an expression of `const unsigned short *`, the
+  /// input stored as bf16 rows by its producer (bf16RowValues).
+  std::string input16;
   std::string rowIndex; // expression of row r's index in `input`
   /// Optional: an expression (long long) of row r that the store uses as
   /// `ctx`, computed once per row where a kernel supports it (HasRowCtx).
   std::string rowCtx;
   int64_t rowsPerToken = 1; // input rows per token (assignments: top-k)
   std::string store;        // statements storing v at (r, n)
+  /// Optional (N even): statements storing v0 at (r, n) and v1 at (r, n + 1)
+  /// for an even n, in one store each (S::store2).
+  std::string store2;
   int64_t maxRows = 0;
 };
 
 class KernelEmitter {
 public:
   KernelEmitter(const pl::Plan &plan, const std::vector<ValueInfo> &values,
-                const std::string &phase, int index, const pl::Kernel &kernel,
-                int64_t maxTokens, int64_t arenaBytes,
-                const CudaCodegenOptions &opts)
-      : plan(plan), values(values), phase(phase), index(index), kernel(kernel),
-        maxTokens(maxTokens), arenaBytes(arenaBytes), opts(opts) {}
+                const std::set<int> &bf16Rows, const std::string &phase,
+                int index, const pl::Kernel &kernel, int64_t maxTokens,
+                int64_t arenaBytes, const CudaCodegenOptions &opts)
+      : plan(plan), values(values), bf16Rows(bf16Rows), phase(phase),
+        index(index), kernel(kernel), maxTokens(maxTokens),
+        arenaBytes(arenaBytes), opts(opts) {}
 
   StatusOr<CudaKernelSource> run(int64_t &scratchEnd);
 
@@ -237,6 +247,37 @@ private:
   std::string arenaPtr(int v, const char *type = "float") const {
     return "nf::arena<" + std::string(type) + ">(a, " + num(V(v).offset) +
            "ll)";
+  }
+  /// Value v is stored as bf16 rows (bf16RowValues).
+  bool rowsBf16(int v) const { return bf16Rows.count(v) != 0; }
+  /// Pointer expression of activation v as its producer writes it: f32,
+  /// or `unsigned short *` for bf16 rows (written with nf::store_act).
+  std::string outPtr(int v) {
+    if (!rowsBf16(v))
+      return arenaPtr(v);
+    wroteBf16.insert(v);
+    return arenaPtr(v, "unsigned short");
+  }
+  /// A statement storing `value` to element `index` of activation v.
+  std::string storeAct(int v, const std::string &index,
+                       const std::string &value) {
+    if (!rowsBf16(v))
+      return "    " + arenaPtr(v) + "[" + index + "] = " + value + ";\n";
+    return "    nf::store_act(" + outPtr(v) + " + " + index + ", " + value +
+           ");\n";
+  }
+  /// A statement storing `v0`, `v1` to elements `index`, `index` + 1 of
+  /// activation v (index even) in one store.
+  std::string storeAct2(int v, const std::string &index, const std::string &v0,
+                        const std::string &v1) {
+    return "    nf::store_act2(" + outPtr(v) + " + " + index + ", " + v0 +
+           ", " + v1 + ");\n";
+  }
+  /// The input of a linear spec: activation v, as f32 or as bf16 rows.
+  void setInput(LinearSpec &s, int v) const {
+    s.input = arenaPtr(v);
+    if (rowsBf16(v))
+      s.input16 = arenaPtr(v, "unsigned short");
   }
   std::string weightPtr(int v) const {
     return "nf::weight<" + *weightType(v) + ">(a, " + num(V(v).weight) + ")";
@@ -363,6 +404,8 @@ private:
 
   const pl::Plan &plan;
   const std::vector<ValueInfo> &values;
+  const std::set<int> &bf16Rows; // bf16RowValues
+  std::set<int> wroteBf16;       // those of them this kernel's code writes
   std::string phase;
   int index;
   const pl::Kernel &kernel;
@@ -386,25 +429,33 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
       "static_cast<long long>(" + s.rowIndex + ") * " + num(s.K);
   // Prefill with bf16 weights: the input rows are split into bf16 planes
   // first (one launch), so the GEMM streams both operands with cp.async
-  // (pipelined_mma_tile).
+  // (pipelined_mma_tile); input rows stored as bf16 by their producer
+  // (s.input16) are streamed as they are.
   const bool planes =
       phase != "decode" && s.wtype == "nf::bf16" && s.K % 8 == 0;
+  const bool stored16 = !s.input16.empty();
   const int64_t terms = opts.matmulTerms;
   const int64_t planeElems = maxTokens * s.rowsPerToken * s.K;
-  const int64_t planeOff = planes ? newScratch(terms * planeElems * 2) : 0;
+  const bool splitLaunch = planes && !stored16;
+  const int64_t planeOff = splitLaunch ? newScratch(terms * planeElems * 2) : 0;
   const std::string planePtr =
-      "nf::arena<unsigned short>(a, " + num(planeOff) + "ll)";
+      stored16 ? s.input16
+               : "nf::arena<unsigned short>(a, " + num(planeOff) + "ll)";
   text << "struct " << spec << " : " << s.groups << " {\n"
        << "  using W = " << s.wtype << ";\n"
        << "  static constexpr int N = " << s.N << ", K = " << s.K << ";\n"
        << "  __device__ static __forceinline__ const W *weight("
           "nf::Step a, int g) {\n"
-       << "    (void)g;\n    return " << s.weight << ";\n  }\n"
-       << "  __device__ static __forceinline__ const float *row("
-          "nf::Step a, int r) {\n"
-       << "    return " << s.input << " + " << rowOffset << ";\n  }\n";
+       << "    (void)g;\n    return " << s.weight << ";\n  }\n";
+  if (stored16)
+    text << "  static constexpr bool kRowsBf16 = true;\n";
+  else
+    text << "  __device__ static __forceinline__ const float *row("
+            "nf::Step a, int r) {\n"
+         << "    return " << s.input << " + " << rowOffset << ";\n  }\n";
   if (planes)
-    text << "  static constexpr long long PLANE = " << planeElems << "ll;\n"
+    text << "  static constexpr long long PLANE = "
+         << (stored16 ? int64_t(0) : planeElems) << "ll;\n"
          << "  __device__ static __forceinline__ const unsigned short *"
             "row16(nf::Step a, int r) {\n"
          << "    return " << planePtr << " + " << rowOffset << ";\n  }\n";
@@ -414,6 +465,11 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   for (size_t at; !s.rowCtx.empty() &&
                   (at = perElement.find("[ctx + ")) != std::string::npos;)
     perElement.replace(at, 7, "[" + s.rowCtx + " + ");
+  if (!s.store2.empty() && s.N % 2 == 0)
+    text << "  static constexpr bool kStore2 = true;\n"
+         << "  __device__ static __forceinline__ void store2(nf::Step a, int "
+            "r, int n, float v0, float v1) {\n"
+         << s.store2 << "  }\n";
   if (s.rowCtx.empty()) {
     text << "  __device__ static __forceinline__ void store(nf::Step "
             "a, int r, int n, float v) {\n"
@@ -431,12 +487,14 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
          << perElement << "  }\n};\n";
   }
   if (planes) {
-    addLaunch(fn + "_split", elementGrid(planeElems / 4), 256,
-              "  nf::split_rows_bf16<" + num(terms) + ", " + num(s.K) + ", " +
-                  num(s.rowsPerToken) + ", " + num(planeElems) + "ll>(a, " +
-                  s.input + ", " + planePtr + ");\n",
-              comment + ": input rows split into " + num(terms) +
-                  " bf16 plane(s) (codegen scratch at " + num(planeOff) + ")");
+    if (splitLaunch)
+      addLaunch(fn + "_split", elementGrid(planeElems / 4), 256,
+                "  nf::split_rows_bf16<" + num(terms) + ", " + num(s.K) + ", " +
+                    num(s.rowsPerToken) + ", " + num(planeElems) + "ll>(a, " +
+                    s.input + ", " + planePtr + ");\n",
+                comment + ": input rows split into " + num(terms) +
+                    " bf16 plane(s) (codegen scratch at " + num(planeOff) +
+                    ")");
     // 128 x 128 tiles; as many blocks as fit on an SM (shared memory). With
     // wgmma the sm_90a cubin runs wgmma_tile and the PTX (other targets)
     // pipelined_mma_tile: the launch gets the larger shared memory of both.
@@ -581,7 +639,7 @@ StatusOr<size_t> KernelEmitter::rmsNorm(size_t i) {
   addLaunch(fnName(i, "rms_norm"), blockGrid(maxTokens), kRowThreads,
             "  nf::rms_norm<" + *wt + ", " + num(H) + ">(a, " +
                 arenaPtr(in[0]) + ", " + weightPtr(in[1]) + ", " +
-                doubleLit(*eps) + ", " + arenaPtr(out[0]) + ");\n",
+                doubleLit(*eps) + ", " + outPtr(out[0]) + ");\n",
             "nf.rms_norm");
   return size_t(1);
 }
@@ -608,7 +666,7 @@ StatusOr<size_t> KernelEmitter::add(size_t i) {
                 "  nf::add_rms_norm<" + *wt + ", " + num(H) + ">(a, " +
                     arenaPtr(in[0]) + ", " + arenaPtr(in[1]) + ", " +
                     arenaPtr(out[0]) + ", " + weightPtr(nin[1]) + ", " +
-                    doubleLit(*eps) + ", " + arenaPtr(nout[0]) + ");\n",
+                    doubleLit(*eps) + ", " + outPtr(nout[0]) + ");\n",
                 "nf.add + nf.rms_norm");
       return size_t(2);
     }
@@ -659,7 +717,7 @@ StatusOr<size_t> KernelEmitter::activation(size_t i) {
   const int64_t n = V(out[0]).cols;
   addLaunch(fnName(i, "activation"), elementGrid(maxTokens * n), 256,
             "  nf::activation<" + num(n) + ", " + *act + ">(a, " +
-                arenaPtr(in[0]) + ", " + arenaPtr(out[0]) + ");\n",
+                arenaPtr(in[0]) + ", " + outPtr(out[0]) + ");\n",
             "nf.activation");
   return size_t(1);
 }
@@ -678,13 +736,21 @@ StatusOr<size_t> KernelEmitter::gatedRmsNorm(size_t i) {
       weightNumel(in[2]) != I || !groups || *groups <= 0 || I % *groups || !eps)
     return fail(i, "shapes, groups or epsilon do not match");
   includes.insert("nf_rows.cuh");
-  addLaunch(fnName(i, "gated_rms_norm"), blockGrid(maxTokens * *groups),
-            kRowThreads,
-            "  nf::gated_rms_norm<" + *wt + ", " + num(I) + ", " +
-                num(*groups) + ">(a, " + arenaPtr(in[0]) + ", " +
-                arenaPtr(in[1]) + ", " + weightPtr(in[2]) + ", " +
-                doubleLit(*eps) + ", " + arenaPtr(out[0]) + ");\n",
-            "nf.gated_rms_norm");
+  // A warp per (token, group) where groups are whole float4s per lane (the
+  // template's choice), else a block.
+  const int64_t gs = I / *groups;
+  const int64_t items = maxTokens * *groups;
+  addLaunch(
+      fnName(i, "gated_rms_norm"),
+      gs % 128 == 0 && gs <= 1024
+          ? gridOf(ceilDiv(items, kRowThreads / 32), int64_t(opts.smCount) * 8)
+          : blockGrid(items),
+      kRowThreads,
+      "  nf::gated_rms_norm<" + *wt + ", " + num(I) + ", " + num(*groups) +
+          ">(a, " + arenaPtr(in[0]) + ", " + arenaPtr(in[1]) + ", " +
+          weightPtr(in[2]) + ", " + doubleLit(*eps) + ", " + outPtr(out[0]) +
+          ");\n",
+      "nf.gated_rms_norm");
   return size_t(1);
 }
 
@@ -706,7 +772,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   s.N = shape[0];
   s.K = shape[1];
   s.weight = weightPtr(in[1]);
-  s.input = arenaPtr(in[0]);
+  setInput(s, in[0]);
   s.rowIndex = "r";
   s.maxRows = maxTokens;
   std::string rn = "static_cast<long long>(r) * ";
@@ -723,7 +789,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   }
   std::string comment = opName(op);
   size_t consumed = 1;
-  std::string store;
+  std::string store, store2;
   std::vector<size_t> fused;
 
   // linear + split [+ append]: the epilogue writes the split columns.
@@ -779,22 +845,28 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     if (consumed == 3)
       fused.push_back(i + 2);
     int64_t c0 = 0;
+    // Column pairs never straddle pieces of even widths: then store2 too.
+    bool pairs = cacheOf.empty();
     for (size_t r = 0; r < pieces.size(); ++r) {
       const int64_t w = (*sizes)[r];
+      pairs = pairs && w % 2 == 0;
       const std::string col = c0 ? "(n - " + num(c0) + ")" : std::string("n");
       std::string piece = "      " + arenaPtr(pieces[r]) + "[" + rn + num(w) +
                           " + " + col + "] = v;\n";
+      std::string piece2 = "      nf::store_act2(" + arenaPtr(pieces[r]) +
+                           " + " + rn + num(w) + " + " + col + ", v0, v1);\n";
       if (auto it = cacheOf.find(static_cast<int>(r)); it != cacheOf.end())
         piece += "      " + it->second + col + "] = v;\n";
       const bool last = r + 1 == pieces.size();
-      if (r == 0)
-        store += last ? "    {" : "    if (n < " + num(c0 + w) + ") {";
-      else
-        store += last ? " else {" : " else if (n < " + num(c0 + w) + ") {";
-      store += "\n" + piece + "    }";
+      const std::string open =
+          r == 0 ? (last ? "    {" : "    if (n < " + num(c0 + w) + ") {")
+                 : (last ? " else {" : " else if (n < " + num(c0 + w) + ") {");
+      store += open + "\n" + piece + "    }";
+      store2 += open + "\n" + piece2 + "    }";
       c0 += w;
     }
     store += "\n";
+    store2 = pairs ? store2 + "\n" : std::string();
   } else if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.activation" &&
              operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
     // linear + activation: in the epilogue.
@@ -805,8 +877,11 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
       return kind.status();
     if (aout.size() != 1 || !isAct(aout[0]) || V(aout[0]).cols != s.N)
       return fail(i + 1, "result does not match the linear layer");
-    store = "    " + arenaPtr(aout[0]) + "[" + rn + num(s.N) +
-            " + n] = nf::activate<" + *kind + ">(v);\n";
+    store = storeAct(aout[0], rn + num(s.N) + " + n",
+                     "nf::activate<" + *kind + ">(v)");
+    store2 = storeAct2(aout[0], rn + num(s.N) + " + n",
+                       "nf::activate<" + *kind + ">(v0)",
+                       "nf::activate<" + *kind + ">(v1)");
     fused = {i + 1};
     consumed = 2;
     label += std::string("_") + stringAttr(act, "kind").value_or("act");
@@ -818,10 +893,15 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     for (size_t u : usersOf(out[0]))
       raw |= std::find(fused.begin(), fused.end(), u) == fused.end();
   }
-  if (raw)
-    store = "    " + arenaPtr(out[0]) + "[" + rn + num(s.N) + " + n] = v;\n" +
-            store;
+  if (raw) {
+    store = storeAct(out[0], rn + num(s.N) + " + n", "v") + store;
+    // Pairs for the result alone (fused stores besides it keep per element).
+    store2 = consumed == 1
+                 ? storeAct2(out[0], rn + num(s.N) + " + n", "v0", "v1")
+                 : std::string();
+  }
   s.store = store;
+  s.store2 = store2;
   emitLinear(fnName(i, label), s, comment);
   return consumed;
 }
@@ -841,33 +921,42 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   if (!act)
     return act.status();
   const int64_t I = up[0];
-  const int64_t hidden = newScratch(maxTokens * I * 4);
-  const std::string hid = "nf::arena<float>(a, " + num(hidden) + "ll)";
+  // The hidden rows as bf16 where the down GEMM would round them anyway
+  // (as bf16RowValues does for values).
+  const bool hidden16 = phase != "decode" && opts.matmulTerms == 1 &&
+                        opts.ampereOrLater && *dt == "nf::bf16" && I % 8 == 0;
+  const int64_t hidden = newScratch(maxTokens * I * (hidden16 ? 2 : 4));
+  const std::string hid =
+      std::string(hidden16 ? "nf::arena<unsigned short>" : "nf::arena<float>") +
+      "(a, " + num(hidden) + "ll)";
   LinearSpec s1;
   s1.wtype = *ut;
   s1.N = I;
   s1.K = H;
   s1.weight = weightPtr(in[1]);
-  s1.input = arenaPtr(in[0]);
+  setInput(s1, in[0]);
   s1.rowIndex = "r";
-  s1.store = "    " + hid + "[static_cast<long long>(r) * " + num(I) +
-             " + n] = nf::activate<" + *act + ">(v);\n";
+  s1.store = "    nf::store_act(" + hid + " + static_cast<long long>(r) * " +
+             num(I) + " + n, nf::activate<" + *act + ">(v));\n";
+  s1.store2 = "    nf::store_act2(" + hid + " + static_cast<long long>(r) * " +
+              num(I) + " + n, nf::activate<" + *act + ">(v0), nf::activate<" +
+              *act + ">(v1));\n";
   s1.maxRows = maxTokens;
   emitLinear(fnName(i, "shared_up"), s1,
              "nf_moe.shared_expert: hidden = act(x . up^T) (codegen scratch "
              "at " +
-                 num(hidden) + ")");
+                 num(hidden) + (hidden16 ? ", bf16 rows)" : ")"));
   LinearSpec s2;
   s2.wtype = *dt;
   s2.N = down[0];
   s2.K = I;
   s2.weight = weightPtr(in[2]);
-  s2.input = hid;
+  (hidden16 ? s2.input16 : s2.input) = hid;
   s2.rowIndex = "r";
   // Followed by nf.add of its result and another row of the same width
   // (the routed experts' combined rows): the epilogue adds that row and
   // writes the sum instead (same value as the add: one f32 addition).
-  std::string dst = arenaPtr(out[0]), addend;
+  std::string dst = arenaPtr(out[0]), addend, addend2;
   size_t consumed = 1;
   if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.add" &&
       !needed(out[0], {i + 1})) {
@@ -880,12 +969,18 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
         dst = arenaPtr(aout[0]);
         addend = " + " + arenaPtr(other) + "[static_cast<long long>(r) * " +
                  num(s2.N) + " + n]";
+        addend2 = "    const float2 o = *reinterpret_cast<const float2 *>(" +
+                  arenaPtr(other) + " + static_cast<long long>(r) * " +
+                  num(s2.N) + " + n);\n";
         consumed = 2;
       }
     }
   }
   s2.store = "    " + dst + "[static_cast<long long>(r) * " + num(s2.N) +
              " + n] = v" + addend + ";\n";
+  s2.store2 = addend2 + "    nf::store_act2(" + dst +
+              " + static_cast<long long>(r) * " + num(s2.N) + " + n, v0" +
+              (addend2.empty() ? ", v1" : " + o.x, v1 + o.y") + ");\n";
   s2.maxRows = maxTokens;
   emitLinear(fnName(i, "shared_down"), s2,
              consumed == 2
@@ -921,18 +1016,22 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
       "nf::DispatchGroups<" + num(d.numExperts) + ", " + num(d.offset) + "ll>";
   s.weight = weightPtr(in[2]) + " + static_cast<long long>(g) * " +
              num(s.N * s.K) + "ll";
-  s.input = arenaPtr(in[0]);
+  setInput(s, in[0]);
   s.rowIndex = up ? "row_token(a)[r]" : "r";
   s.rowsPerToken = up ? 1 : d.maxPerToken;
-  std::string value = "v";
+  std::string act;
   if (up) {
-    auto act = activationKind(i, "activation", false);
-    if (!act)
-      return act.status();
-    value = "nf::activate<" + *act + ">(v)";
+    auto kind = activationKind(i, "activation", false);
+    if (!kind)
+      return kind.status();
+    act = *kind;
   }
-  s.store = "    " + arenaPtr(out[0]) + "[static_cast<long long>(r) * " +
-            num(s.N) + " + n] = " + value + ";\n";
+  auto valueOf = [&](const std::string &v) {
+    return up ? "nf::activate<" + act + ">(" + v + ")" : v;
+  };
+  const std::string index = "static_cast<long long>(r) * " + num(s.N) + " + n";
+  s.store = storeAct(out[0], index, valueOf("v"));
+  s.store2 = storeAct2(out[0], index, valueOf("v0"), valueOf("v1"));
   s.maxRows = maxTokens * d.maxPerToken;
   emitLinear(fnName(i, up ? "expert_up" : "expert_down"), s, opName(op));
   return size_t(1);
@@ -1367,7 +1466,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
   std::string wg = "float", wb = "float", x = "nullptr", gate = "nullptr",
               bias = "nullptr";
   int64_t E = 0, H = 1;
-  int scoresV = -1, selV = -1;
+  int xV = -1, scoresV = -1, selV = -1;
   size_t sel = i;
   if (isRouter) {
     auto in = operands(first), out = results(first);
@@ -1386,6 +1485,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
                          " experts");
     wg = *gt;
     wb = *bt;
+    xV = in[0];
     x = arenaPtr(in[0]);
     gate = weightPtr(in[1]);
     bias = weightPtr(in[2]);
@@ -1499,7 +1599,29 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
                     " tokens a block, f64 tensor cores",
                 minT, maxT);
     };
-    if (dmmaFits(16) && dmmaFits(32)) {
+    // With bf16 matmul inputs the logits are a GEMM of the input rounded to
+    // bf16 (as bf16 frameworks compute them: products exact, sums in f32)
+    // whose epilogue computes s and sb (f64) from each f32 logit.
+    if (opts.matmulTerms == 1 && opts.ampereOrLater && wg == "nf::bf16" &&
+        H % 8 == 0) {
+      LinearSpec s;
+      s.wtype = wg;
+      s.N = E;
+      s.K = H;
+      s.weight = gate;
+      setInput(s, xV);
+      s.rowIndex = "r";
+      s.maxRows = maxTokens;
+      s.store = "    {\n      double sc, sb;\n      nf::router_score("
+                "static_cast<double>(v), " +
+                bias + ", n, static_cast<long long>(r) * " + num(E) + " + n, " +
+                arenaPtr(scoresV) + ", " + arenaPtr(selV) + ", " + pre +
+                ", sc, sb);\n    }\n";
+      emitLinear(fnName(i, "router_logits"), s,
+                 "nf_moe.router: logits on the bf16 GEMM, s and sb in f64");
+      x = "nullptr"; // moe_route reads s and sb from `pre`, not the rows
+
+    } else if (dmmaFits(16) && dmmaFits(32)) {
       if (maxTokens <= kSmallTileTokens) {
         dmma(16, "", maxTokens, 0, 0);
       } else {
@@ -1567,7 +1689,7 @@ StatusOr<size_t> KernelEmitter::dispatch(size_t i) {
   if (K > 32)
     return fail(i, "more than 32 experts per token");
   // Warps of the one block: per-warp counters of every expert fit in 32 KiB.
-  const int64_t warps = std::clamp<int64_t>(8192 / d.numExperts, 1, 16);
+  const int64_t warps = std::clamp<int64_t>(8192 / d.numExperts, 1, 32);
   includes.insert("nf_moe.cuh");
   addLaunch(fnName(i, "moe_dispatch"), 1, static_cast<uint32_t>(32 * warps),
             "  nf::moe_dispatch<" + num(d.numExperts) + ", " + num(K) + ", " +
@@ -1591,7 +1713,10 @@ StatusOr<size_t> KernelEmitter::combine(size_t i) {
   const ValueInfo &d = V(in[1]);
   const int64_t HE = V(out[0]).cols;
   includes.insert("nf_rows.cuh");
-  addLaunch(fnName(i, "moe_combine"), elementGrid(maxTokens * HE), 256,
+  // Four columns a thread where rows are whole float4s (the template's
+  // choice).
+  addLaunch(fnName(i, "moe_combine"),
+            elementGrid(maxTokens * (HE % 4 == 0 ? HE / 4 : HE)), 256,
             "  nf::moe_combine<" + num(HE) + ", " + num(V(in[2]).cols) + ", " +
                 num(d.numExperts) + ", " + num(d.maxPerToken) + ">(a, " +
                 arenaPtr(in[0]) + ", " + arenaPtr(in[1], "int32_t") + ", " +
@@ -1662,6 +1787,14 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
   }
   if (launches.empty())
     return fail(0, "kernel has no ops");
+  // Every value stored as bf16 rows must have been written so by its
+  // producer here (bf16RowValues and the emitters agree).
+  for (size_t i = 0; i < ops.size(); ++i)
+    for (int r : results(*ops[i]))
+      if (rowsBf16(r) && !wroteBf16.count(r))
+        return fail(i, "internal: value " + std::to_string(r) +
+                           " is stored as bf16 rows but its producer does "
+                           "not write them");
 
   CudaKernelSource out;
   out.step = phase;
@@ -1696,6 +1829,94 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
   return out;
 }
 
+/// With bf16 matmul inputs, the prefill activations that only tensor-core
+/// GEMMs read are stored as bf16 rows by the ops that produce them (norms,
+/// GEMM epilogues, activations), rounded as the GEMMs would round them: the
+/// GEMMs stream them as they are, without a launch that rounds them first,
+/// and half the bytes are written and read. A value qualifies when it is an
+/// f32 row tensor that is not the logits, every reader takes it as the
+/// input of a GEMM on the bf16 plane path (emitLinear) or of the router's
+/// logits GEMM (routerLogitsOnGemm), and its producer can write bf16 rows.
+/// The emitters of those producers and readers consult the set.
+std::set<int> bf16RowValues(const pl::Plan &plan, const pl::Step &step,
+                            const std::vector<ValueInfo> &values,
+                            const std::string &phase,
+                            const CudaCodegenOptions &opts) {
+  std::set<int> out;
+  if (phase == "decode" || opts.matmulTerms != 1 || !opts.ampereOrLater)
+    return out;
+  auto valid = [&](int v) {
+    return v >= 0 && v < static_cast<int>(values.size());
+  };
+  auto bf16Weight = [&](int v) {
+    if (!valid(v) || values[v].kind != pl::ValueKind::Weight ||
+        !plan.weights() || values[v].weight < 0 ||
+        values[v].weight >= static_cast<int>(plan.weights()->size()))
+      return false;
+    return plan.weights()
+               ->Get(static_cast<unsigned>(values[v].weight))
+               ->dtype() == pl::DType::BF16;
+  };
+  // Per value: readers all GEMM inputs so far / read at all / producer ok.
+  std::vector<char> gemmOnly(values.size(), 1), read(values.size(), 0),
+      producible(values.size(), 0);
+  for (const pl::Kernel *k : *step.kernels()) {
+    if (!k->ops())
+      continue;
+    const unsigned n = k->ops()->size();
+    for (unsigned i = 0; i < n; ++i) {
+      const pl::Op &op = *k->ops()->Get(i);
+      const std::string name = opName(op);
+      auto in = operands(op);
+      int gemmInput = -1; // the operand read as a GEMM's bf16 input
+      if (!in.empty() && valid(in[0]) && values[in[0]].cols % 8 == 0) {
+        if ((name == "nf.linear" || name == "nf.lm_head" ||
+             name == "nf_moe.latent_proj") &&
+            in.size() == 2 && bf16Weight(in[1]))
+          gemmInput = in[0];
+        else if ((name == "nf_moe.expert_up" || name == "nf_moe.expert_down") &&
+                 in.size() == 3 && bf16Weight(in[2]))
+          gemmInput = in[0];
+        else if (name == "nf_moe.shared_expert" && in.size() == 3 &&
+                 bf16Weight(in[1]))
+          gemmInput = in[0];
+        else if (name == "nf_moe.router" && in.size() == 3 &&
+                 bf16Weight(in[1]) && i + 1 < n) {
+          // Only when route() fuses the select (the router alone reads f32).
+          const pl::Op &next = *k->ops()->Get(i + 1);
+          auto rout = results(op), nin = operands(next);
+          if (opName(next) == "nf_moe.select" && rout.size() == 2 &&
+              nin.size() == 3 && nin[0] == rout[0] && nin[1] == rout[1])
+            gemmInput = in[0];
+        }
+      }
+      for (size_t o = 0; o < in.size(); ++o) {
+        if (!valid(in[o]))
+          continue;
+        read[in[o]] = 1;
+        if (!(o == 0 && in[o] == gemmInput))
+          gemmOnly[in[o]] = 0;
+      }
+      const bool canWriteBf16 =
+          name == "nf.rms_norm" || name == "nf.gated_rms_norm" ||
+          name == "nf.activation" || name == "nf_moe.expert_up" ||
+          name == "nf.linear";
+      for (int r : results(op))
+        if (valid(r))
+          producible[r] = canWriteBf16;
+    }
+  }
+  for (size_t v = 0; v < values.size(); ++v) {
+    const ValueInfo &vi = values[v];
+    if (static_cast<int>(v) != step.logits() && read[v] && gemmOnly[v] &&
+        producible[v] && vi.kind == pl::ValueKind::Tensor &&
+        vi.dtype == pl::DType::F32 &&
+        (vi.rows == pl::Rows::Tokens || vi.rows == pl::Rows::Assignments))
+      out.insert(static_cast<int>(v));
+  }
+  return out;
+}
+
 StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
                                        const pl::Step *step, const char *phase,
                                        const CudaCodegenOptions &opts) {
@@ -1722,8 +1943,10 @@ StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
   CudaStepSources out;
   const int64_t arena = step->arena_bytes();
   int64_t scratchEnd = arena + step->scratch_bytes();
+  const std::set<int> bf16Rows =
+      bf16RowValues(plan, *step, values, phase, opts);
   for (unsigned k = 0; k < step->kernels()->size(); ++k) {
-    KernelEmitter e(plan, values, phase, static_cast<int>(k),
+    KernelEmitter e(plan, values, bf16Rows, phase, static_cast<int>(k),
                     *step->kernels()->Get(k), step->max_tokens(), arena, opts);
     auto src = e.run(scratchEnd);
     if (!src)
