@@ -126,10 +126,14 @@ __device__ void gated_rms_norm(Step a, const float *y, const float *z,
       const long long t = item / G;
       const int q = static_cast<int>(item % G);
       const long long base = t * I + static_cast<long long>(q) * GS;
-      float u[NV][4];
+      float u[NV][4], wv[NV][4];
 #pragma unroll
       for (int v = 0; v < NV; ++v) {
         const int i = (v * 32 + lane) * 4;
+        // The weights with the inputs: one memory latency per item.
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          wv[v][e] = load(w, q * GS + i + e);
         const float4 yv = *reinterpret_cast<const float4 *>(y + base + i);
         const float4 zv = *reinterpret_cast<const float4 *>(z + base + i);
         u[v][0] = yv.x * silu(zv.x);
@@ -151,8 +155,7 @@ __device__ void gated_rms_norm(Step a, const float *y, const float *z,
         const int i = (v * 32 + lane) * 4;
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          store_act(out + base + i + e,
-                    load(w, q * GS + i + e) * (u[v][e] * r));
+          store_act(out + base + i + e, wv[v][e] * (u[v][e] * r));
       }
     }
     return;

@@ -1688,8 +1688,12 @@ StatusOr<size_t> KernelEmitter::dispatch(size_t i) {
     return fail(i, "experts per token exceed the dispatch's");
   if (K > 32)
     return fail(i, "more than 32 experts per token");
-  // Warps of the one block: per-warp counters of every expert fit in 32 KiB.
-  const int64_t warps = std::clamp<int64_t>(8192 / d.numExperts, 1, 32);
+  // Warps of the one block: about 128 assignments each at the step's most
+  // tokens (fewer warps are quicker through the block's scans at decode
+  // sizes), up to 32, and per-warp counters of every expert in 32 KiB.
+  const int64_t warps =
+      std::clamp<int64_t>(ceilDiv(maxTokens * K, 128), 1,
+                          std::clamp<int64_t>(8192 / d.numExperts, 1, 32));
   includes.insert("nf_moe.cuh");
   addLaunch(fnName(i, "moe_dispatch"), 1, static_cast<uint32_t>(32 * warps),
             "  nf::moe_dispatch<" + num(d.numExperts) + ", " + num(K) + ", " +
@@ -1836,8 +1840,10 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
 /// and half the bytes are written and read. A value qualifies when it is an
 /// f32 row tensor that is not the logits, every reader takes it as the
 /// input of a GEMM on the bf16 plane path (emitLinear) or of the router's
-/// logits GEMM (routerLogitsOnGemm), and its producer can write bf16 rows.
-/// The emitters of those producers and readers consult the set.
+/// logits GEMM (route()), and its producer can write bf16 rows. The
+/// emitters of those producers and readers consult the set. (Decode steps
+/// keep f32 rows: the skinny kernel reading bf16 rows gave identical logits
+/// but slowed batch 1-8 by 2-3% on the H200, bench/results/2026-11-30f.)
 std::set<int> bf16RowValues(const pl::Plan &plan, const pl::Step &step,
                             const std::vector<ValueInfo> &values,
                             const std::string &phase,
