@@ -406,6 +406,7 @@ private:
   const std::vector<ValueInfo> &values;
   const std::set<int> &bf16Rows; // bf16RowValues
   std::set<int> wroteBf16;       // those of them this kernel's code writes
+  std::string internalError;     // an emitter broke an invariant
   std::string phase;
   int index;
   const pl::Kernel &kernel;
@@ -434,6 +435,8 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   const bool planes =
       phase != "decode" && s.wtype == "nf::bf16" && s.K % 8 == 0;
   const bool stored16 = !s.input16.empty();
+  if (stored16 && !planes) // bf16RowValues promised a plane-path reader
+    internalError = fn + " reads bf16 rows but is not a bf16-plane GEMM";
   const int64_t terms = opts.matmulTerms;
   const int64_t planeElems = maxTokens * s.rowsPerToken * s.K;
   const bool splitLaunch = planes && !stored16;
@@ -1791,6 +1794,8 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
   }
   if (launches.empty())
     return fail(0, "kernel has no ops");
+  if (!internalError.empty())
+    return fail(ops.size(), "internal: " + internalError);
   // Every value stored as bf16 rows must have been written so by its
   // producer here (bf16RowValues and the emitters agree).
   for (size_t i = 0; i < ops.size(); ++i)
