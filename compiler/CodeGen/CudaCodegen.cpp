@@ -1503,7 +1503,14 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
   }
   std::string body;
   includes.insert("nf_moe.cuh");
+  // Every form but the logits GEMM reads the input as f32 rows.
+  auto checkF32Input = [&] {
+    if (xV >= 0 && rowsBf16(xV) && x != "nullptr")
+      internalError =
+          fnName(i, "router") + " reads bf16 rows but is not the logits GEMM";
+  };
   if (sel >= ops.size()) { // the router alone
+    checkF32Input();
     addLaunch(fnName(i, "router"), gridOf(maxTokens, int64_t(opts.smCount) * 4),
               256,
               "  nf::moe_route<" + wg + ", " + wb + ", " + num(E) + ", " +
@@ -1623,7 +1630,6 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
       emitLinear(fnName(i, "router_logits"), s,
                  "nf_moe.router: logits on the bf16 GEMM, s and sb in f64");
       x = "nullptr"; // moe_route reads s and sb from `pre`, not the rows
-
     } else if (dmmaFits(16) && dmmaFits(32)) {
       if (maxTokens <= kSmallTileTokens) {
         dmma(16, "", maxTokens, 0, 0);
@@ -1648,6 +1654,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
                   pre + ");\n",
               "nf_moe.router: logits, a warp per (token, expert), f64");
   }
+  checkF32Input();
   // Decode steps have one token per sequence: the budget decision is then
   // per token and made by moe_route itself (no moe_budget launch).
   const bool oneTokenBudget = defer && phase == "decode";
