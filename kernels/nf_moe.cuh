@@ -665,20 +665,45 @@ __device__ void moe_dispatch(Step a, const int32_t *experts,
       }
     }
   };
+  // Walks this warp's assignments in order, 32 a step: counts them per
+  // expert, or (place) gives each its row. Lanes of a step with the same
+  // expert (peers) are handled by the first of them.
   const unsigned below = (1u << lane) - 1u;
-  if (warp < DW)
+  auto walk = [&](bool place) {
+    if (warp >= DW)
+      return;
     for (long long f0 = static_cast<long long>(t0) * K; f0 < f1;
          f0 += 32 * CH) {
       int e[CH];
       fetch(f0, e);
 #pragma unroll
       for (int c = 0; c < CH; ++c) {
+        const long long f = f0 + 32 * c + lane;
         const unsigned peers = __match_any_sync(0xffffffffu, e[c]);
-        if (e[c] >= 0 && (peers & below) == 0)
-          s_hist[warp][e[c]] += __popc(peers);
+        const int leader = __ffs(peers) - 1;
+        if (!place) {
+          if (e[c] >= 0 && lane == leader)
+            s_hist[warp][e[c]] += __popc(peers);
+        } else {
+          int base = 0;
+          if (e[c] >= 0 && lane == leader) {
+            base = s_hist[warp][e[c]];
+            s_hist[warp][e[c]] = base + __popc(peers);
+          }
+          base = __shfl_sync(0xffffffffu, base, leader);
+          if (f < f1) {
+            const int row = e[c] >= 0 ? base + __popc(peers & below) : -1;
+            const long long t = f / K;
+            if (row >= 0)
+              row_token[row] = static_cast<int32_t>(t);
+            slot_row[t * M + f % K] = row;
+          }
+        }
         __syncwarp();
       }
     }
+  };
+  walk(false);
   __syncthreads();
   for (int e = tid; e < E; e += blockDim.x) {
     int total = 0;
@@ -718,38 +743,12 @@ __device__ void moe_dispatch(Step a, const int32_t *experts,
     }
   }
   __syncthreads();
-  if (warp < DW) {
-    for (long long f0 = static_cast<long long>(t0) * K; f0 < f1;
-         f0 += 32 * CH) {
-      int e[CH];
-      fetch(f0, e);
-#pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        const long long f = f0 + 32 * c + lane;
-        const unsigned peers = __match_any_sync(0xffffffffu, e[c]);
-        const int leader = __ffs(peers) - 1;
-        int base = 0;
-        if (e[c] >= 0 && lane == leader) {
-          base = s_hist[warp][e[c]];
-          s_hist[warp][e[c]] = base + __popc(peers);
-        }
-        base = __shfl_sync(0xffffffffu, base, leader);
-        __syncwarp();
-        if (f < f1) {
-          const int row = e[c] >= 0 ? base + __popc(peers & below) : -1;
-          const long long t = f / K;
-          if (row >= 0)
-            row_token[row] = static_cast<int32_t>(t);
-          slot_row[t * M + f % K] = row;
-        }
-      }
-    }
-    // Slots past K (a dispatch sized for more experts per token) are unused.
-    if (M > K)
-      for (long long i = static_cast<long long>(t0) * (M - K) + lane;
-           i < static_cast<long long>(t1) * (M - K); i += 32)
-        slot_row[(i / (M - K)) * M + K + i % (M - K)] = -1;
-  }
+  walk(true);
+  // Slots past K (a dispatch sized for more experts per token) are unused.
+  if (M > K && warp < DW)
+    for (long long i = static_cast<long long>(t0) * (M - K) + lane;
+         i < static_cast<long long>(t1) * (M - K); i += 32)
+      slot_row[(i / (M - K)) * M + K + i % (M - K)] = -1;
 }
 
 } // namespace nf

@@ -8,9 +8,9 @@ For code changes that must not change results (or only by rounding).
 Run from the repository root; MODEL_DIR has reference.safetensors (its
 prompts are used), e.g. examples/pydoc-moe. Needs a GPU.
 """
-import os, subprocess, sys, tempfile
+import os, sys, tempfile
 sys.path.insert(0, "test/lit/nfrun/Inputs")
-from check_generate import read_safetensors
+from check_generate import generate, read_safetensors
 nfrun, old, new, model = sys.argv[1:5]
 ref = read_safetensors(os.path.join(model, "reference.safetensors"))
 prompts = sorted({k.split(".")[0] for k in ref if k.endswith(".tokens")})
@@ -21,13 +21,11 @@ with tempfile.TemporaryDirectory() as tmp:
         outs = []
         for tag, plan in (("old", old), ("new", new)):
             dump = os.path.join(tmp, p + tag + ".safetensors")
-            cmd = [nfrun, "generate", plan, "--backend", "cuda", "--weights", model,
-                   "--ignore-eos", "--prompt-tokens", ",".join(map(str, tokens)),
-                   "--max-tokens", "48", "--dump-logits", dump]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0 or "backend: cuda" not in r.stderr:
-                sys.exit("%s %s: nfrun failed: %s" % (p, tag, r.stderr[-400:]))
-            outs.append(read_safetensors(dump))
+            out, log = generate(nfrun, plan, tokens, 48, dump, "--backend",
+                                "cuda", "--weights", model)
+            if "backend: cuda" not in log:
+                sys.exit("%s %s: did not run on the CUDA backend" % (p, tag))
+            outs.append(out)
         a, b = outs
         if list(a["tokens"][1]) != list(b["tokens"][1]):
             print("%s: tokens differ: %s vs %s" % (p, a["tokens"][1], b["tokens"][1]))

@@ -166,10 +166,10 @@ run() {
   for m in "${FIXTURES[@]}" pydoc-moe; do
     python3 - "$bin/nfrun" "$plans/$m.nfb" "$(model_dir "$m")" \
       > "$OUT/generate-$m.log" 2>&1 <<'EOF'
-import os, subprocess, sys, tempfile
+import os, sys, tempfile
 sys.path.insert(0, os.path.join(os.environ["NF_TEST_DATA_DIR"], "..", "lit",
                                 "nfrun", "Inputs"))
-from check_generate import read_safetensors, max_rel_error
+from check_generate import generate, read_safetensors, max_rel_error
 nfrun, plan, model = sys.argv[1:4]
 ref = read_safetensors(os.path.join(model, "reference.safetensors"))
 prompts = sorted({k.split(".")[0] for k in ref if k.endswith(".tokens")})
@@ -179,16 +179,11 @@ with tempfile.TemporaryDirectory() as tmp:
         tokens = ref[p + ".tokens"][1]
         steps = len(ref[p + ".greedy_tokens"][1])
         dump = os.path.join(tmp, p + ".safetensors")
-        cmd = [nfrun, "generate", plan, "--backend", "cuda", "--weights", model,
-               "--ignore-eos", "--prompt-tokens", ",".join(map(str, tokens)),
-               "--max-tokens", str(steps), "--dump-logits", dump]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        sys.stderr.write(r.stderr)
-        if r.returncode != 0:
-            sys.exit("%s: nfrun failed (%d)" % (p, r.returncode))
-        if "backend: cuda" not in r.stderr:
+        ours, log = generate(nfrun, plan, tokens, steps, dump, "--backend",
+                             "cuda", "--weights", model)
+        sys.stderr.write(log)
+        if "backend: cuda" not in log:
             sys.exit("%s: did not run on the CUDA backend" % p)
-        ours = read_safetensors(dump)
         if list(ours["tokens"][1]) != list(ref[p + ".greedy_tokens"][1]):
             sys.exit("%s: greedy tokens differ: %s vs %s" % (
                 p, ours["tokens"][1], ref[p + ".greedy_tokens"][1]))

@@ -63,6 +63,17 @@ int64_t wsTileN(int64_t n) {
   return cost192 < cost256 ? 192 : 256;
 }
 
+/// A linear layer with these weights and K runs on the bf16-plane GEMMs
+/// (emitLinear): outside decode, bf16 weights, K a multiple of 8.
+bool onBf16Planes(const std::string &phase, bool bf16Weights, int64_t K) {
+  return phase != "decode" && bf16Weights && K % 8 == 0;
+}
+/// Plane GEMM inputs may be stored as bf16 rows by their producers
+/// (bf16RowValues): one bf16 term, targets with mma.sync's bf16 shapes.
+bool bf16RowsAllowed(const CudaCodegenOptions &opts) {
+  return opts.matmulTerms == 1 && opts.ampereOrLater;
+}
+
 uint32_t gridOf(int64_t blocks, int64_t cap) {
   return static_cast<uint32_t>(std::clamp<int64_t>(blocks, 1, cap));
 }
@@ -432,8 +443,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // first (one launch), so the GEMM streams both operands with cp.async
   // (pipelined_mma_tile); input rows stored as bf16 by their producer
   // (s.input16) are streamed as they are.
-  const bool planes =
-      phase != "decode" && s.wtype == "nf::bf16" && s.K % 8 == 0;
+  const bool planes = onBf16Planes(phase, s.wtype == "nf::bf16", s.K);
   const bool stored16 = !s.input16.empty();
   if (stored16 && !planes) // bf16RowValues promised a plane-path reader
     internalError = fn + " reads bf16 rows but is not a bf16-plane GEMM";
@@ -926,8 +936,8 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   const int64_t I = up[0];
   // The hidden rows as bf16 where the down GEMM would round them anyway
   // (as bf16RowValues does for values).
-  const bool hidden16 = phase != "decode" && opts.matmulTerms == 1 &&
-                        opts.ampereOrLater && *dt == "nf::bf16" && I % 8 == 0;
+  const bool hidden16 =
+      bf16RowsAllowed(opts) && onBf16Planes(phase, *dt == "nf::bf16", I);
   const int64_t hidden = newScratch(maxTokens * I * (hidden16 ? 2 : 4));
   const std::string hid =
       std::string(hidden16 ? "nf::arena<unsigned short>" : "nf::arena<float>") +
@@ -1612,8 +1622,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
     // With bf16 matmul inputs the logits are a GEMM of the input rounded to
     // bf16 (as bf16 frameworks compute them: products exact, sums in f32)
     // whose epilogue computes s and sb (f64) from each f32 logit.
-    if (opts.matmulTerms == 1 && opts.ampereOrLater && wg == "nf::bf16" &&
-        H % 8 == 0) {
+    if (bf16RowsAllowed(opts) && onBf16Planes(phase, wg == "nf::bf16", H)) {
       LinearSpec s;
       s.wtype = wg;
       s.N = E;
@@ -1861,7 +1870,7 @@ std::set<int> bf16RowValues(const pl::Plan &plan, const pl::Step &step,
                             const std::string &phase,
                             const CudaCodegenOptions &opts) {
   std::set<int> out;
-  if (phase == "decode" || opts.matmulTerms != 1 || !opts.ampereOrLater)
+  if (phase == "decode" || !bf16RowsAllowed(opts))
     return out;
   auto valid = [&](int v) {
     return v >= 0 && v < static_cast<int>(values.size());
@@ -1887,7 +1896,9 @@ std::set<int> bf16RowValues(const pl::Plan &plan, const pl::Step &step,
       const std::string name = opName(op);
       auto in = operands(op);
       int gemmInput = -1; // the operand read as a GEMM's bf16 input
-      if (!in.empty() && valid(in[0]) && values[in[0]].cols % 8 == 0) {
+      // The plane path's K (its bf16 weights are checked per op below).
+      if (!in.empty() && valid(in[0]) &&
+          onBf16Planes(phase, true, values[in[0]].cols)) {
         if ((name == "nf.linear" || name == "nf.lm_head" ||
              name == "nf_moe.latent_proj") &&
             in.size() == 2 && bf16Weight(in[1]))

@@ -38,6 +38,20 @@ def max_rel_error(ours, ref):
     return max(abs(a - b) for a, b in zip(ours, ref)) / scale
 
 
+def generate(nfrun, plan, tokens, steps, dump, *options):
+    """Greedy `nfrun generate` of `steps` tokens after the prompt `tokens`,
+    logits dumped to `dump`; returns (the dump, nfrun's stderr). Exits with
+    nfrun's error when it fails."""
+    cmd = [nfrun, "generate", plan, *options, "--ignore-eos",
+           "--prompt-tokens", ",".join(str(t) for t in tokens),
+           "--max-tokens", str(steps), "--dump-logits", dump]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("%s: nfrun failed (%d): %s" % (plan, r.returncode,
+                                                 r.stderr[-400:]))
+    return read_safetensors(dump), r.stderr
+
+
 def main():
     nfrun, plan, reference = sys.argv[1:4]
     ref = read_safetensors(reference)
@@ -48,11 +62,8 @@ def main():
             tokens = ref[p + ".tokens"][1]
             steps = len(ref[p + ".greedy_tokens"][1])
             dump = os.path.join(tmp, p + ".safetensors")
-            cmd = [nfrun, "generate", plan, "--threads", "1", "--ignore-eos",
-                   "--prompt-tokens", ",".join(str(t) for t in tokens),
-                   "--max-tokens", str(steps), "--dump-logits", dump]
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-            ours = read_safetensors(dump)
+            ours, _ = generate(nfrun, plan, tokens, steps, dump,
+                               "--threads", "1")
             if list(ours["tokens"][1]) != list(ref[p + ".greedy_tokens"][1]):
                 sys.exit("%s: greedy tokens differ: %s vs %s" % (
                     p, ours["tokens"][1], ref[p + ".greedy_tokens"][1]))
