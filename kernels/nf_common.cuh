@@ -157,6 +157,16 @@ __device__ __forceinline__ void allow_next_grid() {
 #endif
 }
 
+/// 16 bytes of a weight stream, read once per launch: not kept in L1 (where
+/// it would evict the activation rows that every K step re-reads).
+__device__ __forceinline__ uint4 load_stream16(const void *p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 /// Asks L2 to fetch [p, p + bytes) (sm_90+: one bulk prefetch; a no-op
 /// elsewhere). p 16-byte aligned, bytes a multiple of 16.
 __device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {

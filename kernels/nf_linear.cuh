@@ -851,10 +851,9 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        wv[mt][h] =
-            wr[mt][h] && ks < KSTEPS
-                ? __ldg(reinterpret_cast<const uint4 *>(wr[mt][h] + ks * 32))
-                : make_uint4(0u, 0u, 0u, 0u);
+        wv[mt][h] = wr[mt][h] && ks < KSTEPS
+                        ? load_stream16(wr[mt][h] + ks * 32)
+                        : make_uint4(0u, 0u, 0u, 0u);
   };
 #pragma unroll
   for (int st = 0; st < STAGES; ++st)
