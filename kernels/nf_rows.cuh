@@ -190,6 +190,47 @@ __device__ void gated_rms_norm(Step a, const float *y, const float *z,
   }
 }
 
+/// moe_combine's value of token t at columns c and c + 1, for an epilogue
+/// that gathers the routed rows itself (decode's shared expert): the same
+/// sums in the same order, so the result is the same to the bit.
+template <int HE, int KW, int E, int M>
+__device__ __forceinline__ float2 moe_combined2(Step a, const float *rows,
+                                                const int32_t *dispatch,
+                                                const float *w, long long t,
+                                                long long c) {
+  const int32_t *slot_row =
+      dispatch + E + 1 + static_cast<long long>(a->num_tokens) * M;
+  float2 acc = make_float2(0.0f, 0.0f);
+#pragma unroll 4
+  for (int j = 0; j < KW; ++j) {
+    const int32_t row = slot_row[t * M + j];
+    if (row < 0)
+      continue;
+    const float wj = w[t * KW + j];
+    const float *v = rows + static_cast<long long>(row) * HE + c;
+    acc.x += wj * v[0];
+    if (c + 1 < HE)
+      acc.y += wj * v[1];
+  }
+  return acc;
+}
+template <int HE, int KW, int E, int M>
+__device__ __forceinline__ float
+moe_combined(Step a, const float *rows, const int32_t *dispatch, const float *w,
+             long long t, long long c) {
+  const int32_t *slot_row =
+      dispatch + E + 1 + static_cast<long long>(a->num_tokens) * M;
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int j = 0; j < KW; ++j) {
+    const int32_t row = slot_row[t * M + j];
+    if (row < 0)
+      continue;
+    acc += w[t * KW + j] * rows[static_cast<long long>(row) * HE + c];
+  }
+  return acc;
+}
+
 /// nf_moe.combine: out[t] = sum_j w[t, j] * rows[slotRow[t, j]] in j order
 /// (f32), skipping unused slots. The dispatch layout is that of nf_moe.cuh.
 template <int HE, int KW, int E, int M>

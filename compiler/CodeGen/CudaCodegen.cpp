@@ -426,6 +426,9 @@ private:
 
   std::vector<const pl::Op *> ops;
   std::set<int> outputs;
+  /// Combined routed rows left to the shared expert's epilogue (combine()):
+  /// value -> the template arguments and pointers of nf::moe_combined.
+  std::map<int, std::string> combinedRows;
   std::set<std::string> includes;
   std::ostringstream text;
   std::vector<CudaLaunchInfo> launches;
@@ -980,11 +983,19 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
       if (isAct(other) && isAct(aout[0]) && V(other).cols == s2.N &&
           V(aout[0]).cols == s2.N) {
         dst = arenaPtr(aout[0]);
-        addend = " + " + arenaPtr(other) + "[static_cast<long long>(r) * " +
-                 num(s2.N) + " + n]";
-        addend2 = "    const float2 o = *reinterpret_cast<const float2 *>(" +
-                  arenaPtr(other) + " + static_cast<long long>(r) * " +
-                  num(s2.N) + " + n);\n";
+        if (auto c = combinedRows.find(other); c != combinedRows.end()) {
+          // The routed rows' combination is gathered here (combine()).
+          addend = " + nf::moe_combined<" + c->second + ", r, n)";
+          addend2 = "    const float2 o = nf::moe_combined2<" + c->second +
+                    ", r, n);\n";
+          combinedRows.erase(c);
+        } else {
+          addend = " + " + arenaPtr(other) + "[static_cast<long long>(r) * " +
+                   num(s2.N) + " + n]";
+          addend2 = "    const float2 o = *reinterpret_cast<const float2 *>(" +
+                    arenaPtr(other) + " + static_cast<long long>(r) * " +
+                    num(s2.N) + " + n);\n";
+        }
         consumed = 2;
       }
     }
@@ -1736,14 +1747,23 @@ StatusOr<size_t> KernelEmitter::combine(size_t i) {
   const ValueInfo &d = V(in[1]);
   const int64_t HE = V(out[0]).cols;
   includes.insert("nf_rows.cuh");
+  const std::string args = num(HE) + ", " + num(V(in[2]).cols) + ", " +
+                           num(d.numExperts) + ", " + num(d.maxPerToken) +
+                           ">(a, " + arenaPtr(in[0]) + ", " +
+                           arenaPtr(in[1], "int32_t") + ", " + arenaPtr(in[2]);
+  // Followed by the shared expert and the add of both (decode's fused
+  // group): no launch; the shared expert's down projection gathers the
+  // combined value of each output in its epilogue.
+  if (i + 2 < ops.size() && opName(*ops[i + 1]) == "nf_moe.shared_expert" &&
+      opName(*ops[i + 2]) == "nf.add" && !needed(out[0], {i + 2})) {
+    combinedRows[out[0]] = args;
+    return size_t(1);
+  }
   // Four columns a thread where rows are whole float4s (the template's
   // choice).
   addLaunch(fnName(i, "moe_combine"),
             elementGrid(maxTokens * (HE % 4 == 0 ? HE / 4 : HE)), 256,
-            "  nf::moe_combine<" + num(HE) + ", " + num(V(in[2]).cols) + ", " +
-                num(d.numExperts) + ", " + num(d.maxPerToken) + ">(a, " +
-                arenaPtr(in[0]) + ", " + arenaPtr(in[1], "int32_t") + ", " +
-                arenaPtr(in[2]) + ", " + arenaPtr(out[0]) + ");\n",
+            "  nf::moe_combine<" + args + ", " + arenaPtr(out[0]) + ");\n",
             "nf_moe.combine: weighted sum of each token's expert rows");
   return size_t(1);
 }
@@ -1812,6 +1832,9 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
     return fail(0, "kernel has no ops");
   if (!internalError.empty())
     return fail(ops.size(), "internal: " + internalError);
+  if (!combinedRows.empty())
+    return fail(ops.size(), "internal: a combine left to the shared expert's "
+                            "epilogue was not gathered there");
   // Every value stored as bf16 rows must have been written so by its
   // producer here (bf16RowValues and the emitters agree).
   for (size_t i = 0; i < ops.size(); ++i)

@@ -83,6 +83,7 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
     for (nfir::WeightOp w : llvm::reverse(weights))
       w->moveBefore(&entry, entry.begin());
 
+    const bool decode = stepPhase(func) == "decode";
     SmallVector<Operation *> ops;
     for (Operation &op : entry)
       if (isComputeOp(&op))
@@ -92,7 +93,7 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
     for (Operation *op : ops) {
       if (claimed.contains(op))
         continue;
-      auto [group, name] = match(op);
+      auto [group, name] = match(op, decode);
       if (group.empty() || llvm::any_of(group, [&](Operation *o) {
             return claimed.contains(o);
           }))
@@ -106,8 +107,24 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
           outline({op}, kernelName(op));
   }
 
+  /// The shared expert and the add of a MoE layer's result when `combine`'s
+  /// rows are the add's other operand (each the add's only input from it).
+  static std::pair<moe::SharedExpertOp, nfir::AddOp>
+  sharedExpertAdd(moe::CombineOp combine) {
+    auto add = soleUser<nfir::AddOp>(combine);
+    if (!add)
+      return {};
+    Value other =
+        add.getLhs() == combine.getResult() ? add.getRhs() : add.getLhs();
+    auto shared = other.getDefiningOp<moe::SharedExpertOp>();
+    if (!shared || soleUser<nfir::AddOp>(shared) != add)
+      return {};
+    return {shared, add};
+  }
+
   /// The fused group starting at `op`, with its kernel name, or {}.
-  std::pair<SmallVector<Operation *>, std::string> match(Operation *op) {
+  std::pair<SmallVector<Operation *>, std::string> match(Operation *op,
+                                                         bool decode) {
     if (auto add = dyn_cast<nfir::AddOp>(op))
       if (auto norm = userOfType<nfir::RMSNormOp>(add))
         return {{add, norm}, "add_rms_norm"};
@@ -117,9 +134,17 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
           return {{router, select, dispatch}, "moe_route"};
     if (isa<moe::ExpertUpOp>(op))
       return {{op}, "moe_expert_up_relu2"};
+    // Decode: the combine joins the shared expert's kernel instead, whose
+    // down projection gathers the token's few routed rows in its epilogue
+    // (one launch less per MoE layer; prefill keeps the combine's own
+    // streaming launch).
     if (auto down = dyn_cast<moe::ExpertDownOp>(op))
       if (auto combine = soleUser<moe::CombineOp>(down))
-        return {{down, combine}, "moe_expert_down_combine"};
+        if (!decode || !sharedExpertAdd(combine).first)
+          return {{down, combine}, "moe_expert_down_combine"};
+    if (auto combine = dyn_cast<moe::CombineOp>(op); combine && decode)
+      if (auto [shared, add] = sharedExpertAdd(combine); shared)
+        return {{combine, shared, add}, "moe_shared_expert_combine_add"};
     if (auto conv = dyn_cast<kv::CausalConvOp>(op);
         conv && conv.getMode() == "decode")
       if (auto ssm = soleUser<kv::SSMUpdateOp>(conv))

@@ -1,5 +1,7 @@
 // RUN: nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers --nf-lower-moe --nf-pack-weights --nf-fuse-kernels | FileCheck %s
 // RUN: nf-opt %s --nf-fuse-kernels | FileCheck %s --check-prefix=PLAIN
+// RUN: nfc import %fixtures/tiny-hybrid-bf16 -o %t.mlir
+// RUN: nfc compile %t.mlir --compile-to fuse -o - | FileCheck %s --check-prefix=SHARED
 
 // Every compute op of a step ends up in exactly one kernel; weights stay
 // outside as operands.
@@ -48,6 +50,25 @@
 // CHECK-NEXT: nf_kv.ssm_update
 // CHECK-NEXT: nf.gated_rms_norm
 // CHECK-NEXT: nf.yield
+
+// With a shared expert (and no latent projection after the combine), decode
+// puts the combine into the shared expert's kernel, whose down projection
+// gathers the routed rows in its epilogue; prefill keeps the combine with the
+// routed down projection.
+// SHARED-LABEL: func.func @prefill
+// SHARED: nf.kernel "moe_expert_down_combine"
+// SHARED: nf.kernel "moe_shared_expert_add"
+// SHARED-LABEL: func.func @decode
+// SHARED: nf.kernel "nf_moe_expert_down"
+// SHARED-NEXT: ^bb0
+// SHARED-NEXT: nf_moe.expert_down
+// SHARED-NEXT: nf.yield
+// SHARED: nf.kernel "moe_shared_expert_combine_add"
+// SHARED-NEXT: ^bb0
+// SHARED-NEXT: %[[C:.*]] = nf_moe.combine
+// SHARED-NEXT: %[[S:.*]] = nf_moe.shared_expert
+// SHARED-NEXT: %[[SUM:.*]] = nf.add %[[C]], %[[S]]
+// SHARED-NEXT: nf.yield %[[SUM]]
 
 // Functions that are not steps are left alone.
 // PLAIN-LABEL: func.func @not_a_step
