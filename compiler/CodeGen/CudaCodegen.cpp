@@ -47,6 +47,11 @@ int64_t alignTo(int64_t v) {
   return (v + kAlignment - 1) / kAlignment * kAlignment;
 }
 int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/// Decode steps of up to this many tokens have no MoE combine launch where
+/// the shared expert's down projection can gather the routed rows itself
+/// (KernelEmitter::combine).
+constexpr int64_t kCombineGatherTokens = 16;
+
 /// Bytes left beside a kernel's dynamic shared memory for its static
 /// shared variables when checking a target's limit (the limit is for both).
 constexpr int64_t kStaticSharedAllowance = 2048;
@@ -427,8 +432,12 @@ private:
   std::vector<const pl::Op *> ops;
   std::set<int> outputs;
   /// Combined routed rows left to the shared expert's epilogue (combine()):
-  /// value -> the template arguments and pointers of nf::moe_combined.
-  std::map<int, std::string> combinedRows;
+  /// the template arguments and pointers of nf::moe_combined, and where the
+  /// combine launch of larger steps writes them (empty: no such launch).
+  struct CombinedRows {
+    std::string args, rows;
+  };
+  std::map<int, CombinedRows> combinedRows;
   std::set<std::string> includes;
   std::ostringstream text;
   std::vector<CudaLaunchInfo> launches;
@@ -984,10 +993,27 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
           V(aout[0]).cols == s2.N) {
         dst = arenaPtr(aout[0]);
         if (auto c = combinedRows.find(other); c != combinedRows.end()) {
-          // The routed rows' combination is gathered here (combine()).
-          addend = " + nf::moe_combined<" + c->second + ", r, n)";
-          addend2 = "    const float2 o = nf::moe_combined2<" + c->second +
-                    ", r, n);\n";
+          // The routed rows' combination is gathered here for small steps,
+          // read from the combine launch's rows for larger ones (combine()).
+          const std::string small =
+              "a->num_tokens <= " + num(kCombineGatherTokens);
+          const std::string gather =
+              "nf::moe_combined<" + c->second.args + ", r, n)";
+          const std::string gather2 =
+              "nf::moe_combined2<" + c->second.args + ", r, n)";
+          const std::string at = c->second.rows +
+                                 " + static_cast<long long>(r) * " + num(s2.N) +
+                                 " + n";
+          addend = c->second.rows.empty()
+                       ? " + " + gather
+                       : " + (" + small + " ? " + gather + " : *(" + at + "))";
+          addend2 =
+              "    const float2 o = " +
+              (c->second.rows.empty()
+                   ? gather2
+                   : small + " ? " + gather2 +
+                         " : *reinterpret_cast<const float2 *>(" + at + ")") +
+              ";\n";
           combinedRows.erase(c);
         } else {
           addend = " + " + arenaPtr(other) + "[static_cast<long long>(r) * " +
@@ -1751,20 +1777,37 @@ StatusOr<size_t> KernelEmitter::combine(size_t i) {
                            num(d.numExperts) + ", " + num(d.maxPerToken) +
                            ">(a, " + arenaPtr(in[0]) + ", " +
                            arenaPtr(in[1], "int32_t") + ", " + arenaPtr(in[2]);
-  // Followed by the shared expert and the add of both (decode's fused
-  // group): no launch; the shared expert's down projection gathers the
-  // combined value of each output in its epilogue.
-  if (i + 2 < ops.size() && opName(*ops[i + 1]) == "nf_moe.shared_expert" &&
-      opName(*ops[i + 2]) == "nf.add" && !needed(out[0], {i + 2})) {
-    combinedRows[out[0]] = args;
-    return size_t(1);
-  }
   // Four columns a thread where rows are whole float4s (the template's
   // choice).
-  addLaunch(fnName(i, "moe_combine"),
-            elementGrid(maxTokens * (HE % 4 == 0 ? HE / 4 : HE)), 256,
-            "  nf::moe_combine<" + args + ", " + arenaPtr(out[0]) + ");\n",
-            "nf_moe.combine: weighted sum of each token's expert rows");
+  auto launchCombine = [&](const std::string &dst, uint32_t minTokens,
+                           const std::string &comment) {
+    addLaunch(fnName(i, "moe_combine"),
+              elementGrid(maxTokens * (HE % 4 == 0 ? HE / 4 : HE)), 256,
+              "  nf::moe_combine<" + args + ", " + dst + ");\n", comment,
+              minTokens);
+  };
+  // Followed by the shared expert and the add of both (decode's fused
+  // group): for steps of up to kCombineGatherTokens tokens the shared
+  // expert's down projection gathers the combined value of each output in
+  // its epilogue, and the combine has no launch; larger steps keep it (into
+  // generated scratch: there the gathers, a few dependent loads per output,
+  // cost more than the launch; measured at batch 32 on the H200).
+  if (i + 2 < ops.size() && opName(*ops[i + 1]) == "nf_moe.shared_expert" &&
+      opName(*ops[i + 2]) == "nf.add" && !needed(out[0], {i + 2})) {
+    CombinedRows c{args, ""};
+    if (maxTokens > kCombineGatherTokens) {
+      c.rows =
+          "nf::arena<float>(a, " + num(newScratch(maxTokens * HE * 4)) + "ll)";
+      launchCombine(c.rows, kCombineGatherTokens + 1,
+                    "nf_moe.combine, steps of more than " +
+                        num(kCombineGatherTokens) +
+                        " tokens (fewer: the shared expert gathers the rows)");
+    }
+    combinedRows[out[0]] = c;
+    return size_t(1);
+  }
+  launchCombine(arenaPtr(out[0]), 0,
+                "nf_moe.combine: weighted sum of each token's expert rows");
   return size_t(1);
 }
 
