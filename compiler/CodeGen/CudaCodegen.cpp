@@ -1183,9 +1183,13 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   while (PT > 1 && (P % PT != 0 || PT * NS > 128))
     --PT;
   // TC tokens per staged chunk: three chunks of B, C, x and dt plus the
-  // chunk's partial y sums in static shared memory (nf_mamba.cuh).
+  // chunk's partial y sums in static shared memory (nf_mamba.cuh). Decode
+  // (a token per sequence) stages one: chunks sized for prefill (11 tokens
+  // at the Nano shape, 42 KB a block) would limit it to 5 blocks per SM.
   const int64_t perToken = ((2 * N + PT + 1) * 3 + 2 + PT * NS) * 4;
-  const int64_t TC = std::clamp<int64_t>(45056 / perToken, 1, 32);
+  const int64_t TC = opName(op) == "nf_kv.ssm_update"
+                         ? 1
+                         : std::clamp<int64_t>(45056 / perToken, 1, 32);
   const int64_t block = PT * NS;
   includes.insert("nf_mamba.cuh");
   const std::string state = "nf::storage(a, " + num(2 * op.storage() + 1) + ")";
