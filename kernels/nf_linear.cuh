@@ -801,9 +801,8 @@ __device__ void linear(Step a) {
 // partial sums are folded pairwise through shared memory in
 // a fixed order (deterministic). Two variants, chosen per launch by the
 // step's token count (the plan's launch token ranges): narrow (MT 1, 4 K
-// steps in flight: many bytes in flight for few rows) and wide (MT 4 with
-// one activation term, 2 with three; 2 K steps in flight: fewer activation
-// reads per weight byte). Items take
+// steps in flight: many bytes in flight for few rows) and wide (MT 2, 2 K
+// steps in flight: half the activation reads per weight byte). Items take
 // at most 16 rows (NT <= 2: few registers, several blocks per SM); a group
 // with more rows takes several items of the same feature tile, neighbours
 // in the item order, so the second read of a weight tile comes from L2.

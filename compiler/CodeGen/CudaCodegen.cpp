@@ -576,11 +576,8 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // A operand, K split across a block's warps), which reads each weight byte
   // once at any batch size up to 64 rows per group.
   // Two variants: up to kNarrowTokens tokens (16 features a block, 4 K
-  // steps in flight) and more (2 K steps in flight, 64 features a block with
-  // bf16 inputs, 32 with exact ones: with 64 the rows are re-read once per
-  // 64 features instead of 32; at batch 32 the routed experts stream 19-29%
-  // faster, out_proj 33%, alone on the H200: bench/kernels/skinny_sweep.cu
-  // with NF_SWEEP_WIDE=1); the plan says which runs for how many tokens.
+  // steps in flight) and more (32 features a block); the plan says which
+  // runs for how many tokens.
   if (phase == "decode" && s.wtype == "nf::bf16" && s.K % 32 == 0) {
     constexpr int64_t kNarrowTokens = 16, kWarps = 8;
     // Blocks loop over items, so the group scan at their start is paid
@@ -588,8 +585,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // at batch 1 to 32). Two blocks per SM, three for the narrow variant
     // with bf16 inputs (its registers allow it): that streamed the batch-1
     // expert and in_proj weights 15-22% faster (bench/kernels/skinny_sweep.cu)
-    // but slowed batch 64 when the wide variant did the same. The wide
-    // variant's registers allow one block per SM.
+    // but slowed batch 64 when the wide variant did the same.
     // (No minimum-blocks launch bound: with one, ptxas spills to reach it,
     // where without one the narrow variant fits three blocks unspilled.)
     const int64_t cap = int64_t(opts.smCount) * 2;
@@ -606,19 +602,13 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
                   terms + ">(a);\n",
               comment, 0, wide ? kNarrowTokens : 0, /*bodyWaits=*/true);
     if (wide) {
-      // (Exact inputs keep 32 features: three activation terms leave no
-      // registers for 64; ptxas spills.)
-      const int64_t wideMt = opts.matmulTerms == 1 ? 4 : 2;
       const int64_t items =
           (std::min(s.G, s.maxRows) + ceilDiv(s.maxRows, 16)) *
-          ceilDiv(s.N, 16 * wideMt);
-      addLaunch(
-          fn + "_wide",
-          gridOf(items, opts.matmulTerms == 1 ? int64_t(opts.smCount) : cap),
-          32 * kWarps,
-          "  nf::skinny_linear<" + spec + ", " + num(wideMt) + ", 2, " +
-              num(kWarps) + ", " + terms + ">(a);\n",
-          comment, kNarrowTokens + 1, 0, /*bodyWaits=*/true);
+          ceilDiv(s.N, 32);
+      addLaunch(fn + "_wide", gridOf(items, cap), 32 * kWarps,
+                "  nf::skinny_linear<" + spec + ", 2, 2, " + num(kWarps) +
+                    ", " + terms + ">(a);\n",
+                comment, kNarrowTokens + 1, 0, /*bodyWaits=*/true);
     }
     return;
   }
