@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(32 * KW, NF_MIN_BLOCKS)
 struct Problem {
   const char *name;
   int E, N, K, active; // experts (1: dense), active experts per step
+  int rows = 1;        // rows of each active expert (dense: of the layer)
 };
 
 static float copyBandwidth() {
@@ -100,7 +101,7 @@ static void run(const char *label, Kernel kernel, int grid, int block,
       off[g] = rows;
       const bool on =
           p.E == 1 || ((g * 7 + it * 13) % p.E) < p.active; // `active` of E
-      rows += on ? 1 : 0;
+      rows += on ? p.rows : 0;
     }
     off[p.E] = rows;
     CHECK(cudaMemcpy(dOffs + it * (p.E + 1), off.data(),
@@ -158,6 +159,19 @@ static void sweepOne(const Problem &p, nf_step_args *dArgs, char *arena,
   }
 }
 
+// Batch 32: the shipped wide variant against more features or more K steps
+// in flight per item.
+template <int E, int N, int K>
+static void sweepWide(const Problem &p, nf_step_args *dArgs, char *arena,
+                      int sms, float copy) {
+  sweepOne<E, N, K, 2, 2, 8>(p, dArgs, arena, sms, copy); // shipped wide
+  sweepOne<E, N, K, 4, 2, 8>(p, dArgs, arena, sms, copy);
+  sweepOne<E, N, K, 4, 3, 8>(p, dArgs, arena, sms, copy);
+  sweepOne<E, N, K, 4, 2, 16>(p, dArgs, arena, sms, copy);
+  sweepOne<E, N, K, 8, 1, 8>(p, dArgs, arena, sms, copy);
+  sweepOne<E, N, K, 4, 2, 4>(p, dArgs, arena, sms, copy);
+}
+
 template <int E, int N, int K>
 static void sweep(const Problem &p, nf_step_args *dArgs, char *arena, int sms,
                   float copy) {
@@ -205,5 +219,20 @@ int main() {
   sweep<1, 3712, 2688>({"shared_up", 1, 3712, 2688, 1}, dArgs, arena, sms,
                        copy);
   sweep<1, 2688, 4096>({"out_proj", 1, 2688, 4096, 1}, dArgs, arena, sms, copy);
+  if (std::getenv("NF_SWEEP_WIDE")) {
+    // 32 tokens: ~23 experts of 8 rows (seeded random weights), dense 32.
+    sweepWide<128, 1856, 2688>({"expert_up32", 128, 1856, 2688, 23, 8}, dArgs,
+                               arena, sms, copy);
+    sweepWide<128, 2688, 1856>({"expert_dn32", 128, 2688, 1856, 23, 8}, dArgs,
+                               arena, sms, copy);
+    sweepWide<1, 10304, 2688>({"in_proj32", 1, 10304, 2688, 1, 32}, dArgs,
+                              arena, sms, copy);
+    sweepWide<1, 2688, 4096>({"out_proj32", 1, 2688, 4096, 1, 32}, dArgs, arena,
+                             sms, copy);
+    sweepWide<128, 1856, 2688>({"expert_up64", 128, 1856, 2688, 30, 13}, dArgs,
+                               arena, sms, copy);
+    sweepWide<1, 10304, 2688>({"in_proj64", 1, 10304, 2688, 1, 64}, dArgs,
+                              arena, sms, copy);
+  }
   return 0;
 }
