@@ -179,23 +179,6 @@ __device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
 #endif
 }
 
-/// Asks L2 for [p, p + bytes) in 32 KiB pieces spread over the launch's
-/// threads (sm_90+; a no-op elsewhere). p 16-byte aligned, bytes a
-/// multiple of 16.
-__device__ __forceinline__ void prefetch_l2_spread(const void *p,
-                                                   long long bytes) {
-  constexpr long long kPiece = 32768;
-  const long long pieces = (bytes + kPiece - 1) / kPiece;
-  for (long long i =
-           static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < pieces; i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long at = i * kPiece;
-    prefetch_l2(
-        static_cast<const char *>(p) + at,
-        static_cast<unsigned>(bytes - at < kPiece ? bytes - at : kPiece));
-  }
-}
-
 // ---------------------------------------------------------------------------
 // Asynchronous global -> shared copies (sm_80+: cp.async, so a block stages
 // its next chunk while it computes on the current one; older targets copy

@@ -47,10 +47,6 @@ int64_t alignTo(int64_t v) {
   return (v + kAlignment - 1) / kAlignment * kAlignment;
 }
 int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-/// Decode steps of up to this many tokens prefetch the next linear layer's
-/// weights into L2 during small launches (KernelEmitter::nextWeightPrefetch).
-constexpr int64_t kPrefetchTokens = 16;
-
 /// Decode steps of up to this many tokens have no MoE combine launch where
 /// the shared expert's down projection can gather the routed rows itself
 /// (KernelEmitter::combine).
@@ -199,11 +195,10 @@ class KernelEmitter {
 public:
   KernelEmitter(const pl::Plan &plan, const std::vector<ValueInfo> &values,
                 const std::set<int> &bf16Rows, const std::string &phase,
-                int index, const pl::Kernel &kernel, const pl::Kernel *next,
-                int64_t maxTokens, int64_t arenaBytes,
-                const CudaCodegenOptions &opts)
+                int index, const pl::Kernel &kernel, int64_t maxTokens,
+                int64_t arenaBytes, const CudaCodegenOptions &opts)
       : plan(plan), values(values), bf16Rows(bf16Rows), phase(phase),
-        index(index), kernel(kernel), next(next), maxTokens(maxTokens),
+        index(index), kernel(kernel), maxTokens(maxTokens),
         arenaBytes(arenaBytes), opts(opts) {}
 
   StatusOr<CudaKernelSource> run(int64_t &scratchEnd);
@@ -365,11 +360,9 @@ private:
                                : "(const nf_step_args *__restrict__ args, char "
                                  "*__restrict__ arena) {\n"
                                  "  const nf::Step a{args, arena};\n")
-         << inject << prologue
-         << (bodyWaits ? "" : "  nf::wait_for_previous_grids();\n")
+         << inject << (bodyWaits ? "" : "  nf::wait_for_previous_grids();\n")
          << (early ? "  nf::allow_next_grid();\n" : "") << body
          << (early ? "" : "  nf::allow_next_grid();\n") << "}\n\n";
-    prologue.clear(); // the first launch's only
     CudaLaunchInfo l;
     l.function = fn;
     l.grid = grid;
@@ -378,30 +371,6 @@ private:
     l.maxTokens = maxTokens;
     l.programmatic = true;
     launches.push_back(l);
-  }
-  /// Decode: a kernel that streams no weights (the Mamba conv, SSM update
-  /// and gated norm; attention) followed by a linear layer with bf16
-  /// weights asks L2 for those weights at its start, so they arrive while
-  /// the memory bus would otherwise idle through the chain of small launches
-  /// (the linear's own early loads start only when the launch before it
-  /// runs). Steps of at most kPrefetchTokens tokens only: in larger ones the
-  /// SSM state streamed in between (f32, per sequence) would evict them.
-  std::string nextWeightPrefetch() const {
-    if (phase != "decode" || !next || !next->ops() || next->ops()->size() == 0)
-      return "";
-    const std::string name = kname();
-    if (name != "mamba_decode" && name != "nf_kv_attend")
-      return "";
-    const pl::Op &op = *next->ops()->Get(0);
-    auto in = operands(op);
-    if (opName(op) != "nf.linear" || in.size() != 2 ||
-        weightType(in[1]) != std::optional<std::string>("nf::bf16"))
-      return "";
-    const int64_t bytes = weightNumel(in[1]) * 2 / 16 * 16;
-    return "  if (a->num_tokens <= " + num(kPrefetchTokens) +
-           ") // the next launch's weights (" + num(bytes) + " bytes)\n" +
-           "    nf::prefetch_l2_spread(" + weightPtr(in[1]) + ", " +
-           num(bytes) + "ll);\n";
   }
   uint32_t elementGrid(int64_t elements) const {
     return gridOf(ceilDiv(elements, 256), int64_t(opts.smCount) * 8);
@@ -457,15 +426,11 @@ private:
   std::string phase;
   int index;
   const pl::Kernel &kernel;
-  const pl::Kernel *next; // the step's next kernel, if any
   int64_t maxTokens, arenaBytes;
   const CudaCodegenOptions &opts;
 
   std::vector<const pl::Op *> ops;
   std::set<int> outputs;
-  /// Statements the kernel's first launch runs before it waits for the
-  /// launch before it (nextWeightPrefetch).
-  std::string prologue;
   /// Combined routed rows left to the shared expert's epilogue (combine()):
   /// the template arguments and pointers of nf::moe_combined, and where the
   /// combine launch of larger steps writes them (empty: no such launch).
@@ -1859,7 +1824,6 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
       ops.push_back(op);
   if (kernel.outputs())
     outputs.insert(kernel.outputs()->begin(), kernel.outputs()->end());
-  prologue = nextWeightPrefetch();
   // Generated scratch goes after the plan's kernel-internal values.
   scratchTop = arenaBytes;
   for (const pl::Op *op : ops)
@@ -2084,11 +2048,8 @@ StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
   const std::set<int> bf16Rows =
       bf16RowValues(plan, *step, values, phase, opts);
   for (unsigned k = 0; k < step->kernels()->size(); ++k) {
-    const pl::Kernel *next =
-        k + 1 < step->kernels()->size() ? step->kernels()->Get(k + 1) : nullptr;
     KernelEmitter e(plan, values, bf16Rows, phase, static_cast<int>(k),
-                    *step->kernels()->Get(k), next, step->max_tokens(), arena,
-                    opts);
+                    *step->kernels()->Get(k), step->max_tokens(), arena, opts);
     auto src = e.run(scratchEnd);
     if (!src)
       return src.status();
