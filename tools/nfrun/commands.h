@@ -72,7 +72,7 @@ struct ServeFlags {
 int runGenerate(const GenerateFlags &flags);
 int runServe(const ServeFlags &flags);
 int runBench(const BenchFlags &flags);
-int runInspect(const std::string &plan);
+int runInspect(const std::string &plan, bool launches = false);
 int runEvalPpl(const EvalPplFlags &flags);
 
 } // namespace nfrun

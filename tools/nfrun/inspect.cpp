@@ -7,6 +7,7 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include <array>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
@@ -163,9 +164,63 @@ void printStep(const char *label, const pl::Step *step, const StepSummary &s) {
               s.launches, s.programmatic, buckets.c_str());
 }
 
+/// Every CUDA launch of a step in execution order: kernel, function, shape
+/// and the step sizes it runs for (nfrun inspect --launches).
+void printLaunches(const char *label, const pl::Step *step) {
+  if (!step || !step->kernels())
+    return;
+  std::vector<std::array<std::string, 6>> rows;
+  for (const pl::Kernel *k : *step->kernels()) {
+    if (!k || !k->launches())
+      continue;
+    for (const pl::Launch *l : *k->launches()) {
+      if (!l)
+        continue;
+      std::string tokens = "all";
+      if (l->min_tokens() > 1 && l->max_tokens() > 0)
+        tokens = std::to_string(l->min_tokens()) + ".." +
+                 std::to_string(l->max_tokens());
+      else if (l->min_tokens() > 1)
+        tokens = ">= " + std::to_string(l->min_tokens());
+      else if (l->max_tokens() > 0)
+        tokens = "<= " + std::to_string(l->max_tokens());
+      std::string flags = l->programmatic() ? "pdl" : "";
+      if (l->cooperative())
+        flags += flags.empty() ? "cooperative" : ",cooperative";
+      rows.push_back(
+          {str(k->name()), str(l->function()),
+           std::to_string(l->grid()) + " x " + std::to_string(l->block()),
+           std::to_string(l->shared_bytes()), tokens, flags});
+    }
+  }
+  if (rows.empty())
+    return;
+  std::array<std::string, 6> head = {"kernel", "function", "grid x block",
+                                     "shared", "tokens",   ""};
+  std::array<size_t, 6> width{};
+  for (size_t c = 0; c < 6; ++c) {
+    width[c] = head[c].size();
+    for (const auto &r : rows)
+      width[c] = std::max(width[c], r[c].size());
+  }
+  std::printf("launches (%s, in order):\n", label);
+  auto line = [&](const std::array<std::string, 6> &r) {
+    std::string out = " ";
+    for (size_t c = 0; c < 6; ++c)
+      out +=
+          " " + r[c] + std::string(c + 1 < 6 ? width[c] - r[c].size() : 0, ' ');
+    while (!out.empty() && out.back() == ' ')
+      out.pop_back();
+    std::printf("%s\n", out.c_str());
+  };
+  line(head);
+  for (const auto &r : rows)
+    line(r);
+}
+
 } // namespace
 
-int runInspect(const std::string &path) {
+int runInspect(const std::string &path, bool launches) {
   std::vector<uint8_t> buf;
   {
     std::ifstream in(path, std::ios::binary);
@@ -338,6 +393,10 @@ int runInspect(const std::string &path) {
         files += (files.empty() ? "" : ", ") + str(f);
     std::printf("  files: %s in %s\n", files.c_str(),
                 str(cfg->checkpoint()).c_str());
+  }
+  if (launches) {
+    printLaunches("prefill", plan->prefill());
+    printLaunches("decode", plan->decode());
   }
   return 0;
 }

@@ -136,6 +136,11 @@ int main(int argc, char **argv) {
   inspect
       ->add_option("PLAN", inspectPlan, "Execution plan written by nfc compile")
       ->required();
+  bool inspectLaunches = false;
+  inspect->add_flag("--launches", inspectLaunches,
+                    "Also list every CUDA launch of each step in order: "
+                    "kernel, function, grid x block, dynamic shared bytes "
+                    "and the step sizes it runs for");
   inspect->set_version_flag("--version", kVersion);
 
   // eval-ppl
@@ -236,7 +241,7 @@ int main(int argc, char **argv) {
     return nfrun::runGenerate(gen);
   }
   if (*inspect)
-    return nfrun::runInspect(inspectPlan);
+    return nfrun::runInspect(inspectPlan, inspectLaunches);
   if (*evalPpl)
     return nfrun::runEvalPpl(ev);
   if (*benchCmd)
