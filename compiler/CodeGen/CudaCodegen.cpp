@@ -577,10 +577,12 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // once at any batch size up to 64 rows per group.
   // Two variants: up to kNarrowTokens tokens (16 features a block, 4 K
   // steps in flight) and more (32 features a block); the plan says which
-  // runs for how many tokens. (64 features a block, one block per SM,
-  // streamed the batch-32 experts 19% faster alone, skinny_sweep.cu with
-  // NF_SWEEP_WIDE=1, but made the plan's batch-32 step 10% slower on the
-  // H200: bench/results/2026-11-30g/run39-wide64.)
+  // runs for how many tokens. (64 features a block streamed the batch-32
+  // experts 19% faster alone, skinny_sweep.cu with NF_SWEEP_WIDE=1, but made
+  // the plan's batch-32 step 10% slower on the H200,
+  // bench/results/2026-11-30g/run39-wide64: the generated 32-feature
+  // variant takes 111 registers, two blocks per SM, the sweep's more than
+  // 128; the 64-feature one 176, one block.)
   if (phase == "decode" && s.wtype == "nf::bf16" && s.K % 32 == 0) {
     constexpr int64_t kNarrowTokens = 16, kWarps = 8;
     // Blocks loop over items, so the group scan at their start is paid
