@@ -13,6 +13,14 @@
 #ifndef NF_MIN_BLOCKS
 #define NF_MIN_BLOCKS 1 // __launch_bounds__ minimum blocks per SM
 #endif
+// As in the generated decode modules: the arena's base comes from the step
+// arguments (as a kernel parameter it cost this sweep's narrow kernel 128
+// registers; nf_common.cuh, arena()). The registers still differ from the
+// generated code's (nvcc 13, sm_90: narrow 102-104 here against 78 there,
+// wide 134-138 against 111, so two blocks per SM there and one here):
+// compare `-Xptxas -v` of both (`nfc compile --cuda-source-dir`) before
+// trusting a difference in occupancy.
+#define NF_ARENA_FROM_ARGS 1
 #include "nf_linear.cuh"
 
 #include "cuda_check.h"
@@ -50,8 +58,8 @@ template <int N_, int K_, int E> struct Spec {
 
 template <class S, int MT, int STAGES, int KW>
 __global__ void __launch_bounds__(32 * KW, NF_MIN_BLOCKS)
-    skinny(const nf_step_args *__restrict__ args, char *__restrict__ arena) {
-  nf::skinny_linear<S, MT, STAGES, KW, NF_TERMS>(nf::Step{args, arena});
+    skinny(const nf_step_args *__restrict__ args) {
+  nf::skinny_linear<S, MT, STAGES, KW, NF_TERMS>(nf::Step{args, nullptr});
 }
 
 struct Problem {
@@ -111,7 +119,7 @@ static void run(const char *label, Kernel kernel, int grid, int block,
     CHECK(cudaMemcpyAsync(arena, dOffs + it * (p.E + 1),
                           sizeof(int32_t) * (p.E + 1),
                           cudaMemcpyDeviceToDevice));
-    kernel<<<grid, block>>>(dArgs, arena);
+    kernel<<<grid, block>>>(dArgs);
   };
   step(0);
   CHECK(cudaDeviceSynchronize());
