@@ -237,10 +237,10 @@ template <int HE, int KW, int E, int M>
 __device__ void moe_combine(Step a, const float *rows, const int32_t *dispatch,
                             const float *w, float *out) {
   const int T = a->num_tokens;
-  const int32_t *slot_row = dispatch + E + 1 + static_cast<long long>(T) * M;
   if constexpr (HE % 4 == 0) {
     // Four columns a thread (float4): the same sums, a quarter of the
     // loads of the slots and weights.
+    const int32_t *slot_row = dispatch + E + 1 + static_cast<long long>(T) * M;
     constexpr int HV = HE / 4;
     const long long n = static_cast<long long>(T) * HV;
     for (long long i = global_thread(); i < n; i += grid_threads()) {
@@ -264,18 +264,8 @@ __device__ void moe_combine(Step a, const float *rows, const int32_t *dispatch,
     return;
   }
   const long long n = static_cast<long long>(T) * HE;
-  for (long long i = global_thread(); i < n; i += grid_threads()) {
-    const long long t = i / HE, c = i % HE;
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int j = 0; j < KW; ++j) {
-      const int32_t row = slot_row[t * M + j];
-      if (row < 0)
-        continue;
-      acc += w[t * KW + j] * rows[static_cast<long long>(row) * HE + c];
-    }
-    out[i] = acc;
-  }
+  for (long long i = global_thread(); i < n; i += grid_threads())
+    out[i] = moe_combined<HE, KW, E, M>(a, rows, dispatch, w, i / HE, i % HE);
 }
 
 } // namespace nf
