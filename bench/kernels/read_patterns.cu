@@ -33,9 +33,8 @@ __global__ void __launch_bounds__(256)
     const char *r0 = W + (long long)(it * 16 + gid) * K + tig * 16 * V;
     const char *r1 = r0 + 8LL * K;
     uint4 w[STAGES][2][V];
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      int ks = warp + s * 8;
+    // Stage s's loads of K step ks (zeros past K).
+    auto fetch = [&](int s, int ks) {
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         w[s][0][v] = ks < KS ? __ldg((const uint4 *)(r0 + ks * STEP) + v)
@@ -43,21 +42,17 @@ __global__ void __launch_bounds__(256)
         w[s][1][v] = ks < KS ? __ldg((const uint4 *)(r1 + ks * STEP) + v)
                              : make_uint4(0, 0, 0, 0);
       }
-    }
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s)
+      fetch(s, warp + s * 8);
     for (int ks0 = warp; ks0 < KS; ks0 += STAGES * 8) {
 #pragma unroll
       for (int s = 0; s < STAGES; ++s) {
 #pragma unroll
         for (int v = 0; v < V; ++v)
           acc ^= w[s][0][v].x ^ w[s][1][v].y ^ w[s][0][v].z ^ w[s][1][v].w;
-        int ks = ks0 + (s + STAGES) * 8;
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          w[s][0][v] = ks < KS ? __ldg((const uint4 *)(r0 + ks * STEP) + v)
-                               : make_uint4(0, 0, 0, 0);
-          w[s][1][v] = ks < KS ? __ldg((const uint4 *)(r1 + ks * STEP) + v)
-                               : make_uint4(0, 0, 0, 0);
-        }
+        fetch(s, ks0 + (s + STAGES) * 8);
       }
     }
   }
@@ -125,9 +120,10 @@ int main() {
          [&](int s) { rows16<V, S><<<g, 256>>>(W + s * per, items, out); });   \
   }
   ROWS(1, 4, 2)
-  ROWS(1, 4, 3) ROWS(1, 8, 2) ROWS(2, 2, 2) ROWS(2, 4, 2) ROWS(2, 4, 3)
-      ROWS(4, 2, 2) ROWS(4, 2, 3) ROWS(
-          4, 4, 2) for (int g : {132, 264, 396, 528}) for (int s : {4, 8}) {
+  ROWS(1, 4, 3)
+  ROWS(1, 8, 2) ROWS(2, 2, 2) ROWS(2, 4, 2) ROWS(2, 4, 3) ROWS(4, 2,
+                                                               2) ROWS(4, 2, 3)
+      ROWS(4, 4, 2) for (int g : {132, 264, 396, 528}) for (int s : {4, 8}) {
     snprintf(name, 64, "linear S%d grid %d", s, g);
     if (s == 4)
       time(name,
