@@ -636,14 +636,22 @@ __device__ void kv_attend_mma(Step a, const float *q, const float *kcache,
 #endif
 }
 
-/// Context splits of a decode step of T tokens: as many as give about
-/// WARPS_TARGET (token, head, split) warps, at least 1 and at most NSPLIT.
-/// Few tokens need many splits to fill the GPU; many tokens fill it with
-/// few, and each warp then walks more positions for its fixed costs (query,
-/// partial softmax, combine).
-template <int NQ, int NSPLIT, int WARPS_TARGET>
+/// Context splits of a decode step of T tokens. A step of fewer than
+/// GQA_TOKENS tokens runs a warp per (token, head, split) (kv_attend_split)
+/// and takes as many splits as give about WARPS_TARGET warps; a larger one
+/// runs a warp per (token, kv head, split) (kv_attend_split_gqa), whose
+/// warps each carry NQ / NKV heads' sums (registers for about 16 warps an
+/// SM, where the per-head form targets 64), so it aims at WARPS_TARGET / 4
+/// warps. Splits are at least 1 and at most NSPLIT. Few tokens need many
+/// splits to fill the GPU; many tokens fill it with few, and each warp then
+/// walks more positions for its fixed costs (queries, partial softmax,
+/// combine).
+template <int NQ, int NKV, int NSPLIT, int WARPS_TARGET, int GQA_TOKENS>
 __device__ __forceinline__ int decode_splits(int T) {
-  return max(1, min(NSPLIT, WARPS_TARGET / max(1, T * NQ)));
+  const bool grouped = T >= GQA_TOKENS;
+  const int units = T * (grouped ? NKV : NQ);
+  const int target = grouped ? WARPS_TARGET / 4 : WARPS_TARGET;
+  return max(1, min(NSPLIT, target / max(1, units)));
 }
 
 /// The positions [p_begin, p_end) that split sp of nsplit takes of token
@@ -692,13 +700,14 @@ store_partial(float *part, int t, int h, int sp, float m, float l,
 /// kv_attend_combine merges the partial softmaxes. A long context then
 /// keeps the GPU busy at batch 1 instead of one block walking it.
 template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
-          int WARPS_TARGET>
+          int WARPS_TARGET, int GQA_TOKENS>
 __device__ void kv_attend_split(Step a, const float *q, const float *kcache,
                                 const float *vcache, float scale, float *part) {
   constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
   __shared__ __align__(16) float sq[WARPS][HD];
   const int lane = lane_id(), wib = threadIdx.x >> 5;
-  const int nsplit = decode_splits<NQ, NSPLIT, WARPS_TARGET>(a->num_tokens);
+  const int nsplit =
+      decode_splits<NQ, NKV, NSPLIT, WARPS_TARGET, GQA_TOKENS>(a->num_tokens);
   const long long items = static_cast<long long>(a->num_tokens) * NQ * nsplit;
   for (long long item = global_warp(); item < items; item += grid_warps()) {
     // Neighbouring warps take neighbouring heads of one (token, split): the
@@ -740,7 +749,7 @@ __host__ __device__ constexpr int kv_attend_split_gqa_smem() {
 /// shared memory); the lanes then own head dimensions and add each
 /// position's V row with the heads' exponentials (also from shared memory).
 template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
-          int WARPS_TARGET>
+          int WARPS_TARGET, int GQA_TOKENS>
 __device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
                                     const float *vcache, float scale,
                                     float *part) {
@@ -751,7 +760,8 @@ __device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
   __shared__ __align__(16) float sq[WARPS][REP][HD];
   __shared__ __align__(16) float se[WARPS][32][REP];
   const int lane = lane_id(), wib = threadIdx.x >> 5;
-  const int nsplit = decode_splits<NQ, NSPLIT, WARPS_TARGET>(a->num_tokens);
+  const int nsplit =
+      decode_splits<NQ, NKV, NSPLIT, WARPS_TARGET, GQA_TOKENS>(a->num_tokens);
   const long long items = static_cast<long long>(a->num_tokens) * NKV * nsplit;
   for (long long item = global_warp(); item < items; item += grid_warps()) {
     const int kvh = static_cast<int>(item % NKV);
@@ -763,8 +773,10 @@ __device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
     const int32_t *pt = sl.pt;
     const float *qk = q + static_cast<long long>(t) * NQ * HD + kvh * REP * HD;
     __syncwarp();
-    for (int i = lane; i < REP * HD; i += 32)
-      (&sq[wib][0][0])[i] = qk[i];
+#pragma unroll 4
+    for (int i = lane; i < REP * HD / 4; i += 32) // HD % 4 == 0: 16 bytes
+      reinterpret_cast<float4 *>(&sq[wib][0][0])[i] =
+          reinterpret_cast<const float4 *>(qk)[i];
     __syncwarp();
     float m[REP], l[REP], acc[REP][DPL];
 #pragma unroll
@@ -842,11 +854,12 @@ __device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
 /// (M and the sum of l by warp reductions), then the lanes, which own
 /// head dimensions, add the acc of every non-empty split with its factor
 /// (8 splits' loads in flight), splits in order.
-template <int NQ, int HD, int NSPLIT, int WARPS_TARGET>
+template <int NQ, int NKV, int HD, int NSPLIT, int WARPS_TARGET, int GQA_TOKENS>
 __device__ void kv_attend_combine(Step a, const float *part, float *out) {
   constexpr int DPL = (HD + 31) / 32, SPL = (NSPLIT + 31) / 32;
   const int lane = lane_id();
-  const int nsplit = decode_splits<NQ, NSPLIT, WARPS_TARGET>(a->num_tokens);
+  const int nsplit =
+      decode_splits<NQ, NKV, NSPLIT, WARPS_TARGET, GQA_TOKENS>(a->num_tokens);
   const long long items = static_cast<long long>(a->num_tokens) * NQ;
   for (long long item = global_warp(); item < items; item += grid_warps()) {
     const float *p = part + item * NSPLIT * (HD + 2);

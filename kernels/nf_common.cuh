@@ -214,6 +214,20 @@ __device__ __forceinline__ void copy_async16_or_zero(void *dst, const void *src,
       valid ? *static_cast<const float4 *>(src) : make_float4(0, 0, 0, 0);
 #endif
 }
+/// copy_async16_or_zero through L1 (cp.async.ca): for data that other
+/// warps of the SM read again, such as activation rows.
+__device__ __forceinline__ void
+copy_async16_l1_or_zero(void *dst, const void *src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(s),
+               "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  *static_cast<float4 *>(dst) =
+      valid ? *static_cast<const float4 *>(src) : make_float4(0, 0, 0, 0);
+#endif
+}
 /// Ends the group of copies issued since the last commit.
 __device__ __forceinline__ void copy_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -811,10 +811,25 @@ __device__ __forceinline__ unsigned uint4_at(const uint4 &v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+template <class P> struct PointeeOf;
+template <class T> struct PointeeOf<const T *> { using type = T; };
+/// The element type of a spec's activation rows (f32, or bf16 bits).
+template <class S>
+using RowElem = typename PointeeOf<decltype(S::row(Step{}, 0))>::type;
+
+/// skinny_item's staging of activations: per warp, two K steps (the current
+/// and the next) of NT x 8 rows, each lane's 8 elements of a row as XV
+/// 16-byte pieces, piece-major so that a warp's 16-byte reads of one piece
+/// are consecutive (no bank conflicts).
+template <class S, int NT> struct SkinnyXRing {
+  static constexpr int XV = 8 * static_cast<int>(sizeof(RowElem<S>)) / 16;
+  static constexpr int kPerWarp = 2 * NT * XV * 32; // uint4
+};
+
 template <class S, int KW, int MT, int NT, int STAGES, int TERMS,
-          bool kWaitAfterFetch>
+          bool kWaitAfterFetch, bool kStageX>
 __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
-                                            int n0, float *red) {
+                                            int n0, float *red, uint4 *xring) {
   constexpr int KSTEPS = S::K / 32;
   const int lane = lane_id(), warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
@@ -828,12 +843,15 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
       wr[mt][h] = n < S::N ? wbase + static_cast<long long>(n) * S::K + 8 * tig
                            : nullptr;
     }
-  const float *xr[NT];
+  using XT = RowElem<S>;
+  using Ring = SkinnyXRing<S, NT>;
+  const XT *xr[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int r = nt * 8 + gid;
     xr[nt] = r < rows ? S::row(a, row0 + r) + 8 * tig : nullptr;
   }
+  uint4 *ring = xring + warp * Ring::kPerWarp;
   float acc[MT][NT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -860,22 +878,68 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
     fetch(w[st], warp + st * KW);
   if constexpr (kWaitAfterFetch)
     wait_for_previous_grids(); // activations next
+  // kStageX: the activations of the warp's next K step are copied to
+  // shared memory (cp.async, no registers held) while it multiplies the
+  // current one. Loaded at use, each step waits for an L1 or L2 round trip
+  // with its weights already there (ncu, batch-32 in_proj: two thirds of
+  // the stalls on L1TEX loads); with few rows they are L1 hits, and the
+  // narrow variant keeps loads at use (the ring's addresses would take it
+  // past 85 registers, three blocks per SM).
+  auto stage_x = [&](int slot, int ks) {
+    if constexpr (!kStageX)
+      return;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int v = 0; v < Ring::XV; ++v) {
+        const bool valid = xr[nt] && ks < KSTEPS;
+        copy_async16_l1_or_zero(
+            ring + ((slot * NT + nt) * Ring::XV + v) * 32 + lane,
+            valid ? static_cast<const void *>(xr[nt] + ks * 32 +
+                                              v * (16 / sizeof(XT)))
+                  : static_cast<const void *>(wbase),
+            valid);
+      }
+    copy_async_commit();
+  };
+  stage_x(0, warp);
+  int slot = 0;
   for (int ks0 = warp; ks0 < KSTEPS; ks0 += STAGES * KW) {
 #pragma unroll
     for (int st = 0; st < STAGES; ++st) {
       const int ks = ks0 + st * KW;
       if (ks >= KSTEPS)
         break;
+      stage_x(slot ^ 1, ks + KW);
+      if constexpr (kStageX)
+        copy_async_wait<1>(); // this step's copies (own lane: no barrier)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         float x[8];
-        if (xr[nt]) {
-          load4_act(xr[nt] + ks * 32, x);
-          load4_act(xr[nt] + ks * 32 + 4, x + 4);
-        } else {
+        if constexpr (!kStageX) {
+          if (xr[nt]) {
+            load4_act(xr[nt] + ks * 32, x);
+            load4_act(xr[nt] + ks * 32 + 4, x + 4);
+          } else {
 #pragma unroll
-          for (int i = 0; i < 8; ++i)
-            x[i] = 0.0f;
+            for (int i = 0; i < 8; ++i)
+              x[i] = 0.0f;
+          }
+        }
+#pragma unroll
+        for (int v = 0; v < (kStageX ? Ring::XV : 0); ++v) {
+          const uint4 u = ring[((slot * NT + nt) * Ring::XV + v) * 32 + lane];
+          if constexpr (Ring::XV == 2) { // f32
+            x[4 * v] = __uint_as_float(u.x);
+            x[4 * v + 1] = __uint_as_float(u.y);
+            x[4 * v + 2] = __uint_as_float(u.z);
+            x[4 * v + 3] = __uint_as_float(u.w);
+          } else { // bf16 bits
+            unpack_bf16x2(u.x, x);
+            unpack_bf16x2(u.y, x + 2);
+            unpack_bf16x2(u.z, x + 4);
+            unpack_bf16x2(u.w, x + 6);
+          }
         }
         unsigned b[3][4]; // [term: hi, mid, lo][2 * s + reg]
 #pragma unroll
@@ -901,8 +965,11 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
           }
       }
       fetch(w[st], ks + STAGES * KW);
+      slot ^= 1;
     }
   }
+  if constexpr (kStageX)
+    copy_async_wait<0>(); // the last (empty) stage, before the next item
   // Fold the warps' partial sums: the upper half adds into the lower half.
   constexpr int kFrag = MT * NT * 4;
 #pragma unroll
@@ -952,7 +1019,8 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
 /// only after its first item's weights are in flight (registers) or asked
 /// for (an L2 prefetch of the whole item), so weight streaming overlaps
 /// the previous launch's tail when this one is a programmatic dependent.
-template <class S, int MT, int STAGES, int KW, int TERMS = 3>
+template <class S, int MT, int STAGES, int KW, int TERMS = 3,
+          bool kStageX = false>
 __device__ void skinny_linear(Step a) {
   static_assert(S::K % 32 == 0, "32-deep K steps");
   constexpr int ROWS = 16;
@@ -962,6 +1030,8 @@ __device__ void skinny_linear(Step a) {
   __shared__ GroupItems<S> s_groups;
   __shared__ __align__(
       16) float s_red[(KW > 1 ? KW / 2 : 1) * MT * (ROWS / 8) * 4 * 32];
+  __shared__ uint4
+      s_xring[kStageX ? KW * SkinnyXRing<S, ROWS / 8>::kPerWarp : 1];
   if constexpr (!kEarly)
     wait_for_previous_grids(); // the groups are an earlier launch's output
   // Items per group: row chunks x feature tiles.
@@ -993,11 +1063,11 @@ __device__ void skinny_linear(Step a) {
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const Item it = item_at(item);
     if (it.rows <= 8)
-      skinny_item<S, KW, MT, 1, STAGES, TERMS, kEarly>(a, it.g, it.row0,
-                                                       it.rows, it.n0, s_red);
+      skinny_item<S, KW, MT, 1, STAGES, TERMS, kEarly, kStageX>(
+          a, it.g, it.row0, it.rows, it.n0, s_red, s_xring);
     else
-      skinny_item<S, KW, MT, 2, STAGES, TERMS, kEarly>(a, it.g, it.row0,
-                                                       it.rows, it.n0, s_red);
+      skinny_item<S, KW, MT, 2, STAGES, TERMS, kEarly, kStageX>(
+          a, it.g, it.row0, it.rows, it.n0, s_red, s_xring);
   }
   if constexpr (kEarly)
     wait_for_previous_grids(); // a block without items

@@ -576,8 +576,10 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // A operand, K split across a block's warps), which reads each weight byte
   // once at any batch size up to 64 rows per group.
   // Two variants: up to kNarrowTokens tokens (16 features a block, 4 K
-  // steps in flight) and more (32 features a block); the plan says which
-  // runs for how many tokens. (64 features a block streamed the batch-32
+  // steps in flight) and more (32 features a block, each warp's next
+  // activations staged in shared memory: batch-32 experts 93 -> 79 us a
+  // launch, step 11.5 -> 10.9 ms on the H200); the plan says which runs for
+  // how many tokens. (64 features a block streamed the batch-32
   // experts 19% faster alone, skinny_sweep.cu with NF_SWEEP_WIDE=1, but made
   // the plan's batch-32 step 10% slower on the H200,
   // bench/results/2026-11-30g/run39-wide64: the generated 32-feature
@@ -612,7 +614,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
           ceilDiv(s.N, 32);
       addLaunch(fn + "_wide", gridOf(items, cap), 32 * kWarps,
                 "  nf::skinny_linear<" + spec + ", 2, 2, " + num(kWarps) +
-                    ", " + terms + ">(a);\n",
+                    ", " + terms + ", true>(a);\n",
                 comment, kNarrowTokens + 1, 0, /*bodyWaits=*/true);
     }
     return;
@@ -1348,9 +1350,10 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                            floatLit(*scale) + ", " + arenaPtr(out[0]) + ");\n";
   // Decode: split over the context, then combine (flash decoding). Up to
   // 64 splits of at least 32 positions, as many as give about 64 warps per
-  // SM (nf_attention.cuh decode_splits): at batch 1 that is 64 splits for
-  // 32 heads, and a 1K context is one 32-position tile per warp; at batch 32
-  // 8 splits of 128 positions.
+  // SM for a warp per head, 16 for a warp per kv head (nf_attention.cuh
+  // decode_splits): at batch 1 that is 64 splits for 32 heads, and a 1K
+  // context is one 32-position tile per warp; at batch 32 (Nano: 2 kv
+  // heads) 33 splits of 32 positions.
   if (phase == "decode") {
     constexpr int64_t kSplits = 64, perBlock = 8;
     const std::string warpsTarget = num(int64_t(opts.smCount) * 64);
@@ -1365,13 +1368,18 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
     // warp per head, but batch 1 39 against 23 (its 64 warps each walk 16
     // heads where the per-head form has 2048 warps), so up to 3 tokens keep
     // a warp per head (about even at 4, where the fixtures' batched decode
-    // steps then check the grouped form). Both take the same splits
-    // (decode_splits).
+    // steps then check the grouped form). The grouped form takes its own
+    // split count (decode_splits: 16 warps an SM, not 64 / 16 heads): batch
+    // 32 70 us against 132 with the per-head form's 8 splits (the combine
+    // 19 against 11 us).
     const int64_t rep = *heads / NKV;
     constexpr int64_t kGqaWarps = 4, kGqaTokens = 4;
     const bool gqa = rep >= 2 && rep <= 16 && HD % 4 == 0 &&
                      kGqaWarps * rep * (HD + 32) * 4 <= 48 * 1024 &&
                      maxTokens >= kGqaTokens;
+    // Where the grouped form takes over (INT32_MAX: never); the split
+    // count depends on it (decode_splits), so every launch gets it.
+    const std::string gqaFrom = gqa ? num(kGqaTokens) : "0x7fffffff";
     addLaunch(
         fnName(i, "attend_split"),
         gridOf(ceilDiv((gqa ? kGqaTokens - 1 : maxTokens) * *heads * kSplits,
@@ -1380,10 +1388,11 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
         32 * perBlock,
         "  nf::kv_attend_split<" + num(*heads) + ", " + num(NKV) + ", " +
             num(HD) + ", " + num(st->page_size()) + ", " + num(perBlock) +
-            ", " + num(kSplits) + ", " + warpsTarget + ">(a, " +
-            arenaPtr(in[1]) + ", nf::storage(a, " + num(2 * op.storage()) +
-            "), nf::storage(a, " + num(2 * op.storage() + 1) + "), " +
-            floatLit(*scale) + ", " + partPtr + ");\n",
+            ", " + num(kSplits) + ", " + warpsTarget + ", " + gqaFrom +
+            ">(a, " + arenaPtr(in[1]) + ", nf::storage(a, " +
+            num(2 * op.storage()) + "), nf::storage(a, " +
+            num(2 * op.storage() + 1) + "), " + floatLit(*scale) + ", " +
+            partPtr + ");\n",
         "nf_kv.attend (decode): a warp per (token, head, context "
         "split), online softmax per split",
         0, gqa ? uint32_t(kGqaTokens - 1) : 0);
@@ -1395,21 +1404,21 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                 "  nf::kv_attend_split_gqa<" + num(*heads) + ", " + num(NKV) +
                     ", " + num(HD) + ", " + num(st->page_size()) + ", " +
                     num(kGqaWarps) + ", " + num(kSplits) + ", " + warpsTarget +
-                    ">(a, " + arenaPtr(in[1]) + ", nf::storage(a, " +
-                    num(2 * op.storage()) + "), nf::storage(a, " +
-                    num(2 * op.storage() + 1) + "), " + floatLit(*scale) +
-                    ", " + partPtr + ");\n",
+                    ", " + gqaFrom + ">(a, " + arenaPtr(in[1]) +
+                    ", nf::storage(a, " + num(2 * op.storage()) +
+                    "), nf::storage(a, " + num(2 * op.storage() + 1) + "), " +
+                    floatLit(*scale) + ", " + partPtr + ");\n",
                 "nf_kv.attend (decode): a warp per (token, kv head, context "
                 "split) for its " +
                     num(rep) + " query heads, online softmax per split",
                 uint32_t(kGqaTokens), 0);
-    addLaunch(fnName(i, "attend_combine"),
-              gridOf(ceilDiv(maxTokens * *heads, 8), int64_t(opts.smCount) * 8),
-              256,
-              "  nf::kv_attend_combine<" + num(*heads) + ", " + num(HD) + ", " +
-                  num(kSplits) + ", " + warpsTarget + ">(a, " + partPtr + ", " +
-                  arenaPtr(out[0]) + ");\n",
-              "nf_kv.attend (decode): the splits' softmaxes merged");
+    addLaunch(
+        fnName(i, "attend_combine"),
+        gridOf(ceilDiv(maxTokens * *heads, 8), int64_t(opts.smCount) * 8), 256,
+        "  nf::kv_attend_combine<" + num(*heads) + ", " + num(NKV) + ", " +
+            num(HD) + ", " + num(kSplits) + ", " + warpsTarget + ", " +
+            gqaFrom + ">(a, " + partPtr + ", " + arenaPtr(out[0]) + ");\n",
+        "nf_kv.attend (decode): the splits' softmaxes merged");
     return size_t(1);
   }
   // Prefill on tensor cores (FlashAttention-2 loop, nf_attention.cuh) when
