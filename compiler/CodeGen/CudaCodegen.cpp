@@ -576,12 +576,14 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // A operand, K split across a block's warps), which reads each weight byte
   // once at any batch size up to 64 rows per group.
   // Two variants: up to kNarrowTokens tokens (16 features a block, 4 K
-  // steps in flight) and more (32 features a block, each warp's next
-  // activations staged in shared memory: batch-32 experts 93 -> 79 us a
-  // launch, step 11.5 -> 10.9 ms on the H200); the plan says which runs for
-  // how many tokens. (64 features a block streamed the batch-32
-  // experts 19% faster alone, skinny_sweep.cu with NF_SWEEP_WIDE=1, but made
-  // the plan's batch-32 step 10% slower on the H200,
+  // steps in flight) and more (32 features a block; with bf16 inputs each
+  // warp's next activations staged in shared memory: batch-32 experts 93 ->
+  // 79 us a launch, step 11.5 -> 10.9 ms on the H200; exact products keep
+  // loads at use: staged, their three terms took the variant from 112 to
+  // 154 registers, one block per SM, and batch 32 from 13.3 to 15.0 ms);
+  // the plan says which runs for how many tokens. (64 features a block streamed
+  // the batch-32 experts 19% faster alone, skinny_sweep.cu with
+  // NF_SWEEP_WIDE=1, but made the plan's batch-32 step 10% slower on the H200,
   // bench/results/2026-11-30g/run39-wide64: the generated 32-feature
   // variant takes 111 registers, two blocks per SM, the sweep's more than
   // 128; the 64-feature one 176, one block.)
@@ -614,7 +616,8 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
           ceilDiv(s.N, 32);
       addLaunch(fn + "_wide", gridOf(items, cap), 32 * kWarps,
                 "  nf::skinny_linear<" + spec + ", 2, 2, " + num(kWarps) +
-                    ", " + terms + ", true>(a);\n",
+                    ", " + terms + (opts.matmulTerms == 1 ? ", true" : "") +
+                    ">(a);\n",
                 comment, kNarrowTokens + 1, 0, /*bodyWaits=*/true);
     }
     return;
