@@ -884,7 +884,9 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
   // with its weights already there (ncu, batch-32 in_proj: two thirds of
   // the stalls on L1TEX loads); with few rows they are L1 hits, and the
   // narrow variant keeps loads at use (the ring's addresses would take it
-  // past 85 registers, three blocks per SM).
+  // past 85 registers, three blocks per SM). The generator asks for it with
+  // one bf16 term only: with three, the wide variant went from 112 to 154
+  // registers, one block per SM, and slower.
   auto stage_x = [&](int slot, int ks) {
     if constexpr (!kStageX)
       return;
