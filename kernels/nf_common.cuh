@@ -202,27 +202,21 @@ __device__ __forceinline__ void copy_async(void *dst, const void *src) {
 #endif
 }
 /// 16 bytes from src, or zeros when `valid` is false (src is then not read).
+/// kL1: through L1 (cp.async.ca), for data that other warps of the SM read
+/// again, such as activation rows; otherwise L2 only (cp.async.cg).
+template <bool kL1 = false>
 __device__ __forceinline__ void copy_async16_or_zero(void *dst, const void *src,
                                                      bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s),
-               "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-#else
-  *static_cast<float4 *>(dst) =
-      valid ? *static_cast<const float4 *>(src) : make_float4(0, 0, 0, 0);
-#endif
-}
-/// copy_async16_or_zero through L1 (cp.async.ca): for data that other
-/// warps of the SM read again, such as activation rows.
-__device__ __forceinline__ void
-copy_async16_l1_or_zero(void *dst, const void *src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(s),
-               "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
+  if constexpr (kL1)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(s),
+                 "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s),
+                 "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
 #else
   *static_cast<float4 *>(dst) =
       valid ? *static_cast<const float4 *>(src) : make_float4(0, 0, 0, 0);

@@ -888,21 +888,21 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
   // one bf16 term only: with three, the wide variant went from 112 to 154
   // registers, one block per SM, and slower.
   auto stage_x = [&](int slot, int ks) {
-    if constexpr (!kStageX)
-      return;
+    if constexpr (kStageX) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int v = 0; v < Ring::XV; ++v) {
-        const bool valid = xr[nt] && ks < KSTEPS;
-        copy_async16_l1_or_zero(
-            ring + ((slot * NT + nt) * Ring::XV + v) * 32 + lane,
-            valid ? static_cast<const void *>(xr[nt] + ks * 32 +
-                                              v * (16 / sizeof(XT)))
-                  : static_cast<const void *>(wbase),
-            valid);
-      }
-    copy_async_commit();
+        for (int v = 0; v < Ring::XV; ++v) {
+          const bool valid = xr[nt] && ks < KSTEPS;
+          copy_async16_or_zero</*kL1=*/true>(
+              ring + ((slot * NT + nt) * Ring::XV + v) * 32 + lane,
+              valid ? static_cast<const void *>(xr[nt] + ks * 32 +
+                                                v * (16 / sizeof(XT)))
+                    : static_cast<const void *>(wbase),
+              valid);
+        }
+      copy_async_commit();
+    }
   };
   stage_x(0, warp);
   int slot = 0;
@@ -918,30 +918,29 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         float x[8];
-        if constexpr (!kStageX) {
-          if (xr[nt]) {
-            load4_act(xr[nt] + ks * 32, x);
-            load4_act(xr[nt] + ks * 32 + 4, x + 4);
-          } else {
+        if constexpr (kStageX) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
-              x[i] = 0.0f;
+          for (int v = 0; v < Ring::XV; ++v) {
+            const uint4 u = ring[((slot * NT + nt) * Ring::XV + v) * 32 + lane];
+            if constexpr (Ring::XV == 2) { // f32
+              x[4 * v] = __uint_as_float(u.x);
+              x[4 * v + 1] = __uint_as_float(u.y);
+              x[4 * v + 2] = __uint_as_float(u.z);
+              x[4 * v + 3] = __uint_as_float(u.w);
+            } else { // bf16 bits
+              unpack_bf16x2(u.x, x);
+              unpack_bf16x2(u.y, x + 2);
+              unpack_bf16x2(u.z, x + 4);
+              unpack_bf16x2(u.w, x + 6);
+            }
           }
-        }
+        } else if (xr[nt]) {
+          load4_act(xr[nt] + ks * 32, x);
+          load4_act(xr[nt] + ks * 32 + 4, x + 4);
+        } else {
 #pragma unroll
-        for (int v = 0; v < (kStageX ? Ring::XV : 0); ++v) {
-          const uint4 u = ring[((slot * NT + nt) * Ring::XV + v) * 32 + lane];
-          if constexpr (Ring::XV == 2) { // f32
-            x[4 * v] = __uint_as_float(u.x);
-            x[4 * v + 1] = __uint_as_float(u.y);
-            x[4 * v + 2] = __uint_as_float(u.z);
-            x[4 * v + 3] = __uint_as_float(u.w);
-          } else { // bf16 bits
-            unpack_bf16x2(u.x, x);
-            unpack_bf16x2(u.y, x + 2);
-            unpack_bf16x2(u.z, x + 4);
-            unpack_bf16x2(u.w, x + 6);
-          }
+          for (int i = 0; i < 8; ++i)
+            x[i] = 0.0f;
         }
         unsigned b[3][4]; // [term: hi, mid, lo][2 * s + reg]
 #pragma unroll
