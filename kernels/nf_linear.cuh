@@ -1017,9 +1017,12 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
 /// (the K split) per block. A group's rows past ROWS take further items.
 /// The function waits for the launches before it itself (the generated
 /// wrapper does not): with rows from the step's arguments (dense weights),
-/// only after its first item's weights are in flight (registers) or asked
-/// for (an L2 prefetch of the whole item), so weight streaming overlaps
-/// the previous launch's tail when this one is a programmatic dependent.
+/// only after its first item's first K steps of weights are in flight
+/// (registers), so weight streaming overlaps the previous launch's tail
+/// when this one is a programmatic dependent. (An L2 bulk prefetch of the
+/// rest of the first item, asked for before the wait, made the dense
+/// launches slower: alone 15-27%, bench/kernels/skinny_sweep.cu with
+/// NF_SWEEP_DENSE=1; Nano's batch-1 step 3.63 -> 3.55 ms without it.)
 template <class S, int MT, int STAGES, int KW, int TERMS = 3,
           bool kStageX = false>
 __device__ void skinny_linear(Step a) {
@@ -1053,14 +1056,6 @@ __device__ void skinny_linear(Step a) {
     return Item{g, local / chunks * FT, s_begin[g] + chunk * ROWS,
                 min(ROWS, s_count[g] - chunk * ROWS)};
   };
-  if constexpr (kEarly) {
-    if (threadIdx.x == 0 && blockIdx.x < items) {
-      const Item it = item_at(blockIdx.x);
-      prefetch_l2(S::weight(a, it.g) + static_cast<long long>(it.n0) * S::K,
-                  static_cast<unsigned>(min(FT, S::N - it.n0)) * S::K *
-                      sizeof(typename S::W));
-    }
-  }
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const Item it = item_at(item);
     if (it.rows <= 8)

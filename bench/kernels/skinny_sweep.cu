@@ -4,6 +4,10 @@
 // 128, one row each), the Mamba in_proj, the shared expert and out_proj.
 // A benchmark, not a test: it prints GB/s of weight bytes read per launch
 // next to the device-to-device copy bandwidth measured in the same run.
+// Dense layers rotate over 16 copies of their weights so that no launch
+// finds them in L2; NF_SWEEP_DENSE=1 runs only the dense layers as the plan
+// launches them (first weights fetched before the wait), NF_SWEEP_WIDE=1
+// adds the batch-32/64 shapes, NF_SWEEP_ROWS8=1 batch-8 shapes.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels bench/kernels/skinny_sweep.cu \
 //     -o skinny_sweep && ./skinny_sweep
@@ -24,6 +28,8 @@
 #include "nf_linear.cuh"
 
 #include "cuda_check.h"
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
@@ -32,6 +38,17 @@
 // Arena layout of the sweep: [0, 4 KiB) dispatch offsets (E + 1 i32),
 // then x rows (f32, 64 x K), then y (f32, 64 x N).
 constexpr long long kXOff = 4096, kYOff = kXOff + 64LL * 8192 * 4;
+
+// Varied finite bf16 weights in [-1, 1) (a hash of the index).
+__global__ void fillBf16(unsigned short *w, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u;
+    h ^= h >> 15;
+    const float v = (h & 0xffff) / 32768.0f - 1.0f;
+    w[i] = static_cast<unsigned short>(__float_as_uint(v) >> 16);
+  }
+}
 
 template <int N_, int K_, int E> struct Spec {
   using W = nf::bf16;
@@ -53,6 +70,26 @@ template <int N_, int K_, int E> struct Spec {
     const int32_t *off = nf::arena<int32_t>(a, 0);
     begin = off[g];
     count = off[g + 1] - off[g];
+  }
+};
+
+// A dense layer as the plan has it (rows from the step's arguments: the
+// first weights are fetched, and with the L2 prefetch asked for, before the
+// kernel would wait for the previous launch), one of E copies a step.
+template <int N_, int K_, int E> struct DenseSpec : Spec<N_, K_, 1> {
+  static constexpr bool kRowsFromArgs = true;
+  __device__ static __forceinline__ const nf::bf16 *weight(nf::Step a, int) {
+    const int32_t *off = nf::arena<int32_t>(a, 0);
+    int copy = 0;
+    for (int g = 0; g < E; ++g)
+      copy = off[g + 1] > off[g] ? g : copy;
+    return static_cast<const nf::bf16 *>(a->weights[0]) +
+           static_cast<long long>(copy) * N_ * K_;
+  }
+  __device__ static __forceinline__ void group(nf::Step a, int, int &begin,
+                                               int &count) {
+    begin = 0;
+    count = a->num_tokens;
   }
 };
 
@@ -184,12 +221,26 @@ template <int E, int N, int K>
 static void sweep(const Problem &p, nf_step_args *dArgs, char *arena, int sms,
                   float copy) {
   sweepOne<E, N, K, 1, 4, 8>(p, dArgs, arena, sms, copy); // shipped narrow
+  sweepOne<E, N, K, 1, 8, 16>(p, dArgs, arena, sms, copy);
   sweepOne<E, N, K, 1, 8, 8>(p, dArgs, arena, sms, copy);
   sweepOne<E, N, K, 1, 6, 4>(p, dArgs, arena, sms, copy);
-  sweepOne<E, N, K, 1, 8, 4>(p, dArgs, arena, sms, copy);
-  sweepOne<E, N, K, 1, 12, 4>(p, dArgs, arena, sms, copy);
-  sweepOne<E, N, K, 1, 4, 16>(p, dArgs, arena, sms, copy);
-  sweepOne<E, N, K, 2, 4, 8>(p, dArgs, arena, sms, copy);
+}
+
+// Dense layers as the plan launches them (DenseSpec), two and three
+// blocks per SM where the registers allow.
+template <int N, int K>
+static void sweepDense(const Problem &p, nf_step_args *dArgs, char *arena,
+                       int sms, float copy) {
+  using S = DenseSpec<N, K, 16>;
+  const size_t bytes = size_t(N) * K * 2;
+  for (int perSm : {2, 3}) {
+    int maxBlocks = 0;
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &maxBlocks, skinny<S, 1, 4, 8>, 256, 0));
+    if (perSm <= maxBlocks)
+      run("dense MT1 STAGES4 KW8", skinny<S, 1, 4, 8>, sms * perSm, 256, p,
+          dArgs, arena, bytes, copy);
+  }
 }
 
 int main() {
@@ -202,7 +253,7 @@ int main() {
   const size_t wBytes = 128ull * 1856 * 2688 * 2;
   void *w;
   CHECK(cudaMalloc(&w, wBytes));
-  CHECK(cudaMemset(w, 0x3c, wBytes)); // finite bf16 values
+  fillBf16<<<4096, 256>>>(static_cast<unsigned short *>(w), wBytes / 2);
   char *arena;
   const size_t arenaBytes = kYOff + 64ull * 16384 * 4;
   CHECK(cudaMalloc(&arena, arenaBytes));
@@ -218,15 +269,36 @@ int main() {
   nf_step_args *dArgs;
   CHECK(cudaMalloc(&dArgs, sizeof args));
   CHECK(cudaMemcpy(dArgs, &args, sizeof args, cudaMemcpyHostToDevice));
+  if (std::getenv("NF_SWEEP_DENSE")) {
+    sweepDense<10304, 2688>({"in_proj", 16, 10304, 2688, 1}, dArgs, arena, sms,
+                            copy);
+    sweepDense<3712, 2688>({"shared_up", 16, 3712, 2688, 1}, dArgs, arena, sms,
+                           copy);
+    sweepDense<2688, 3712>({"shared_dn", 16, 2688, 3712, 1}, dArgs, arena, sms,
+                           copy);
+    sweepDense<2688, 4096>({"out_proj", 16, 2688, 4096, 1}, dArgs, arena, sms,
+                           copy);
+    return 0;
+  }
   sweep<128, 1856, 2688>({"expert_up", 128, 1856, 2688, 6}, dArgs, arena, sms,
                          copy);
   sweep<128, 2688, 1856>({"expert_dn", 128, 2688, 1856, 6}, dArgs, arena, sms,
                          copy);
-  sweep<1, 10304, 2688>({"in_proj", 1, 10304, 2688, 1}, dArgs, arena, sms,
+  // Dense layers: 16 copies, one a step (no step finds its weights in L2).
+  sweep<16, 10304, 2688>({"in_proj", 16, 10304, 2688, 1}, dArgs, arena, sms,
+                         copy);
+  sweep<16, 3712, 2688>({"shared_up", 16, 3712, 2688, 1}, dArgs, arena, sms,
                         copy);
-  sweep<1, 3712, 2688>({"shared_up", 1, 3712, 2688, 1}, dArgs, arena, sms,
-                       copy);
-  sweep<1, 2688, 4096>({"out_proj", 1, 2688, 4096, 1}, dArgs, arena, sms, copy);
+  sweep<16, 2688, 3712>({"shared_dn", 16, 2688, 3712, 1}, dArgs, arena, sms,
+                        copy);
+  sweep<16, 2688, 4096>({"out_proj", 16, 2688, 4096, 1}, dArgs, arena, sms,
+                        copy);
+  if (std::getenv("NF_SWEEP_ROWS8")) { // batch 8: dense rows, 8 each
+    sweep<16, 10304, 2688>({"in_proj8", 16, 10304, 2688, 1, 8}, dArgs, arena,
+                           sms, copy);
+    sweep<128, 1856, 2688>({"expert_up8", 128, 1856, 2688, 30, 1}, dArgs, arena,
+                           sms, copy);
+  }
   if (std::getenv("NF_SWEEP_WIDE")) {
     // 32 tokens: ~23 experts of 8 rows (seeded random weights), dense 32.
     sweepWide<128, 1856, 2688>({"expert_up32", 128, 1856, 2688, 23, 8}, dArgs,
