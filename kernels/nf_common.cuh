@@ -167,18 +167,6 @@ __device__ __forceinline__ uint4 load_stream16(const void *p) {
   return v;
 }
 
-/// Asks L2 to fetch [p, p + bytes) (sm_90+: one bulk prefetch; a no-op
-/// elsewhere). p 16-byte aligned, bytes a multiple of 16.
-__device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes)
-               : "memory");
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
-
 // ---------------------------------------------------------------------------
 // Asynchronous global -> shared copies (sm_80+: cp.async, so a block stages
 // its next chunk while it computes on the current one; older targets copy

@@ -74,8 +74,8 @@ template <int N_, int K_, int E> struct Spec {
 };
 
 // A dense layer as the plan has it (rows from the step's arguments: the
-// first weights are fetched, and with the L2 prefetch asked for, before the
-// kernel would wait for the previous launch), one of E copies a step.
+// first weights are fetched before the kernel would wait for the previous
+// launch), one of E copies a step.
 template <int N_, int K_, int E> struct DenseSpec : Spec<N_, K_, 1> {
   static constexpr bool kRowsFromArgs = true;
   __device__ static __forceinline__ const nf::bf16 *weight(nf::Step a, int) {
