@@ -107,6 +107,18 @@ int main(int argc, char **argv) {
   EXPECT(nf_seq_length(model, seq) == -1);
   EXPECT(nf_seq_remove(model, seq) == NF_ERR_INVALID_ARGUMENT);
 
+  /* No logits buffer: the step runs and the sequence advances, but no
+     logits come back; the next step continues the same history. */
+  CHECK(nf_seq_add(model, &seq));
+  in.seq_id = seq;
+  token = nf_model_bos(model) >= 0 ? nf_model_bos(model) : 1;
+  CHECK(nf_decode(model, &batch, NULL, 0, 0));
+  EXPECT(nf_seq_length(model, seq) == 1);
+  token = generated[0];
+  CHECK(nf_decode(model, &batch, logits, (size_t)vocab, 0));
+  EXPECT(nf_sample(sampler, logits, vocab) == generated[1]);
+  CHECK(nf_seq_remove(model, seq));
+
   if (nf_model_has_tokenizer(model)) {
     const char *text = "def main():";
     int32_t ids[64];

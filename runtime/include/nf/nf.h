@@ -233,7 +233,8 @@ typedef struct nf_batch {
    `logits_out`: with `logits_all` one row of nf_model_vocab_size() floats per
    token of the step (sequences in batch order, tokens in order), otherwise
    one row per sequence (its last token). `logits_out` may be NULL (no logits
-   wanted); otherwise `logits_cap` (in floats) must hold every row, checked
+   wanted: none are copied back from the device); otherwise `logits_cap` (in
+   floats) must hold every row, checked
    before anything runs. On failure the sequences' state is unspecified:
    remove them. */
 NF_API nf_status nf_decode(nf_model *model, const nf_batch *batch,

@@ -90,8 +90,8 @@ inline sampling::SamplerParams toSamplerParams(const nf_sampler_params &p) {
 }
 
 /// Checks `model` and the sequence inputs and runs one engine step; the
-/// logits end up in model->logits.
+/// logits end up in model->logits (none with LogitsFor::None).
 nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
-                  bool allLogits, int64_t *expertCalls);
+                  nf::LogitsFor which, int64_t *expertCalls);
 
 } // namespace nf::capi

@@ -68,7 +68,7 @@ std::string describe(const nf_model &m, const std::string &tokenizerLine) {
 } // namespace
 
 nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
-                  bool allLogits, int64_t *expertCalls) {
+                  LogitsFor which, int64_t *expertCalls) {
   if (nSeqs <= 0 || !seqs)
     return fail(NF_ERR_INVALID_ARGUMENT,
                 "nf_decode: the batch needs at least one sequence");
@@ -115,10 +115,8 @@ nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
                     " appears more than once in the batch");
 
   StepStats stats;
-  Status st = model->engine->step(
-      model->inputs,
-      allLogits ? LogitsFor::AllTokens : LogitsFor::LastTokenPerSequence,
-      model->logits, expertCalls ? &stats : nullptr);
+  Status st = model->engine->step(model->inputs, which, model->logits,
+                                  expertCalls ? &stats : nullptr);
   if (!st)
     return fail(NF_ERR_RUNTIME, st);
   if (expertCalls)
@@ -415,11 +413,16 @@ nf_status nf_decode(nf_model *model, const nf_batch *batch, float *logits_out,
           "nf_decode: logits buffer holds " + std::to_string(logits_cap) +
               " floats, the step needs " + std::to_string(rows * vocab) + " (" +
               std::to_string(rows) + " rows of " + std::to_string(vocab) + ")");
-    if (nf_status s = capi::runStep(model, batch->seqs, batch->n_seqs,
-                                    logits_all != 0, batch->expert_calls);
+    // No buffer: no logits copied back from the device.
+    using nf::LogitsFor;
+    const LogitsFor which = !logits_out  ? LogitsFor::None
+                            : logits_all ? LogitsFor::AllTokens
+                                         : LogitsFor::LastTokenPerSequence;
+    if (nf_status s = capi::runStep(model, batch->seqs, batch->n_seqs, which,
+                                    batch->expert_calls);
         s != NF_OK)
       return s;
-    if (model->logits.size() != rows * vocab)
+    if (logits_out && model->logits.size() != rows * vocab)
       return fail(NF_ERR_INTERNAL, "nf_decode: the engine returned " +
                                        std::to_string(model->logits.size()) +
                                        " logits, expected " +

@@ -155,8 +155,9 @@ nf_status nf_generate(nf_model *model, const int32_t *prompt, size_t n_prompt,
     in.n_tokens = static_cast<int32_t>(n_prompt);
     in.expert_budget = p.expert_budget;
     in.experts_per_token = 0;
-    if (nf_status s = capi::runStep(model, &in, 1, /*allLogits=*/false,
-                                    /*expertCalls=*/nullptr);
+    if (nf_status s =
+            capi::runStep(model, &in, 1, nf::LogitsFor::LastTokenPerSequence,
+                          /*expertCalls=*/nullptr);
         s != NF_OK)
       return s;
 
@@ -188,7 +189,8 @@ nf_status nf_generate(nf_model *model, const int32_t *prompt, size_t n_prompt,
         return NF_OK;
       in.tokens = &out[generated.size() - 1];
       in.n_tokens = 1;
-      if (nf_status s = capi::runStep(model, &in, 1, false, nullptr);
+      if (nf_status s = capi::runStep(
+              model, &in, 1, nf::LogitsFor::LastTokenPerSequence, nullptr);
           s != NF_OK)
         return s;
     }

@@ -1147,7 +1147,7 @@ Status CudaEngine::runProgram(const Program &p,
                                 src + static_cast<size_t>(c.row) * rowBytes,
                                 static_cast<size_t>(c.count) * rowBytes,
                                 stream);
-    else if (c.last)
+    else if (c.last && which == LogitsFor::LastTokenPerSequence)
       r = d_->cuMemcpyDtoHAsync(logitsOut + static_cast<int64_t>(c.input) * V,
                                 src + static_cast<size_t>(c.row + c.count - 1) *
                                           rowBytes,

@@ -933,7 +933,7 @@ void CpuEngine::runProgram(Program &prog, std::span<const SequenceInput> inputs,
         r.needRows.push_back(c.row + j);
         r.outRows.push_back(tokenBase[c.input] + c.first + j);
       }
-    } else if (c.last) {
+    } else if (c.last && which == LogitsFor::LastTokenPerSequence) {
       r.needRows.push_back(c.row + c.count - 1);
       r.outRows.push_back(c.input);
     }

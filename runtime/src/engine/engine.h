@@ -98,7 +98,10 @@ struct SequenceInput {
   int32_t expertsPerToken = 0;
 };
 
-enum class LogitsFor { AllTokens, LastTokenPerSequence };
+/// Which logits a step returns. None: the caller reads none (nf_decode with
+/// a NULL buffer): the step still computes each sequence's last-token row
+/// (a captured decode graph runs its LM head), but nothing is copied back.
+enum class LogitsFor { AllTokens, LastTokenPerSequence, None };
 
 /// Per-step observability (MoE).
 struct StepStats {

@@ -391,6 +391,7 @@ Status checkStep(std::span<const SequenceInput> inputs, LogitsFor which,
         !s)
       return Status::error("step: " + s.message());
   out.rows = which == LogitsFor::AllTokens ? out.tokenBase[n]
+             : which == LogitsFor::None    ? 0
                                            : static_cast<int64_t>(n);
   return Status::success();
 }
