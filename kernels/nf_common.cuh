@@ -263,11 +263,24 @@ template <class S> struct HasRowsBf16<S, decltype(void(S::kRowsBf16))> {
 /// null in decode functions). A per-module __constant__ copy of the base
 /// was tried too: each module's copy falls out of L2 between decode steps
 /// while the weights stream through it.
+///
+/// A generated function may run two independent ops side by side, each on
+/// its own slice of the launch's blocks (a co-launch: decode's shared
+/// expert next to the routing chain, CudaCodegen.cpp). Templates that can
+/// be co-launched index blocks through block() and grid(): the slice
+/// [block0, block0 + blocks) of the grid, or all of it (blocks 0).
 struct Step {
   const nf_step_args *args;
   char *arena;
+  int block0 = 0, blocks = 0;
   __device__ __forceinline__ const nf_step_args *operator->() const {
     return args;
+  }
+  __device__ __forceinline__ int block() const {
+    return static_cast<int>(blockIdx.x) - block0;
+  }
+  __device__ __forceinline__ int grid() const {
+    return blocks ? blocks : static_cast<int>(gridDim.x);
   }
 };
 
@@ -329,6 +342,13 @@ __device__ __forceinline__ long long global_warp() {
 }
 __device__ __forceinline__ long long grid_warps() {
   return grid_threads() >> 5;
+}
+/// Warps of a co-launchable template's slice of the grid (Step::block()).
+__device__ __forceinline__ long long global_warp(Step a) {
+  return (static_cast<long long>(a.block()) * blockDim.x + threadIdx.x) >> 5;
+}
+__device__ __forceinline__ long long grid_warps(Step a) {
+  return (static_cast<long long>(a.grid()) * blockDim.x) >> 5;
 }
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 

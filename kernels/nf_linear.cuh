@@ -1056,7 +1056,7 @@ __device__ void skinny_linear(Step a) {
     return Item{g, local / chunks * FT, s_begin[g] + chunk * ROWS,
                 min(ROWS, s_count[g] - chunk * ROWS)};
   };
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+  for (int item = a.block(); item < items; item += a.grid()) {
     const Item it = item_at(item);
     if (it.rows <= 8)
       skinny_item<S, KW, MT, 1, STAGES, TERMS, kEarly, kStageX>(

@@ -43,7 +43,7 @@ __device__ void moe_router_logits(Step a, const float *x, const WG *gate,
   constexpr int V = Vec16<WG>::N;
   const long long items = static_cast<long long>(a->num_tokens) * E;
   const int lane = lane_id();
-  for (long long item = global_warp(); item < items; item += grid_warps()) {
+  for (long long item = global_warp(a); item < items; item += grid_warps(a)) {
     const int t = static_cast<int>(item / E), e = static_cast<int>(item % E);
     const float *xr = x + static_cast<long long>(t) * H;
     const WG *gr = gate + static_cast<long long>(e) * H;
@@ -301,7 +301,7 @@ __device__ void moe_route(Step a, const float *x, const WG *gate,
   const int T = a->num_tokens;
   const int tid = threadIdx.x, lane = lane_id(), warp = tid >> 5,
             nwarps = blockDim.x >> 5;
-  for (int t = blockIdx.x; t < T; t += gridDim.x) {
+  for (int t = a.block(); t < T; t += a.grid()) {
     __syncthreads(); // shared state of the previous token is consumed
     if (kRouter && pre) {
       for (int e = tid; e < E; e += blockDim.x) {

@@ -28,6 +28,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -47,11 +48,6 @@ int64_t alignTo(int64_t v) {
   return (v + kAlignment - 1) / kAlignment * kAlignment;
 }
 int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-/// Decode steps of up to this many tokens have no MoE combine launch where
-/// the shared expert's down projection can gather the routed rows itself
-/// (KernelEmitter::combine).
-constexpr int64_t kCombineGatherTokens = 16;
-
 /// Bytes left beside a kernel's dynamic shared memory for its static
 /// shared variables when checking a target's limit (the limit is for both).
 constexpr int64_t kStaticSharedAllowance = 2048;
@@ -344,25 +340,19 @@ private:
                  const std::string &body, const std::string &comment,
                  uint32_t minTokens = 0, uint32_t maxTokens = 0,
                  bool bodyWaits = false) {
-    std::string inject;
+    FunctionText f;
+    f.comment = comment;
     if (!opts.injectError.empty() &&
         fn.find(opts.injectError) != std::string::npos)
-      inject = "  nf_injected_error(; // NF_CUDA_INJECT_ERROR\n";
+      f.body = "  nf_injected_error(; // NF_CUDA_INJECT_ERROR\n";
     // Measured on the H200 (Nano shape, bf16 inputs): batch-1 decode 3.69
     // ms/step against 3.86 with the late trigger and 3.85 without
     // programmatic launches; batch 32 12.98 against 12.72 and 12.81.
     const bool early = phase == "decode";
-    text << "// " << comment << "\n"
-         << "extern \"C\" __global__ void __launch_bounds__(" << block << ") "
-         << fn
-         << (phase == "decode" ? "(const nf_step_args *__restrict__ args) {\n"
-                                 "  const nf::Step a{args, nullptr};\n"
-                               : "(const nf_step_args *__restrict__ args, char "
-                                 "*__restrict__ arena) {\n"
-                                 "  const nf::Step a{args, arena};\n")
-         << inject << (bodyWaits ? "" : "  nf::wait_for_previous_grids();\n")
-         << (early ? "  nf::allow_next_grid();\n" : "") << body
-         << (early ? "" : "  nf::allow_next_grid();\n") << "}\n\n";
+    f.body += (bodyWaits ? "" : "  nf::wait_for_previous_grids();\n") +
+              std::string(early ? "  nf::allow_next_grid();\n" : "") + body +
+              (early ? "" : "  nf::allow_next_grid();\n");
+    functions.push_back(f);
     CudaLaunchInfo l;
     l.function = fn;
     l.grid = grid;
@@ -371,6 +361,70 @@ private:
     l.maxTokens = maxTokens;
     l.programmatic = true;
     launches.push_back(l);
+  }
+  /// Runs launches [b, b + nb) (variants of one op by step size) side by side
+  /// with launch `a` (an independent op): one launch per variant whose grid
+  /// is `a`'s blocks followed by the variant's, each part on its slice
+  /// (nf::Step::block()). `aBlocks(t)`: the blocks `a` needs for steps of up
+  /// to t tokens (its grid serves the step's most tokens). Both must be
+  /// co-launchable templates with the same block size; they replace `a` and
+  /// the variants, in `a`'s place.
+  void coLaunch(size_t a, size_t b, size_t nb,
+                const std::function<uint32_t(int64_t)> &aBlocks) {
+    std::vector<CudaLaunchInfo> merged;
+    std::vector<FunctionText> mergedText;
+    const CudaLaunchInfo la = launches[a];
+    for (size_t v = b; v < b + nb; ++v) {
+      const CudaLaunchInfo &lb = launches[v];
+      if (lb.block != la.block) {
+        internalError = "co-launch of " + la.function + " and " + lb.function +
+                        " with different block sizes";
+        return;
+      }
+      CudaLaunchInfo l = lb;
+      const uint32_t ga = std::min<uint32_t>(
+          la.grid, aBlocks(lb.maxTokens ? int64_t(lb.maxTokens) : maxTokens));
+      l.function = la.function + "_and_" +
+                   lb.function.substr(
+                       lb.function.find('_', lb.function.find('_') + 1) + 1);
+      l.grid = ga + lb.grid;
+      auto part = [&](const FunctionText &f, uint32_t block0, uint32_t blocks) {
+        return "    const nf::Step a{args, " +
+               std::string(phase == "decode" ? "nullptr" : "arena") + ", " +
+               std::to_string(block0) + ", " + std::to_string(blocks) + "};\n" +
+               indent(f.body);
+      };
+      FunctionText f;
+      f.comment = functions[a].comment + ";\n// side by side with " +
+                  functions[v].comment;
+      f.body = "  if (blockIdx.x < " + std::to_string(ga) + "u) {\n" +
+               part(functions[a], 0, ga) + "  } else {\n" +
+               part(functions[v], ga, lb.grid) + "  }\n";
+      f.ownsStep = true;
+      merged.push_back(l);
+      mergedText.push_back(f);
+    }
+    // Replace: drop the variants, then put the merged ones in a's place.
+    launches.erase(launches.begin() + b, launches.begin() + b + nb);
+    functions.erase(functions.begin() + b, functions.begin() + b + nb);
+    const size_t at = a > b ? a - nb : a;
+    launches.erase(launches.begin() + at);
+    functions.erase(functions.begin() + at);
+    launches.insert(launches.begin() + at, merged.begin(), merged.end());
+    functions.insert(functions.begin() + at, mergedText.begin(),
+                     mergedText.end());
+  }
+  static std::string indent(const std::string &body) {
+    std::string out;
+    size_t start = 0;
+    while (start < body.size()) {
+      size_t end = body.find('\n', start);
+      if (end == std::string::npos)
+        end = body.size();
+      out += "  " + body.substr(start, end - start) + "\n";
+      start = end + 1;
+    }
+    return out;
   }
   uint32_t elementGrid(int64_t elements) const {
     return gridOf(ceilDiv(elements, 256), int64_t(opts.smCount) * 8);
@@ -403,6 +457,7 @@ private:
   StatusOr<size_t> expert(size_t i, bool up);
   StatusOr<size_t> combine(size_t i);
   StatusOr<size_t> sharedExpert(size_t i);
+  StatusOr<size_t> routeSharedExpert(size_t i);
 
   StatusOr<std::string> activationKind(size_t i, const char *attr,
                                        bool required) const {
@@ -431,15 +486,17 @@ private:
 
   std::vector<const pl::Op *> ops;
   std::set<int> outputs;
-  /// Combined routed rows left to the shared expert's epilogue (combine()):
-  /// the template arguments and pointers of nf::moe_combined, and where the
-  /// combine launch of larger steps writes them (empty: no such launch).
-  struct CombinedRows {
-    std::string args, rows;
-  };
-  std::map<int, CombinedRows> combinedRows;
   std::set<std::string> includes;
   std::ostringstream text;
+  /// Each launch's function, written after every spec (run()).
+  struct FunctionText {
+    std::string comment, body;
+    bool ownsStep = false; // the body declares its own nf::Step (co-launch)
+    /// Its template indexes blocks through nf::Step (block(), grid()), so
+    /// it can run on a slice of a co-launch's grid.
+    bool sliceable = false;
+  };
+  std::vector<FunctionText> functions;
   std::vector<CudaLaunchInfo> launches;
   int64_t scratchTop = 0;
   bool hopperFeatures = false; // some launch uses wgmma
@@ -610,6 +667,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
               "  nf::skinny_linear<" + spec + ", 1, 4, " + num(kWarps) + ", " +
                   terms + ">(a);\n",
               comment, 0, wide ? kNarrowTokens : 0, /*bodyWaits=*/true);
+    functions.back().sliceable = true;
     if (wide) {
       const int64_t items =
           (std::min(s.G, s.maxRows) + ceilDiv(s.maxRows, 16)) *
@@ -619,6 +677,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
                     ", " + terms + (opts.matmulTerms == 1 ? ", true" : "") +
                     ">(a);\n",
                 comment, kNarrowTokens + 1, 0, /*bodyWaits=*/true);
+      functions.back().sliceable = true;
     }
     return;
   }
@@ -1002,36 +1061,11 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
       if (isAct(other) && isAct(aout[0]) && V(other).cols == s2.N &&
           V(aout[0]).cols == s2.N) {
         dst = arenaPtr(aout[0]);
-        if (auto c = combinedRows.find(other); c != combinedRows.end()) {
-          // The routed rows' combination is gathered here for small steps,
-          // read from the combine launch's rows for larger ones (combine()).
-          const std::string small =
-              "a->num_tokens <= " + num(kCombineGatherTokens);
-          const std::string gather =
-              "nf::moe_combined<" + c->second.args + ", r, n)";
-          const std::string gather2 =
-              "nf::moe_combined2<" + c->second.args + ", r, n)";
-          const std::string at = c->second.rows +
-                                 " + static_cast<long long>(r) * " + num(s2.N) +
-                                 " + n";
-          addend = c->second.rows.empty()
-                       ? " + " + gather
-                       : " + (" + small + " ? " + gather + " : *(" + at + "))";
-          addend2 =
-              "    const float2 o = " +
-              (c->second.rows.empty()
-                   ? gather2
-                   : small + " ? " + gather2 +
-                         " : *reinterpret_cast<const float2 *>(" + at + ")") +
-              ";\n";
-          combinedRows.erase(c);
-        } else {
-          addend = " + " + arenaPtr(other) + "[static_cast<long long>(r) * " +
-                   num(s2.N) + " + n]";
-          addend2 = "    const float2 o = *reinterpret_cast<const float2 *>(" +
-                    arenaPtr(other) + " + static_cast<long long>(r) * " +
-                    num(s2.N) + " + n);\n";
-        }
+        addend = " + " + arenaPtr(other) + "[static_cast<long long>(r) * " +
+                 num(s2.N) + " + n]";
+        addend2 = "    const float2 o = *reinterpret_cast<const float2 *>(" +
+                  arenaPtr(other) + " + static_cast<long long>(r) * " +
+                  num(s2.N) + " + n);\n";
         consumed = 2;
       }
     }
@@ -1048,6 +1082,49 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
                    "the routed rows"
                  : "nf_moe.shared_expert: out = hidden . down^T");
   return consumed;
+}
+
+/// Decode's "moe_route_shared_expert": the shared expert's two GEMVs run
+/// side by side with the routing chain, whose launches leave most of the
+/// GPU idle (coLaunch): its up projection with the router's logits, its
+/// down projection with the ranking (moe_route); the dispatch follows.
+/// The layer's critical path loses two launches and the time of the
+/// logits and the ranking.
+StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
+  const size_t l0 = launches.size();
+  StatusOr<size_t> n = sharedExpert(i);
+  if (!n)
+    return n;
+  if (*n != 1)
+    return fail(i, "internal: the shared expert took the ops after it");
+  const size_t l1 = launches.size();
+  // Its up variants first, then the down ones (as many of each).
+  const size_t variants = (l1 - l0) / 2;
+  n = route(i + 1);
+  if (!n)
+    return n;
+  const size_t l2 = launches.size();
+  const int E = static_cast<int>(V(results(*ops[i + 1])[0]).cols);
+  auto endsWith = [](const std::string &s, const std::string &tail) {
+    return s.size() >= tail.size() &&
+           s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  bool sliceable = true;
+  for (size_t l = l0; l < l2; ++l)
+    sliceable = sliceable && functions[l].sliceable;
+  // Other forms (e.g. f32 weights: the general linear, whose template
+  // indexes the whole grid) run one after the other.
+  if (!sliceable || variants == 0 || l1 - l0 != 2 * variants || l2 - l1 != 2 ||
+      !endsWith(launches[l1].function, "router_logits") ||
+      !endsWith(launches[l1 + 1].function, "moe_route"))
+    return 1 + *n;
+  // Logits: a warp per (token, expert), 8 a block; ranking: a block per
+  // token. Ranking with the down projection first (the later indices).
+  coLaunch(l1 + 1, l0 + variants, variants,
+           [](int64_t t) { return static_cast<uint32_t>(t); });
+  coLaunch(l1 - variants, l0, variants,
+           [E](int64_t t) { return static_cast<uint32_t>(ceilDiv(t * E, 8)); });
+  return 1 + *n;
 }
 
 StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
@@ -1720,6 +1797,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
                   ", " + arenaPtr(scoresV) + ", " + arenaPtr(selV) + ", " +
                   pre + ");\n",
               "nf_moe.router: logits, a warp per (token, expert), f64");
+    functions.back().sliceable = true;
   }
   checkF32Input();
   // Decode steps have one token per sequence: the budget decision is then
@@ -1740,6 +1818,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
       std::string(isRouter ? "nf_moe.router + " : "") + "nf_moe.select (" +
           policy + (oneTokenBudget ? ", one token per sequence" : "") +
           "): one block per token, ranking by warp argmax");
+  functions.back().sliceable = true;
   if (defer && !oneTokenBudget)
     addLaunch(fnName(sel, "moe_budget"),
               gridOf(maxTokens, int64_t(opts.smCount)), 256,
@@ -1794,41 +1873,54 @@ StatusOr<size_t> KernelEmitter::combine(size_t i) {
   const ValueInfo &d = V(in[1]);
   const int64_t HE = V(out[0]).cols;
   includes.insert("nf_rows.cuh");
-  const std::string args = num(HE) + ", " + num(V(in[2]).cols) + ", " +
-                           num(d.numExperts) + ", " + num(d.maxPerToken) +
-                           ">(a, " + arenaPtr(in[0]) + ", " +
-                           arenaPtr(in[1], "int32_t") + ", " + arenaPtr(in[2]);
+  // Followed by the add of the shared expert's rows, the residual add and
+  // an RMSNorm of the sum (decode's "moe_combine_add_rms_norm"): one row
+  // kernel gathers each token's routed rows, adds the shared rows and the
+  // residual and normalises, with the same f32 operations in the same order
+  // as the combine, the shared expert's epilogue add and add_rms_norm.
+  if (i + 3 < ops.size() && opName(*ops[i + 1]) == "nf.add" &&
+      opName(*ops[i + 2]) == "nf.add" && opName(*ops[i + 3]) == "nf.rms_norm") {
+    auto a1 = operands(*ops[i + 1]), r1 = results(*ops[i + 1]);
+    auto a2 = operands(*ops[i + 2]), r2 = results(*ops[i + 2]);
+    auto nin = operands(*ops[i + 3]), nout = results(*ops[i + 3]);
+    auto wt = nin.size() == 2 ? weightType(nin[1]) : std::nullopt;
+    auto eps = floatAttr(*ops[i + 3], "epsilon");
+    if (a1.size() == 2 && r1.size() == 1 &&
+        (a1[0] == out[0]) != (a1[1] == out[0]) && !needed(out[0], {i + 1}) &&
+        a2.size() == 2 && r2.size() == 1 &&
+        (a2[0] == r1[0]) != (a2[1] == r1[0]) && !needed(r1[0], {i + 2}) &&
+        nin.size() == 2 && nin[0] == r2[0] && nout.size() == 1 && wt && eps &&
+        weightNumel(nin[1]) == HE) {
+      const int shared = a1[0] == out[0] ? a1[1] : a1[0];
+      const int residual = a2[0] == r1[0] ? a2[1] : a2[0];
+      if (isAct(shared) && isAct(residual) && isAct(r2[0]) && isAct(nout[0]) &&
+          V(shared).cols == HE && V(residual).cols == HE &&
+          V(nout[0]).cols == HE) {
+        addLaunch(fnName(i, "moe_combine_add_rms_norm"), blockGrid(maxTokens),
+                  kRowThreads,
+                  "  nf::moe_combine_add_rms_norm<" + *wt + ", " + num(HE) +
+                      ", " + num(V(in[2]).cols) + ", " + num(d.numExperts) +
+                      ", " + num(d.maxPerToken) + ">(a, " + arenaPtr(residual) +
+                      ", " + arenaPtr(in[0]) + ", " +
+                      arenaPtr(in[1], "int32_t") + ", " + arenaPtr(in[2]) +
+                      ", " + arenaPtr(shared) + ", " + arenaPtr(r2[0]) + ", " +
+                      weightPtr(nin[1]) + ", " + doubleLit(*eps) + ", " +
+                      outPtr(nout[0]) + ");\n",
+                  "nf_moe.combine + nf.add (shared expert) + nf.add + "
+                  "nf.rms_norm: one block per token");
+        return size_t(4);
+      }
+    }
+  }
   // Four columns a thread where rows are whole float4s (the template's
   // choice).
-  auto launchCombine = [&](const std::string &dst, uint32_t minTokens,
-                           const std::string &comment) {
-    addLaunch(fnName(i, "moe_combine"),
-              elementGrid(maxTokens * (HE % 4 == 0 ? HE / 4 : HE)), 256,
-              "  nf::moe_combine<" + args + ", " + dst + ");\n", comment,
-              minTokens);
-  };
-  // Followed by the shared expert and the add of both (decode's fused
-  // group): for steps of up to kCombineGatherTokens tokens the shared
-  // expert's down projection gathers the combined value of each output in
-  // its epilogue, and the combine has no launch; larger steps keep it (into
-  // generated scratch: there the gathers, a few dependent loads per output,
-  // cost more than the launch; measured at batch 32 on the H200).
-  if (i + 2 < ops.size() && opName(*ops[i + 1]) == "nf_moe.shared_expert" &&
-      opName(*ops[i + 2]) == "nf.add" && !needed(out[0], {i + 2})) {
-    CombinedRows c{args, ""};
-    if (maxTokens > kCombineGatherTokens) {
-      c.rows =
-          "nf::arena<float>(a, " + num(newScratch(maxTokens * HE * 4)) + "ll)";
-      launchCombine(c.rows, kCombineGatherTokens + 1,
-                    "nf_moe.combine, steps of more than " +
-                        num(kCombineGatherTokens) +
-                        " tokens (fewer: the shared expert gathers the rows)");
-    }
-    combinedRows[out[0]] = c;
-    return size_t(1);
-  }
-  launchCombine(arenaPtr(out[0]), 0,
-                "nf_moe.combine: weighted sum of each token's expert rows");
+  addLaunch(fnName(i, "moe_combine"),
+            elementGrid(maxTokens * (HE % 4 == 0 ? HE / 4 : HE)), 256,
+            "  nf::moe_combine<" + num(HE) + ", " + num(V(in[2]).cols) + ", " +
+                num(d.numExperts) + ", " + num(d.maxPerToken) + ">(a, " +
+                arenaPtr(in[0]) + ", " + arenaPtr(in[1], "int32_t") + ", " +
+                arenaPtr(in[2]) + ", " + arenaPtr(out[0]) + ");\n",
+            "nf_moe.combine: weighted sum of each token's expert rows");
   return size_t(1);
 }
 
@@ -1886,6 +1978,9 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
       n = expert(i, false);
     else if (name == "nf_moe.combine")
       n = combine(i);
+    else if (name == "nf_moe.shared_expert" && phase == "decode" &&
+             i + 1 < ops.size() && opName(*ops[i + 1]) == "nf_moe.router")
+      n = routeSharedExpert(i);
     else if (name == "nf_moe.shared_expert")
       n = sharedExpert(i);
     if (!n)
@@ -1896,9 +1991,6 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
     return fail(0, "kernel has no ops");
   if (!internalError.empty())
     return fail(ops.size(), "internal: " + internalError);
-  if (!combinedRows.empty())
-    return fail(ops.size(), "internal: a combine left to the shared expert's "
-                            "epilogue was not gathered there");
   // Every value stored as bf16 rows must have been written so by its
   // producer here (bf16RowValues and the emitters agree).
   for (size_t i = 0; i < ops.size(); ++i)
@@ -1907,6 +1999,20 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
         return fail(i, "internal: value " + std::to_string(r) +
                            " is stored as bf16 rows but its producer does "
                            "not write them");
+
+  for (size_t l = 0; l < launches.size(); ++l) {
+    const FunctionText &f = functions[l];
+    text << "// " << f.comment << "\n"
+         << "extern \"C\" __global__ void __launch_bounds__("
+         << launches[l].block << ") " << launches[l].function
+         << (phase == "decode" ? "(const nf_step_args *__restrict__ args) {\n"
+                               : "(const nf_step_args *__restrict__ args, char "
+                                 "*__restrict__ arena) {\n")
+         << (f.ownsStep          ? ""
+             : phase == "decode" ? "  const nf::Step a{args, nullptr};\n"
+                                 : "  const nf::Step a{args, arena};\n")
+         << f.body << "}\n\n";
+  }
 
   CudaKernelSource out;
   out.step = phase;

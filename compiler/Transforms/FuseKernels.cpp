@@ -84,6 +84,8 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
       w->moveBefore(&entry, entry.begin());
 
     const bool decode = stepPhase(func) == "decode";
+    if (decode)
+      hoistSharedExperts(entry);
     SmallVector<Operation *> ops;
     for (Operation &op : entry)
       if (isComputeOp(&op))
@@ -91,7 +93,8 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
     llvm::DenseSet<Operation *> claimed;
     SmallVector<std::pair<SmallVector<Operation *>, std::string>> groups;
     for (Operation *op : ops) {
-      if (claimed.contains(op))
+      // A hoisted shared expert is claimed with its layer's router below.
+      if (claimed.contains(op) || routerOfShared.contains(op))
         continue;
       auto [group, name] = match(op, decode);
       if (group.empty() || llvm::any_of(group, [&](Operation *o) {
@@ -106,6 +109,60 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
         for (Operation *op : group) // could not fuse: one kernel per op
           outline({op}, kernelName(op));
   }
+
+  /// Decode: the MoE layers whose shared expert can run next to the routing
+  /// chain (router -> select -> dispatch -> experts) and whose end (the
+  /// combine, the add of the shared expert's rows, the residual add) feeds
+  /// an RMSNorm. Each such shared expert moves to just before its router,
+  /// to be fused with it (match: "moe_route_shared_expert"; the code
+  /// generator runs its two GEMVs in the routing chain's launches), and the
+  /// layer's end becomes one kernel with the next norm
+  /// ("moe_combine_add_rms_norm"). The shared expert reads only the router's
+  /// input and weights, so the move keeps every use after its definition.
+  void hoistSharedExperts(Block &entry) {
+    routerOfShared.clear();
+    for (auto combine :
+         llvm::make_early_inc_range(entry.getOps<moe::CombineOp>())) {
+      auto [shared, add] = sharedExpertAdd(combine);
+      if (!shared || combineAddNorm(combine).empty())
+        continue;
+      auto dispatch = combine.getDispatch().getDefiningOp<moe::DispatchOp>();
+      auto select = dispatch
+                        ? dispatch.getExperts().getDefiningOp<moe::SelectOp>()
+                        : moe::SelectOp();
+      auto router = select ? select.getScores().getDefiningOp<moe::RouterOp>()
+                           : moe::RouterOp();
+      if (!router || soleUser<moe::SelectOp>(router) != select ||
+          userOfType<moe::DispatchOp>(select) != dispatch ||
+          shared.getInput() != router.getInput() ||
+          llvm::any_of(shared->getOperands(), [&](Value v) {
+            Operation *def = v.getDefiningOp();
+            return def && def->getBlock() == &entry &&
+                   !def->isBeforeInBlock(router);
+          }))
+        continue;
+      shared->moveBefore(router);
+      routerOfShared[shared] = router;
+    }
+  }
+
+  /// The ops of a decode MoE layer's end when it feeds an RMSNorm: the
+  /// combine, the add of the shared expert's rows, the residual add and the
+  /// norm; else {}.
+  static SmallVector<Operation *> combineAddNorm(moe::CombineOp combine) {
+    auto [shared, add] = sharedExpertAdd(combine);
+    if (!shared)
+      return {};
+    auto residual = soleUser<nfir::AddOp>(add);
+    auto norm =
+        residual ? userOfType<nfir::RMSNormOp>(residual) : nfir::RMSNormOp();
+    if (!norm || norm.getInput() != residual.getResult())
+      return {};
+    return {combine, add, residual, norm};
+  }
+
+  /// Decode shared experts moved before their layer's router.
+  llvm::DenseMap<Operation *, Operation *> routerOfShared;
 
   /// The shared expert and the add of a MoE layer's result when `combine`'s
   /// rows are the add's other operand (each the add's only input from it).
@@ -130,21 +187,29 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
         return {{add, norm}, "add_rms_norm"};
     if (auto router = dyn_cast<moe::RouterOp>(op))
       if (auto select = soleUser<moe::SelectOp>(router))
-        if (auto dispatch = userOfType<moe::DispatchOp>(select))
+        if (auto dispatch = userOfType<moe::DispatchOp>(select)) {
+          for (auto [shared, r] : routerOfShared)
+            if (r == op)
+              return {{shared, router, select, dispatch},
+                      "moe_route_shared_expert"};
           return {{router, select, dispatch}, "moe_route"};
+        }
     if (isa<moe::ExpertUpOp>(op))
       return {{op}, "moe_expert_up_relu2"};
-    // Decode: the combine joins the shared expert's kernel instead, whose
-    // down projection gathers the token's few routed rows in its epilogue
-    // (one launch less per MoE layer; prefill keeps the combine's own
-    // streaming launch).
+    // Decode MoE layers whose shared expert runs next to the routing chain
+    // end in one kernel with the next norm (hoistSharedExperts); the others
+    // keep the combine with the routed down projection, as prefill does.
     if (auto down = dyn_cast<moe::ExpertDownOp>(op))
-      if (auto combine = soleUser<moe::CombineOp>(down))
-        if (!decode || !sharedExpertAdd(combine).first)
+      if (auto combine = soleUser<moe::CombineOp>(down)) {
+        auto shared = sharedExpertAdd(combine).first;
+        if (!decode || !shared ||
+            !routerOfShared.contains(shared.getOperation()))
           return {{down, combine}, "moe_expert_down_combine"};
+      }
     if (auto combine = dyn_cast<moe::CombineOp>(op); combine && decode)
-      if (auto [shared, add] = sharedExpertAdd(combine); shared)
-        return {{combine, shared, add}, "moe_shared_expert_combine_add"};
+      if (auto shared = sharedExpertAdd(combine).first;
+          shared && routerOfShared.contains(shared.getOperation()))
+        return {combineAddNorm(combine), "moe_combine_add_rms_norm"};
     if (auto conv = dyn_cast<kv::CausalConvOp>(op);
         conv && conv.getMode() == "decode")
       if (auto ssm = soleUser<kv::SSMUpdateOp>(conv))

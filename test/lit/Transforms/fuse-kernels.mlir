@@ -52,23 +52,33 @@
 // CHECK-NEXT: nf.yield
 
 // With a shared expert (and no latent projection after the combine), decode
-// puts the combine into the shared expert's kernel, whose down projection
-// gathers the routed rows in its epilogue; prefill keeps the combine with the
-// routed down projection.
+// moves the shared expert next to its layer's router and fuses them (the
+// code generator runs its GEMVs in the routing chain's launches), and the
+// layer's end (combine, the add of the shared rows, the residual add) joins
+// the next RMSNorm; prefill keeps the combine with the routed down projection.
 // SHARED-LABEL: func.func @prefill
 // SHARED: nf.kernel "moe_expert_down_combine"
 // SHARED: nf.kernel "moe_shared_expert_add"
 // SHARED-LABEL: func.func @decode
+// SHARED: nf.kernel "moe_route_shared_expert"
+// SHARED-NEXT: ^bb0
+// SHARED-NEXT: %[[S:.*]] = nf_moe.shared_expert
+// SHARED-NEXT: nf_moe.router
+// SHARED-NEXT: nf_moe.select
+// SHARED-NEXT: %[[D:.*]] = nf_moe.dispatch
+// SHARED-NEXT: nf.yield %[[S]], %{{.*}}, %[[D]]
 // SHARED: nf.kernel "nf_moe_expert_down"
 // SHARED-NEXT: ^bb0
 // SHARED-NEXT: nf_moe.expert_down
 // SHARED-NEXT: nf.yield
-// SHARED: nf.kernel "moe_shared_expert_combine_add"
+// SHARED: nf.kernel "moe_combine_add_rms_norm"
 // SHARED-NEXT: ^bb0
 // SHARED-NEXT: %[[C:.*]] = nf_moe.combine
-// SHARED-NEXT: %[[S:.*]] = nf_moe.shared_expert
-// SHARED-NEXT: %[[SUM:.*]] = nf.add %[[C]], %[[S]]
-// SHARED-NEXT: nf.yield %[[SUM]]
+// SHARED-NEXT: %[[SUM:.*]] = nf.add %[[C]], %{{.*}}
+// SHARED-NEXT: %[[R:.*]] = nf.add %{{.*}}, %[[SUM]]
+// SHARED-NEXT: %[[N:.*]] = nf.rms_norm %[[R]]
+// SHARED-NEXT: nf.yield %[[R]], %[[N]]
+// SHARED-NOT: moe_shared_expert_combine_add
 
 // Functions that are not steps are left alone.
 // PLAIN-LABEL: func.func @not_a_step
