@@ -5,13 +5,13 @@
 // machine:
 //
 //   g++ -O2 -shared -fPIC -I$CUDA/include bench/tools/cupti_trace.cpp \
-//     -L$CUDA/lib64 -lcupti -o cupti_trace.so
-//     -DKERNEL_RECORD=CUpti_ActivityKernel9
+//     -L$CUDA/lib64 -lcupti -o cupti_trace.so \
+//     -DKERNEL_RECORD=CUpti_ActivityKernel10
 //   CUDA_INJECTION64_PATH=$PWD/cupti_trace.so NF_TRACE_CSV=trace.csv \
 //     nfrun bench ...
 //
-// KERNEL_RECORD: the CUPTI kernel record version of the toolkit (the fields
-// read here are in every version since 4).
+// KERNEL_RECORD: a CUPTI kernel record version the toolkit declares
+// (CUDA 13.0: up to 10; the fields read here are in every version since 4).
 #include <cupti.h>
 
 #include <cstdio>
