@@ -367,13 +367,19 @@ private:
   /// is `a`'s blocks followed by the variant's, each part on its slice
   /// (nf::Step::block()). `aBlocks(t)`: the blocks `a` needs for steps of up
   /// to t tokens (its grid serves the step's most tokens). Both must be
-  /// co-launchable templates with the same block size; they replace `a` and
-  /// the variants, in `a`'s place.
+  /// co-launchable templates with the same block size, and `a` must run for
+  /// every step size (the merged launches take the variants' token ranges);
+  /// they replace `a` and the variants, in `a`'s place.
   void coLaunch(size_t a, size_t b, size_t nb,
                 const std::function<uint32_t(int64_t)> &aBlocks) {
     std::vector<CudaLaunchInfo> merged;
     std::vector<FunctionText> mergedText;
     const CudaLaunchInfo la = launches[a];
+    if (la.minTokens || la.maxTokens) {
+      internalError = "co-launch of " + la.function +
+                      ", which runs for some step sizes only";
+      return;
+    }
     for (size_t v = b; v < b + nb; ++v) {
       const CudaLaunchInfo &lb = launches[v];
       if (lb.block != la.block) {
