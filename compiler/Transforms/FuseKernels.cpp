@@ -94,7 +94,7 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
     SmallVector<std::pair<SmallVector<Operation *>, std::string>> groups;
     for (Operation *op : ops) {
       // A hoisted shared expert is claimed with its layer's router below.
-      if (claimed.contains(op) || routerOfShared.contains(op))
+      if (claimed.contains(op) || hoistedShared.contains(op))
         continue;
       auto [group, name] = match(op, decode);
       if (group.empty() || llvm::any_of(group, [&](Operation *o) {
@@ -120,7 +120,8 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
   /// ("moe_combine_add_rms_norm"). The shared expert reads only the router's
   /// input and weights, so the move keeps every use after its definition.
   void hoistSharedExperts(Block &entry) {
-    routerOfShared.clear();
+    sharedOfRouter.clear();
+    hoistedShared.clear();
     for (auto combine :
          llvm::make_early_inc_range(entry.getOps<moe::CombineOp>())) {
       auto [shared, add] = sharedExpertAdd(combine);
@@ -142,7 +143,8 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
           }))
         continue;
       shared->moveBefore(router);
-      routerOfShared[shared] = router;
+      sharedOfRouter[router] = shared;
+      hoistedShared.insert(shared);
     }
   }
 
@@ -161,8 +163,9 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
     return {combine, add, residual, norm};
   }
 
-  /// Decode shared experts moved before their layer's router.
-  llvm::DenseMap<Operation *, Operation *> routerOfShared;
+  /// Decode shared experts moved before their layer's router, by router.
+  llvm::DenseMap<Operation *, Operation *> sharedOfRouter;
+  llvm::DenseSet<Operation *> hoistedShared;
 
   /// The shared expert and the add of a MoE layer's result when `combine`'s
   /// rows are the add's other operand (each the add's only input from it).
@@ -188,10 +191,9 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
     if (auto router = dyn_cast<moe::RouterOp>(op))
       if (auto select = soleUser<moe::SelectOp>(router))
         if (auto dispatch = userOfType<moe::DispatchOp>(select)) {
-          for (auto [shared, r] : routerOfShared)
-            if (r == op)
-              return {{shared, router, select, dispatch},
-                      "moe_route_shared_expert"};
+          if (auto it = sharedOfRouter.find(op); it != sharedOfRouter.end())
+            return {{it->second, router, select, dispatch},
+                    "moe_route_shared_expert"};
           return {{router, select, dispatch}, "moe_route"};
         }
     if (isa<moe::ExpertUpOp>(op))
@@ -202,13 +204,12 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
     if (auto down = dyn_cast<moe::ExpertDownOp>(op))
       if (auto combine = soleUser<moe::CombineOp>(down)) {
         auto shared = sharedExpertAdd(combine).first;
-        if (!decode || !shared ||
-            !routerOfShared.contains(shared.getOperation()))
+        if (!decode || !shared || !hoistedShared.contains(shared))
           return {{down, combine}, "moe_expert_down_combine"};
       }
     if (auto combine = dyn_cast<moe::CombineOp>(op); combine && decode)
       if (auto shared = sharedExpertAdd(combine).first;
-          shared && routerOfShared.contains(shared.getOperation()))
+          shared && hoistedShared.contains(shared))
         return {combineAddNorm(combine), "moe_combine_add_rms_norm"};
     if (auto conv = dyn_cast<kv::CausalConvOp>(op);
         conv && conv.getMode() == "decode")
