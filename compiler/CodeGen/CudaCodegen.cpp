@@ -1119,9 +1119,12 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
   for (size_t l = l0; l < l2; ++l)
     sliceable = sliceable && functions[l].sliceable;
   // Other forms (e.g. f32 weights: the general linear, whose template
-  // indexes the whole grid) run one after the other.
-  if (!sliceable || variants == 0 || l1 - l0 != 2 * variants || l2 - l1 != 2 ||
-      !endsWith(launches[l1].function, "router_logits") ||
+  // indexes the whole grid) run one after the other, and so do routers of
+  // more than 256 experts: a co-launch's static shared memory is both
+  // parts' (the ranking's 16 bytes an expert beside the wide GEMV's ~41 KB)
+  // and must stay within 48 KB.
+  if (!sliceable || E > 256 || variants == 0 || l1 - l0 != 2 * variants ||
+      l2 - l1 != 2 || !endsWith(launches[l1].function, "router_logits") ||
       !endsWith(launches[l1 + 1].function, "moe_route"))
     return 1 + *n;
   // Logits: a warp per (token, expert), 8 a block; ranking: a block per
