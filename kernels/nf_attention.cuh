@@ -849,6 +849,185 @@ __device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
   }
 }
 
+/// Shared memory (dynamic) of kv_attend_split_mma, in bytes: per warp one
+/// f32 K tile and one V tile of 32 positions, rows padded to HD + 8 floats
+/// (the fragment reads of a half-warp then hit distinct banks).
+template <int HD, int WARPS>
+__host__ __device__ constexpr int kv_attend_split_mma_smem() {
+  return WARPS * 2 * 32 * (HD + 8) * 4;
+}
+
+/// kv_attend_split_gqa on tensor cores, for bf16 inputs (--matmul-inputs=
+/// bf16: Q, K, V and P rounded to bf16 as prefill attention rounds them):
+/// one warp per (token, kv head, split) whose REP <= 16 query heads are
+/// the 16 rows of mma's A, so S = Q K^T and O += P V of a 32-position tile
+/// are 2 * HD / 4 mma.sync m16n8k16 (FlashAttention-2's loop, as
+/// kv_attend_mma, with one query position per row and no causal mask
+/// within a split). Each K/V tile is copied into the warp's shared memory
+/// with cp.async (no registers held; the warps of an SM overlap each
+/// other's copies and products), its bf16 fragments built from the f32
+/// rows. The same splits (decode_splits with grouped queries from the
+/// first token) and partial results as kv_attend_split_gqa, merged by
+/// kv_attend_combine. (The SIMT form spent 65 us per Nano layer at batch
+/// 32 and 23 us at batch 1 walking 1K positions.)
+template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
+          int WARPS_TARGET>
+__device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
+                                    const float *vcache, float scale,
+                                    float *part) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int REP = NQ / NKV, ROW = NKV * HD, BP = 32, RS = HD + 8;
+  constexpr int NTS = BP / 8, NTO = HD / 8, KS = HD / 16;
+  static_assert(REP <= 16, "a kv head's query heads are one m16 tile");
+  static_assert(HD % 16 == 0, "head_dim must be a multiple of 16");
+  extern __shared__ float4 nf_attend_smem[];
+  const int lane = lane_id(), warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  float *sK = reinterpret_cast<float *>(nf_attend_smem) + warp * 2 * BP * RS;
+  float *sV = sK + BP * RS;
+  const int nsplit =
+      decode_splits<NQ, NKV, NSPLIT, WARPS_TARGET, 0>(a->num_tokens);
+  const long long items = static_cast<long long>(a->num_tokens) * NKV * nsplit;
+  auto bf16x2 = [](float x, float y) {
+    return pack_bf16x2(f32_to_bf16_rn(x), f32_to_bf16_rn(y));
+  };
+  for (long long item = global_warp(); item < items; item += grid_warps()) {
+    const int kvh = static_cast<int>(item % NKV);
+    const long long ts = item / NKV;
+    const int sp = static_cast<int>(ts % nsplit);
+    const int t = static_cast<int>(ts / nsplit);
+    const DecodeSlice sl = decode_slice(a, t, sp, nsplit);
+    // Q's A fragments (rows: the kv head's query heads; past REP zero).
+    const float *qk = q + static_cast<long long>(t) * NQ * HD + kvh * REP * HD;
+    unsigned qf[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int head = g + 8 * (r & 1), d = ks * 16 + 2 * c + 8 * (r >> 1);
+        const float2 v =
+            head < REP ? *reinterpret_cast<const float2 *>(qk + head * HD + d)
+                       : make_float2(0.0f, 0.0f);
+        qf[ks][r] = bf16x2(v.x, v.y);
+      }
+    float m[2] = {-f32_inf(), -f32_inf()}, l[2] = {0.0f, 0.0f};
+    float o[NTO][4];
+#pragma unroll
+    for (int n = 0; n < NTO; ++n)
+      o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int p0 = sl.p_begin; p0 < sl.p_end; p0 += BP) {
+      __syncwarp(); // the previous tile's fragments are read
+      // Row j of the tile: lanes copy its 16-byte pieces (zero past the
+      // split's end).
+      for (int j = 0; j < BP; ++j) {
+        const int p = p0 + j;
+        const bool valid = p < sl.p_end;
+        const long long off =
+            valid ? kv_position_offset<ROW, PS>(sl.pt, p) + kvh * HD : 0;
+        for (int d = 4 * lane; d < HD; d += 128) {
+          copy_async16_or_zero</*kL1=*/false>(sK + j * RS + d, kcache + off + d,
+                                              valid);
+          copy_async16_or_zero</*kL1=*/false>(sV + j * RS + d, vcache + off + d,
+                                              valid);
+        }
+      }
+      copy_async_commit();
+      copy_async_wait<0>();
+      __syncwarp();
+      // S = Q K^T: B fragments are K rows (n = position g of the n-tile).
+      float s[NTS][4];
+#pragma unroll
+      for (int n = 0; n < NTS; ++n) {
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        const float *kr = sK + (n * 8 + g) * RS + 2 * c;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+          const float2 k0 = *reinterpret_cast<const float2 *>(kr + ks * 16);
+          const float2 k1 = *reinterpret_cast<const float2 *>(kr + ks * 16 + 8);
+          mma_bf16(s[n], qf[ks], bf16x2(k0.x, k0.y), bf16x2(k1.x, k1.y));
+        }
+      }
+      // Scale, mask past the split's end, online softmax (rows g, g + 8).
+      float mx[2] = {-f32_inf(), -f32_inf()};
+#pragma unroll
+      for (int n = 0; n < NTS; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int p = p0 + n * 8 + 2 * c + (e & 1);
+          const float v = p < sl.p_end ? s[n][e] * scale : -f32_inf();
+          s[n][e] = v;
+          mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+      float corr[2], base[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float mn = fmaxf(m[h], mx[h]);
+        base[h] = mn == -f32_inf() ? 0.0f : mn;
+        corr[h] = expf(m[h] - base[h]);
+        m[h] = mn;
+      }
+      float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int n = 0; n < NTS; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float pe = expf(s[n][e] - base[e >> 1]);
+          s[n][e] = pe;
+          rs[e >> 1] += pe;
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 1);
+        rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 2);
+        l[h] = l[h] * corr[h] + rs[h];
+      }
+#pragma unroll
+      for (int n = 0; n < NTO; ++n) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+      }
+      // O += P V: B fragments are V columns (k = positions 2c, 2c + 1 and
+      // 2c + 8, 2c + 9 of the k-step, n = dimension g of the n-tile).
+#pragma unroll
+      for (int kk = 0; kk < BP / 16; ++kk) {
+        unsigned pf[1][4];
+        c_pair_to_a<1>(s[2 * kk], s[2 * kk + 1], pf);
+        const float *vr = sV + (kk * 16 + 2 * c) * RS + g;
+#pragma unroll
+        for (int n = 0; n < NTO; ++n) {
+          const float *v = vr + n * 8;
+          mma_bf16(o[n], pf[0], bf16x2(v[0], v[RS]),
+                   bf16x2(v[8 * RS], v[9 * RS]));
+        }
+      }
+    }
+    // The partial softmax of each query head (rows g, g + 8).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int head = g + 8 * h;
+      if (head >= REP)
+        continue;
+      float *po =
+          part +
+          ((static_cast<long long>(t) * NQ + kvh * REP + head) * NSPLIT + sp) *
+              (HD + 2);
+      if (c == 0) {
+        po[0] = m[h];
+        po[1] = l[h];
+      }
+#pragma unroll
+      for (int n = 0; n < NTO; ++n)
+        *reinterpret_cast<float2 *>(po + 2 + n * 8 + 2 * c) =
+            make_float2(o[n][2 * h], o[n][2 * h + 1]);
+    }
+  }
+#endif
+}
+
 /// out[t, h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M): one warp per
 /// (token, head). Each lane takes the (m, l) of splits lane, lane + 32, ...
 /// (M and the sum of l by warp reductions), then the lanes, which own

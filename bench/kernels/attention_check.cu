@@ -10,8 +10,14 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels \
 //     bench/kernels/attention_check.cu -o attention_check && ./attention_check
 //
+// Decode (one token per sequence, flash decoding): the tensor-core split
+// kernel (kv_attend_split_mma, bf16 inputs) and the f32 grouped-query one
+// (kv_attend_split_gqa; kv_attend_split under 4 tokens), each with
+// kv_attend_combine, against the same reference, then timed at batch 1 and
+// 32 with a 1K context.
+//
 // Exit status 1 when an output passes its bound relative to
-// max(1, max |reference|) (3 terms: 1e-4, 1 term: 2e-2).
+// max(1, max |reference|) (3 terms and f32: 1e-4, 1 term: 2e-2).
 #include "cuda_check.h"
 #include "nf_attention.cuh"
 
@@ -52,6 +58,37 @@ __global__ void __launch_bounds__(256)
     to_bf16(const nf_step_args *args, const float *k, const float *v,
             unsigned short *k16, unsigned short *v16) {
   nf::kv_rows_to_bf16<ROW, PS>(nf::Step{args, nullptr}, k, v, k16, v16);
+}
+
+// Decode: 132 SMs as in the generated plans (warps targets of the H200).
+constexpr int NSPLIT = 64, SIMT_TARGET = 132 * 64, MMA_TARGET = 132 * 16;
+__global__ void __launch_bounds__(256)
+    split_warp(const nf_step_args *args, const float *q, const float *k,
+               const float *v, float *part) {
+  nf::kv_attend_split<NQ, NKV, HD, PS, 8, NSPLIT, SIMT_TARGET, 4>(
+      nf::Step{args, nullptr}, q, k, v, SCALE, part);
+}
+__global__ void __launch_bounds__(128)
+    split_gqa(const nf_step_args *args, const float *q, const float *k,
+              const float *v, float *part) {
+  nf::kv_attend_split_gqa<NQ, NKV, HD, PS, 4, NSPLIT, SIMT_TARGET, 4>(
+      nf::Step{args, nullptr}, q, k, v, SCALE, part);
+}
+__global__ void __launch_bounds__(256)
+    combine_simt(const nf_step_args *args, const float *part, float *out) {
+  nf::kv_attend_combine<NQ, NKV, HD, NSPLIT, SIMT_TARGET, 4>(
+      nf::Step{args, nullptr}, part, out);
+}
+__global__ void __launch_bounds__(128)
+    split_mma(const nf_step_args *args, const float *q, const float *k,
+              const float *v, float *part) {
+  nf::kv_attend_split_mma<NQ, NKV, HD, PS, 4, NSPLIT, MMA_TARGET>(
+      nf::Step{args, nullptr}, q, k, v, SCALE, part);
+}
+__global__ void __launch_bounds__(256)
+    combine_mma(const nf_step_args *args, const float *part, float *out) {
+  nf::kv_attend_combine<NQ, NKV, HD, NSPLIT, MMA_TARGET, 0>(
+      nf::Step{args, nullptr}, part, out);
 }
 
 /// A prefill step of sequences with the given lengths, from the given start
@@ -132,7 +169,8 @@ std::vector<float> fetch(const float *p, size_t n) {
 int main() {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const size_t cacheRows = static_cast<size_t>(MAXT + 64 * PS) * 2;
+  // Pages for the prefill steps and for 32 decode contexts of up to 1.1K.
+  const size_t cacheRows = static_cast<size_t>(MAXT + 64 * PS) * 5;
   std::vector<float> q(static_cast<size_t>(MAXT) * NQ * HD),
       kc(cacheRows * ROW), vc(cacheRows * ROW);
   for (float &x : q)
@@ -199,6 +237,55 @@ int main() {
         [&](const Step &s) { run16<64>(s, dq, dk, dv, out); });
   check("cached prefix: KV16, 128 positions", 2e-2,
         [&](const Step &s) { run16<128>(s, dq, dk, dv, out); });
+
+  // Decode steps: one token per sequence at the end of its context.
+  float *part =
+      device_alloc<float>(static_cast<size_t>(64) * NQ * NSPLIT * (HD + 2));
+  auto decodeSimt = [&](const Step &s) {
+    if (s.tokens < 4)
+      split_warp<<<std::min(132 * 8, (s.tokens * NQ * NSPLIT + 7) / 8), 256>>>(
+          s.dev, dq, dk, dv, part);
+    else
+      split_gqa<<<std::min(132 * 8, (s.tokens * NKV * NSPLIT + 3) / 4), 128>>>(
+          s.dev, dq, dk, dv, part);
+    combine_simt<<<std::min(132 * 8, (s.tokens * NQ + 7) / 8), 256>>>(
+        s.dev, part, out);
+  };
+  constexpr int mmaSmem = nf::kv_attend_split_mma_smem<HD, 4>();
+  CHECK(cudaFuncSetAttribute(
+      split_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, mmaSmem));
+  auto decodeMma = [&](const Step &s) {
+    split_mma<<<std::min(132, (s.tokens * NKV * NSPLIT + 3) / 4), 128,
+                mmaSmem>>>(s.dev, dq, dk, dv, part);
+    combine_mma<<<std::min(132 * 8, (s.tokens * NQ + 7) / 8), 256>>>(s.dev,
+                                                                     part, out);
+  };
+  std::uniform_int_distribution<int> ctx(1, 1100);
+  std::vector<int> ones32(32, 1), starts32(32);
+  for (int &x : starts32)
+    x = ctx(rng) - 1;
+  starts32[0] = 0; // a context of one position
+  starts32[1] = 1023;
+  Step decode1({1}, rng, {1024}), decode32(ones32, rng, starts32);
+  for (const Step *st : {&decode1, &decode32}) {
+    against(*st);
+    check(st == &decode1 ? "decode batch 1, f32 split"
+                         : "decode batch 32, "
+                           "f32 split",
+          1e-4, decodeSimt);
+    check(st == &decode1 ? "decode batch 1, mma split (1 term)"
+                         : "decode batch 32, mma split (1 term)",
+          2e-2, decodeMma);
+  }
+  std::vector<int> starts32k(32, 1023);
+  Step decode32k(ones32, rng, starts32k);
+  for (const Step *st : {&decode1, &decode32k}) {
+    const char *b = st == &decode1 ? "batch 1" : "batch 32";
+    std::printf("decode %s, context 1025: f32 split + combine %.1f us, "
+                "mma split + combine %.1f us\n",
+                b, 1e3 * time_ms([&] { decodeSimt(*st); }, 50),
+                1e3 * time_ms([&] { decodeMma(*st); }, 50));
+  }
 
   Step longPrompt({MAXT}, rng);
   auto time = [](auto &&fn) { return time_ms(fn, 5); };
