@@ -1468,7 +1468,9 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
     // block an SM (the tiles), so its splits aim at 4 warps an SM.
     constexpr int64_t kMmaWarps = 4;
     const int64_t mmaSmem = kMmaWarps * 2 * 32 * (HD + 8) * 4;
-    if (opts.matmulTerms == 1 && rep <= 16 && HD % 16 == 0 &&
+    // (Every target sm_80 or later: before, the kernel has no body.)
+    if (opts.matmulTerms == 1 && opts.ampereOrLater && rep <= 16 &&
+        HD % 16 == 0 &&
         mmaSmem + kStaticSharedAllowance <= opts.maxSharedBytes) {
       const std::string mmaTarget = num(int64_t(opts.smCount) * kMmaWarps * 4);
       addLaunch(
