@@ -857,21 +857,23 @@ __host__ __device__ constexpr int kv_attend_split_mma_smem() {
   return WARPS * 2 * 32 * (HD + 8) * 4;
 }
 
-/// kv_attend_split_gqa on tensor cores, for bf16 inputs (--matmul-inputs=
-/// bf16: Q, K, V and P rounded to bf16 as prefill attention rounds them):
-/// one warp per (token, kv head, split) whose REP <= 16 query heads are
+/// kv_attend_split_gqa on tensor cores: one warp per (token, kv head,
+/// split) whose REP <= 16 query heads are
 /// the 16 rows of mma's A, so S = Q K^T and O += P V of a 32-position tile
 /// are 2 * HD / 4 mma.sync m16n8k16 (FlashAttention-2's loop, as
 /// kv_attend_mma, with one query position per row and no causal mask
 /// within a split). Each K/V tile is copied into the warp's shared memory
 /// with cp.async (no registers held; the warps of an SM overlap each
 /// other's copies and products), its bf16 fragments built from the f32
-/// rows. The same splits (decode_splits with grouped queries from the
+/// rows, in TERMS bf16 terms as kv_attend_mma: 3 (exact products, only
+/// the order of the f32 sums differs from the SIMT form) or 1 (bf16
+/// inputs: Q, K, V and P rounded to bf16 as prefill attention rounds
+/// them). The same splits (decode_splits with grouped queries from the
 /// first token) and partial results as kv_attend_split_gqa, merged by
 /// kv_attend_combine. (The SIMT form spent 65 us per Nano layer at batch
 /// 32 and 23 us at batch 1 walking 1K positions.)
 template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
-          int WARPS_TARGET>
+          int WARPS_TARGET, int TERMS = 1>
 __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
                                     const float *vcache, float scale,
                                     float *part) {
@@ -880,6 +882,7 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
   constexpr int NTS = BP / 8, NTO = HD / 8, KS = HD / 16;
   static_assert(REP <= 16, "a kv head's query heads are one m16 tile");
   static_assert(HD % 16 == 0, "head_dim must be a multiple of 16");
+  static_assert(TERMS == 1 || TERMS == 3, "1 or 3 bf16 terms");
   extern __shared__ float4 nf_attend_smem[];
   const int lane = lane_id(), warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -888,8 +891,14 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
   const int nsplit =
       decode_splits<NQ, NKV, NSPLIT, WARPS_TARGET, 0>(a->num_tokens);
   const long long items = static_cast<long long>(a->num_tokens) * NKV * nsplit;
-  auto bf16x2 = [](float x, float y) {
-    return pack_bf16x2(f32_to_bf16_rn(x), f32_to_bf16_rn(y));
+  // The TERMS bf16 terms of (x, y) as packed pairs.
+  auto terms2 = [](float x, float y, unsigned(&t)[TERMS]) {
+    unsigned short tx[3], ty[3];
+    split_bf16<TERMS>(x, tx);
+    split_bf16<TERMS>(y, ty);
+#pragma unroll
+    for (int te = 0; te < TERMS; ++te)
+      t[te] = pack_bf16x2(tx[te], ty[te]);
   };
   for (long long item = global_warp(); item < items; item += grid_warps()) {
     const int kvh = static_cast<int>(item % NKV);
@@ -899,7 +908,7 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
     const DecodeSlice sl = decode_slice(a, t, sp, nsplit);
     // Q's A fragments (rows: the kv head's query heads; past REP zero).
     const float *qk = q + static_cast<long long>(t) * NQ * HD + kvh * REP * HD;
-    unsigned qf[KS][4];
+    unsigned qf[KS][TERMS][4];
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
@@ -908,7 +917,11 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
         const float2 v =
             head < REP ? *reinterpret_cast<const float2 *>(qk + head * HD + d)
                        : make_float2(0.0f, 0.0f);
-        qf[ks][r] = bf16x2(v.x, v.y);
+        unsigned t[TERMS];
+        terms2(v.x, v.y, t);
+#pragma unroll
+        for (int te = 0; te < TERMS; ++te)
+          qf[ks][te][r] = t[te];
       }
     float m[2] = {-f32_inf(), -f32_inf()}, l[2] = {0.0f, 0.0f};
     float o[NTO][4];
@@ -944,7 +957,11 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
         for (int ks = 0; ks < KS; ++ks) {
           const float2 k0 = *reinterpret_cast<const float2 *>(kr + ks * 16);
           const float2 k1 = *reinterpret_cast<const float2 *>(kr + ks * 16 + 8);
-          mma_bf16(s[n], qf[ks], bf16x2(k0.x, k0.y), bf16x2(k1.x, k1.y));
+          unsigned b[2][TERMS];
+          terms2(k0.x, k0.y, b[0]);
+          terms2(k1.x, k1.y, b[1]);
+          mma_bf16_terms<TERMS>(s[n], qf[ks],
+                                [&](int t, int r) { return b[r][t]; });
         }
       }
       // Scale, mask past the split's end, online softmax (rows g, g + 8).
@@ -994,14 +1011,17 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
       // 2c + 8, 2c + 9 of the k-step, n = dimension g of the n-tile).
 #pragma unroll
       for (int kk = 0; kk < BP / 16; ++kk) {
-        unsigned pf[1][4];
-        c_pair_to_a<1>(s[2 * kk], s[2 * kk + 1], pf);
+        unsigned pf[TERMS][4];
+        c_pair_to_a<TERMS>(s[2 * kk], s[2 * kk + 1], pf);
         const float *vr = sV + (kk * 16 + 2 * c) * RS + g;
 #pragma unroll
         for (int n = 0; n < NTO; ++n) {
           const float *v = vr + n * 8;
-          mma_bf16(o[n], pf[0], bf16x2(v[0], v[RS]),
-                   bf16x2(v[8 * RS], v[9 * RS]));
+          unsigned b[2][TERMS];
+          terms2(v[0], v[RS], b[0]);
+          terms2(v[8 * RS], v[9 * RS], b[1]);
+          mma_bf16_terms<TERMS>(o[n], pf,
+                                [&](int t, int r) { return b[r][t]; });
         }
       }
     }

@@ -11,10 +11,10 @@
 //     bench/kernels/attention_check.cu -o attention_check && ./attention_check
 //
 // Decode (one token per sequence, flash decoding): the tensor-core split
-// kernel (kv_attend_split_mma, bf16 inputs) and the f32 grouped-query one
-// (kv_attend_split_gqa; kv_attend_split under 4 tokens), each with
-// kv_attend_combine, against the same reference, then timed at batch 1 and
-// 32 with a 1K context.
+// kernel (kv_attend_split_mma with 1 and 3 bf16 terms) and the f32
+// grouped-query one (kv_attend_split_gqa; kv_attend_split under 4 tokens),
+// each with kv_attend_combine, against the same reference, then timed at
+// batch 1 and 32 with a 1K context.
 //
 // Exit status 1 when an output passes its bound relative to
 // max(1, max |reference|) (3 terms and f32: 1e-4, 1 term: 2e-2).
@@ -79,10 +79,11 @@ __global__ void __launch_bounds__(256)
   nf::kv_attend_combine<NQ, NKV, HD, NSPLIT, SIMT_TARGET, 4>(
       nf::Step{args, nullptr}, part, out);
 }
+template <int TERMS>
 __global__ void __launch_bounds__(128)
     split_mma(const nf_step_args *args, const float *q, const float *k,
               const float *v, float *part) {
-  nf::kv_attend_split_mma<NQ, NKV, HD, PS, 4, NSPLIT, MMA_TARGET>(
+  nf::kv_attend_split_mma<NQ, NKV, HD, PS, 4, NSPLIT, MMA_TARGET, TERMS>(
       nf::Step{args, nullptr}, q, k, v, SCALE, part);
 }
 __global__ void __launch_bounds__(256)
@@ -253,13 +254,17 @@ int main() {
   };
   constexpr int mmaSmem = nf::kv_attend_split_mma_smem<HD, 4>();
   CHECK(cudaFuncSetAttribute(
-      split_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, mmaSmem));
-  auto decodeMma = [&](const Step &s) {
-    split_mma<<<std::min(132, (s.tokens * NKV * NSPLIT + 3) / 4), 128,
-                mmaSmem>>>(s.dev, dq, dk, dv, part);
+      split_mma<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, mmaSmem));
+  CHECK(cudaFuncSetAttribute(
+      split_mma<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, mmaSmem));
+  auto decodeMma = [&](const Step &s, auto kernel) {
+    kernel<<<std::min(132, (s.tokens * NKV * NSPLIT + 3) / 4), 128, mmaSmem>>>(
+        s.dev, dq, dk, dv, part);
     combine_mma<<<std::min(132 * 8, (s.tokens * NQ + 7) / 8), 256>>>(s.dev,
                                                                      part, out);
   };
+  auto decodeMma1 = [&](const Step &s) { decodeMma(s, split_mma<1>); };
+  auto decodeMma3 = [&](const Step &s) { decodeMma(s, split_mma<3>); };
   std::uniform_int_distribution<int> ctx(1, 1100);
   std::vector<int> ones32(32, 1), starts32(32);
   for (int &x : starts32)
@@ -275,16 +280,20 @@ int main() {
           1e-4, decodeSimt);
     check(st == &decode1 ? "decode batch 1, mma split (1 term)"
                          : "decode batch 32, mma split (1 term)",
-          2e-2, decodeMma);
+          2e-2, decodeMma1);
+    check(st == &decode1 ? "decode batch 1, mma split (3 terms)"
+                         : "decode batch 32, mma split (3 terms)",
+          1e-4, decodeMma3);
   }
   std::vector<int> starts32k(32, 1023);
   Step decode32k(ones32, rng, starts32k);
   for (const Step *st : {&decode1, &decode32k}) {
     const char *b = st == &decode1 ? "batch 1" : "batch 32";
     std::printf("decode %s, context 1025: f32 split + combine %.1f us, "
-                "mma split + combine %.1f us\n",
+                "mma split + combine %.1f us (1 term), %.1f us (3 terms)\n",
                 b, 1e3 * time_ms([&] { decodeSimt(*st); }, 50),
-                1e3 * time_ms([&] { decodeMma(*st); }, 50));
+                1e3 * time_ms([&] { decodeMma1(*st); }, 50),
+                1e3 * time_ms([&] { decodeMma3(*st); }, 50));
   }
 
   Step longPrompt({MAXT}, rng);

@@ -1462,35 +1462,36 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
     // 32 70 us against 132 with the per-head form's 8 splits (the combine
     // 19 against 11 us).
     const int64_t rep = *heads / NKV;
-    // bf16 inputs: tensor cores for every step size (kv_attend_split_mma:
-    // a warp per (token, kv head, split) whose query heads are mma's 16
-    // rows, K/V tiles through its shared memory), 4 warps a block and one
-    // block an SM (the tiles), so its splits aim at 4 warps an SM.
+    // On tensor cores for every step size where every target has them
+    // (kv_attend_split_mma: a warp per (token, kv head, split) whose query
+    // heads are mma's 16 rows, K/V tiles through its shared memory, in the
+    // plan's bf16 terms), 4 warps a block and one block an SM (the tiles),
+    // so its splits aim at 4 warps an SM. (Before sm_80 the kernel has no
+    // body.)
     constexpr int64_t kMmaWarps = 4;
     const int64_t mmaSmem = kMmaWarps * 2 * 32 * (HD + 8) * 4;
-    // (Every target sm_80 or later: before, the kernel has no body.)
-    if (opts.matmulTerms == 1 && opts.ampereOrLater && rep <= 16 &&
-        HD % 16 == 0 &&
+    if (opts.ampereOrLater && rep <= 16 && HD % 16 == 0 &&
         mmaSmem + kStaticSharedAllowance <= opts.maxSharedBytes) {
       const std::string mmaTarget = num(int64_t(opts.smCount) * kMmaWarps * 4);
-      addLaunch(
-          fnName(i, "attend_split_mma"),
-          gridOf(ceilDiv(maxTokens * NKV * kSplits, kMmaWarps),
-                 int64_t(opts.smCount)),
-          32 * kMmaWarps,
-          "  static_assert(nf::kv_attend_split_mma_smem<" + num(HD) + ", " +
-              num(kMmaWarps) + ">() == " + num(mmaSmem) +
-              ", \"shared memory size\");\n"
-              "  nf::kv_attend_split_mma<" +
-              num(*heads) + ", " + num(NKV) + ", " + num(HD) + ", " +
-              num(st->page_size()) + ", " + num(kMmaWarps) + ", " +
-              num(kSplits) + ", " + mmaTarget + ">(a, " + arenaPtr(in[1]) +
-              ", nf::storage(a, " + num(2 * op.storage()) +
-              "), nf::storage(a, " + num(2 * op.storage() + 1) + "), " +
-              floatLit(*scale) + ", " + partPtr + ");\n",
-          "nf_kv.attend (decode): a warp per (token, kv head, context "
-          "split), its " +
-              num(rep) + " query heads one mma tile, online softmax per split");
+      addLaunch(fnName(i, "attend_split_mma"),
+                gridOf(ceilDiv(maxTokens * NKV * kSplits, kMmaWarps),
+                       int64_t(opts.smCount)),
+                32 * kMmaWarps,
+                "  static_assert(nf::kv_attend_split_mma_smem<" + num(HD) +
+                    ", " + num(kMmaWarps) + ">() == " + num(mmaSmem) +
+                    ", \"shared memory size\");\n"
+                    "  nf::kv_attend_split_mma<" +
+                    num(*heads) + ", " + num(NKV) + ", " + num(HD) + ", " +
+                    num(st->page_size()) + ", " + num(kMmaWarps) + ", " +
+                    num(kSplits) + ", " + mmaTarget + ", " +
+                    num(opts.matmulTerms) + ">(a, " + arenaPtr(in[1]) +
+                    ", nf::storage(a, " + num(2 * op.storage()) +
+                    "), nf::storage(a, " + num(2 * op.storage() + 1) + "), " +
+                    floatLit(*scale) + ", " + partPtr + ");\n",
+                "nf_kv.attend (decode): a warp per (token, kv head, context "
+                "split), its " +
+                    num(rep) +
+                    " query heads one mma tile, online softmax per split");
       launches.back().sharedBytes = static_cast<uint32_t>(mmaSmem);
       addLaunch(
           fnName(i, "attend_combine"),
