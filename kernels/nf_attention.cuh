@@ -1048,65 +1048,94 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
 #endif
 }
 
-/// out[t, h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M): one warp per
-/// (token, head). Each lane takes the (m, l) of splits lane, lane + 32, ...
-/// (M and the sum of l by warp reductions), then the lanes, which own
-/// head dimensions, add the acc of every non-empty split with its factor
-/// (8 splits' loads in flight), splits in order.
-template <int NQ, int NKV, int HD, int NSPLIT, int WARPS_TARGET, int GQA_TOKENS>
+/// out[t, h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M): one block
+/// of WARPS warps per (token, head). Warp 0 takes the (m, l) of every split
+/// (lanes: splits lane, lane + 32, ...; M and the sum of l by warp
+/// reductions) and leaves each split's factor in shared memory; then warp
+/// w adds the acc of splits w, w + WARPS, ... with all of their loads in
+/// flight at once (the lanes own head dimensions), and warp 0 adds the
+/// warps' sums in order (a fixed order: deterministic). (A warp per (token,
+/// head) walking the splits in order took 7.5 us a layer at batch 1, its
+/// loads in several round trips.)
+template <int NQ, int NKV, int HD, int NSPLIT, int WARPS_TARGET, int GQA_TOKENS,
+          int WARPS = 8>
 __device__ void kv_attend_combine(Step a, const float *part, float *out) {
   constexpr int DPL = (HD + 31) / 32, SPL = (NSPLIT + 31) / 32;
-  const int lane = lane_id();
+  constexpr int SPW = (NSPLIT + WARPS - 1) / WARPS; // splits per warp
+  __shared__ float s_c[SPL * 32];
+  __shared__ float s_acc[WARPS][DPL * 32];
+  __shared__ float s_inv;
+  const int lane = lane_id(), warp = threadIdx.x >> 5;
   const int nsplit =
       decode_splits<NQ, NKV, NSPLIT, WARPS_TARGET, GQA_TOKENS>(a->num_tokens);
   const long long items = static_cast<long long>(a->num_tokens) * NQ;
-  for (long long item = global_warp(); item < items; item += grid_warps()) {
+  for (long long item = blockIdx.x; item < items; item += gridDim.x) {
     const float *p = part + item * NSPLIT * (HD + 2);
-    float ms[SPL], ls[SPL], M = -f32_inf();
+    if (warp == 0) {
+      float ms[SPL], ls[SPL], M = -f32_inf();
 #pragma unroll
-    for (int u = 0; u < SPL; ++u) {
-      const int sp = lane + 32 * u;
-      ms[u] = sp < nsplit ? p[sp * (HD + 2)] : -f32_inf();
-      ls[u] = sp < nsplit ? p[sp * (HD + 2) + 1] : 0.0f;
-      M = fmaxf(M, ms[u]);
-    }
-    M = warp_max(M);
-    float l = 0.0f, cs[SPL];
+      for (int u = 0; u < SPL; ++u) {
+        const int sp = lane + 32 * u;
+        ms[u] = sp < nsplit ? p[sp * (HD + 2)] : -f32_inf();
+        ls[u] = sp < nsplit ? p[sp * (HD + 2) + 1] : 0.0f;
+        M = fmaxf(M, ms[u]);
+      }
+      M = warp_max(M);
+      float l = 0.0f;
 #pragma unroll
-    for (int u = 0; u < SPL; ++u) {
-      cs[u] = ls[u] == 0.0f ? 0.0f : expf(ms[u] - M); // empty split: 0
-      l += ls[u] * cs[u];
+      for (int u = 0; u < SPL; ++u) {
+        const float c = ls[u] == 0.0f ? 0.0f : expf(ms[u] - M); // empty: 0
+        s_c[lane + 32 * u] = c;
+        l += ls[u] * c;
+      }
+      l = warp_sum(l);
+      if (lane == 0)
+        s_inv = 1.0f / l;
     }
-    l = warp_sum(l);
+    __syncthreads();
+    float v[SPW][DPL];
+#pragma unroll
+    for (int k = 0; k < SPW; ++k) {
+      const int sp = warp + k * WARPS;
+      const float *ps = p + sp * (HD + 2) + 2;
+#pragma unroll
+      for (int dd = 0; dd < DPL; ++dd) {
+        const int d = lane + 32 * dd;
+        v[k][dd] = sp < nsplit && d < HD ? ps[d] : 0.0f;
+      }
+    }
     float acc[DPL];
 #pragma unroll
     for (int dd = 0; dd < DPL; ++dd)
       acc[dd] = 0.0f;
 #pragma unroll
-    for (int u = 0; u < SPL; ++u) {
-#pragma unroll 8
-      for (int j = 0; j < 32; ++j) {
-        const int sp = 32 * u + j;
-        const float c = __shfl_sync(0xffffffffu, cs[u], j);
-        if (sp >= nsplit || c == 0.0f) // uniform over the warp
-          continue;
-        const float *ps = p + sp * (HD + 2) + 2;
+    for (int k = 0; k < SPW; ++k) {
+      const int sp = warp + k * WARPS;
+      const float c = sp < nsplit ? s_c[sp] : 0.0f;
+      if (c != 0.0f) // uniform over the warp; empty splits add nothing
 #pragma unroll
-        for (int dd = 0; dd < DPL; ++dd) {
-          const int d = lane + 32 * dd;
-          if (d < HD)
-            acc[dd] = fmaf(ps[d], c, acc[dd]);
-        }
+        for (int dd = 0; dd < DPL; ++dd)
+          acc[dd] = fmaf(v[k][dd], c, acc[dd]);
+    }
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd)
+      s_acc[warp][lane + 32 * dd] = acc[dd];
+    __syncthreads();
+    if (warp == 0) {
+      const float inv = s_inv;
+      float *o = out + item * HD;
+#pragma unroll
+      for (int dd = 0; dd < DPL; ++dd) {
+        const int d = lane + 32 * dd;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w)
+          sum += s_acc[w][d];
+        if (d < HD)
+          o[d] = sum * inv;
       }
     }
-    const float inv = 1.0f / l;
-    float *o = out + item * HD;
-#pragma unroll
-    for (int dd = 0; dd < DPL; ++dd) {
-      const int d = lane + 32 * dd;
-      if (d < HD)
-        o[d] = acc[dd] * inv;
-    }
+    __syncthreads(); // s_c, s_acc and s_inv are free for the next item
   }
 }
 

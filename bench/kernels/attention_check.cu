@@ -249,8 +249,7 @@ int main() {
     else
       split_gqa<<<std::min(132 * 8, (s.tokens * NKV * NSPLIT + 3) / 4), 128>>>(
           s.dev, dq, dk, dv, part);
-    combine_simt<<<std::min(132 * 8, (s.tokens * NQ + 7) / 8), 256>>>(
-        s.dev, part, out);
+    combine_simt<<<std::min(132 * 8, s.tokens * NQ), 256>>>(s.dev, part, out);
   };
   constexpr int mmaSmem = nf::kv_attend_split_mma_smem<HD, 4>();
   CHECK(cudaFuncSetAttribute(
@@ -260,8 +259,7 @@ int main() {
   auto decodeMma = [&](const Step &s, auto kernel) {
     kernel<<<std::min(132, (s.tokens * NKV * NSPLIT + 3) / 4), 128, mmaSmem>>>(
         s.dev, dq, dk, dv, part);
-    combine_mma<<<std::min(132 * 8, (s.tokens * NQ + 7) / 8), 256>>>(s.dev,
-                                                                     part, out);
+    combine_mma<<<std::min(132 * 8, s.tokens * NQ), 256>>>(s.dev, part, out);
   };
   auto decodeMma1 = [&](const Step &s) { decodeMma(s, split_mma<1>); };
   auto decodeMma3 = [&](const Step &s) { decodeMma(s, split_mma<3>); };

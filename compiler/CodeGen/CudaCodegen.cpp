@@ -1495,12 +1495,12 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
       launches.back().sharedBytes = static_cast<uint32_t>(mmaSmem);
       addLaunch(
           fnName(i, "attend_combine"),
-          gridOf(ceilDiv(maxTokens * *heads, 8), int64_t(opts.smCount) * 8),
-          256,
+          gridOf(maxTokens * *heads, int64_t(opts.smCount) * 8), 256,
           "  nf::kv_attend_combine<" + num(*heads) + ", " + num(NKV) + ", " +
               num(HD) + ", " + num(kSplits) + ", " + mmaTarget + ", 0>(a, " +
               partPtr + ", " + arenaPtr(out[0]) + ");\n",
-          "nf_kv.attend (decode): the splits' softmaxes merged");
+          "nf_kv.attend (decode): the splits' softmaxes merged, a block per "
+          "(token, head)");
       return size_t(1);
     }
     constexpr int64_t kGqaWarps = 4, kGqaTokens = 4;
@@ -1542,13 +1542,15 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                 "split) for its " +
                     num(rep) + " query heads, online softmax per split",
                 uint32_t(kGqaTokens), 0);
+    // The combine: a block of 8 warps per (token, head).
     addLaunch(
         fnName(i, "attend_combine"),
-        gridOf(ceilDiv(maxTokens * *heads, 8), int64_t(opts.smCount) * 8), 256,
+        gridOf(maxTokens * *heads, int64_t(opts.smCount) * 8), 256,
         "  nf::kv_attend_combine<" + num(*heads) + ", " + num(NKV) + ", " +
             num(HD) + ", " + num(kSplits) + ", " + warpsTarget + ", " +
             gqaFrom + ">(a, " + partPtr + ", " + arenaPtr(out[0]) + ");\n",
-        "nf_kv.attend (decode): the splits' softmaxes merged");
+        "nf_kv.attend (decode): the splits' softmaxes merged, a block per "
+        "(token, head)");
     return size_t(1);
   }
   // Prefill on tensor cores (FlashAttention-2 loop, nf_attention.cuh) when
