@@ -322,6 +322,61 @@ __device__ void kv_rows_to_bf16(Step a, const float *kcache,
   }
 }
 
+/// One tile of FlashAttention's online softmax on mma C fragments s (rows g
+/// and g + 8 of a warp's 16; a row's columns are spread over its quad of
+/// lanes): s = S * scale where keep(col, h) for column col (n * 8 + 2c +
+/// (e & 1)) of row g + 8h, else -inf; the rows' running maxima m and sums l
+/// move on; s becomes the exponentials (P) and the output fragments o are
+/// rescaled. (The prefill and decode tensor-core kernels share it.)
+template <int NTS, int NTO, class Keep>
+__device__ __forceinline__ void
+online_softmax_tile(float (&s)[NTS][4], float scale, Keep keep, float (&m)[2],
+                    float (&l)[2], float (&o)[NTO][4]) {
+  const int c = lane_id() & 3;
+  float mx[2] = {-f32_inf(), -f32_inf()};
+#pragma unroll
+  for (int n = 0; n < NTS; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float v =
+          keep(n * 8 + 2 * c + (e & 1), e >> 1) ? s[n][e] * scale : -f32_inf();
+      s[n][e] = v;
+      mx[e >> 1] = fmaxf(mx[e >> 1], v);
+    }
+  float corr[2], base[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    const float mn = fmaxf(m[h], mx[h]);
+    base[h] = mn == -f32_inf() ? 0.0f : mn; // no row value yet
+    corr[h] = expf(m[h] - base[h]);
+    m[h] = mn;
+  }
+  float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int n = 0; n < NTS; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float pe = expf(s[n][e] - base[e >> 1]);
+      s[n][e] = pe;
+      rs[e >> 1] += pe;
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 1);
+    rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 2);
+    l[h] = l[h] * corr[h] + rs[h];
+  }
+#pragma unroll
+  for (int n = 0; n < NTO; ++n) {
+    o[n][0] *= corr[0];
+    o[n][1] *= corr[0];
+    o[n][2] *= corr[1];
+    o[n][3] *= corr[1];
+  }
+}
+
 /// Prefill attention on tensor cores (sm_80+; FlashAttention-2's loop with
 /// mma.sync m16n8k16). The rows of a kv head's problem are its (token,
 /// query head) pairs in token order, so the REP query heads that share the
@@ -549,49 +604,12 @@ __device__ void kv_attend_mma(Step a, const float *q, const float *kcache,
         }
         // Causal mask, scale and online softmax (rows g and g + 8).
         const bool full = p0 + BP - 1 <= lo;
-        float mx[2] = {-f32_inf(), -f32_inf()};
-#pragma unroll
-        for (int n = 0; n < NTS; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int p = p0 + n * 8 + 2 * c + (e & 1);
-            const int rp = e < 2 ? pos0 : pos1;
-            const float v = full || p <= rp ? s[n][e] * scale : -f32_inf();
-            s[n][e] = v;
-            mx[e >> 1] = fmaxf(mx[e >> 1], v);
-          }
-        float corr[2], base[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-          const float mn = fmaxf(m[h], mx[h]);
-          base[h] = mn == -f32_inf() ? 0.0f : mn; // no row value yet
-          corr[h] = expf(m[h] - base[h]);
-          m[h] = mn;
-        }
-        float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int n = 0; n < NTS; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float pe = expf(s[n][e] - base[e >> 1]);
-            s[n][e] = pe;
-            rs[e >> 1] += pe;
-          }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 1);
-          rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 2);
-          l[h] = l[h] * corr[h] + rs[h];
-        }
-#pragma unroll
-        for (int n = 0; n < NTO; ++n) {
-          o[n][0] *= corr[0];
-          o[n][1] *= corr[0];
-          o[n][2] *= corr[1];
-          o[n][3] *= corr[1];
-        }
+        online_softmax_tile(
+            s, scale,
+            [&](int col, int h) {
+              return full || p0 + col <= (h == 0 ? pos0 : pos1);
+            },
+            m, l, o);
         // O += P V: P's C fragments of position tiles 2kk, 2kk + 1 are the
         // A fragment of k-step kk.
 #pragma unroll
@@ -965,48 +983,8 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
         }
       }
       // Scale, mask past the split's end, online softmax (rows g, g + 8).
-      float mx[2] = {-f32_inf(), -f32_inf()};
-#pragma unroll
-      for (int n = 0; n < NTS; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int p = p0 + n * 8 + 2 * c + (e & 1);
-          const float v = p < sl.p_end ? s[n][e] * scale : -f32_inf();
-          s[n][e] = v;
-          mx[e >> 1] = fmaxf(mx[e >> 1], v);
-        }
-      float corr[2], base[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float mn = fmaxf(m[h], mx[h]);
-        base[h] = mn == -f32_inf() ? 0.0f : mn;
-        corr[h] = expf(m[h] - base[h]);
-        m[h] = mn;
-      }
-      float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int n = 0; n < NTS; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float pe = expf(s[n][e] - base[e >> 1]);
-          s[n][e] = pe;
-          rs[e >> 1] += pe;
-        }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 1);
-        rs[h] += __shfl_xor_sync(0xffffffffu, rs[h], 2);
-        l[h] = l[h] * corr[h] + rs[h];
-      }
-#pragma unroll
-      for (int n = 0; n < NTO; ++n) {
-        o[n][0] *= corr[0];
-        o[n][1] *= corr[0];
-        o[n][2] *= corr[1];
-        o[n][3] *= corr[1];
-      }
+      online_softmax_tile(
+          s, scale, [&](int col, int) { return p0 + col < sl.p_end; }, m, l, o);
       // O += P V: B fragments are V columns (k = positions 2c, 2c + 1 and
       // 2c + 8, 2c + 9 of the k-step, n = dimension g of the n-tile).
 #pragma unroll

@@ -1449,18 +1449,25 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
     const int64_t part =
         newScratch(maxTokens * *heads * kSplits * (HD + 2) * 4);
     const std::string partPtr = "nf::arena<float>(a, " + num(part) + "ll)";
-    // Grouped queries (2 to 16 query heads per kv head), from kGqaTokens
-    // tokens: a warp per (token, kv head, split) takes all of the kv head's
-    // query heads, reading each K/V row once for them (its queries and
-    // exponentials in static shared memory, 4 warps a block). Measured on
-    // the H200 (Nano shape): batch 32 128 us per layer against 269 for a
-    // warp per head, but batch 1 39 against 23 (its 64 warps each walk 16
-    // heads where the per-head form has 2048 warps), so up to 3 tokens keep
-    // a warp per head (about even at 4, where the fixtures' batched decode
-    // steps then check the grouped form). The grouped form takes its own
-    // split count (decode_splits: 16 warps an SM, not 64 / 16 heads): batch
-    // 32 70 us against 132 with the per-head form's 8 splits (the combine
-    // 19 against 11 us).
+    // Every split launch: (q, K cache, V cache, scale, partials).
+    const std::string splitArgs = ">(a, " + arenaPtr(in[1]) +
+                                  ", nf::storage(a, " + num(2 * op.storage()) +
+                                  "), nf::storage(a, " +
+                                  num(2 * op.storage() + 1) + "), " +
+                                  floatLit(*scale) + ", " + partPtr + ");\n";
+    // The combine: a block of 8 warps per (token, head), with the split
+    // count's parameters of the split launches.
+    auto addCombine = [&](const std::string &target,
+                          const std::string &gqaFrom) {
+      addLaunch(fnName(i, "attend_combine"),
+                gridOf(maxTokens * *heads, int64_t(opts.smCount) * 8), 256,
+                "  nf::kv_attend_combine<" + num(*heads) + ", " + num(NKV) +
+                    ", " + num(HD) + ", " + num(kSplits) + ", " + target +
+                    ", " + gqaFrom + ">(a, " + partPtr + ", " +
+                    arenaPtr(out[0]) + ");\n",
+                "nf_kv.attend (decode): the splits' softmaxes merged, a block "
+                "per (token, head)");
+    };
     const int64_t rep = *heads / NKV;
     // On tensor cores for every step size where every target has them
     // (kv_attend_split_mma: a warp per (token, kv head, split) whose query
@@ -1484,25 +1491,27 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                     num(*heads) + ", " + num(NKV) + ", " + num(HD) + ", " +
                     num(st->page_size()) + ", " + num(kMmaWarps) + ", " +
                     num(kSplits) + ", " + mmaTarget + ", " +
-                    num(opts.matmulTerms) + ">(a, " + arenaPtr(in[1]) +
-                    ", nf::storage(a, " + num(2 * op.storage()) +
-                    "), nf::storage(a, " + num(2 * op.storage() + 1) + "), " +
-                    floatLit(*scale) + ", " + partPtr + ");\n",
+                    num(opts.matmulTerms) + splitArgs,
                 "nf_kv.attend (decode): a warp per (token, kv head, context "
                 "split), its " +
                     num(rep) +
                     " query heads one mma tile, online softmax per split");
       launches.back().sharedBytes = static_cast<uint32_t>(mmaSmem);
-      addLaunch(
-          fnName(i, "attend_combine"),
-          gridOf(maxTokens * *heads, int64_t(opts.smCount) * 8), 256,
-          "  nf::kv_attend_combine<" + num(*heads) + ", " + num(NKV) + ", " +
-              num(HD) + ", " + num(kSplits) + ", " + mmaTarget + ", 0>(a, " +
-              partPtr + ", " + arenaPtr(out[0]) + ");\n",
-          "nf_kv.attend (decode): the splits' softmaxes merged, a block per "
-          "(token, head)");
+      addCombine(mmaTarget, "0"); // grouped from the first token
       return size_t(1);
     }
+    // Grouped queries (2 to 16 query heads per kv head), from kGqaTokens
+    // tokens: a warp per (token, kv head, split) takes all of the kv head's
+    // query heads, reading each K/V row once for them (its queries and
+    // exponentials in static shared memory, 4 warps a block). Measured on
+    // the H200 (Nano shape): batch 32 128 us per layer against 269 for a
+    // warp per head, but batch 1 39 against 23 (its 64 warps each walk 16
+    // heads where the per-head form has 2048 warps), so up to 3 tokens keep
+    // a warp per head (about even at 4, where the fixtures' batched decode
+    // steps then check the grouped form). The grouped form takes its own
+    // split count (decode_splits: 16 warps an SM, not 64 / 16 heads): batch
+    // 32 70 us against 132 with the per-head form's 8 splits (the combine
+    // 19 against 11 us).
     constexpr int64_t kGqaWarps = 4, kGqaTokens = 4;
     const bool gqa = rep >= 2 && rep <= 16 && HD % 4 == 0 &&
                      kGqaWarps * rep * (HD + 32) * 4 <= 48 * 1024 &&
@@ -1519,10 +1528,7 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
         "  nf::kv_attend_split<" + num(*heads) + ", " + num(NKV) + ", " +
             num(HD) + ", " + num(st->page_size()) + ", " + num(perBlock) +
             ", " + num(kSplits) + ", " + warpsTarget + ", " + gqaFrom +
-            ">(a, " + arenaPtr(in[1]) + ", nf::storage(a, " +
-            num(2 * op.storage()) + "), nf::storage(a, " +
-            num(2 * op.storage() + 1) + "), " + floatLit(*scale) + ", " +
-            partPtr + ");\n",
+            splitArgs,
         "nf_kv.attend (decode): a warp per (token, head, context "
         "split), online softmax per split",
         0, gqa ? uint32_t(kGqaTokens - 1) : 0);
@@ -1534,23 +1540,12 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                 "  nf::kv_attend_split_gqa<" + num(*heads) + ", " + num(NKV) +
                     ", " + num(HD) + ", " + num(st->page_size()) + ", " +
                     num(kGqaWarps) + ", " + num(kSplits) + ", " + warpsTarget +
-                    ", " + gqaFrom + ">(a, " + arenaPtr(in[1]) +
-                    ", nf::storage(a, " + num(2 * op.storage()) +
-                    "), nf::storage(a, " + num(2 * op.storage() + 1) + "), " +
-                    floatLit(*scale) + ", " + partPtr + ");\n",
+                    ", " + gqaFrom + splitArgs,
                 "nf_kv.attend (decode): a warp per (token, kv head, context "
                 "split) for its " +
                     num(rep) + " query heads, online softmax per split",
                 uint32_t(kGqaTokens), 0);
-    // The combine: a block of 8 warps per (token, head).
-    addLaunch(
-        fnName(i, "attend_combine"),
-        gridOf(maxTokens * *heads, int64_t(opts.smCount) * 8), 256,
-        "  nf::kv_attend_combine<" + num(*heads) + ", " + num(NKV) + ", " +
-            num(HD) + ", " + num(kSplits) + ", " + warpsTarget + ", " +
-            gqaFrom + ">(a, " + partPtr + ", " + arenaPtr(out[0]) + ");\n",
-        "nf_kv.attend (decode): the splits' softmaxes merged, a block per "
-        "(token, head)");
+    addCombine(warpsTarget, gqaFrom);
     return size_t(1);
   }
   // Prefill on tensor cores (FlashAttention-2 loop, nf_attention.cuh) when
