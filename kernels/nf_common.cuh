@@ -167,6 +167,29 @@ __device__ __forceinline__ uint4 load_stream16(const void *p) {
   return v;
 }
 
+/// Asks L2 to fetch [p, p + bytes) (16-byte aligned, a multiple of 16) in
+/// 64 KiB pieces spread over the blocks of a launch (or of its slice of a
+/// co-launch): cp.async.bulk.prefetch on sm_90, nothing elsewhere. For
+/// bytes a later launch reads, fetched while the GPU's memory would
+/// otherwise idle (a chain of latency-bound launches).
+__device__ __forceinline__ void prefetch_l2(int block, int blocks,
+                                            const void *p, long long bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr long long kPiece = 64 * 1024;
+  if (threadIdx.x != 0)
+    return;
+  const char *base = static_cast<const char *>(p);
+  for (long long off = block * kPiece; off < bytes; off += blocks * kPiece) {
+    const unsigned n = static_cast<unsigned>(min(kPiece, bytes - off));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off),
+                 "r"(n)
+                 : "memory");
+  }
+#else
+  (void)block, (void)blocks, (void)p, (void)bytes;
+#endif
+}
+
 // ---------------------------------------------------------------------------
 // Asynchronous global -> shared copies (sm_80+: cp.async, so a block stages
 // its next chunk while it computes on the current one; older targets copy

@@ -1013,8 +1013,22 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
   }
 }
 
+/// skinny_linear's fold buffer, in floats (a multiple of 4): items of up
+/// to 16 rows (two 8-row n-tiles).
+template <int MT, int KW>
+__host__ __device__ constexpr int skinny_red_floats() {
+  return (KW > 1 ? KW / 2 : 1) * MT * 2 * 4 * 32;
+}
+/// Dynamic shared memory of skinny_linear<S, MT, *, KW, *, kStageX>, bytes.
+template <class S, int MT, int KW, bool kStageX>
+__host__ __device__ constexpr int skinny_smem() {
+  return skinny_red_floats<MT, KW>() * 4 +
+         (kStageX ? KW * SkinnyXRing<S, 2>::kPerWarp * 16 : 0);
+}
+
 /// y = x . W^T for groups of few rows (see above); launch with KW warps
-/// (the K split) per block. A group's rows past ROWS take further items.
+/// (the K split) per block and skinny_smem<...>() bytes of dynamic shared
+/// memory. A group's rows past ROWS take further items.
 /// The function waits for the launches before it itself (the generated
 /// wrapper does not): with rows from the step's arguments (dense weights),
 /// only after its first item's first K steps of weights are in flight
@@ -1032,10 +1046,12 @@ __device__ void skinny_linear(Step a) {
   constexpr int NTILES = (S::N + FT - 1) / FT;
   constexpr bool kEarly = S::kRowsFromArgs;
   __shared__ GroupItems<S> s_groups;
-  __shared__ __align__(
-      16) float s_red[(KW > 1 ? KW / 2 : 1) * MT * (ROWS / 8) * 4 * 32];
-  __shared__ uint4
-      s_xring[kStageX ? KW * SkinnyXRing<S, ROWS / 8>::kPerWarp : 1];
+  // The fold's partial sums, then the activation ring: dynamic, so that the
+  // two parts of a co-launch (each on its own blocks) share the bytes.
+  extern __shared__ float4 nf_skinny_smem[];
+  float *s_red = reinterpret_cast<float *>(nf_skinny_smem);
+  uint4 *s_xring =
+      reinterpret_cast<uint4 *>(s_red + skinny_red_floats<MT, KW>());
   if constexpr (!kEarly)
     wait_for_previous_grids(); // the groups are an earlier launch's output
   // Items per group: row chunks x feature tiles.

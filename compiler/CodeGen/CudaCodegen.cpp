@@ -200,6 +200,14 @@ public:
   StatusOr<CudaKernelSource> run(int64_t &scratchEnd);
 
 private:
+  /// Each launch's function, written after every spec (run()).
+  struct FunctionText {
+    std::string comment, body;
+    bool ownsStep = false; // the body declares its own nf::Step (co-launch)
+    /// Its template indexes blocks through nf::Step (block(), grid()), so
+    /// it can run on a slice of a co-launch's grid.
+    bool sliceable = false;
+  };
   // Diagnostics
   Status fail(size_t op, const std::string &message) const {
     std::string where =
@@ -362,14 +370,49 @@ private:
     l.programmatic = true;
     launches.push_back(l);
   }
+  /// Launches `a` and `b` as one launch: `a`'s first `ga` blocks, then
+  /// `b`'s grid, each part on its slice (nf::Step::block()); it takes `b`'s
+  /// token range. Both must be co-launchable templates with the same block
+  /// size.
+  using Merged = std::pair<CudaLaunchInfo, FunctionText>;
+  Merged sideBySide(size_t a, size_t b, uint32_t ga, const std::string &name) {
+    return sideBySideOf(launches[a], functions[a], launches[b], functions[b],
+                        ga, name);
+  }
+  Merged sideBySideOf(const CudaLaunchInfo &la, const FunctionText &fa,
+                      const CudaLaunchInfo &lb, const FunctionText &fb,
+                      uint32_t ga, const std::string &name) {
+    if (lb.block != la.block)
+      internalError = "co-launch of " + la.function + " and " + lb.function +
+                      " with different block sizes";
+    CudaLaunchInfo l = lb;
+    l.function = name;
+    l.grid = ga + lb.grid;
+    l.sharedBytes = std::max(la.sharedBytes, lb.sharedBytes);
+    auto part = [&](const FunctionText &f, uint32_t block0, uint32_t blocks) {
+      return "    const nf::Step a{args, " +
+             std::string(phase == "decode" ? "nullptr" : "arena") + ", " +
+             std::to_string(block0) + ", " + std::to_string(blocks) + "};\n" +
+             indent(f.body);
+    };
+    FunctionText f;
+    f.comment = fa.comment + ";\n// side by side with " + fb.comment;
+    f.body = "  if (blockIdx.x < " + std::to_string(ga) + "u) {\n" +
+             part(fa, 0, ga) + "  } else {\n" + part(fb, ga, lb.grid) + "  }\n";
+    f.ownsStep = true;
+    return std::make_pair(l, f);
+  }
+  /// A function name without its "dk<k>_op<i>_" prefix.
+  static std::string unprefixed(const std::string &fn) {
+    return fn.substr(fn.find('_', fn.find('_') + 1) + 1);
+  }
   /// Runs launches [b, b + nb) (variants of one op by step size) side by side
   /// with launch `a` (an independent op): one launch per variant whose grid
-  /// is `a`'s blocks followed by the variant's, each part on its slice
-  /// (nf::Step::block()). `aBlocks(t)`: the blocks `a` needs for steps of up
-  /// to t tokens (its grid serves the step's most tokens). Both must be
-  /// co-launchable templates with the same block size, and `a` must run for
-  /// every step size (the merged launches take the variants' token ranges);
-  /// they replace `a` and the variants, in `a`'s place.
+  /// is `a`'s blocks followed by the variant's (sideBySide). `aBlocks(t)`:
+  /// the blocks `a` needs for steps of up to t tokens (its grid serves the
+  /// step's most tokens). `a` must run for every step size (the merged
+  /// launches take the variants' token ranges); they replace `a` and the
+  /// variants, in `a`'s place.
   void coLaunch(size_t a, size_t b, size_t nb,
                 const std::function<uint32_t(int64_t)> &aBlocks) {
     std::vector<CudaLaunchInfo> merged;
@@ -382,31 +425,10 @@ private:
     }
     for (size_t v = b; v < b + nb; ++v) {
       const CudaLaunchInfo &lb = launches[v];
-      if (lb.block != la.block) {
-        internalError = "co-launch of " + la.function + " and " + lb.function +
-                        " with different block sizes";
-        return;
-      }
-      CudaLaunchInfo l = lb;
       const uint32_t ga = std::min<uint32_t>(
           la.grid, aBlocks(lb.maxTokens ? int64_t(lb.maxTokens) : maxTokens));
-      l.function = la.function + "_and_" +
-                   lb.function.substr(
-                       lb.function.find('_', lb.function.find('_') + 1) + 1);
-      l.grid = ga + lb.grid;
-      auto part = [&](const FunctionText &f, uint32_t block0, uint32_t blocks) {
-        return "    const nf::Step a{args, " +
-               std::string(phase == "decode" ? "nullptr" : "arena") + ", " +
-               std::to_string(block0) + ", " + std::to_string(blocks) + "};\n" +
-               indent(f.body);
-      };
-      FunctionText f;
-      f.comment = functions[a].comment + ";\n// side by side with " +
-                  functions[v].comment;
-      f.body = "  if (blockIdx.x < " + std::to_string(ga) + "u) {\n" +
-               part(functions[a], 0, ga) + "  } else {\n" +
-               part(functions[v], ga, lb.grid) + "  }\n";
-      f.ownsStep = true;
+      auto [l, f] =
+          sideBySide(a, v, ga, la.function + "_and_" + unprefixed(lb.function));
       merged.push_back(l);
       mergedText.push_back(f);
     }
@@ -419,6 +441,31 @@ private:
     launches.insert(launches.begin() + at, merged.begin(), merged.end());
     functions.insert(functions.begin() + at, mergedText.begin(),
                      mergedText.end());
+  }
+  /// Variant v of one op (launches [a, a + n)) side by side with variant v
+  /// of another ([b, b + n)), the same token ranges: `a`'s whole grid first.
+  /// Returns the n merged launches (the caller places them).
+  std::vector<Merged> pairVariants(size_t a, size_t b, size_t n) {
+    std::vector<Merged> merged;
+    for (size_t v = 0; v < n; ++v) {
+      const CudaLaunchInfo &la = launches[a + v], &lb = launches[b + v];
+      if (la.minTokens != lb.minTokens || la.maxTokens != lb.maxTokens)
+        internalError = "co-launch of " + la.function + " and " + lb.function +
+                        " for different step sizes";
+      // "dk6_op4_expert_up_wide" + "dk6_op0_shared_up_wide" ->
+      // "dk6_op4_expert_up_and_shared_up_wide".
+      const std::string nb = lb.function, na = unprefixed(la.function);
+      const size_t cut = nb.rfind('_');
+      const size_t cutA = na.rfind('_');
+      const bool suffixed = la.minTokens || la.maxTokens;
+      const std::string name =
+          suffixed && cut != std::string::npos && cutA != std::string::npos
+              ? nb.substr(0, cut) + "_and_" + na.substr(0, cutA) +
+                    nb.substr(cut)
+              : nb + "_and_" + na;
+      merged.push_back(sideBySide(a + v, b + v, la.grid, name));
+    }
+    return merged;
   }
   static std::string indent(const std::string &body) {
     std::string out;
@@ -494,14 +541,6 @@ private:
   std::set<int> outputs;
   std::set<std::string> includes;
   std::ostringstream text;
-  /// Each launch's function, written after every spec (run()).
-  struct FunctionText {
-    std::string comment, body;
-    bool ownsStep = false; // the body declares its own nf::Step (co-launch)
-    /// Its template indexes blocks through nf::Step (block(), grid()), so
-    /// it can run on a slice of a co-launch's grid.
-    bool sliceable = false;
-  };
   std::vector<FunctionText> functions;
   std::vector<CudaLaunchInfo> launches;
   int64_t scratchTop = 0;
@@ -668,22 +707,33 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     const int64_t narrowItems =
         (std::min(s.G, narrowRows) + 1) * ceilDiv(s.N, 16);
     const bool wide = maxTokens > kNarrowTokens;
-    addLaunch(fn + (wide ? "_narrow" : ""), gridOf(narrowItems, narrowCap),
-              32 * kWarps,
-              "  nf::skinny_linear<" + spec + ", 1, 4, " + num(kWarps) + ", " +
-                  terms + ">(a);\n",
-              comment, 0, wide ? kNarrowTokens : 0, /*bodyWaits=*/true);
-    functions.back().sliceable = true;
+    // Dynamic shared memory (nf::skinny_smem): the fold's sums and, when
+    // staged, the activation ring (the two parts of a co-launch share it).
+    auto variant = [&](const std::string &name, int64_t grid, int64_t mt,
+                       int64_t stages, bool stageX, uint32_t minT,
+                       uint32_t maxT) {
+      const int64_t smem = (kWarps / 2) * mt * 2 * 4 * 32 * 4 +
+                           (stageX ? kWarps * 2 * 2 * 2 * 32 * 16 : 0);
+      const std::string x = stageX ? "true" : "false";
+      addLaunch(name, static_cast<uint32_t>(grid), 32 * kWarps,
+                "  static_assert(nf::skinny_smem<" + spec + ", " + num(mt) +
+                    ", " + num(kWarps) + ", " + x + ">() == " + num(smem) +
+                    ", \"shared memory size\");\n"
+                    "  nf::skinny_linear<" +
+                    spec + ", " + num(mt) + ", " + num(stages) + ", " +
+                    num(kWarps) + ", " + terms + ", " + x + ">(a);\n",
+                comment, minT, maxT, /*bodyWaits=*/true);
+      launches.back().sharedBytes = static_cast<uint32_t>(smem);
+      functions.back().sliceable = true;
+    };
+    variant(fn + (wide ? "_narrow" : ""), gridOf(narrowItems, narrowCap), 1, 4,
+            false, 0, wide ? kNarrowTokens : 0);
     if (wide) {
       const int64_t items =
           (std::min(s.G, s.maxRows) + ceilDiv(s.maxRows, 16)) *
           ceilDiv(s.N, 32);
-      addLaunch(fn + "_wide", gridOf(items, cap), 32 * kWarps,
-                "  nf::skinny_linear<" + spec + ", 2, 2, " + num(kWarps) +
-                    ", " + terms + (opts.matmulTerms == 1 ? ", true" : "") +
-                    ">(a);\n",
-                comment, kNarrowTokens + 1, 0, /*bodyWaits=*/true);
-      functions.back().sliceable = true;
+      variant(fn + "_wide", gridOf(items, cap), 2, 2, opts.matmulTerms == 1,
+              kNarrowTokens + 1, 0);
     }
     return;
   }
@@ -1090,12 +1140,25 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   return consumed;
 }
 
-/// Decode's "moe_route_shared_expert": the shared expert's two GEMVs run
-/// side by side with the routing chain, whose launches leave most of the
-/// GPU idle (coLaunch): its up projection with the router's logits, its
-/// down projection with the ranking (moe_route); the dispatch follows.
-/// The layer's critical path loses two launches and the time of the
-/// logits and the ranking.
+/// Decode's "moe_route_shared_expert" and "moe_shared_and_routed_experts":
+/// the shared expert's GEMVs run side by side with other launches of its
+/// layer (sideBySide), which leave most of the GPU idle or read other
+/// weights.
+///  - Steps of few tokens (the narrow variants, or every step without the
+///    routed experts in the kernel): beside the routing chain, its up
+///    projection with the router's logits, its down projection with the
+///    ranking (moe_route); the dispatch follows.
+///  - Steps of more tokens (the wide variants, with the routed experts in
+///    the kernel): beside the routed projections of the same side (the
+///    launch of up projections, then of down projections), so the routing
+///    chain (logits, ranking, dispatch) waits for nothing but itself; the
+///    logits' blocks first ask L2 for the shared expert's weights, which the
+///    chain would otherwise leave the memory idle for.
+/// Measured on the H200 (Nano shape, bf16 inputs): batch 32 8.22 -> 7.95 ms,
+/// batch 64 12.6 -> 12.3, batch 1 and 8 unchanged; all steps beside the
+/// routed experts made batch 1 3.17 -> 3.37 ms (the shared expert then
+/// streams in the experts' launches instead of during the chain)
+/// (bench/results/2026-12-01b).
 StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
   const size_t l0 = launches.size();
   StatusOr<size_t> n = sharedExpert(i);
@@ -1110,6 +1173,23 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
   if (!n)
     return n;
   const size_t l2 = launches.size();
+  size_t consumed = 1 + *n;
+  // The rest of "moe_shared_and_routed_experts": dispatch, up, down.
+  const size_t d = i + consumed;
+  const bool withExperts = d + 2 < ops.size() &&
+                           opName(*ops[d]) == "nf_moe.dispatch" &&
+                           opName(*ops[d + 1]) == "nf_moe.expert_up" &&
+                           opName(*ops[d + 2]) == "nf_moe.expert_down";
+  size_t l3 = l2, l4 = l2, l5 = l2; // ends of dispatch, ups, downs
+  if (withExperts) {
+    for (size_t k = 0; k < 3; ++k) {
+      n = k == 0 ? dispatch(d) : expert(d + k, k == 1);
+      if (!n)
+        return n;
+      (k == 0 ? l3 : k == 1 ? l4 : l5) = launches.size();
+    }
+    consumed += 3;
+  }
   const int E = static_cast<int>(V(results(*ops[i + 1])[0]).cols);
   auto endsWith = [](const std::string &s, const std::string &tail) {
     return s.size() >= tail.size() &&
@@ -1121,19 +1201,72 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
   // Other forms (e.g. f32 weights: the general linear, whose template
   // indexes the whole grid) run one after the other, and so do routers of
   // more than 256 experts: a co-launch's static shared memory is both
-  // parts' (the ranking's 16 bytes an expert beside the wide GEMV's ~41 KB)
-  // and must stay within 48 KB.
+  // parts' (the ranking's 16 bytes an expert) and must stay within 48 KB.
   if (!sliceable || E > 256 || variants == 0 || l1 - l0 != 2 * variants ||
       l2 - l1 != 2 || !endsWith(launches[l1].function, "router_logits") ||
       !endsWith(launches[l1 + 1].function, "moe_route"))
-    return 1 + *n;
-  // Logits: a warp per (token, expert), 8 a block; ranking: a block per
-  // token. Ranking with the down projection first (the later indices).
-  coLaunch(l1 + 1, l0 + variants, variants,
-           [](int64_t t) { return static_cast<uint32_t>(t); });
-  coLaunch(l1 - variants, l0, variants,
-           [E](int64_t t) { return static_cast<uint32_t>(ceilDiv(t * E, 8)); });
-  return 1 + *n;
+    return consumed;
+  bool split = withExperts && variants == 2 && l3 - l2 == 1 && l4 - l3 == 2 &&
+               l5 - l4 == 2;
+  for (size_t l = l3; split && l < l5; ++l)
+    split = functions[l].sliceable;
+  if (!split) {
+    // Logits: a warp per (token, expert), 8 a block; ranking: a block per
+    // token. Ranking with the down projection first (the later indices).
+    coLaunch(l1 + 1, l0 + variants, variants,
+             [](int64_t t) { return static_cast<uint32_t>(t); });
+    coLaunch(l1 - variants, l0, variants, [E](int64_t t) {
+      return static_cast<uint32_t>(ceilDiv(t * E, 8));
+    });
+    return consumed;
+  }
+  // Variant 0 (narrow) and 1 (wide) of each GEMV; the routing launches run
+  // for every step size, so each takes a copy per token range.
+  const CudaLaunchInfo narrow = launches[l0], wide = launches[l0 + 1];
+  auto ranged = [&](size_t l, const CudaLaunchInfo &range, int64_t blocks,
+                    const std::string &suffix) {
+    CudaLaunchInfo r = launches[l];
+    r.grid = std::min<uint32_t>(r.grid, static_cast<uint32_t>(blocks));
+    r.minTokens = range.minTokens;
+    r.maxTokens = range.maxTokens;
+    r.function += suffix;
+    return r;
+  };
+  auto named = [&](const CudaLaunchInfo &a, size_t b) {
+    return a.function + "_and_" + unprefixed(launches[b].function);
+  };
+  std::string prefetch;
+  for (int w : {operands(*ops[i])[1], operands(*ops[i])[2]})
+    if (weightType(w) == std::optional<std::string>("nf::bf16"))
+      prefetch += "  nf::prefetch_l2(a.block(), a.grid(), " + weightPtr(w) +
+                  ", " + num(weightNumel(w) * 2) + "ll);\n";
+  std::vector<Merged> seq;
+  const CudaLaunchInfo logitsNarrow =
+      ranged(l1, narrow, ceilDiv(int64_t(narrow.maxTokens) * E, 8), "");
+  seq.push_back(sideBySideOf(logitsNarrow, functions[l1], narrow, functions[l0],
+                             logitsNarrow.grid, named(logitsNarrow, l0)));
+  FunctionText logitsWide = functions[l1];
+  logitsWide.body = prefetch + logitsWide.body; // before its wait
+  seq.push_back({ranged(l1, wide, launches[l1].grid, "_wide"), logitsWide});
+  const CudaLaunchInfo routeNarrow =
+      ranged(l1 + 1, narrow, narrow.maxTokens, "");
+  seq.push_back(sideBySideOf(routeNarrow, functions[l1 + 1], launches[l0 + 2],
+                             functions[l0 + 2], routeNarrow.grid,
+                             named(routeNarrow, l0 + 2)));
+  seq.push_back({ranged(l1 + 1, wide, launches[l1 + 1].grid, "_wide"),
+                 functions[l1 + 1]});
+  seq.push_back({launches[l2], functions[l2]}); // dispatch
+  seq.push_back({launches[l3], functions[l3]}); // routed up, narrow
+  seq.push_back(pairVariants(l0 + 1, l3 + 1, 1)[0]);
+  seq.push_back({launches[l4], functions[l4]}); // routed down, narrow
+  seq.push_back(pairVariants(l0 + 3, l4 + 1, 1)[0]);
+  launches.resize(l0);
+  functions.resize(l0);
+  for (auto &[l, f] : seq) {
+    launches.push_back(l);
+    functions.push_back(f);
+  }
+  return consumed;
 }
 
 StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {

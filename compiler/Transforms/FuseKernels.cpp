@@ -191,9 +191,22 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
     if (auto router = dyn_cast<moe::RouterOp>(op))
       if (auto select = soleUser<moe::SelectOp>(router))
         if (auto dispatch = userOfType<moe::DispatchOp>(select)) {
-          if (auto it = sharedOfRouter.find(op); it != sharedOfRouter.end())
+          if (auto it = sharedOfRouter.find(op); it != sharedOfRouter.end()) {
+            // With the routed experts when their projections follow the
+            // dispatch: the code generator runs each of the shared expert's
+            // GEMVs beside the routed one of the same side (up, down), not
+            // in the routing chain, whose launches then wait for nothing
+            // but the logits.
+            auto up = userOfType<moe::ExpertUpOp>(dispatch);
+            auto down =
+                up ? soleUser<moe::ExpertDownOp>(up) : moe::ExpertDownOp();
+            if (up && down && up.getDispatch() == dispatch.getResult() &&
+                down.getDispatch() == dispatch.getResult())
+              return {{it->second, router, select, dispatch, up, down},
+                      "moe_shared_and_routed_experts"};
             return {{it->second, router, select, dispatch},
                     "moe_route_shared_expert"};
+          }
           return {{router, select, dispatch}, "moe_route"};
         }
     if (isa<moe::ExpertUpOp>(op))

@@ -52,25 +52,25 @@
 // CHECK-NEXT: nf.yield
 
 // With a shared expert (and no latent projection after the combine), decode
-// moves the shared expert next to its layer's router and fuses them (the
-// code generator runs its GEMVs in the routing chain's launches), and the
-// layer's end (combine, the add of the shared rows, the residual add) joins
-// the next RMSNorm; prefill keeps the combine with the routed down projection.
+// moves the shared expert next to its layer's router and fuses it with the
+// routing chain and the routed experts' projections (the code generator runs
+// its GEMVs beside launches of that kernel), and the layer's end (combine,
+// the add of the shared rows, the residual add) joins the next RMSNorm;
+// prefill keeps the combine with the routed down projection.
 // SHARED-LABEL: func.func @prefill
 // SHARED: nf.kernel "moe_expert_down_combine"
 // SHARED: nf.kernel "moe_shared_expert_add"
 // SHARED-LABEL: func.func @decode
-// SHARED: nf.kernel "moe_route_shared_expert"
+// SHARED: nf.kernel "moe_shared_and_routed_experts"
 // SHARED-NEXT: ^bb0
 // SHARED-NEXT: %[[S:.*]] = nf_moe.shared_expert
 // SHARED-NEXT: nf_moe.router
 // SHARED-NEXT: nf_moe.select
 // SHARED-NEXT: %[[D:.*]] = nf_moe.dispatch
-// SHARED-NEXT: nf.yield %[[S]], %{{.*}}, %[[D]]
-// SHARED: nf.kernel "nf_moe_expert_down"
-// SHARED-NEXT: ^bb0
-// SHARED-NEXT: nf_moe.expert_down
-// SHARED-NEXT: nf.yield
+// SHARED-NEXT: %[[U:.*]] = nf_moe.expert_up %{{.*}}, %[[D]]
+// SHARED-NEXT: %[[E:.*]] = nf_moe.expert_down %[[U]], %[[D]]
+// SHARED-NEXT: nf.yield %[[S]], %{{.*}}, %[[D]], %[[E]]
+// SHARED-NOT: nf.kernel "nf_moe_expert_down"
 // SHARED: nf.kernel "moe_combine_add_rms_norm"
 // SHARED-NEXT: ^bb0
 // SHARED-NEXT: %[[C:.*]] = nf_moe.combine
