@@ -1245,9 +1245,14 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
       ranged(l1, narrow, ceilDiv(int64_t(narrow.maxTokens) * E, 8), "");
   seq.push_back(sideBySideOf(logitsNarrow, functions[l1], narrow, functions[l0],
                              logitsNarrow.grid, named(logitsNarrow, l0)));
+  // (A warp per 4 tokens x 4 experts for the wide logits, each gate row
+  // read once per 4 tokens, made batch 32 slower on the H200: 8.01 -> 8.23
+  // ms, bench/results/2026-12-01b/ab-router-tiled.)
   FunctionText logitsWide = functions[l1];
   logitsWide.body = prefetch + logitsWide.body; // before its wait
-  seq.push_back({ranged(l1, wide, launches[l1].grid, "_wide"), logitsWide});
+  const CudaLaunchInfo logitsWideLaunch =
+      ranged(l1, wide, launches[l1].grid, "_wide");
+  seq.push_back({logitsWideLaunch, logitsWide});
   const CudaLaunchInfo routeNarrow =
       ranged(l1 + 1, narrow, narrow.maxTokens, "");
   seq.push_back(sideBySideOf(routeNarrow, functions[l1 + 1], launches[l0 + 2],
