@@ -17,13 +17,11 @@ CARRY="${1:-build-gpu-carry}"
 case "$CARRY" in /*) ;; *) CARRY="$REPO/$CARRY" ;; esac
 build="${NF_BUILD_DIR:-$REPO/build}"
 nfc="$build/bin/nfc"
-# The fixtures, pydoc-moe and the binaries (scripts/gpu_check.sh prepare).
+# The fixtures, pydoc-moe (exact and bf16 inputs) and the binaries
+# (scripts/gpu_check.sh prepare).
 bash "$REPO/scripts/gpu_check.sh" prepare "$CARRY"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-"$nfc" import "$REPO/examples/pydoc-moe" -o "$work/pydoc.mlir"
-"$nfc" compile "$work/pydoc.mlir" --target=cuda:sm_90 --matmul-inputs=bf16 \
-  -o "$CARRY/plans/pydoc-moe-bf16.nfb"
 python3 "$REPO/bench/make_nano_shape.py" "$work/nano" > /dev/null
 "$nfc" import "$work/nano" -o "$work/nano.mlir"
 for inputs in exact bf16; do

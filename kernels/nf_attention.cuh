@@ -1036,8 +1036,8 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
 /// head) walking the splits in order took 7.5 us a layer at batch 1, its
 /// loads in several round trips.)
 template <int NQ, int NKV, int HD, int NSPLIT, int WARPS_TARGET, int GQA_TOKENS,
-          int WARPS = 8>
-__device__ void kv_attend_combine(Step a, const float *part, float *out) {
+          int WARPS = 8, class O = float *>
+__device__ void kv_attend_combine(Step a, const float *part, O out) {
   constexpr int DPL = (HD + 31) / 32, SPL = (NSPLIT + 31) / 32;
   constexpr int SPW = (NSPLIT + WARPS - 1) / WARPS; // splits per warp
   __shared__ float s_c[SPL * 32];
@@ -1101,7 +1101,7 @@ __device__ void kv_attend_combine(Step a, const float *part, float *out) {
     __syncthreads();
     if (warp == 0) {
       const float inv = s_inv;
-      float *o = out + item * HD;
+      const O o = out + item * HD; // f32 rows, or with a copy (store_act)
 #pragma unroll
       for (int dd = 0; dd < DPL; ++dd) {
         const int d = lane + 32 * dd;
@@ -1110,7 +1110,7 @@ __device__ void kv_attend_combine(Step a, const float *part, float *out) {
         for (int w = 0; w < WARPS; ++w)
           sum += s_acc[w][d];
         if (d < HD)
-          o[d] = sum * inv;
+          store_act(o + d, sum * inv);
       }
     }
     __syncthreads(); // s_c, s_acc and s_inv are free for the next item

@@ -135,6 +135,54 @@ __device__ __forceinline__ void store_act2(unsigned short *p, float v0,
       (static_cast<unsigned>(f32_to_bf16_rn(v1)) << 16);
 }
 
+/// p[0..3] = v in one store (p 16- or 8-byte aligned).
+__device__ __forceinline__ void store_act4(float *p, float4 v) {
+  *reinterpret_cast<float4 *>(p) = v;
+}
+__device__ __forceinline__ void store_act4(unsigned short *p, float4 v) {
+  *reinterpret_cast<uint2 *>(p) =
+      make_uint2(static_cast<unsigned>(f32_to_bf16_rn(v.x)) |
+                     (static_cast<unsigned>(f32_to_bf16_rn(v.y)) << 16),
+                 static_cast<unsigned>(f32_to_bf16_rn(v.z)) |
+                     (static_cast<unsigned>(f32_to_bf16_rn(v.w)) << 16));
+}
+
+/// Decode rows stored as f32 with a bf16 copy (rounded as a one-term
+/// skinny GEMM rounds its input): the wide skinny variants (steps of more
+/// than a plan's narrow token count) read the copy, half the activation
+/// bytes through L2; every other reader the f32 rows. Producers store
+/// through it as through a pointer (store_act*, + offset); the copy is
+/// written only in the steps whose GEMMs read it (bf16 null otherwise).
+struct ShadowedRows {
+  float *f32;
+  unsigned short *bf16;
+};
+/// The rows at f32 and, in steps of more than NARROW tokens, their copy.
+template <int NARROW>
+__device__ __forceinline__ ShadowedRows shadowed_rows(int step_tokens,
+                                                      float *f32,
+                                                      unsigned short *bf16) {
+  return {f32, step_tokens > NARROW ? bf16 : nullptr};
+}
+__device__ __forceinline__ ShadowedRows operator+(ShadowedRows p, long long i) {
+  return {p.f32 + i, p.bf16 ? p.bf16 + i : nullptr};
+}
+__device__ __forceinline__ void store_act(ShadowedRows p, float v) {
+  *p.f32 = v;
+  if (p.bf16)
+    store_act(p.bf16, v);
+}
+__device__ __forceinline__ void store_act2(ShadowedRows p, float v0, float v1) {
+  store_act2(p.f32, v0, v1);
+  if (p.bf16)
+    store_act2(p.bf16, v0, v1);
+}
+__device__ __forceinline__ void store_act4(ShadowedRows p, float4 v) {
+  store_act4(p.f32, v);
+  if (p.bf16)
+    store_act4(p.bf16, v);
+}
+
 // ---------------------------------------------------------------------------
 // Programmatic dependent launch (sm_90+): a generated function waits until
 // the grids it depends on have completed and their writes are visible

@@ -817,17 +817,32 @@ template <class T> struct PointeeOf<const T *> { using type = T; };
 template <class S>
 using RowElem = typename PointeeOf<decltype(S::row(Step{}, 0))>::type;
 
+/// The activation rows a skinny item reads: S::row (f32), or with kX16 the
+/// rows' bf16 copy S::row16 (ShadowedRows).
+template <class S, bool kX16> struct SkinnyRows {
+  using T = RowElem<S>;
+  __device__ static __forceinline__ const T *row(Step a, int r) {
+    return S::row(a, r);
+  }
+};
+template <class S> struct SkinnyRows<S, true> {
+  using T = unsigned short;
+  __device__ static __forceinline__ const T *row(Step a, int r) {
+    return S::row16(a, r);
+  }
+};
+
 /// skinny_item's staging of activations: per warp, two K steps (the current
-/// and the next) of NT x 8 rows, each lane's 8 elements of a row as XV
-/// 16-byte pieces, piece-major so that a warp's 16-byte reads of one piece
-/// are consecutive (no bank conflicts).
-template <class S, int NT> struct SkinnyXRing {
-  static constexpr int XV = 8 * static_cast<int>(sizeof(RowElem<S>)) / 16;
+/// and the next) of NT x 8 rows (elements XT), each lane's 8 elements of a
+/// row as XV 16-byte pieces, piece-major so that a warp's 16-byte reads of
+/// one piece are consecutive (no bank conflicts).
+template <class XT, int NT> struct SkinnyXRing {
+  static constexpr int XV = 8 * static_cast<int>(sizeof(XT)) / 16;
   static constexpr int kPerWarp = 2 * NT * XV * 32; // uint4
 };
 
 template <class S, int KW, int MT, int NT, int STAGES, int TERMS,
-          bool kWaitAfterFetch, bool kStageX>
+          bool kWaitAfterFetch, bool kStageX, bool kX16>
 __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
                                             int n0, float *red, uint4 *xring) {
   constexpr int KSTEPS = S::K / 32;
@@ -843,13 +858,14 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
       wr[mt][h] = n < S::N ? wbase + static_cast<long long>(n) * S::K + 8 * tig
                            : nullptr;
     }
-  using XT = RowElem<S>;
-  using Ring = SkinnyXRing<S, NT>;
+  using Rows = SkinnyRows<S, kX16>;
+  using XT = typename Rows::T;
+  using Ring = SkinnyXRing<XT, NT>;
   const XT *xr[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int r = nt * 8 + gid;
-    xr[nt] = r < rows ? S::row(a, row0 + r) + 8 * tig : nullptr;
+    xr[nt] = r < rows ? Rows::row(a, row0 + r) + 8 * tig : nullptr;
   }
   uint4 *ring = xring + warp * Ring::kPerWarp;
   float acc[MT][NT][4];
@@ -1019,16 +1035,19 @@ template <int MT, int KW>
 __host__ __device__ constexpr int skinny_red_floats() {
   return (KW > 1 ? KW / 2 : 1) * MT * 2 * 4 * 32;
 }
-/// Dynamic shared memory of skinny_linear<S, MT, *, KW, *, kStageX>, bytes.
-template <class S, int MT, int KW, bool kStageX>
+/// Dynamic shared memory of skinny_linear<S, MT, *, KW, *, kStageX, kX16>,
+/// bytes.
+template <class S, int MT, int KW, bool kStageX, bool kX16 = false>
 __host__ __device__ constexpr int skinny_smem() {
+  using XT = typename SkinnyRows<S, kX16>::T;
   return skinny_red_floats<MT, KW>() * 4 +
-         (kStageX ? KW * SkinnyXRing<S, 2>::kPerWarp * 16 : 0);
+         (kStageX ? KW * SkinnyXRing<XT, 2>::kPerWarp * 16 : 0);
 }
 
 /// y = x . W^T for groups of few rows (see above); launch with KW warps
 /// (the K split) per block and skinny_smem<...>() bytes of dynamic shared
-/// memory. A group's rows past ROWS take further items.
+/// memory. A group's rows past ROWS take further items. kX16: the rows'
+/// bf16 copy (S::row16) instead of S::row (ShadowedRows).
 /// The function waits for the launches before it itself (the generated
 /// wrapper does not): with rows from the step's arguments (dense weights),
 /// only after its first item's first K steps of weights are in flight
@@ -1038,7 +1057,7 @@ __host__ __device__ constexpr int skinny_smem() {
 /// launches slower: alone 15-27%, bench/kernels/skinny_sweep.cu with
 /// NF_SWEEP_DENSE=1; Nano's batch-1 step 3.63 -> 3.55 ms without it.)
 template <class S, int MT, int STAGES, int KW, int TERMS = 3,
-          bool kStageX = false>
+          bool kStageX = false, bool kX16 = false>
 __device__ void skinny_linear(Step a) {
   static_assert(S::K % 32 == 0, "32-deep K steps");
   constexpr int ROWS = 16;
@@ -1075,10 +1094,10 @@ __device__ void skinny_linear(Step a) {
   for (int item = a.block(); item < items; item += a.grid()) {
     const Item it = item_at(item);
     if (it.rows <= 8)
-      skinny_item<S, KW, MT, 1, STAGES, TERMS, kEarly, kStageX>(
+      skinny_item<S, KW, MT, 1, STAGES, TERMS, kEarly, kStageX, kX16>(
           a, it.g, it.row0, it.rows, it.n0, s_red, s_xring);
     else
-      skinny_item<S, KW, MT, 2, STAGES, TERMS, kEarly, kStageX>(
+      skinny_item<S, KW, MT, 2, STAGES, TERMS, kEarly, kStageX, kX16>(
           a, it.g, it.row0, it.rows, it.n0, s_red, s_xring);
   }
   if constexpr (kEarly)

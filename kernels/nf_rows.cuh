@@ -27,8 +27,8 @@ __device__ void add(Step a, const float *x, const float *y, float *out) {
 }
 
 /// out = act(x) over COLS columns (O: as in rms_norm_row).
-template <int COLS, int A, class O = float>
-__device__ void activation(Step a, const float *x, O *out) {
+template <int COLS, int A, class O = float *>
+__device__ void activation(Step a, const float *x, O out) {
   const long long n = static_cast<long long>(a->num_tokens) * COLS;
   for (long long i = global_thread(); i < n; i += grid_threads())
     store_act(out + i, activate<A>(x[i]));
@@ -53,10 +53,11 @@ constexpr int kRowThreads = 256;
 /// of dependent loads short (a warp per row is latency bound at small
 /// batches), and each thread loads all of its elements (and weights) up
 /// front: one memory latency per row instead of one per element. out may
-/// alias x. O: float, or unsigned short for rows stored as bf16 (store_act).
+/// alias x. O: float *, unsigned short * for rows stored as bf16, or
+/// ShadowedRows (store_act).
 template <class W, int H, class O, class Value>
-__device__ __forceinline__ void
-rms_norm_row_of(Value value, float *sum, const W *w, double eps, O *out) {
+__device__ __forceinline__ void rms_norm_row_of(Value value, float *sum,
+                                                const W *w, double eps, O out) {
   constexpr int EPT = (H + kRowThreads - 1) / kRowThreads;
   const int tid = threadIdx.x;
   float v[EPT], wv[EPT];
@@ -91,24 +92,24 @@ rms_norm_row_of(Value value, float *sum, const W *w, double eps, O *out) {
 template <class W, int H, class O>
 __device__ __forceinline__ void rms_norm_row(const float *x, const float *y,
                                              float *sum, const W *w, double eps,
-                                             O *out) {
+                                             O out) {
   rms_norm_row_of<W, H>([&](int, int i) { return y ? x[i] + y[i] : x[i]; }, sum,
                         w, eps, out);
 }
 
 /// RMSNorm, one block per row.
-template <class W, int H, class O = float>
+template <class W, int H, class O = float *>
 __device__ void rms_norm(Step a, const float *x, const W *w, double eps,
-                         O *out) {
+                         O out) {
   const int T = a->num_tokens;
   for (long long t = blockIdx.x; t < T; t += gridDim.x)
     rms_norm_row<W, H>(x + t * H, nullptr, nullptr, w, eps, out + t * H);
 }
 
 /// sum = x + y; out = rms_norm(sum). One block per row.
-template <class W, int H, class O = float>
+template <class W, int H, class O = float *>
 __device__ void add_rms_norm(Step a, const float *x, const float *y, float *sum,
-                             const W *w, double eps, O *out) {
+                             const W *w, double eps, O out) {
   const int T = a->num_tokens;
   for (long long t = blockIdx.x; t < T; t += gridDim.x)
     rms_norm_row<W, H>(x + t * H, y + t * H, sum + t * H, w, eps, out + t * H);
@@ -117,9 +118,9 @@ __device__ void add_rms_norm(Step a, const float *x, const float *y, float *sum,
 /// Gated grouped RMSNorm (norm after gate): u = y * silu(z), normalised per
 /// group of I/G features, times w. One block per (token, group); elements
 /// and weights loaded up front as in rms_norm_row; O as there.
-template <class W, int I, int G, class O = float>
+template <class W, int I, int G, class O = float *>
 __device__ void gated_rms_norm(Step a, const float *y, const float *z,
-                               const W *w, double eps, O *out) {
+                               const W *w, double eps, O out) {
   constexpr int GS = I / G, EPT = (GS + kRowThreads - 1) / kRowThreads;
   const int tid = threadIdx.x;
   const long long items = static_cast<long long>(a->num_tokens) * G;
@@ -159,9 +160,10 @@ __device__ void gated_rms_norm(Step a, const float *y, const float *z,
 #pragma unroll
       for (int v = 0; v < NV; ++v) {
         const int i = (v * 32 + lane) * 4;
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          store_act(out + base + i + e, wv[v][e] * (u[v][e] * r));
+        store_act4(out + base + i, make_float4(wv[v][0] * (u[v][0] * r),
+                                               wv[v][1] * (u[v][1] * r),
+                                               wv[v][2] * (u[v][2] * r),
+                                               wv[v][3] * (u[v][3] * r)));
       }
     }
     return;
@@ -220,12 +222,12 @@ moe_combined(Step a, const float *rows, const int32_t *dispatch, const float *w,
 /// add of the shared expert's rows, and add_rms_norm. One block per token;
 /// each thread reads the token's slots and weights once, then streams its
 /// elements of the KW rows (independent loads).
-template <class W, int H, int KW, int E, int M, class O = float>
+template <class W, int H, int KW, int E, int M, class O = float *>
 __device__ void
 moe_combine_add_rms_norm(Step a, const float *x, const float *rows,
                          const int32_t *dispatch, const float *wts,
                          const float *shared, float *sum, const W *w,
-                         double eps, O *out) {
+                         double eps, O out) {
   const int T = a->num_tokens;
   const int32_t *slot_row = dispatch + E + 1 + static_cast<long long>(T) * M;
   constexpr int EPT = (H + kRowThreads - 1) / kRowThreads;

@@ -19,6 +19,8 @@
 #     pydoc-moe, plus two variants of tiny-hybrid:
 #       tiny-hybrid-small  ... --target=cuda:sm_90 --max-tokens 16 --max-sequences 2
 #       tiny-hybrid-topk   ... --target=cuda:sm_90 --expert-policy topk
+#     and pydoc-moe with bf16 matmul inputs:
+#       pydoc-moe-bf16     ... --target=cuda:sm_90 --matmul-inputs=bf16
 #     (NF_CUDA_TARGET overrides "cuda:sm_90".)
 #  3. Copy build/bin/{nfrun,nf-cuda-tests}, build/lib/libnf.so*,
 #     build/lib/libnf_fake_cuda.so, libgomp.so.1 and cpp-httplib (with its
@@ -85,6 +87,7 @@ prepare() {
   compile tiny-hybrid-small "$(model_dir tiny-hybrid)" --max-tokens 16 \
     --max-sequences 2
   compile tiny-hybrid-topk "$(model_dir tiny-hybrid)" --expert-policy topk
+  compile pydoc-moe-bf16 "$(model_dir pydoc-moe)" --matmul-inputs=bf16
   rm -rf "$CARRY/mlir"
   cp "$build/bin/nfrun" "$build/bin/nf-cuda-tests" "$CARRY/bin/"
   cp -a "$build"/lib/libnf.so* "$build/lib/libnf_fake_cuda.so" "$CARRY/lib/"

@@ -90,6 +90,20 @@ struct ValueInfo {
   int numExperts = 0, maxPerToken = 0;
 };
 
+/// How the step's activation rows are stored beyond plain f32 rows.
+struct RowFormats {
+  /// Stored as bf16 rows instead of f32 (bf16RowValues: prefill).
+  std::set<int> bf16;
+  /// Stored as f32 with a bf16 copy at this arena offset (decodeShadows).
+  std::map<int, int64_t> shadow;
+  /// End of the copies' region (0: none); generated scratch goes after it.
+  int64_t shadowEnd = 0;
+};
+
+/// Decode steps of up to this many tokens run the narrow skinny variants
+/// (f32 rows), longer ones the wide variants (emitLinear).
+constexpr int64_t kNarrowTokens = 16;
+
 std::string num(int64_t v) { return std::to_string(v); }
 
 /// A double as a C++ literal (exact), or an expression for inf / nan.
@@ -175,6 +189,9 @@ struct LinearSpec {
   /// Instead of `input`: an expression of `const unsigned short *`, the
   /// input stored as bf16 rows by its producer (bf16RowValues).
   std::string input16;
+  /// Decode: an expression of `const unsigned short *`, the input's bf16
+  /// copy (RowFormats::shadow), which the wide skinny variant reads.
+  std::string shadow16;
   std::string rowIndex; // expression of row r's index in `input`
   /// Optional: an expression (long long) of row r that the store uses as
   /// `ctx`, computed once per row where a kernel supports it (HasRowCtx).
@@ -190,10 +207,10 @@ struct LinearSpec {
 class KernelEmitter {
 public:
   KernelEmitter(const pl::Plan &plan, const std::vector<ValueInfo> &values,
-                const std::set<int> &bf16Rows, const std::string &phase,
+                const RowFormats &rowFormats, const std::string &phase,
                 int index, const pl::Kernel &kernel, int64_t maxTokens,
                 int64_t arenaBytes, const CudaCodegenOptions &opts)
-      : plan(plan), values(values), bf16Rows(bf16Rows), phase(phase),
+      : plan(plan), values(values), rowFormats(rowFormats), phase(phase),
         index(index), kernel(kernel), maxTokens(maxTokens),
         arenaBytes(arenaBytes), opts(opts) {}
 
@@ -269,10 +286,28 @@ private:
            "ll)";
   }
   /// Value v is stored as bf16 rows (bf16RowValues).
-  bool rowsBf16(int v) const { return bf16Rows.count(v) != 0; }
+  bool rowsBf16(int v) const { return rowFormats.bf16.count(v) != 0; }
+  /// Value v has a bf16 copy (decodeShadows).
+  bool shadowed(int v) const { return rowFormats.shadow.count(v) != 0; }
+  std::string shadowPtr(int v) const {
+    return "nf::arena<unsigned short>(a, " + num(rowFormats.shadow.at(v)) +
+           "ll)";
+  }
+  /// f32 rows with a bf16 copy that steps of more than kNarrowTokens
+  /// tokens write (nf::ShadowedRows).
+  static std::string shadowedRows(const std::string &f32,
+                                  const std::string &bf16) {
+    return "nf::shadowed_rows<" + num(kNarrowTokens) + ">(a->num_tokens, " +
+           f32 + ", " + bf16 + ")";
+  }
   /// Pointer expression of activation v as its producer writes it: f32,
-  /// or `unsigned short *` for bf16 rows (written with nf::store_act).
+  /// `unsigned short *` for bf16 rows, or nf::ShadowedRows for f32 rows
+  /// with a bf16 copy (written with nf::store_act).
   std::string outPtr(int v) {
+    if (shadowed(v)) {
+      wroteShadow.insert(v);
+      return shadowedRows(arenaPtr(v), shadowPtr(v));
+    }
     if (!rowsBf16(v))
       return arenaPtr(v);
     wroteBf16.insert(v);
@@ -281,7 +316,7 @@ private:
   /// A statement storing `value` to element `index` of activation v.
   std::string storeAct(int v, const std::string &index,
                        const std::string &value) {
-    if (!rowsBf16(v))
+    if (!rowsBf16(v) && !shadowed(v))
       return "    " + arenaPtr(v) + "[" + index + "] = " + value + ";\n";
     return "    nf::store_act(" + outPtr(v) + " + " + index + ", " + value +
            ");\n";
@@ -293,11 +328,14 @@ private:
     return "    nf::store_act2(" + outPtr(v) + " + " + index + ", " + v0 +
            ", " + v1 + ");\n";
   }
-  /// The input of a linear spec: activation v, as f32 or as bf16 rows.
+  /// The input of a linear spec: activation v, as f32 or as bf16 rows,
+  /// and its bf16 copy if it has one.
   void setInput(LinearSpec &s, int v) const {
     s.input = arenaPtr(v);
     if (rowsBf16(v))
       s.input16 = arenaPtr(v, "unsigned short");
+    if (shadowed(v))
+      s.shadow16 = shadowPtr(v);
   }
   std::string weightPtr(int v) const {
     return "nf::weight<" + *weightType(v) + ">(a, " + num(V(v).weight) + ")";
@@ -528,9 +566,10 @@ private:
 
   const pl::Plan &plan;
   const std::vector<ValueInfo> &values;
-  const std::set<int> &bf16Rows; // bf16RowValues
-  std::set<int> wroteBf16;       // those of them this kernel's code writes
-  std::string internalError;     // an emitter broke an invariant
+  const RowFormats &rowFormats;
+  std::set<int> wroteBf16;   // bf16 rows this kernel's code writes
+  std::set<int> wroteShadow; // bf16 copies this kernel's code writes
+  std::string internalError; // an emitter broke an invariant
   std::string phase;
   int index;
   const pl::Kernel &kernel;
@@ -580,6 +619,11 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     text << "  __device__ static __forceinline__ const float *row("
             "nf::Step a, int r) {\n"
          << "    return " << s.input << " + " << rowOffset << ";\n  }\n";
+  const bool x16 = !s.shadow16.empty() && !planes; // decode: the copy
+  if (x16)
+    text << "  __device__ static __forceinline__ const unsigned short *"
+            "row16(nf::Step a, int r) {\n"
+         << "    return " << s.shadow16 << " + " << rowOffset << ";\n  }\n";
   if (planes)
     text << "  static constexpr long long PLANE = "
          << (stored16 ? int64_t(0) : planeElems) << "ll;\n"
@@ -690,7 +734,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // variant takes 111 registers, two blocks per SM, the sweep's more than
   // 128; the 64-feature one 176, one block.)
   if (phase == "decode" && s.wtype == "nf::bf16" && s.K % 32 == 0) {
-    constexpr int64_t kNarrowTokens = 16, kWarps = 8;
+    constexpr int64_t kWarps = 8;
     // Blocks loop over items, so the group scan at their start is paid
     // once (measured on the H200: equal to or faster than a block per item,
     // at batch 1 to 32). Two blocks per SM, three for the narrow variant
@@ -709,31 +753,38 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     const bool wide = maxTokens > kNarrowTokens;
     // Dynamic shared memory (nf::skinny_smem): the fold's sums and, when
     // staged, the activation ring (the two parts of a co-launch share it).
+    // The wide variant reads the input's bf16 copy where it has one (its
+    // steps are the ones whose activation reads through L2 rival the
+    // weights'); the narrow one reads f32 rows (bf16 rows there slowed
+    // batch 1-8 by 2-3%, bench/results/2026-11-30f/run4-decode-rows).
     auto variant = [&](const std::string &name, int64_t grid, int64_t mt,
-                       int64_t stages, bool stageX, uint32_t minT,
+                       int64_t stages, bool stageX, bool rows16, uint32_t minT,
                        uint32_t maxT) {
-      const int64_t smem = (kWarps / 2) * mt * 2 * 4 * 32 * 4 +
-                           (stageX ? kWarps * 2 * 2 * 2 * 32 * 16 : 0);
+      const int64_t smem =
+          (kWarps / 2) * mt * 2 * 4 * 32 * 4 +
+          (stageX ? kWarps * 2 * 2 * (rows16 ? 1 : 2) * 32 * 16 : 0);
       const std::string x = stageX ? "true" : "false";
+      const std::string tail = rows16 ? ", true" : "";
       addLaunch(name, static_cast<uint32_t>(grid), 32 * kWarps,
                 "  static_assert(nf::skinny_smem<" + spec + ", " + num(mt) +
-                    ", " + num(kWarps) + ", " + x + ">() == " + num(smem) +
+                    ", " + num(kWarps) + ", " + x + tail +
+                    ">() == " + num(smem) +
                     ", \"shared memory size\");\n"
                     "  nf::skinny_linear<" +
                     spec + ", " + num(mt) + ", " + num(stages) + ", " +
-                    num(kWarps) + ", " + terms + ", " + x + ">(a);\n",
+                    num(kWarps) + ", " + terms + ", " + x + tail + ">(a);\n",
                 comment, minT, maxT, /*bodyWaits=*/true);
       launches.back().sharedBytes = static_cast<uint32_t>(smem);
       functions.back().sliceable = true;
     };
     variant(fn + (wide ? "_narrow" : ""), gridOf(narrowItems, narrowCap), 1, 4,
-            false, 0, wide ? kNarrowTokens : 0);
+            false, false, 0, wide ? kNarrowTokens : 0);
     if (wide) {
       const int64_t items =
           (std::min(s.G, s.maxRows) + ceilDiv(s.maxRows, 16)) *
           ceilDiv(s.N, 32);
       variant(fn + "_wide", gridOf(items, cap), 2, 2, opts.matmulTerms == 1,
-              kNarrowTokens + 1, 0);
+              x16, kNarrowTokens + 1, 0);
     }
     return;
   }
@@ -1079,6 +1130,16 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   const std::string hid =
       std::string(hidden16 ? "nf::arena<unsigned short>" : "nf::arena<float>") +
       "(a, " + num(hidden) + "ll)";
+  // Decode: a bf16 copy for the wide down projection (as decodeShadows
+  // gives values).
+  const bool hiddenCopy = phase == "decode" && bf16RowsAllowed(opts) &&
+                          maxTokens > kNarrowTokens && *dt == "nf::bf16" &&
+                          I % 32 == 0;
+  const std::string hidCopy =
+      hiddenCopy ? "nf::arena<unsigned short>(a, " +
+                       num(newScratch(maxTokens * I * 2)) + "ll)"
+                 : std::string();
+  const std::string hidOut = hiddenCopy ? shadowedRows(hid, hidCopy) : hid;
   LinearSpec s1;
   s1.wtype = *ut;
   s1.N = I;
@@ -1086,11 +1147,12 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   s1.weight = weightPtr(in[1]);
   setInput(s1, in[0]);
   s1.rowIndex = "r";
-  s1.store = "    nf::store_act(" + hid + " + static_cast<long long>(r) * " +
+  s1.store = "    nf::store_act(" + hidOut + " + static_cast<long long>(r) * " +
              num(I) + " + n, nf::activate<" + *act + ">(v));\n";
-  s1.store2 = "    nf::store_act2(" + hid + " + static_cast<long long>(r) * " +
-              num(I) + " + n, nf::activate<" + *act + ">(v0), nf::activate<" +
-              *act + ">(v1));\n";
+  s1.store2 = "    nf::store_act2(" + hidOut +
+              " + static_cast<long long>(r) * " + num(I) +
+              " + n, nf::activate<" + *act + ">(v0), nf::activate<" + *act +
+              ">(v1));\n";
   s1.maxRows = maxTokens;
   emitLinear(fnName(i, "shared_up"), s1,
              "nf_moe.shared_expert: hidden = act(x . up^T) (codegen scratch "
@@ -1102,6 +1164,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   s2.K = I;
   s2.weight = weightPtr(in[2]);
   (hidden16 ? s2.input16 : s2.input) = hid;
+  s2.shadow16 = hidCopy;
   s2.rowIndex = "r";
   // Followed by nf.add of its result and another row of the same width
   // (the routed experts' combined rows): the epilogue adds that row and
@@ -1601,8 +1664,8 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                 gridOf(maxTokens * *heads, int64_t(opts.smCount) * 8), 256,
                 "  nf::kv_attend_combine<" + num(*heads) + ", " + num(NKV) +
                     ", " + num(HD) + ", " + num(kSplits) + ", " + target +
-                    ", " + gqaFrom + ">(a, " + partPtr + ", " +
-                    arenaPtr(out[0]) + ");\n",
+                    ", " + gqaFrom + ">(a, " + partPtr + ", " + outPtr(out[0]) +
+                    ");\n",
                 "nf_kv.attend (decode): the splits' softmaxes merged, a block "
                 "per (token, head)");
     };
@@ -2115,8 +2178,9 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
       ops.push_back(op);
   if (kernel.outputs())
     outputs.insert(kernel.outputs()->begin(), kernel.outputs()->end());
-  // Generated scratch goes after the plan's kernel-internal values.
-  scratchTop = arenaBytes;
+  // Generated scratch goes after the plan's kernel-internal values and the
+  // bf16 copies' region.
+  scratchTop = std::max(arenaBytes, rowFormats.shadowEnd);
   for (const pl::Op *op : ops)
     for (int r : results(*op))
       if (r >= 0 && r < static_cast<int>(values.size()) &&
@@ -2176,14 +2240,20 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
     return fail(0, "kernel has no ops");
   if (!internalError.empty())
     return fail(ops.size(), "internal: " + internalError);
-  // Every value stored as bf16 rows must have been written so by its
-  // producer here (bf16RowValues and the emitters agree).
+  // Every value stored as bf16 rows or with a bf16 copy must have been
+  // written so by its producer here (bf16RowValues, decodeShadows and the
+  // emitters agree).
   for (size_t i = 0; i < ops.size(); ++i)
-    for (int r : results(*ops[i]))
+    for (int r : results(*ops[i])) {
       if (rowsBf16(r) && !wroteBf16.count(r))
         return fail(i, "internal: value " + std::to_string(r) +
                            " is stored as bf16 rows but its producer does "
                            "not write them");
+      if (shadowed(r) && !wroteShadow.count(r))
+        return fail(i, "internal: value " + std::to_string(r) +
+                           " has a bf16 copy but its producer does not "
+                           "write it");
+    }
 
   for (size_t l = 0; l < launches.size(); ++l) {
     const FunctionText &f = functions[l];
@@ -2241,8 +2311,10 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
 /// input of a GEMM on the bf16 plane path (emitLinear) or of the router's
 /// logits GEMM (route()), and its producer can write bf16 rows. The
 /// emitters of those producers and readers consult the set. (Decode steps
-/// keep f32 rows: the skinny kernel reading bf16 rows gave identical logits
-/// but slowed batch 1-8 by 2-3% on the H200, bench/results/2026-11-30f.)
+/// keep f32 rows, and bf16 copies beside them for steps of many tokens,
+/// decodeShadows: the narrow skinny variants reading bf16 rows gave
+/// identical logits but slowed batch 1-8 by 2-3% on the H200,
+/// bench/results/2026-11-30f.)
 std::set<int> bf16RowValues(const pl::Plan &plan, const pl::Step &step,
                             const std::vector<ValueInfo> &values,
                             const std::string &phase,
@@ -2324,6 +2396,82 @@ std::set<int> bf16RowValues(const pl::Plan &plan, const pl::Step &step,
   return out;
 }
 
+/// With bf16 matmul inputs, decode rows that a skinny GEMM reads get a bf16
+/// copy written beside them by their producer (norms, attention, the expert up
+/// projection's epilogue), rounded as the GEMM would round them: the wide
+/// skinny variants (steps of more than kNarrowTokens tokens) stream the
+/// copy, the narrow ones and every other reader the f32 rows, so results
+/// do not depend on the step's size. A value's copy sits at
+/// `valuesEnd + offset / 2`: values live at the same time have disjoint
+/// offsets, so their copies (half the bytes) are disjoint too. Returns the
+/// copies and the end of their region.
+void decodeShadows(const pl::Plan &plan, const pl::Step &step,
+                   const std::vector<ValueInfo> &values,
+                   const std::string &phase, const CudaCodegenOptions &opts,
+                   RowFormats &out) {
+  if (phase != "decode" || !bf16RowsAllowed(opts) ||
+      step.max_tokens() <= kNarrowTokens)
+    return;
+  auto valid = [&](int v) {
+    return v >= 0 && v < static_cast<int>(values.size());
+  };
+  auto bf16Weight = [&](int v) {
+    if (!valid(v) || values[v].kind != pl::ValueKind::Weight ||
+        !plan.weights() || values[v].weight < 0 ||
+        values[v].weight >= static_cast<int>(plan.weights()->size()))
+      return false;
+    return plan.weights()
+               ->Get(static_cast<unsigned>(values[v].weight))
+               ->dtype() == pl::DType::BF16;
+  };
+  // Per value: read as a skinny GEMM's input / producer writes copies.
+  std::vector<char> gemmRead(values.size(), 0), producible(values.size(), 0);
+  for (const pl::Kernel *k : *step.kernels()) {
+    if (!k->ops())
+      continue;
+    for (const pl::Op *op : *k->ops()) {
+      const std::string name = opName(*op);
+      auto in = operands(*op);
+      int weight = -1;
+      if ((name == "nf.linear" || name == "nf.lm_head" ||
+           name == "nf_moe.latent_proj") &&
+          in.size() == 2)
+        weight = in[1];
+      else if ((name == "nf_moe.expert_up" || name == "nf_moe.expert_down") &&
+               in.size() == 3)
+        weight = in[2];
+      else if (name == "nf_moe.shared_expert" && in.size() == 3)
+        weight = in[1];
+      if (weight >= 0 && valid(in[0]) && bf16Weight(weight) &&
+          values[in[0]].cols % 32 == 0)
+        gemmRead[in[0]] = 1;
+      // Emitters that store these results through outPtr / storeAct.
+      const bool writesCopy =
+          name == "nf.rms_norm" || name == "nf.gated_rms_norm" ||
+          name == "nf.activation" || name == "nf_moe.expert_up" ||
+          name == "nf_kv.attend";
+      for (int r : results(*op))
+        if (valid(r))
+          producible[r] = writesCopy;
+    }
+  }
+  const int64_t valuesEnd = alignTo(step.arena_bytes() + step.scratch_bytes());
+  int64_t end = valuesEnd;
+  for (size_t v = 0; v < values.size(); ++v) {
+    const ValueInfo &vi = values[v];
+    if (static_cast<int>(v) == step.logits() || !gemmRead[v] ||
+        !producible[v] || vi.kind != pl::ValueKind::Tensor ||
+        vi.dtype != pl::DType::F32 || vi.offset < 0 || vi.offset % 32 != 0 ||
+        (vi.rows != pl::Rows::Tokens && vi.rows != pl::Rows::Assignments))
+      continue;
+    const int64_t at = valuesEnd + vi.offset / 2;
+    out.shadow[static_cast<int>(v)] = at;
+    end = std::max(end, at + (vi.bytes + 1) / 2);
+  }
+  if (!out.shadow.empty())
+    out.shadowEnd = alignTo(end);
+}
+
 StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
                                        const pl::Step *step, const char *phase,
                                        const CudaCodegenOptions &opts) {
@@ -2350,10 +2498,12 @@ StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
   CudaStepSources out;
   const int64_t arena = step->arena_bytes();
   int64_t scratchEnd = arena + step->scratch_bytes();
-  const std::set<int> bf16Rows =
-      bf16RowValues(plan, *step, values, phase, opts);
+  RowFormats rowFormats;
+  rowFormats.bf16 = bf16RowValues(plan, *step, values, phase, opts);
+  decodeShadows(plan, *step, values, phase, opts, rowFormats);
+  scratchEnd = std::max(scratchEnd, rowFormats.shadowEnd);
   for (unsigned k = 0; k < step->kernels()->size(); ++k) {
-    KernelEmitter e(plan, values, bf16Rows, phase, static_cast<int>(k),
+    KernelEmitter e(plan, values, rowFormats, phase, static_cast<int>(k),
                     *step->kernels()->Get(k), step->max_tokens(), arena, opts);
     auto src = e.run(scratchEnd);
     if (!src)

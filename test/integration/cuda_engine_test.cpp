@@ -1657,61 +1657,81 @@ TEST_P(CudaFixture, BatchedEqualsOneAtATime) {
     EXPECT_TRUE(e.removeSequence(seqs[i]).ok());
 }
 
-// The CPU backend on the same plan (it ignores the binaries) agrees.
 // More than 16 sequences decode through the "wide" variants of the decode
 // linears (their own decode graph bucket); each sequence's logits must match
-// its one-at-a-time decode, which ran the "narrow" variants, to rounding.
-TEST_P(CudaFixture, WideDecodeBucketEqualsOneAtATime) {
+// its one-at-a-time decode on `single`, which ran the "narrow" variants, to
+// rounding. Returns the largest relative difference (or -1: skipped).
+double wideDecodeDifference(Engine &single, const std::string &plan,
+                            const std::string &modelDir,
+                            const std::vector<Prompt> &prompts) {
   constexpr int n = 24; // > 16: the wide bucket
-  EngineOptions o = options("cuda", modelDir(GetParam()));
+  const int64_t V = single.info().vocabSize;
+  EngineOptions o = options("cuda", modelDir);
   o.maxSequences = n;
   o.kvPages = 512;
-  std::unique_ptr<Engine> wide = load(plan_, o);
-  ASSERT_NE(wide, nullptr);
+  std::unique_ptr<Engine> wide = load(plan, o);
+  EXPECT_NE(wide, nullptr);
+  if (!wide)
+    return -1;
   Engine &e = *wide;
   if (e.info().maxDecodeTokens < n)
-    GTEST_SKIP() << "decode steps of " << e.info().maxDecodeTokens
-                 << " tokens at most";
-  const std::vector<SingleRun> single = runOneAtATime(*engine_, prompts_);
-  ASSERT_EQ(single.size(), prompts_.size());
-  const size_t P = prompts_.size();
+    return -1;
+  const std::vector<SingleRun> one = runOneAtATime(single, prompts);
+  EXPECT_EQ(one.size(), prompts.size());
+  if (one.size() != prompts.size())
+    return -1;
+  const size_t P = prompts.size();
   std::vector<int32_t> seqs(n);
   std::vector<SequenceInput> inputs(n);
   for (int i = 0; i < n; ++i) {
     StatusOr<int32_t> s = e.addSequence();
-    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_TRUE(s.ok()) << s.message();
+    if (!s)
+      return -1;
     seqs[i] = *s;
     inputs[i].sequence = seqs[i];
-    inputs[i].tokens = prompts_[i % P].tokens;
+    inputs[i].tokens = prompts[i % P].tokens;
   }
   std::vector<float> logits;
   Status s = e.step(inputs, LogitsFor::LastTokenPerSequence, logits);
-  ASSERT_TRUE(s.ok()) << s.message();
-  size_t S = prompts_[0].greedyTokens.size();
-  for (const Prompt &p : prompts_)
+  EXPECT_TRUE(s.ok()) << s.message();
+  size_t S = prompts[0].greedyTokens.size();
+  for (const Prompt &p : prompts)
     S = std::min(S, p.greedyTokens.size());
   std::vector<int32_t> next(n);
   double diff = 0;
-  for (size_t st = 0; st < S; ++st) {
+  for (size_t st = 0; s.ok() && st < S; ++st) {
     for (int i = 0; i < n; ++i) {
-      next[i] = static_cast<int32_t>(prompts_[i % P].greedyTokens[st]);
+      next[i] = static_cast<int32_t>(prompts[i % P].greedyTokens[st]);
       inputs[i].tokens = {&next[i], 1};
     }
     s = e.step(inputs, LogitsFor::LastTokenPerSequence, logits);
-    ASSERT_TRUE(s.ok()) << s.message();
-    ASSERT_EQ(logits.size(), size_t(n * V_));
+    EXPECT_TRUE(s.ok()) << s.message();
+    if (!s.ok() || logits.size() != size_t(n * V)) {
+      ADD_FAILURE() << "wide decode step " << st << " failed";
+      return -1;
+    }
     for (int i = 0; i < n; ++i)
-      diff = std::max(diff, relError(logits.data() + i * V_,
-                                     single[i % P].decode[st].data(), V_));
+      diff = std::max(diff, relError(logits.data() + i * V,
+                                     one[i % P].decode[st].data(), V));
   }
   for (int i = 0; i < n; ++i)
-    ASSERT_TRUE(e.removeSequence(seqs[i]).ok());
+    EXPECT_TRUE(e.removeSequence(seqs[i]).ok());
+  return diff;
+}
+
+TEST_P(CudaFixture, WideDecodeBucketEqualsOneAtATime) {
+  const double diff =
+      wideDecodeDifference(*engine_, plan_, modelDir(GetParam()), prompts_);
+  if (diff < 0 && !HasFailure())
+    GTEST_SKIP() << "decode steps of fewer than 24 tokens";
   EXPECT_LE(diff, kBatchTol) << "wide decode differs from one at a time";
-  std::cout << "[ cuda ] " << GetParam() << " wide decode (" << n
-            << " sequences): max rel |batched - single| " << diff
+  std::cout << "[ cuda ] " << GetParam() << " wide decode (24 sequences): "
+            << "max rel |batched - single| " << diff
             << (diff == 0 ? " (bit-identical)" : "") << "\n";
 }
 
+// The CPU backend on the same plan (it ignores the binaries) agrees.
 TEST_P(CudaFixture, MatchesTheCpuBackend) {
   std::unique_ptr<Engine> cpu =
       load(plan_, options("cpu", modelDir(GetParam())));
@@ -1786,8 +1806,8 @@ TEST_P(CudaFixture, LongPromptsMatchTheCpuBackend) {
     ASSERT_EQ(got[k].size(), want[k].size());
     const size_t rows = got[k].size() / static_cast<size_t>(V_);
     for (size_t r = 0; r < rows; ++r)
-      worst = std::max(worst, relError(got[k].data() + r * V_,
-                                       want[k].data() + r * V_, V_));
+      worst = std::max(
+          worst, relError(got[k].data() + r * V_, want[k].data() + r * V_, V_));
   }
   EXPECT_LE(worst, kCudaTol);
   std::cout << "[ cuda ] " << GetParam()
@@ -1822,6 +1842,33 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// pydoc-moe compiled with --matmul-inputs=bf16 (pydoc-moe-bf16): decode
+// steps of more than 16 tokens read the bf16 copies of their GEMM inputs
+// (the wide skinny variants), shorter ones the f32 rows; both round them the
+// same way. Rounding inputs to bf16 can turn a 1e-7 difference between step
+// sizes (exact plans: kBatchTol) into another expert choice (0.061 relative
+// on the plans of 2026-12-01, bench/results/2026-12-01b), so the bound is
+// loose: it catches copies that are stale, misplaced or never written
+// (logits of another token, differences of order 1), not rounding.
+constexpr double kBf16BatchTol = 0.2;
+TEST(CudaPlans, Bf16InputsWideDecodeMatchesOneAtATime) {
+  NF_REQUIRE_GPU();
+  const std::string plan = cudaPlan("pydoc-moe-bf16");
+  NF_REQUIRE_PLAN(plan);
+  const std::string dir = modelDir("pydoc-moe");
+  std::unique_ptr<Engine> single = load(plan, options("cuda", dir));
+  ASSERT_NE(single, nullptr);
+  RefFile ref(dir + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  ASSERT_FALSE(prompts.empty());
+  const double diff = wideDecodeDifference(*single, plan, dir, prompts);
+  ASSERT_GE(diff, 0) << "the plan decodes fewer than 24 sequences at once";
+  EXPECT_LE(diff, kBf16BatchTol) << "wide decode differs from one at a time";
+  std::cout << "[ cuda ] pydoc-moe-bf16 wide decode (24 sequences): max rel "
+            << "|batched - single| " << diff
+            << (diff == 0 ? " (bit-identical)" : "") << "\n";
+}
 
 // Steps split into runs of 16 tokens / 2 sequences (tiny-hybrid-small).
 TEST(CudaPlans, SmallArenaMatchesLargeArena) {
