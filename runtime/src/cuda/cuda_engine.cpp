@@ -499,7 +499,10 @@ Status CudaEngine::loadKernels() {
                 "cuModuleGetFunction");
             !s)
           return Status::error(li.where + ": " + s.message());
-        if (li.shared > 48 * 1024)
+        // Every launch with dynamic shared memory raises the function's
+        // limit to it: the default 48 KiB covers static plus dynamic bytes,
+        // so 48 KiB of dynamic memory beside any static bytes needs it too.
+        if (li.shared > 0)
           if (Status s = d_->check(
                   d_->cuFuncSetAttribute(
                       li.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
