@@ -104,6 +104,14 @@ struct RowFormats {
 /// (f32 rows), longer ones the wide variants (emitLinear).
 constexpr int64_t kNarrowTokens = 16;
 
+/// Rows that skinny GEMVs read get bf16 copies for their wide variants
+/// (decodeShadows): decode steps of bf16 inputs that have wide variants.
+bool decodeCopiesOn(const std::string &phase, const CudaCodegenOptions &opts,
+                    int64_t maxTokens) {
+  return phase == "decode" && bf16RowsAllowed(opts) &&
+         maxTokens > kNarrowTokens;
+}
+
 std::string num(int64_t v) { return std::to_string(v); }
 
 /// A double as a C++ literal (exact), or an expression for inf / nan.
@@ -1132,9 +1140,8 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
       "(a, " + num(hidden) + "ll)";
   // Decode: a bf16 copy for the wide down projection (as decodeShadows
   // gives values).
-  const bool hiddenCopy = phase == "decode" && bf16RowsAllowed(opts) &&
-                          maxTokens > kNarrowTokens && *dt == "nf::bf16" &&
-                          I % 32 == 0;
+  const bool hiddenCopy = decodeCopiesOn(phase, opts, maxTokens) &&
+                          *dt == "nf::bf16" && I % 32 == 0;
   const std::string hidCopy =
       hiddenCopy ? "nf::arena<unsigned short>(a, " +
                        num(newScratch(maxTokens * I * 2)) + "ll)"
@@ -2302,6 +2309,19 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
   return out;
 }
 
+/// Value v is a weight stored as bf16.
+bool isBf16Weight(const pl::Plan &plan, const std::vector<ValueInfo> &values,
+                  int v) {
+  if (v < 0 || v >= static_cast<int>(values.size()) ||
+      values[v].kind != pl::ValueKind::Weight || !plan.weights() ||
+      values[v].weight < 0 ||
+      values[v].weight >= static_cast<int>(plan.weights()->size()))
+    return false;
+  return plan.weights()
+             ->Get(static_cast<unsigned>(values[v].weight))
+             ->dtype() == pl::DType::BF16;
+}
+
 /// With bf16 matmul inputs, the prefill activations that only tensor-core
 /// GEMMs read are stored as bf16 rows by the ops that produce them (norms,
 /// GEMM epilogues, activations), rounded as the GEMMs would round them: the
@@ -2325,15 +2345,7 @@ std::set<int> bf16RowValues(const pl::Plan &plan, const pl::Step &step,
   auto valid = [&](int v) {
     return v >= 0 && v < static_cast<int>(values.size());
   };
-  auto bf16Weight = [&](int v) {
-    if (!valid(v) || values[v].kind != pl::ValueKind::Weight ||
-        !plan.weights() || values[v].weight < 0 ||
-        values[v].weight >= static_cast<int>(plan.weights()->size()))
-      return false;
-    return plan.weights()
-               ->Get(static_cast<unsigned>(values[v].weight))
-               ->dtype() == pl::DType::BF16;
-  };
+  auto bf16Weight = [&](int v) { return isBf16Weight(plan, values, v); };
   // Per value: readers all GEMM inputs so far / read at all / producer ok.
   std::vector<char> gemmOnly(values.size(), 1), read(values.size(), 0),
       producible(values.size(), 0);
@@ -2409,21 +2421,12 @@ void decodeShadows(const pl::Plan &plan, const pl::Step &step,
                    const std::vector<ValueInfo> &values,
                    const std::string &phase, const CudaCodegenOptions &opts,
                    RowFormats &out) {
-  if (phase != "decode" || !bf16RowsAllowed(opts) ||
-      step.max_tokens() <= kNarrowTokens)
+  if (!decodeCopiesOn(phase, opts, step.max_tokens()))
     return;
   auto valid = [&](int v) {
     return v >= 0 && v < static_cast<int>(values.size());
   };
-  auto bf16Weight = [&](int v) {
-    if (!valid(v) || values[v].kind != pl::ValueKind::Weight ||
-        !plan.weights() || values[v].weight < 0 ||
-        values[v].weight >= static_cast<int>(plan.weights()->size()))
-      return false;
-    return plan.weights()
-               ->Get(static_cast<unsigned>(values[v].weight))
-               ->dtype() == pl::DType::BF16;
-  };
+  auto bf16Weight = [&](int v) { return isBf16Weight(plan, values, v); };
   // Per value: read as a skinny GEMM's input / producer writes copies.
   std::vector<char> gemmRead(values.size(), 0), producible(values.size(), 0);
   for (const pl::Kernel *k : *step.kernels()) {
