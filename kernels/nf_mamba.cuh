@@ -864,6 +864,89 @@ __device__ void ssm_scan(Step a, const float *xbc, const float *dt_raw,
   }
 }
 
+/// The SSM recurrence of decode steps (nf_kv.ssm_update): a warp per
+/// (sequence, head, 32 / NS channels), NS lanes a channel, each holding
+/// N / NS state values as float4 runs (state_n of ssm_scan with VEC 4: a
+/// channel's lanes read its state row as consecutive 16-byte pieces). B, C,
+/// x and dt are read where they are (the warps of a head read the same B
+/// and C, from L1 or L2), and the channel's y is its lanes' shares added in
+/// lane order (as ssm_scan adds sPart): no shared memory and no block
+/// barriers, where ssm_scan's staging and three barriers a token made each
+/// decode item a chain of memory and barrier latencies. The first item's
+/// state (the previous step's) is loaded before waiting for the previous
+/// launch. A sequence's tokens are walked in order. Same arithmetic as
+/// ssm_scan, so the same results.
+template <class WB, class WA, class WD, int NH, int P, int N, int G, int NS>
+__device__ void ssm_decode(Step a, const float *xbc, const float *dt_raw,
+                           const WB *dt_bias, const WA *a_log, const WD *d_skip,
+                           float dt_min, float dt_max, float *state, float *y) {
+  constexpr int I = NH * P, CD = I + 2 * G * N, HPG = NH / G;
+  constexpr int CPW = 32 / NS;     // channels a warp
+  constexpr int NV = N / (4 * NS); // float4s a lane
+  static_assert(32 % NS == 0 && N % (4 * NS) == 0 && P % CPW == 0,
+                "ssm_decode tiling");
+  static_assert(I % 4 == 0 && CD % 4 == 0, "B and C rows of whole float4s");
+  const int lane = lane_id(), sub = lane % NS, cw = lane / NS;
+  const long long items = static_cast<long long>(a->num_seqs) * NH * (P / CPW);
+  bool waited = false;
+  for (long long item = global_warp(); item < items; item += grid_warps()) {
+    const int s = static_cast<int>(item / (NH * (P / CPW)));
+    const int rem = static_cast<int>(item % (NH * (P / CPW)));
+    const int h = rem / (P / CPW), p = (rem % (P / CPW)) * CPW + cw;
+    const nf_seq_desc d = a->seqs[s];
+    float4 *S = reinterpret_cast<float4 *>(
+        state + ((static_cast<long long>(d.slot) * NH + h) * P + p) * N);
+    float4 st[NV];
+#pragma unroll
+    for (int q = 0; q < NV; ++q)
+      st[q] = S[q * NS + sub];
+    if (!waited) {
+      wait_for_previous_grids(); // xbc and dt are the previous launches'
+      waited = true;
+    }
+    const int g = h / HPG;
+    const float Ah = -expf(load(a_log, h));
+    const float Dh = load(d_skip, h);
+    const float bias = load(dt_bias, h);
+    for (int t = 0; t < d.count; ++t) {
+      const long long row = d.begin + t;
+      const float *xr = xbc + row * CD;
+      const float4 *B4 = reinterpret_cast<const float4 *>(xr + I + g * N);
+      const float4 *C4 =
+          reinterpret_cast<const float4 *>(xr + I + G * N + g * N);
+      const float dt = mamba_dt(dt_raw[row * NH + h], bias, dt_min, dt_max);
+      const float dA = expf(dt * Ah);
+      const float x = xr[h * P + p];
+      const float xd = x * dt;
+      float part0 = 0.0f, part1 = 0.0f;
+#pragma unroll
+      for (int q = 0; q < NV; ++q) {
+        const float4 b = B4[q * NS + sub], c = C4[q * NS + sub];
+        st[q].x = dA * st[q].x + xd * b.x;
+        part0 = fmaf(st[q].x, c.x, part0);
+        st[q].y = dA * st[q].y + xd * b.y;
+        part1 = fmaf(st[q].y, c.y, part1);
+        st[q].z = dA * st[q].z + xd * b.z;
+        part0 = fmaf(st[q].z, c.z, part0);
+        st[q].w = dA * st[q].w + xd * b.w;
+        part1 = fmaf(st[q].w, c.w, part1);
+      }
+      const float part = part0 + part1;
+      float yv = 0.0f;
+#pragma unroll
+      for (int u = 0; u < NS; ++u)
+        yv += __shfl_sync(0xffffffffu, part, cw * NS + u);
+      if (sub == 0)
+        y[row * I + h * P + p] = yv + Dh * x;
+    }
+#pragma unroll
+    for (int q = 0; q < NV; ++q)
+      S[q * NS + sub] = st[q];
+  }
+  if (!waited)
+    wait_for_previous_grids(); // a warp without items
+}
+
 } // namespace nf
 
 #endif // NF_KERNELS_MAMBA_CUH

@@ -210,6 +210,13 @@ struct LinearSpec {
   /// for an even n, in one store each (S::store2).
   std::string store2;
   int64_t maxRows = 0;
+  /// Decode steps of more than kNarrowTokens tokens with a bf16 copy of the
+  /// input: split_k_linear instead of skinny_linear's wide variant (for
+  /// layers with enough feature tiles to fill the GPU without splitting K).
+  bool wideFeatureTiles = false;
+  /// The shared expert: its wide variant runs side by side with the routed
+  /// experts' and takes their block size.
+  bool wideWithExperts = false;
 };
 
 class KernelEmitter {
@@ -232,6 +239,8 @@ private:
     /// Its template indexes blocks through nf::Step (block(), grid()), so
     /// it can run on a slice of a co-launch's grid.
     bool sliceable = false;
+    /// > 0: the blocks an SM must fit (__launch_bounds__' minimum blocks).
+    int minBlocks = 0;
   };
   // Diagnostics
   Status fail(size_t op, const std::string &message) const {
@@ -443,6 +452,7 @@ private:
     };
     FunctionText f;
     f.comment = fa.comment + ";\n// side by side with " + fb.comment;
+    f.minBlocks = std::max(fa.minBlocks, fb.minBlocks);
     f.body = "  if (blockIdx.x < " + std::to_string(ga) + "u) {\n" +
              part(fa, 0, ga) + "  } else {\n" + part(fb, ga, lb.grid) + "  }\n";
     f.ownsStep = true;
@@ -752,6 +762,16 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // (No minimum-blocks launch bound: with one, ptxas spills to reach it,
     // where without one the narrow variant fits three blocks unspilled.)
     const int64_t cap = int64_t(opts.smCount) * 2;
+    // The wide variant: 4 warps split an item's K, four blocks an SM (each
+    // warp's weight stream twice as long between folds), for routed experts
+    // and layers of at least a feature tile an SM; layers of fewer tiles
+    // keep 8 warps (more bytes in flight per item). On the H200, Nano at
+    // batch 32: routed experts 84 + 80 -> 81 + 79 us a layer, in_proj 31.1
+    // -> 28.6, qkv 23.8 -> 19.1, but out_proj (84 tiles) 14.4 -> 19.4.
+    const bool wide4 = s.G > 1 || s.wideWithExperts ||
+                       ceilDiv(s.N, 32) >= int64_t(opts.smCount);
+    const int64_t kWideWarps = wide4 ? 4 : kWarps;
+    const int64_t kWideCap = int64_t(opts.smCount) * (wide4 ? 4 : 2);
     const int64_t narrowCap =
         opts.matmulTerms == 1 ? int64_t(opts.smCount) * 3 : cap;
     const std::string terms = num(opts.matmulTerms);
@@ -766,33 +786,56 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // weights'); the narrow one reads f32 rows (bf16 rows there slowed
     // batch 1-8 by 2-3%, bench/results/2026-11-30f/run4-decode-rows).
     auto variant = [&](const std::string &name, int64_t grid, int64_t mt,
-                       int64_t stages, bool stageX, bool rows16, uint32_t minT,
-                       uint32_t maxT) {
+                       int64_t stages, int64_t warps, bool stageX, bool rows16,
+                       uint32_t minT, uint32_t maxT) {
       const int64_t smem =
-          (kWarps / 2) * mt * 2 * 4 * 32 * 4 +
-          (stageX ? kWarps * 2 * 2 * (rows16 ? 1 : 2) * 32 * 16 : 0);
+          (warps / 2) * mt * 2 * 4 * 32 * 4 +
+          (stageX ? warps * 2 * 2 * (rows16 ? 1 : 2) * 32 * 16 : 0);
       const std::string x = stageX ? "true" : "false";
       const std::string tail = rows16 ? ", true" : "";
-      addLaunch(name, static_cast<uint32_t>(grid), 32 * kWarps,
+      addLaunch(name, static_cast<uint32_t>(grid), 32 * warps,
                 "  static_assert(nf::skinny_smem<" + spec + ", " + num(mt) +
-                    ", " + num(kWarps) + ", " + x + tail +
+                    ", " + num(warps) + ", " + x + tail +
                     ">() == " + num(smem) +
                     ", \"shared memory size\");\n"
                     "  nf::skinny_linear<" +
                     spec + ", " + num(mt) + ", " + num(stages) + ", " +
-                    num(kWarps) + ", " + terms + ", " + x + tail + ">(a);\n",
+                    num(warps) + ", " + terms + ", " + x + tail + ">(a);\n",
                 comment, minT, maxT, /*bodyWaits=*/true);
       launches.back().sharedBytes = static_cast<uint32_t>(smem);
       functions.back().sliceable = true;
     };
     variant(fn + (wide ? "_narrow" : ""), gridOf(narrowItems, narrowCap), 1, 4,
-            false, false, 0, wide ? kNarrowTokens : 0);
-    if (wide) {
+            kWarps, false, false, 0, wide ? kNarrowTokens : 0);
+    if (wide && x16 && s.wideFeatureTiles && s.G == 1) {
+      // A block's 8 warps own 16 features each (128 a tile) and share the
+      // tile's 32 rows, staged once in shared memory: each weight byte is
+      // read once per 32 rows, the rows once per 128 features (skinny items
+      // read weights once per 16 rows and rows once per 32 features). The
+      // LM head alone on the H200: 32 rows 288 -> 189 us, 64 rows 543 ->
+      // 284 (bench/kernels/feature_tile_sweep.cu).
+      constexpr int64_t kMt = 1, kNt = 4, kW = 8, kStages = 4, kKp = 8;
+      const int64_t items =
+          ceilDiv(s.N, kW * kMt * 16) * ceilDiv(s.maxRows, 8 * kNt);
+      const int64_t smem = 2 * kKp * 8 * kNt * 64;
+      addLaunch(fn + "_wide", gridOf(items, cap), 32 * kW,
+                "  static_assert(nf::feature_tile_smem<" + num(kNt) + ", " +
+                    num(kKp) + ">() == " + num(smem) +
+                    ", \"shared memory size\");\n"
+                    "  nf::feature_tile_linear<" +
+                    spec + ", " + num(kMt) + ", " + num(kNt) + ", " + num(kW) +
+                    ", " + num(kStages) + ", " + num(kKp) + ">(a);\n",
+                comment + " (feature tiles of 128, rows staged once)",
+                kNarrowTokens + 1, 0, /*bodyWaits=*/true);
+      launches.back().sharedBytes = static_cast<uint32_t>(smem);
+    } else if (wide) {
       const int64_t items =
           (std::min(s.G, s.maxRows) + ceilDiv(s.maxRows, 16)) *
           ceilDiv(s.N, 32);
-      variant(fn + "_wide", gridOf(items, cap), 2, 2, opts.matmulTerms == 1,
-              x16, kNarrowTokens + 1, 0);
+      variant(fn + "_wide", gridOf(items, kWideCap), 2, 2, kWideWarps,
+              opts.matmulTerms == 1, x16, kNarrowTokens + 1, 0);
+      if (wide4) // 128 registers: ptxas took 140 for the routed experts'
+        functions.back().minBlocks = 4; // up (co-launch), three an SM
     }
     return;
   }
@@ -992,6 +1035,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   // (a->logit_rows: the last token of each sequence unless every token's
   // logits are asked for), when nothing else reads its result.
   if (label == "lm_head" && usersOf(out[0]).empty()) {
+    s.wideFeatureTiles = true;
     s.groups = "nf::LogitRowGroups";
     s.rowIndex = "nf::logit_row(a, r)";
     rn = "static_cast<long long>(nf::logit_row(a, r)) * ";
@@ -1161,6 +1205,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
               " + n, nf::activate<" + *act + ">(v0), nf::activate<" + *act +
               ">(v1));\n";
   s1.maxRows = maxTokens;
+  s1.wideWithExperts = true;
   emitLinear(fnName(i, "shared_up"), s1,
              "nf_moe.shared_expert: hidden = act(x . up^T) (codegen scratch "
              "at " +
@@ -1202,6 +1247,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
               " + static_cast<long long>(r) * " + num(s2.N) + " + n, v0" +
               (addend2.empty() ? ", v1" : " + o.x, v1 + o.y") + ");\n";
   s2.maxRows = maxTokens;
+  s2.wideWithExperts = true;
   emitLinear(fnName(i, "shared_down"), s2,
              consumed == 2
                  ? "nf_moe.shared_expert + nf.add: out = hidden . down^T + "
@@ -1281,6 +1327,12 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
   for (size_t l = l3; split && l < l5; ++l)
     split = functions[l].sliceable;
   if (!split) {
+    // Co-launches need one block size: GEMV variants of another (the wide
+    // ones) run one after the other.
+    for (size_t v = 0; v < variants; ++v)
+      if (launches[l0 + v].block != launches[l1].block ||
+          launches[l0 + variants + v].block != launches[l1 + 1].block)
+        return consumed;
     // Logits: a warp per (token, expert), 8 a block; ranking: a block per
     // token. Ranking with the down projection first (the later indices).
     coLaunch(l1 + 1, l0 + variants, variants,
@@ -1487,6 +1539,26 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   const int64_t block = PT * NS;
   includes.insert("nf_mamba.cuh");
   const std::string state = "nf::storage(a, " + num(2 * op.storage() + 1) + ")";
+  // Decode: a warp per (sequence, head, 32 / NS channels), no shared
+  // memory or barriers (ssm_decode); the H200, Nano at batch 32: see
+  // docs/performance.md.
+  if (opName(op) == "nf_kv.ssm_update" && 32 % NS == 0 && N % (4 * NS) == 0 &&
+      P % (32 / NS) == 0 && (NH * P) % 4 == 0 && CD % 4 == 0) {
+    const int64_t warps = maxTokens * NH * (P / (32 / NS));
+    addLaunch(fnName(i, "ssm_update"),
+              gridOf(ceilDiv(warps, 8), int64_t(opts.smCount) * 4), 256,
+              "  nf::ssm_decode<" + *t3 + ", " + *t4 + ", " + *t5 + ", " +
+                  num(NH) + ", " + num(P) + ", " + num(N) + ", " + num(G) +
+                  ", " + num(NS) + ">(a, " + arenaPtr(in[1]) + ", " +
+                  arenaPtr(in[2]) + ", " + weightPtr(in[3]) + ", " +
+                  weightPtr(in[4]) + ", " + weightPtr(in[5]) + ", " +
+                  floatLit(*lo) + ", " + floatLit(*hi) + ", " + state + ", " +
+                  arenaPtr(out[0]) + ");\n",
+              opName(op) + ": a warp per (sequence, head, " + num(32 / NS) +
+                  " channels), tokens in order",
+              0, 0, /*bodyWaits=*/true);
+    return size_t(1);
+  }
   const int64_t items = maxTokens * NH * (P / PT);
   // Prefill on tensor cores (SSD's matrix form, nf_mamba.cuh ssd_chunk)
   // when the head channels and state fit mma's tiles: chunks of kChunk
@@ -2266,7 +2338,9 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
     const FunctionText &f = functions[l];
     text << "// " << f.comment << "\n"
          << "extern \"C\" __global__ void __launch_bounds__("
-         << launches[l].block << ") " << launches[l].function
+         << launches[l].block
+         << (f.minBlocks > 0 ? ", " + std::to_string(f.minBlocks) : "") << ") "
+         << launches[l].function
          << (phase == "decode" ? "(const nf_step_args *__restrict__ args) {\n"
                                : "(const nf_step_args *__restrict__ args, char "
                                  "*__restrict__ arena) {\n")
