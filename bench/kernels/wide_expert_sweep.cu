@@ -19,7 +19,7 @@
 #include <vector>
 
 // Arena: dispatch offsets (E + 1 i32) at 0, bf16 rows at kXOff, f32 y.
-constexpr long long kXOff = 4096, kYOff = 1 << 20;
+constexpr long long kXOff = 4096, kYOff = 8 << 20;
 constexpr int kIters = 200;
 
 __global__ void fillBf16(unsigned short *w, size_t n, unsigned seed) {
@@ -103,7 +103,7 @@ static void variant(const Ctx &c, const char *name, int perSm,
   CHECK(cudaFuncGetAttributes(&fa, kernel));
   const int grid = c.sms * perSm;
   for (char *arena : c.arenas) // no variant passes on another's outputs
-    CHECK(cudaMemset(arena + kYOff, 0xff, 256ull * 2688 * 4));
+    CHECK(cudaMemset(arena + kYOff, 0xff, 512ull * 2688 * 4));
   for (int it = 0; it < 3; ++it)
     kernel<<<grid, 32 * KW, smem>>>(c.dArgs + it % 16);
   CHECK(cudaDeviceSynchronize());
@@ -179,9 +179,9 @@ int main() {
   CHECK(cudaMemcpy(dW, &wp, sizeof wp, cudaMemcpyHostToDevice));
   std::vector<nf_step_args> args(16);
   for (int it = 0; it < 16; ++it) {
-    char *arena = device_alloc<char>(kYOff + 256ull * 2688 * 4);
+    char *arena = device_alloc<char>(kYOff + 512ull * 2688 * 4);
     fillBf16<<<256, 256>>>(reinterpret_cast<unsigned short *>(arena + kXOff),
-                           256 * 2688, 7u);
+                           512 * 2688, 7u);
     c.arenas.push_back(arena);
     args[it] = nf_step_args{};
     args[it].arena = arena;
