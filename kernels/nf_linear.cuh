@@ -803,9 +803,12 @@ __device__ void linear(Step a) {
 // step's token count (the plan's launch token ranges): narrow (MT 1, 4 K
 // steps in flight: many bytes in flight for few rows) and wide (MT 2, 2 K
 // steps in flight: half the activation reads per weight byte). Items take
-// at most 16 rows (NT <= 2: few registers, several blocks per SM); a group
-// with more rows takes several items of the same feature tile, neighbours
-// in the item order, so the second read of a weight tile comes from L2.
+// at most ROWS rows: 16 (NT <= 2: few registers, several blocks per SM),
+// or 32 (NT <= 4) where 16-row items would not all fit on the GPU at once
+// (the generator's choice; a second round of items costs more than the
+// registers). A group with more rows takes several items of the same
+// feature tile, neighbours in the item order, so the second read of a
+// weight tile comes from L2.
 
 __device__ __forceinline__ unsigned uint4_at(const uint4 &v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -1030,18 +1033,19 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
 }
 
 /// skinny_linear's fold buffer, in floats (a multiple of 4): items of up
-/// to 16 rows (two 8-row n-tiles).
-template <int MT, int KW>
+/// to ROWS rows (ROWS / 8 8-row n-tiles).
+template <int MT, int KW, int ROWS = 16>
 __host__ __device__ constexpr int skinny_red_floats() {
-  return (KW > 1 ? KW / 2 : 1) * MT * 2 * 4 * 32;
+  return (KW > 1 ? KW / 2 : 1) * MT * (ROWS / 8) * 4 * 32;
 }
-/// Dynamic shared memory of skinny_linear<S, MT, *, KW, *, kStageX, kX16>,
-/// bytes.
-template <class S, int MT, int KW, bool kStageX, bool kX16 = false>
+/// Dynamic shared memory of skinny_linear<S, MT, *, KW, *, kStageX, kX16,
+/// ROWS>, bytes.
+template <class S, int MT, int KW, bool kStageX, bool kX16 = false,
+          int ROWS = 16>
 __host__ __device__ constexpr int skinny_smem() {
   using XT = typename SkinnyRows<S, kX16>::T;
-  return skinny_red_floats<MT, KW>() * 4 +
-         (kStageX ? KW * SkinnyXRing<XT, 2>::kPerWarp * 16 : 0);
+  return skinny_red_floats<MT, KW, ROWS>() * 4 +
+         (kStageX ? KW * SkinnyXRing<XT, ROWS / 8>::kPerWarp * 16 : 0);
 }
 
 /// y = x . W^T for groups of few rows (see above); launch with KW warps
@@ -1057,10 +1061,10 @@ __host__ __device__ constexpr int skinny_smem() {
 /// launches slower: alone 15-27%, bench/kernels/skinny_sweep.cu with
 /// NF_SWEEP_DENSE=1; Nano's batch-1 step 3.63 -> 3.55 ms without it.)
 template <class S, int MT, int STAGES, int KW, int TERMS = 3,
-          bool kStageX = false, bool kX16 = false>
+          bool kStageX = false, bool kX16 = false, int ROWS = 16>
 __device__ void skinny_linear(Step a) {
   static_assert(S::K % 32 == 0, "32-deep K steps");
-  constexpr int ROWS = 16;
+  static_assert(ROWS == 16 || ROWS == 32, "items of 16 or 32 rows");
   constexpr int FT = 16 * MT; // features per item
   constexpr int NTILES = (S::N + FT - 1) / FT;
   constexpr bool kEarly = S::kRowsFromArgs;
@@ -1070,7 +1074,7 @@ __device__ void skinny_linear(Step a) {
   extern __shared__ float4 nf_skinny_smem[];
   float *s_red = reinterpret_cast<float *>(nf_skinny_smem);
   uint4 *s_xring =
-      reinterpret_cast<uint4 *>(s_red + skinny_red_floats<MT, KW>());
+      reinterpret_cast<uint4 *>(s_red + skinny_red_floats<MT, KW, ROWS>());
   if constexpr (!kEarly)
     wait_for_previous_grids(); // the groups are an earlier launch's output
   // Items per group: row chunks x feature tiles.
@@ -1096,8 +1100,11 @@ __device__ void skinny_linear(Step a) {
     if (it.rows <= 8)
       skinny_item<S, KW, MT, 1, STAGES, TERMS, kEarly, kStageX, kX16>(
           a, it.g, it.row0, it.rows, it.n0, s_red, s_xring);
-    else
+    else if (ROWS == 16 || it.rows <= 16)
       skinny_item<S, KW, MT, 2, STAGES, TERMS, kEarly, kStageX, kX16>(
+          a, it.g, it.row0, it.rows, it.n0, s_red, s_xring);
+    else if constexpr (ROWS == 32)
+      skinny_item<S, KW, MT, 4, STAGES, TERMS, kEarly, kStageX, kX16>(
           a, it.g, it.row0, it.rows, it.n0, s_red, s_xring);
   }
   if constexpr (kEarly)

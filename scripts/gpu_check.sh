@@ -19,8 +19,10 @@
 #     pydoc-moe, plus two variants of tiny-hybrid:
 #       tiny-hybrid-small  ... --target=cuda:sm_90 --max-tokens 16 --max-sequences 2
 #       tiny-hybrid-topk   ... --target=cuda:sm_90 --expert-policy topk
-#     and pydoc-moe with bf16 matmul inputs:
+#     and pydoc-moe with bf16 matmul inputs, its grids also sized for 4 SMs
+#     (the kernel variants that only Nano-sized layers take on 132 SMs):
 #       pydoc-moe-bf16     ... --target=cuda:sm_90 --matmul-inputs=bf16
+#       pydoc-moe-bf16-sm4 ... the same with NF_CUDA_SM_COUNT=4
 #     (NF_CUDA_TARGET overrides "cuda:sm_90".)
 #  3. Copy build/bin/{nfrun,nf-cuda-tests}, build/lib/libnf.so*,
 #     build/lib/libnf_fake_cuda.so, libgomp.so.1 and cpp-httplib (with its
@@ -88,6 +90,8 @@ prepare() {
     --max-sequences 2
   compile tiny-hybrid-topk "$(model_dir tiny-hybrid)" --expert-policy topk
   compile pydoc-moe-bf16 "$(model_dir pydoc-moe)" --matmul-inputs=bf16
+  NF_CUDA_SM_COUNT=4 compile pydoc-moe-bf16-sm4 "$(model_dir pydoc-moe)" \
+    --matmul-inputs=bf16
   rm -rf "$CARRY/mlir"
   cp "$build/bin/nfrun" "$build/bin/nf-cuda-tests" "$CARRY/bin/"
   cp -a "$build"/lib/libnf.so* "$build/lib/libnf_fake_cuda.so" "$CARRY/lib/"

@@ -779,20 +779,27 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     const int64_t narrowItems =
         (std::min(s.G, narrowRows) + 1) * ceilDiv(s.N, 16);
     const bool wide = maxTokens > kNarrowTokens;
+    // One weight (not the routed experts), not run beside the experts.
+    const bool dense = s.G == 1 && !s.wideWithExperts;
     // Dynamic shared memory (nf::skinny_smem): the fold's sums and, when
     // staged, the activation ring (the two parts of a co-launch share it).
     // The wide variant reads the input's bf16 copy where it has one (its
     // steps are the ones whose activation reads through L2 rival the
     // weights'); the narrow one reads f32 rows (bf16 rows there slowed
     // batch 1-8 by 2-3%, bench/results/2026-11-30f/run4-decode-rows).
+    // rows: an item's rows at most (16, or 32 for wide dense layers whose
+    // 16-row items would not all fit on the GPU at once).
     auto variant = [&](const std::string &name, int64_t grid, int64_t mt,
                        int64_t stages, int64_t warps, bool stageX, bool rows16,
-                       uint32_t minT, uint32_t maxT) {
+                       uint32_t minT, uint32_t maxT, int64_t rows = 16) {
+      const int64_t nt = rows / 8;
       const int64_t smem =
-          (warps / 2) * mt * 2 * 4 * 32 * 4 +
-          (stageX ? warps * 2 * 2 * (rows16 ? 1 : 2) * 32 * 16 : 0);
+          (warps / 2) * mt * nt * 4 * 32 * 4 +
+          (stageX ? warps * 2 * nt * (rows16 ? 1 : 2) * 32 * 16 : 0);
       const std::string x = stageX ? "true" : "false";
-      const std::string tail = rows16 ? ", true" : "";
+      std::string tail = rows16 ? ", true" : "";
+      if (rows != 16)
+        tail = (rows16 ? ", true, " : ", false, ") + num(rows);
       addLaunch(name, static_cast<uint32_t>(grid), 32 * warps,
                 "  static_assert(nf::skinny_smem<" + spec + ", " + num(mt) +
                     ", " + num(warps) + ", " + x + tail +
@@ -828,6 +835,19 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
                 comment + " (feature tiles of 128, rows staged once)",
                 kNarrowTokens + 1, 0, /*bodyWaits=*/true);
       launches.back().sharedBytes = static_cast<uint32_t>(smem);
+    } else if (wide && dense && wide4 && 2 * ceilDiv(s.N, 32) > kWideCap) {
+      // Wide layers whose 16-row items at 32 rows would not all fit on the
+      // GPU at once (in_proj: 644 items for 528 blocks): items of up to 32
+      // rows, each weight tile read once, in one round of three blocks an
+      // SM (142 registers). On the H200, the Nano in_proj alone at 32 rows
+      // 28.9 -> 21.9 us, at 64 rows 41.6 -> 36.7
+      // (bench/kernels/dense_wide_sweep.cu); the bf16 plan's step at batch
+      // 32 7.34 / 7.33 -> 7.23 / 7.20 ms, batch 64 10.88 / 10.80 -> 10.77
+      // / 10.71 (bench/results/2026-12-01e/ab-rows32).
+      const int64_t items = ceilDiv(s.maxRows, 32) * ceilDiv(s.N, 32);
+      variant(fn + "_wide", gridOf(items, int64_t(opts.smCount) * 3), 2, 2,
+              kWideWarps, opts.matmulTerms == 1, x16, kNarrowTokens + 1, 0, 32);
+      functions.back().minBlocks = 3;
     } else if (wide) {
       const int64_t items =
           (std::min(s.G, s.maxRows) + ceilDiv(s.maxRows, 16)) *

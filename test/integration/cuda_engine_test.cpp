@@ -1851,10 +1851,14 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture,
 // on the plans of 2026-12-01, bench/results/2026-12-01b), so the bound is
 // loose: it catches copies that are stale, misplaced or never written
 // (logits of another token, differences of order 1), not rounding.
+// pydoc-moe-bf16-sm4: the same plan with grids sized for 4 SMs
+// (NF_CUDA_SM_COUNT=4), whose layers then take the variants that only
+// Nano-sized layers take on 132 SMs (items of 32 rows, 4-warp blocks).
 constexpr double kBf16BatchTol = 0.2;
-TEST(CudaPlans, Bf16InputsWideDecodeMatchesOneAtATime) {
+class CudaBf16Plans : public ::testing::TestWithParam<const char *> {};
+TEST_P(CudaBf16Plans, WideDecodeMatchesOneAtATime) {
   NF_REQUIRE_GPU();
-  const std::string plan = cudaPlan("pydoc-moe-bf16");
+  const std::string plan = cudaPlan(GetParam());
   NF_REQUIRE_PLAN(plan);
   const std::string dir = modelDir("pydoc-moe");
   std::unique_ptr<Engine> single = load(plan, options("cuda", dir));
@@ -1865,10 +1869,19 @@ TEST(CudaPlans, Bf16InputsWideDecodeMatchesOneAtATime) {
   const double diff = wideDecodeDifference(*single, plan, dir, prompts);
   ASSERT_GE(diff, 0) << "the plan decodes fewer than 24 sequences at once";
   EXPECT_LE(diff, kBf16BatchTol) << "wide decode differs from one at a time";
-  std::cout << "[ cuda ] pydoc-moe-bf16 wide decode (24 sequences): max rel "
+  std::cout << "[ cuda ] " << GetParam()
+            << " wide decode (24 sequences): max rel "
             << "|batched - single| " << diff
             << (diff == 0 ? " (bit-identical)" : "") << "\n";
 }
+INSTANTIATE_TEST_SUITE_P(PydocMoe, CudaBf16Plans,
+                         ::testing::Values("pydoc-moe-bf16",
+                                           "pydoc-moe-bf16-sm4"),
+                         [](const auto &info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
 
 // Steps split into runs of 16 tokens / 2 sequences (tiny-hybrid-small).
 TEST(CudaPlans, SmallArenaMatchesLargeArena) {

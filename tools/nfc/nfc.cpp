@@ -152,6 +152,16 @@ int runCompile(const CompileFlags &flags) {
     cuda->cacheDir = nf::codegen::KernelCache::defaultDirectory();
     if (const char *inject = std::getenv("NF_CUDA_INJECT_ERROR"))
       cuda->injectError = inject; // testing: a syntax error in these kernels
+    if (const char *sms = std::getenv("NF_CUDA_SM_COUNT")) {
+      // Testing: grids (and the variants they choose) for this many SMs.
+      char *end = nullptr;
+      const long n = std::strtol(sms, &end, 10);
+      if (end == sms || *end != '\0' || n < 1 || n > 4096)
+        return fail("NF_CUDA_SM_COUNT: expected a number of SMs (1 to "
+                    "4096), got '" +
+                    std::string(sms) + "'");
+      cuda->smCount = static_cast<int>(n);
+    }
   } else if (!flags.cudaSourceDir.empty()) {
     return fail("--cuda-source-dir needs --target=cuda");
   } else if (flags.matmulInputs != "exact") {
