@@ -154,6 +154,34 @@ __device__ void causal_conv_seq(Step a, const float *in, const W *w,
   }
 }
 
+/// The decode conv of channel c of token r (one token per sequence) from
+/// the GEMM epilogue that produced its input x (linear + split +
+/// causal_conv): the output, and the sequence's window advanced, with the
+/// same conv_step as causal_conv_seq (so the same results). Each (slot,
+/// channel) window belongs to one token of the step, so the in-place update
+/// races with nothing.
+template <class W, class B, int CD, int KW, bool kBias>
+__device__ __forceinline__ void causal_conv_decode(Step a, int r, int c,
+                                                   float x, const W *w,
+                                                   const B *bias,
+                                                   float *window, float *out) {
+  constexpr int K1 = KW - 1;
+  const int slot = a->seqs[a->token_seq[r]].slot;
+  float *st = window + (static_cast<long long>(slot) * CD + c) * K1;
+  float win[K1 > 0 ? K1 : 1], wc[KW];
+#pragma unroll
+  for (int q = 0; q < K1; ++q)
+    win[q] = st[q];
+#pragma unroll
+  for (int q = 0; q < KW; ++q)
+    wc[q] = load(w, static_cast<long long>(c) * KW + q);
+  const float b = kBias ? load(bias, c) : 0.0f;
+  out[static_cast<long long>(r) * CD + c] = conv_step<KW>(wc, b, win, x);
+#pragma unroll
+  for (int q = 0; q < K1; ++q)
+    st[q] = win[q];
+}
+
 /// dt = clamp(softplus(raw + bias), lo, hi); softplus(v) = v for v > 20.
 __device__ __forceinline__ float mamba_dt(float raw, float bias, float lo,
                                           float hi) {

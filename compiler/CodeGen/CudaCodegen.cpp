@@ -1109,6 +1109,47 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
         }
       }
     }
+    // A decode conv of a split piece (one token per sequence): the
+    // piece's store is the conv of its channel (nf::causal_conv_decode),
+    // and the piece itself is stored only if something else reads it.
+    int convPiece = -1;
+    std::string convStore;
+    if (consumed == 1 && phase == "decode" && i + 2 < ops.size() &&
+        opName(*ops[i + 2]) == "nf_kv.causal_conv" &&
+        stringAttr(*ops[i + 2], "mode").value_or("") == "decode") {
+      const pl::Op &cv = *ops[i + 2];
+      auto cin = operands(cv), cout = results(cv);
+      const pl::Storage *st = storageOf(cv, pl::StorageKind::MambaState);
+      auto piece = cin.size() >= 3 ? std::find(pieces.begin(), pieces.end(),
+                                               cin[1])
+                                   : pieces.end();
+      if (st && piece != pieces.end() && (cin.size() == 3 || cin.size() == 4) &&
+          cout.size() == 1 && isAct(cout[0]) &&
+          V(cin[0]).kind == pl::ValueKind::Batch) {
+        const int64_t CD = st->conv_dim(), KW = st->conv_window() + 1;
+        auto wt = weightType(cin[2]);
+        const bool bias = cin.size() == 4;
+        auto bt = bias ? weightType(cin[3]) : wt;
+        if (wt && bt && V(cin[1]).cols == CD && V(cout[0]).cols == CD &&
+            weightNumel(cin[2]) == CD * KW &&
+            (!bias || weightNumel(cin[3]) == CD)) {
+          includes.insert("nf_mamba.cuh");
+          convPiece = static_cast<int>(piece - pieces.begin());
+          convStore =
+              "      nf::causal_conv_decode<" + *wt + ", " + *bt + ", " +
+              num(CD) + ", " + num(KW) + ", " + (bias ? "true" : "false") +
+              ">(a, r, COL, v, " + weightPtr(cin[2]) + ", " +
+              (bias ? weightPtr(cin[3])
+                    : "static_cast<const " + *bt + " *>(nullptr)") +
+              ", nf::storage(a, " + num(2 * cv.storage()) + "), " +
+              arenaPtr(cout[0]) + ");\n";
+          consumed = 3;
+          label += "_split_conv";
+          comment += " + nf.split + nf_kv.causal_conv (decode, per channel "
+                     "in the epilogue)";
+        }
+      }
+    }
     if (consumed == 1) {
       consumed = 2;
       label += "_split";
@@ -1126,6 +1167,12 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
       const std::string col = c0 ? "(n - " + num(c0) + ")" : std::string("n");
       std::string piece = "      " + arenaPtr(pieces[r]) + "[" + rn + num(w) +
                           " + " + col + "] = v;\n";
+      if (static_cast<int>(r) == convPiece) {
+        std::string conv = convStore;
+        conv.replace(conv.find("COL"), 3, col);
+        piece = (needed(pieces[r], {i + 2}) ? piece : std::string()) + conv;
+        pairs = false; // per element: the conv's store has no pair form
+      }
       std::string piece2 = "      nf::store_act2(" + arenaPtr(pieces[r]) +
                            " + " + rn + num(w) + " + " + col + ", v0, v1);\n";
       if (auto it = cacheOf.find(static_cast<int>(r)); it != cacheOf.end())

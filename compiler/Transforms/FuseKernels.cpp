@@ -229,6 +229,11 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
       if (auto ssm = soleUser<kv::SSMUpdateOp>(conv))
         if (auto norm = soleUser<nfir::GatedRMSNormOp>(ssm))
           return {{conv, ssm, norm}, "mamba_decode"};
+    // (Decode layers whose conv joined their in_proj, below: the state
+    // update and the gated norm.)
+    if (auto ssm = dyn_cast<kv::SSMUpdateOp>(op))
+      if (auto norm = soleUser<nfir::GatedRMSNormOp>(ssm))
+        return {{ssm, norm}, "mamba_ssm_decode"};
     if (isa<kv::SSMScanOp>(op))
       return {{op}, "mamba_ssd_scan"};
     // The shared expert's down projection adds the routed output in its
@@ -240,6 +245,13 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
       if (auto split = soleUser<nfir::SplitOp>(linear)) {
         if (auto append = userOfType<kv::AppendOp>(split))
           return {{linear, split, append}, "qkv_proj_append"};
+        // Decode Mamba2 in_proj: with one token per sequence the conv is
+        // per channel, so the GEMM's epilogue computes it (the conv window
+        // read and advanced there) and xBC is never stored unconvolved.
+        if (auto conv = userOfType<kv::CausalConvOp>(split);
+            decode && conv && conv.getMode() == "decode" &&
+            conv.getInput().getDefiningOp() == split.getOperation())
+          return {{linear, split, conv}, "linear_split_conv"};
         return {{linear, split}, "linear_split"};
       }
       if (auto act = soleUser<nfir::ActivationOp>(linear))

@@ -42,11 +42,17 @@
 // CHECK: nf.kernel "nf_lm_head"
 // CHECK: return
 
-// Decode fuses conv, state update and gated norm into one kernel.
+// Decode (one token per sequence) fuses the conv with in_proj (per channel,
+// in the GEMM's epilogue), and the state update with the gated norm.
 // CHECK-LABEL: func.func @decode
-// CHECK: nf.kernel "mamba_decode"
+// CHECK: nf.kernel "linear_split_conv"
 // CHECK-NEXT: ^bb0
+// CHECK-NEXT: nf.linear
+// CHECK-NEXT: nf.split
 // CHECK-NEXT: nf_kv.causal_conv {{.*}}mode = "decode"
+// CHECK-NEXT: nf.yield
+// CHECK: nf.kernel "mamba_ssm_decode"
+// CHECK-NEXT: ^bb0
 // CHECK-NEXT: nf_kv.ssm_update
 // CHECK-NEXT: nf.gated_rms_norm
 // CHECK-NEXT: nf.yield
