@@ -161,10 +161,9 @@ __device__ void causal_conv_seq(Step a, const float *in, const W *w,
 /// channel) window belongs to one token of the step, so the in-place update
 /// races with nothing.
 template <class W, class B, int CD, int KW, bool kBias>
-__device__ __forceinline__ void causal_conv_decode(Step a, int r, int c,
-                                                   float x, const W *w,
-                                                   const B *bias,
-                                                   float *window, float *out) {
+__device__ __forceinline__ void
+causal_conv_decode(Step a, int r, int c, float x, const W *w, const B *bias,
+                   float *window, float *out) {
   constexpr int K1 = KW - 1;
   const int slot = a->seqs[a->token_seq[r]].slot;
   float *st = window + (static_cast<long long>(slot) * CD + c) * K1;

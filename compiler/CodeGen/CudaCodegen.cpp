@@ -1120,9 +1120,9 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
       const pl::Op &cv = *ops[i + 2];
       auto cin = operands(cv), cout = results(cv);
       const pl::Storage *st = storageOf(cv, pl::StorageKind::MambaState);
-      auto piece = cin.size() >= 3 ? std::find(pieces.begin(), pieces.end(),
-                                               cin[1])
-                                   : pieces.end();
+      auto piece = cin.size() >= 3
+                       ? std::find(pieces.begin(), pieces.end(), cin[1])
+                       : pieces.end();
       if (st && piece != pieces.end() && (cin.size() == 3 || cin.size() == 4) &&
           cout.size() == 1 && isAct(cout[0]) &&
           V(cin[0]).kind == pl::ValueKind::Batch) {
@@ -1135,14 +1135,14 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
             (!bias || weightNumel(cin[3]) == CD)) {
           includes.insert("nf_mamba.cuh");
           convPiece = static_cast<int>(piece - pieces.begin());
-          convStore =
-              "      nf::causal_conv_decode<" + *wt + ", " + *bt + ", " +
-              num(CD) + ", " + num(KW) + ", " + (bias ? "true" : "false") +
-              ">(a, r, COL, v, " + weightPtr(cin[2]) + ", " +
-              (bias ? weightPtr(cin[3])
-                    : "static_cast<const " + *bt + " *>(nullptr)") +
-              ", nf::storage(a, " + num(2 * cv.storage()) + "), " +
-              arenaPtr(cout[0]) + ");\n";
+          convStore = "      nf::causal_conv_decode<" + *wt + ", " + *bt +
+                      ", " + num(CD) + ", " + num(KW) + ", " +
+                      (bias ? "true" : "false") + ">(a, r, COL, v, " +
+                      weightPtr(cin[2]) + ", " +
+                      (bias ? weightPtr(cin[3])
+                            : "static_cast<const " + *bt + " *>(nullptr)") +
+                      ", nf::storage(a, " + num(2 * cv.storage()) + "), " +
+                      arenaPtr(cout[0]) + ");\n";
           consumed = 3;
           label += "_split_conv";
           comment += " + nf.split + nf_kv.causal_conv (decode, per channel "
