@@ -946,24 +946,29 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
 #pragma unroll
     for (int n = 0; n < NTO; ++n)
       o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    for (int p0 = sl.p_begin; p0 < sl.p_end; p0 += BP) {
-      __syncwarp(); // the previous tile's fragments are read
-      // Row j of the tile: lanes copy its 16-byte pieces (zero past the
-      // split's end).
-      for (int j = 0; j < BP; ++j) {
-        const int p = p0 + j;
-        const bool valid = p < sl.p_end;
-        const long long off =
-            valid ? kv_position_offset<ROW, PS>(sl.pt, p) + kvh * HD : 0;
-        for (int d = 4 * lane; d < HD; d += 128) {
-          copy_async16_or_zero</*kL1=*/false>(sK + j * RS + d, kcache + off + d,
-                                              valid);
-          copy_async16_or_zero</*kL1=*/false>(sV + j * RS + d, vcache + off + d,
-                                              valid);
+    // The K and V tiles of the 32 positions from p0 into sK / sV (row j:
+    // lanes copy its 16-byte pieces; zero past the split's end), one
+    // cp.async group each. K of the next tile is copied while this tile's
+    // O += P V runs, V of the next while its S = Q K^T runs: one tile of
+    // each in shared memory, the copies overlapping the products.
+    auto copy_tile = [&](float *dst, const float *cache, int p0) {
+      if (p0 < sl.p_end)
+        for (int j = 0; j < BP; ++j) {
+          const int p = p0 + j;
+          const bool valid = p < sl.p_end;
+          const long long off =
+              valid ? kv_position_offset<ROW, PS>(sl.pt, p) + kvh * HD : 0;
+          for (int d = 4 * lane; d < HD; d += 128)
+            copy_async16_or_zero</*kL1=*/false>(dst + j * RS + d,
+                                                cache + off + d, valid);
         }
-      }
-      copy_async_commit();
-      copy_async_wait<0>();
+      copy_async_commit(); // (empty past the last tile: the counts stay)
+    };
+    __syncwarp(); // the previous item's fragments are read
+    copy_tile(sK, kcache, sl.p_begin);
+    copy_tile(sV, vcache, sl.p_begin);
+    for (int p0 = sl.p_begin; p0 < sl.p_end; p0 += BP) {
+      copy_async_wait<1>(); // this tile's K (its V may still be in flight)
       __syncwarp();
       // S = Q K^T: B fragments are K rows (n = position g of the n-tile).
       float s[NTS][4];
@@ -982,9 +987,13 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
                                 [&](int t, int r) { return b[r][t]; });
         }
       }
+      __syncwarp(); // every lane's K fragments are read
+      copy_tile(sK, kcache, p0 + BP);
       // Scale, mask past the split's end, online softmax (rows g, g + 8).
       online_softmax_tile(
           s, scale, [&](int col, int) { return p0 + col < sl.p_end; }, m, l, o);
+      copy_async_wait<1>(); // this tile's V (the next K may be in flight)
+      __syncwarp();
       // O += P V: B fragments are V columns (k = positions 2c, 2c + 1 and
       // 2c + 8, 2c + 9 of the k-step, n = dimension g of the n-tile).
 #pragma unroll
@@ -1002,7 +1011,10 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
                                 [&](int t, int r) { return b[r][t]; });
         }
       }
+      __syncwarp(); // every lane's V fragments are read
+      copy_tile(sV, vcache, p0 + BP);
     }
+    copy_async_wait<0>(); // (the empty groups past the last tile)
     // The partial softmax of each query head (rows g, g + 8).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

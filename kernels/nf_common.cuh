@@ -295,6 +295,52 @@ template <int PENDING> __device__ __forceinline__ void copy_async_wait() {
 #endif
 }
 
+// ---------------------------------------------------------------------------
+// Thread block clusters (sm_90): the kernel declares its cluster size
+// (__cluster_dims__), so its launch needs no attribute.
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/// This block's rank in its cluster, the cluster's index in the grid and
+/// the grid's number of clusters (x only: the generated grids are 1-D).
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_index() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_count() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+/// Every thread of the cluster's blocks arrives; shared-memory writes
+/// before it are visible to reads after it in every block (release /
+/// acquire).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+               "barrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
+/// The 16 bytes at `p` (this block's shared memory) in block `rank`'s
+/// shared memory.
+__device__ __forceinline__ float4 cluster_load4(const float *p, unsigned rank) {
+  unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p)), remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(local), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+#endif
+
 /// Whether a linear's spec S has a row context (S::kRowCtx): a value
 /// S::row_ctx(a, r) that S::store(a, ctx, r, n, v) uses, which a GEMM
 /// epilogue computes once per row instead of once per element (a K/V

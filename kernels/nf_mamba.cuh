@@ -974,6 +974,127 @@ __device__ void ssm_decode(Step a, const float *xbc, const float *dt_raw,
     wait_for_previous_grids(); // a warp without items
 }
 
+/// nf_kv.ssm_update and the nf.gated_rms_norm of its result in one launch
+/// (decode steps of few tokens, where the norm's own launch is a latency on
+/// the step's critical path): a cluster of HPG = NH / G blocks per
+/// (sequence, group), block r the group's head r, its P / CPW warps each
+/// ssm_decode's warp for CPW channels (same arithmetic). Each channel's
+/// u = y * silu(z) goes to its block's shared memory; after a cluster
+/// barrier, warp 0 of every block reads the group's u (distributed shared
+/// memory) and sums the squares in gated_rms_norm's order (its warp form:
+/// GS = HPG * P a multiple of 128, at most 1024), so the outputs equal the
+/// two launches'. u and the norm's factor are double-buffered by token
+/// parity: a block writes buffer b again only after the next barrier, which
+/// every block reaches after reading it. Launch with 32 * (P / CPW) threads,
+/// __cluster_dims__(HPG), a multiple of HPG blocks.
+template <class WB, class WA, class WD, class W, int NH, int P, int N, int G,
+          int NS, class O>
+__device__ void ssm_gated_decode(Step a, const float *xbc, const float *dt_raw,
+                                 const WB *dt_bias, const WA *a_log,
+                                 const WD *d_skip, float dt_min, float dt_max,
+                                 float *state, const float *z, const W *w,
+                                 double eps, O out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int I = NH * P, CD = I + 2 * G * N, HPG = NH / G, GS = HPG * P;
+  constexpr int CPW = 32 / NS, NV = N / (4 * NS), NW = GS / 128;
+  static_assert(32 % NS == 0 && N % (4 * NS) == 0 && P % CPW == 0 &&
+                    P % 4 == 0 && NH % G == 0,
+                "ssm_gated_decode tiling");
+  static_assert(GS % 128 == 0 && GS <= 1024, "gated_rms_norm's warp form");
+  static_assert(I % 4 == 0 && CD % 4 == 0, "B and C rows of whole float4s");
+  __shared__ __align__(16) float s_u[2][P];
+  __shared__ float s_r[2];
+  const int lane = lane_id(), sub = lane % NS, cw = lane / NS;
+  const int p = (threadIdx.x >> 5) * CPW + cw;
+  const int hr = static_cast<int>(cluster_rank());
+  const long long items = static_cast<long long>(a->num_seqs) * G;
+  int buf = 0;
+  bool waited = false;
+  for (long long item = cluster_index(); item < items;
+       item += cluster_count()) {
+    const int s = static_cast<int>(item / G), g = static_cast<int>(item % G);
+    const int h = g * HPG + hr;
+    const nf_seq_desc d = a->seqs[s];
+    float4 *S = reinterpret_cast<float4 *>(
+        state + ((static_cast<long long>(d.slot) * NH + h) * P + p) * N);
+    float4 st[NV];
+#pragma unroll
+    for (int q = 0; q < NV; ++q)
+      st[q] = S[q * NS + sub];
+    if (!waited) {
+      wait_for_previous_grids(); // xbc, dt and z are the previous launches'
+      waited = true;
+    }
+    const float Ah = -expf(load(a_log, h));
+    const float Dh = load(d_skip, h);
+    const float bias = load(dt_bias, h);
+    const float wp = load(w, h * P + p);
+    for (int t = 0; t < d.count; ++t, buf ^= 1) {
+      const long long row = d.begin + t;
+      const float *xr = xbc + row * CD;
+      const float4 *B4 = reinterpret_cast<const float4 *>(xr + I + g * N);
+      const float4 *C4 =
+          reinterpret_cast<const float4 *>(xr + I + G * N + g * N);
+      const float dt = mamba_dt(dt_raw[row * NH + h], bias, dt_min, dt_max);
+      const float dA = expf(dt * Ah);
+      const float x = xr[h * P + p];
+      const float zv = z[row * I + h * P + p];
+      const float xd = x * dt;
+      float part0 = 0.0f, part1 = 0.0f;
+#pragma unroll
+      for (int q = 0; q < NV; ++q) {
+        const float4 b = B4[q * NS + sub], c = C4[q * NS + sub];
+        st[q].x = dA * st[q].x + xd * b.x;
+        part0 = fmaf(st[q].x, c.x, part0);
+        st[q].y = dA * st[q].y + xd * b.y;
+        part1 = fmaf(st[q].y, c.y, part1);
+        st[q].z = dA * st[q].z + xd * b.z;
+        part0 = fmaf(st[q].z, c.z, part0);
+        st[q].w = dA * st[q].w + xd * b.w;
+        part1 = fmaf(st[q].w, c.w, part1);
+      }
+      const float part = part0 + part1;
+      float yv = 0.0f;
+#pragma unroll
+      for (int u = 0; u < NS; ++u)
+        yv += __shfl_sync(0xffffffffu, part, cw * NS + u);
+      // y as ssm_decode stores it, then gated_rms_norm's u.
+      const float u = (yv + Dh * x) * silu(zv);
+      if (sub == 0)
+        s_u[buf][p] = u;
+      cluster_sync();
+      if (threadIdx.x < 32) {
+        // Element i of the group (lane's i = (v * 32 + lane) * 4 + e, as
+        // gated_rms_norm's lanes hold them) is channel i % P of head i / P.
+        double ss = 0.0;
+#pragma unroll
+        for (int v = 0; v < NW; ++v) {
+          const int i = (v * 32 + lane) * 4;
+          const float4 q = cluster_load4(&s_u[buf][i % P], i / P);
+          ss += static_cast<double>(q.x) * static_cast<double>(q.x);
+          ss += static_cast<double>(q.y) * static_cast<double>(q.y);
+          ss += static_cast<double>(q.z) * static_cast<double>(q.z);
+          ss += static_cast<double>(q.w) * static_cast<double>(q.w);
+        }
+        ss = warp_sum(ss);
+        if (lane == 0)
+          s_r[buf] = static_cast<float>(
+              1.0 / sqrt(ss / static_cast<double>(GS) + eps));
+      }
+      __syncthreads();
+      if (sub == 0)
+        store_act(out + (row * I + h * P + p), wp * (u * s_r[buf]));
+    }
+#pragma unroll
+    for (int q = 0; q < NV; ++q)
+      S[q * NS + sub] = st[q];
+  }
+  if (!waited)
+    wait_for_previous_grids(); // a cluster without items
+  cluster_sync();              // no block leaves while another reads its s_u
+#endif
+}
+
 } // namespace nf
 
 #endif // NF_KERNELS_MAMBA_CUH

@@ -114,6 +114,9 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
   cg.ampereOrLater =
       std::all_of(opts.archs.begin(), opts.archs.end(),
                   [&](const std::string &a) { return capability(a) >= 80; });
+  cg.hopperOrLater =
+      std::all_of(opts.archs.begin(), opts.archs.end(),
+                  [&](const std::string &a) { return capability(a) >= 90; });
   cg.maxSharedBytes = 227 * 1024;
   for (const std::string &a : opts.archs) {
     const int cc = capability(a);

@@ -206,6 +206,9 @@ struct LinearSpec {
   std::string rowCtx;
   int64_t rowsPerToken = 1; // input rows per token (assignments: top-k)
   std::string store;        // statements storing v at (r, n)
+  /// Optional: the store of the wide decode variants (steps of more than
+  /// kNarrowTokens tokens) where it differs (S::store of `<spec>_wide`).
+  std::string wideStore;
   /// Optional (N even): statements storing v0 at (r, n) and v1 at (r, n + 1)
   /// for an even n, in one store each (S::store2).
   std::string store2;
@@ -241,6 +244,8 @@ private:
     bool sliceable = false;
     /// > 0: the blocks an SM must fit (__launch_bounds__' minimum blocks).
     int minBlocks = 0;
+    /// > 0: blocks a cluster (__cluster_dims__; the grid a multiple of it).
+    int clusterBlocks = 0;
   };
   // Diagnostics
   Status fail(size_t op, const std::string &message) const {
@@ -556,8 +561,8 @@ private:
   StatusOr<size_t> linear(size_t i);
   StatusOr<size_t> split(size_t i);
   StatusOr<size_t> activation(size_t i);
-  StatusOr<size_t> gatedRmsNorm(size_t i);
-  StatusOr<size_t> causalConv(size_t i);
+  StatusOr<size_t> gatedRmsNorm(size_t i, uint32_t minTokens = 0);
+  StatusOr<size_t> causalConv(size_t i, uint32_t minTokens = 0);
   StatusOr<size_t> ssm(size_t i);
   StatusOr<size_t> kvAppend(size_t i);
   StatusOr<size_t> kvAttend(size_t i);
@@ -675,6 +680,13 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
             "a, int r, int n, float v) {\n"
          << perElement << "  }\n};\n";
   }
+  // The wide variants' spec: the same, but for its store.
+  const std::string wideSpec = s.wideStore.empty() ? spec : spec + "_wide";
+  if (!s.wideStore.empty())
+    text << "struct " << wideSpec << " : " << spec << " {\n"
+         << "  __device__ static __forceinline__ void store(nf::Step a, int r, "
+            "int n, float v) {\n"
+         << s.wideStore << "  }\n};\n";
   if (planes) {
     if (splitLaunch)
       addLaunch(fn + "_split", elementGrid(planeElems / 4), 256,
@@ -789,6 +801,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // batch 1-8 by 2-3%, bench/results/2026-11-30f/run4-decode-rows).
     // rows: an item's rows at most (16, or 32 for wide dense layers whose
     // 16-row items would not all fit on the GPU at once).
+    const std::string &narrowSpec = spec;
     auto variant = [&](const std::string &name, int64_t grid, int64_t mt,
                        int64_t stages, int64_t warps, bool stageX, bool rows16,
                        uint32_t minT, uint32_t maxT, int64_t rows = 16) {
@@ -797,6 +810,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
           (warps / 2) * mt * nt * 4 * 32 * 4 +
           (stageX ? warps * 2 * nt * (rows16 ? 1 : 2) * 32 * 16 : 0);
       const std::string x = stageX ? "true" : "false";
+      const std::string &spec = minT > 0 ? wideSpec : narrowSpec;
       std::string tail = rows16 ? ", true" : "";
       if (rows != 16)
         tail = (rows16 ? ", true, " : ", false, ") + num(rows);
@@ -830,8 +844,8 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
                     num(kKp) + ">() == " + num(smem) +
                     ", \"shared memory size\");\n"
                     "  nf::feature_tile_linear<" +
-                    spec + ", " + num(kMt) + ", " + num(kNt) + ", " + num(kW) +
-                    ", " + num(kStages) + ", " + num(kKp) + ">(a);\n",
+                    wideSpec + ", " + num(kMt) + ", " + num(kNt) + ", " +
+                    num(kW) + ", " + num(kStages) + ", " + num(kKp) + ">(a);\n",
                 comment + " (feature tiles of 128, rows staged once)",
                 kNarrowTokens + 1, 0, /*bodyWaits=*/true);
       launches.back().sharedBytes = static_cast<uint32_t>(smem);
@@ -994,7 +1008,7 @@ StatusOr<size_t> KernelEmitter::activation(size_t i) {
   return size_t(1);
 }
 
-StatusOr<size_t> KernelEmitter::gatedRmsNorm(size_t i) {
+StatusOr<size_t> KernelEmitter::gatedRmsNorm(size_t i, uint32_t minTokens) {
   const pl::Op &op = *ops[i];
   auto in = operands(op), out = results(op);
   if (in.size() != 3 || out.size() != 1 || !isAct(in[0]) || !isAct(in[1]) ||
@@ -1022,7 +1036,7 @@ StatusOr<size_t> KernelEmitter::gatedRmsNorm(size_t i) {
           ">(a, " + arenaPtr(in[0]) + ", " + arenaPtr(in[1]) + ", " +
           weightPtr(in[2]) + ", " + doubleLit(*eps) + ", " + outPtr(out[0]) +
           ");\n",
-      "nf.gated_rms_norm");
+      "nf.gated_rms_norm", minTokens);
   return size_t(1);
 }
 
@@ -1063,6 +1077,10 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   std::string comment = opName(op);
   size_t consumed = 1;
   std::string store, store2;
+  // With a decode conv fused (below): the split piece it reads, and the
+  // store without the conv.
+  int convPiece = -1;
+  std::string rawStore;
   std::vector<size_t> fused;
 
   // linear + split [+ append]: the epilogue writes the split columns.
@@ -1112,7 +1130,6 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     // A decode conv of a split piece (one token per sequence): the
     // piece's store is the conv of its channel (nf::causal_conv_decode),
     // and the piece itself is stored only if something else reads it.
-    int convPiece = -1;
     std::string convStore;
     if (consumed == 1 && phase == "decode" && i + 2 < ops.size() &&
         opName(*ops[i + 2]) == "nf_kv.causal_conv" &&
@@ -1167,6 +1184,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
       const std::string col = c0 ? "(n - " + num(c0) + ")" : std::string("n");
       std::string piece = "      " + arenaPtr(pieces[r]) + "[" + rn + num(w) +
                           " + " + col + "] = v;\n";
+      const std::string rawPiece = piece;
       if (static_cast<int>(r) == convPiece) {
         std::string conv = convStore;
         conv.replace(conv.find("COL"), 3, col);
@@ -1183,9 +1201,11 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
                  : (last ? " else {" : " else if (n < " + num(c0 + w) + ") {");
       store += open + "\n" + piece + "    }";
       store2 += open + "\n" + piece2 + "    }";
+      rawStore += open + "\n" + rawPiece + "    }";
       c0 += w;
     }
     store += "\n";
+    rawStore += "\n";
     store2 = pairs ? store2 + "\n" : std::string();
   } else if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.activation" &&
              operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
@@ -1222,7 +1242,21 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   }
   s.store = store;
   s.store2 = store2;
+  // The conv in the epilogue pays its window's dependent loads once per
+  // element, one element after another (the stores may alias the next
+  // loads): cheap for the few rows of narrow steps (Nano at batch 1: 3.19
+  // -> 3.16 ms), but 44 us against 22 + 3.3 for in_proj and the conv at
+  // batch 32 on the H200. The wide variants store xBC, and a conv launch
+  // follows for their steps.
+  const bool wideConv = convPiece >= 0 && phase == "decode" &&
+                        s.wtype == "nf::bf16" && s.K % 32 == 0 &&
+                        maxTokens > kNarrowTokens;
+  if (wideConv)
+    s.wideStore = rawStore;
   emitLinear(fnName(i, label), s, comment);
+  if (wideConv)
+    if (auto conv = causalConv(i + 2, kNarrowTokens + 1); !conv)
+      return conv;
   return consumed;
 }
 
@@ -1513,7 +1547,7 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
 // ---------------------------------------------------------------------------
 // Mamba
 
-StatusOr<size_t> KernelEmitter::causalConv(size_t i) {
+StatusOr<size_t> KernelEmitter::causalConv(size_t i, uint32_t minTokens) {
   const pl::Op &op = *ops[i];
   auto in = operands(op), out = results(op);
   const pl::Storage *st = storageOf(op, pl::StorageKind::MambaState);
@@ -1546,7 +1580,8 @@ StatusOr<size_t> KernelEmitter::causalConv(size_t i) {
                   ", " + weightPtr(in[2]) + ", " + biasPtr + ", " + window +
                   ", " + arenaPtr(out[0]) + ");\n",
               "nf_kv.causal_conv (decode: one thread per sequence and "
-              "channel)");
+              "channel)",
+              minTokens);
     return size_t(1);
   }
   addLaunch(fnName(i, "causal_conv"), elementGrid(ceilDiv(maxTokens, 8) * CD),
@@ -1611,6 +1646,57 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   // docs/performance.md.
   if (opName(op) == "nf_kv.ssm_update" && 32 % NS == 0 && N % (4 * NS) == 0 &&
       P % (32 / NS) == 0 && (NH * P) % 4 == 0 && CD % 4 == 0) {
+    // With the gated norm of its result (groups = the state's groups):
+    // steps whose clusters fit the GPU at a block an SM (a block per head:
+    // up to SMs / NH tokens, Nano 2) run both in one launch of clusters
+    // (ssm_gated_decode; the norm's launch was 3.9 us a layer on the
+    // step's critical path at batch 1, the step 3.16 -> 3.11 ms on the
+    // H200), larger ones as two launches: a cluster walks its items one
+    // after another, barriers in each, where ssm_update streams the state
+    // at its bytes (batch 8 with clusters up to 16 tokens: 5.07 -> 5.41
+    // ms).
+    const int64_t HPG = NH / G, warpsPerHead = P / (32 / NS);
+    const int64_t fusedTokens = std::max<int64_t>(opts.smCount / NH, 1);
+    bool fuseNorm = opts.hopperOrLater && i + 1 < ops.size() &&
+                    opName(*ops[i + 1]) == "nf.gated_rms_norm" &&
+                    !needed(out[0], {i + 1}) && HPG <= 8 && P % 4 == 0 &&
+                    warpsPerHead * 32 <= 1024;
+    if (fuseNorm) {
+      const pl::Op &nop = *ops[i + 1];
+      auto nin = operands(nop), nout = results(nop);
+      auto groups = intAttr(nop, "groups");
+      auto eps = floatAttr(nop, "epsilon");
+      auto wt = nin.size() == 3 ? weightType(nin[2]) : std::nullopt;
+      fuseNorm = nin.size() == 3 && nout.size() == 1 && nin[0] == out[0] &&
+                 isAct(nin[1]) && isAct(nout[0]) && V(nin[1]).cols == NH * P &&
+                 V(nout[0]).cols == NH * P && wt &&
+                 weightNumel(nin[2]) == NH * P && groups && *groups == G &&
+                 eps && (HPG * P) % 128 == 0 && HPG * P <= 1024;
+      if (fuseNorm) {
+        includes.insert("nf_rows.cuh");
+        const int64_t clusters = std::min(maxTokens, fusedTokens) * G;
+        addLaunch(fnName(i, "ssm_gated_decode"),
+                  static_cast<uint32_t>(clusters * HPG), 32 * warpsPerHead,
+                  "  nf::ssm_gated_decode<" + *t3 + ", " + *t4 + ", " + *t5 +
+                      ", " + *wt + ", " + num(NH) + ", " + num(P) + ", " +
+                      num(N) + ", " + num(G) + ", " + num(NS) + ">(a, " +
+                      arenaPtr(in[1]) + ", " + arenaPtr(in[2]) + ", " +
+                      weightPtr(in[3]) + ", " + weightPtr(in[4]) + ", " +
+                      weightPtr(in[5]) + ", " + floatLit(*lo) + ", " +
+                      floatLit(*hi) + ", " + state + ", " + arenaPtr(nin[1]) +
+                      ", " + weightPtr(nin[2]) + ", " + doubleLit(*eps) + ", " +
+                      outPtr(nout[0]) + ");\n",
+                  opName(op) + " + nf.gated_rms_norm: a cluster of a group's " +
+                      num(HPG) +
+                      " heads per (sequence, group), a block per "
+                      "head, the norm over distributed shared memory",
+                  0, maxTokens > fusedTokens ? fusedTokens : 0,
+                  /*bodyWaits=*/true);
+        functions.back().clusterBlocks = static_cast<int>(HPG);
+        if (maxTokens <= fusedTokens)
+          return size_t(2);
+      }
+    }
     const int64_t warps = maxTokens * NH * (P / (32 / NS));
     addLaunch(fnName(i, "ssm_update"),
               gridOf(ceilDiv(warps, 8), int64_t(opts.smCount) * 4), 256,
@@ -1623,8 +1709,13 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
                   arenaPtr(out[0]) + ");\n",
               opName(op) + ": a warp per (sequence, head, " + num(32 / NS) +
                   " channels), tokens in order",
-              0, 0, /*bodyWaits=*/true);
-    return size_t(1);
+              fuseNorm ? fusedTokens + 1 : 0, 0, /*bodyWaits=*/true);
+    if (!fuseNorm)
+      return size_t(1);
+    auto norm = gatedRmsNorm(i + 1, fusedTokens + 1);
+    if (!norm)
+      return norm;
+    return size_t(2);
   }
   const int64_t items = maxTokens * NH * (P / PT);
   // Prefill on tensor cores (SSD's matrix form, nf_mamba.cuh ssd_chunk)
@@ -2407,6 +2498,10 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
          << "extern \"C\" __global__ void __launch_bounds__("
          << launches[l].block
          << (f.minBlocks > 0 ? ", " + std::to_string(f.minBlocks) : "") << ") "
+         << (f.clusterBlocks > 0
+                 ? "__cluster_dims__(" + std::to_string(f.clusterBlocks) +
+                       ", 1, 1) "
+                 : "")
          << launches[l].function
          << (phase == "decode" ? "(const nf_step_args *__restrict__ args) {\n"
                                : "(const nf_step_args *__restrict__ args, char "

@@ -69,6 +69,9 @@ struct CudaCodegenOptions {
   /// Every target is sm_80 or later: kernels that need mma.sync's bf16 and
   /// f64 shapes (the SSD scan, the f64 router) are generated.
   bool ampereOrLater = false;
+  /// Every target is sm_90 or later: thread block clusters and distributed
+  /// shared memory (the decode Mamba state update with its gated norm).
+  bool hopperOrLater = false;
   /// Dynamic shared memory a block may have on every target, bytes.
   int64_t maxSharedBytes = 99 * 1024;
 };
