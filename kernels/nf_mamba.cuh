@@ -891,6 +891,36 @@ __device__ void ssm_scan(Step a, const float *xbc, const float *dt_raw,
   }
 }
 
+/// One token of ssm_decode's recurrence for a lane's NV float4 runs of its
+/// channel's state (lane sub of the channel's NS, channel cw of the warp):
+/// S = dA S + xd B, and the channel's S . C, its lanes' shares added in lane
+/// order (every lane of the channel gets it). ssm_decode and
+/// ssm_gated_decode share it, so their states and y are the same.
+template <int NV, int NS>
+__device__ __forceinline__ float
+ssm_decode_token(float4 (&st)[NV], const float4 *B4, const float4 *C4, float dA,
+                 float xd, int sub, int cw) {
+  float part0 = 0.0f, part1 = 0.0f;
+#pragma unroll
+  for (int q = 0; q < NV; ++q) {
+    const float4 b = B4[q * NS + sub], c = C4[q * NS + sub];
+    st[q].x = dA * st[q].x + xd * b.x;
+    part0 = fmaf(st[q].x, c.x, part0);
+    st[q].y = dA * st[q].y + xd * b.y;
+    part1 = fmaf(st[q].y, c.y, part1);
+    st[q].z = dA * st[q].z + xd * b.z;
+    part0 = fmaf(st[q].z, c.z, part0);
+    st[q].w = dA * st[q].w + xd * b.w;
+    part1 = fmaf(st[q].w, c.w, part1);
+  }
+  const float part = part0 + part1;
+  float yv = 0.0f;
+#pragma unroll
+  for (int u = 0; u < NS; ++u)
+    yv += __shfl_sync(0xffffffffu, part, cw * NS + u);
+  return yv;
+}
+
 /// The SSM recurrence of decode steps (nf_kv.ssm_update): a warp per
 /// (sequence, head, 32 / NS channels), NS lanes a channel, each holding
 /// N / NS state values as float4 runs (state_n of ssm_scan with VEC 4: a
@@ -945,24 +975,7 @@ __device__ void ssm_decode(Step a, const float *xbc, const float *dt_raw,
       const float dA = expf(dt * Ah);
       const float x = xr[h * P + p];
       const float xd = x * dt;
-      float part0 = 0.0f, part1 = 0.0f;
-#pragma unroll
-      for (int q = 0; q < NV; ++q) {
-        const float4 b = B4[q * NS + sub], c = C4[q * NS + sub];
-        st[q].x = dA * st[q].x + xd * b.x;
-        part0 = fmaf(st[q].x, c.x, part0);
-        st[q].y = dA * st[q].y + xd * b.y;
-        part1 = fmaf(st[q].y, c.y, part1);
-        st[q].z = dA * st[q].z + xd * b.z;
-        part0 = fmaf(st[q].z, c.z, part0);
-        st[q].w = dA * st[q].w + xd * b.w;
-        part1 = fmaf(st[q].w, c.w, part1);
-      }
-      const float part = part0 + part1;
-      float yv = 0.0f;
-#pragma unroll
-      for (int u = 0; u < NS; ++u)
-        yv += __shfl_sync(0xffffffffu, part, cw * NS + u);
+      const float yv = ssm_decode_token<NV, NS>(st, B4, C4, dA, xd, sub, cw);
       if (sub == 0)
         y[row * I + h * P + p] = yv + Dh * x;
     }
@@ -1040,24 +1053,7 @@ __device__ void ssm_gated_decode(Step a, const float *xbc, const float *dt_raw,
       const float x = xr[h * P + p];
       const float zv = z[row * I + h * P + p];
       const float xd = x * dt;
-      float part0 = 0.0f, part1 = 0.0f;
-#pragma unroll
-      for (int q = 0; q < NV; ++q) {
-        const float4 b = B4[q * NS + sub], c = C4[q * NS + sub];
-        st[q].x = dA * st[q].x + xd * b.x;
-        part0 = fmaf(st[q].x, c.x, part0);
-        st[q].y = dA * st[q].y + xd * b.y;
-        part1 = fmaf(st[q].y, c.y, part1);
-        st[q].z = dA * st[q].z + xd * b.z;
-        part0 = fmaf(st[q].z, c.z, part0);
-        st[q].w = dA * st[q].w + xd * b.w;
-        part1 = fmaf(st[q].w, c.w, part1);
-      }
-      const float part = part0 + part1;
-      float yv = 0.0f;
-#pragma unroll
-      for (int u = 0; u < NS; ++u)
-        yv += __shfl_sync(0xffffffffu, part, cw * NS + u);
+      const float yv = ssm_decode_token<NV, NS>(st, B4, C4, dA, xd, sub, cw);
       // y as ssm_decode stores it, then gated_rms_norm's u.
       const float u = (yv + Dh * x) * silu(zv);
       if (sub == 0)
