@@ -46,7 +46,7 @@ struct DenseGroups {
   /// The rows come from the step's arguments, not from an earlier launch's
   /// output: a launch may fetch weights before waiting for the launches
   /// before it (programmatic dependent launch).
-  static constexpr bool kRowsFromArgs = true;
+  static constexpr bool kGroupsEarly = true;
   __device__ static __forceinline__ void group(Step a, int, int &begin,
                                                int &count) {
     begin = 0;
@@ -59,7 +59,7 @@ struct DenseGroups {
 /// logit_row(a, r).
 struct LogitRowGroups {
   static constexpr int G = 1;
-  static constexpr bool kRowsFromArgs = true;
+  static constexpr bool kGroupsEarly = true;
   __device__ static __forceinline__ void group(Step a, int, int &begin,
                                                int &count) {
     begin = 0;
@@ -69,9 +69,14 @@ struct LogitRowGroups {
 
 /// Groups of routed experts: expert g owns dispatch rows
 /// [offsets[g], offsets[g + 1]) (dispatch layout of nf_moe.cuh).
-template <int E, long long DISPATCH> struct DispatchGroups {
+/// kEarly: the dispatch was complete before the launch before this one
+/// passed its wait (the expert down projection: the up projection between
+/// them lets the next launch start only after its wait), so the groups may
+/// be read, and weights fetched, before waiting.
+template <int E, long long DISPATCH, bool kEarly = false>
+struct DispatchGroups {
   static constexpr int G = E;
-  static constexpr bool kRowsFromArgs = false; // rows from moe_dispatch
+  static constexpr bool kGroupsEarly = kEarly;
   __device__ static __forceinline__ const int32_t *offsets(Step a) {
     return arena<int32_t>(a, DISPATCH);
   }
@@ -1053,13 +1058,16 @@ __host__ __device__ constexpr int skinny_smem() {
 /// memory. A group's rows past ROWS take further items. kX16: the rows'
 /// bf16 copy (S::row16) instead of S::row (ShadowedRows).
 /// The function waits for the launches before it itself (the generated
-/// wrapper does not): with rows from the step's arguments (dense weights),
-/// only after its first item's first K steps of weights are in flight
+/// wrapper does not): with groups known early (S::kGroupsEarly: dense
+/// weights, or the expert down projection's dispatch), only after its first
+/// item's first K steps of weights are in flight
 /// (registers), so weight streaming overlaps the previous launch's tail
 /// when this one is a programmatic dependent. (An L2 bulk prefetch of the
 /// rest of the first item, asked for before the wait, made the dense
 /// launches slower: alone 15-27%, bench/kernels/skinny_sweep.cu with
 /// NF_SWEEP_DENSE=1; Nano's batch-1 step 3.63 -> 3.55 ms without it.)
+/// Otherwise it waits first and lets the next launch start after that (the
+/// generated wrapper must not let it start earlier).
 template <class S, int MT, int STAGES, int KW, int TERMS = 3,
           bool kStageX = false, bool kX16 = false, int ROWS = 16>
 __device__ void skinny_linear(Step a) {
@@ -1067,7 +1075,7 @@ __device__ void skinny_linear(Step a) {
   static_assert(ROWS == 16 || ROWS == 32, "items of 16 or 32 rows");
   constexpr int FT = 16 * MT; // features per item
   constexpr int NTILES = (S::N + FT - 1) / FT;
-  constexpr bool kEarly = S::kRowsFromArgs;
+  constexpr bool kEarly = S::kGroupsEarly;
   __shared__ GroupItems<S> s_groups;
   // The fold's partial sums, then the activation ring: dynamic, so that the
   // two parts of a co-launch (each on its own blocks) share the bytes.
@@ -1075,8 +1083,12 @@ __device__ void skinny_linear(Step a) {
   float *s_red = reinterpret_cast<float *>(nf_skinny_smem);
   uint4 *s_xring =
       reinterpret_cast<uint4 *>(s_red + skinny_red_floats<MT, KW, ROWS>());
-  if constexpr (!kEarly)
-    wait_for_previous_grids(); // the groups are an earlier launch's output
+  if constexpr (!kEarly) {
+    wait_for_previous_grids(); // the groups are the previous launch's output
+    // Only now may the next launch start: it may read the same groups
+    // before its own wait (DispatchGroups' kEarly).
+    allow_next_grid();
+  }
   // Items per group: row chunks x feature tiles.
   s_groups.build(a, [](int c) { return (c + ROWS - 1) / ROWS * NTILES; });
   const int *s_begin = s_groups.begin, *s_count = s_groups.count;

@@ -53,7 +53,7 @@ __global__ void fillBf16(unsigned short *w, size_t n) {
 template <int N_, int K_, int E> struct Spec {
   using W = nf::bf16;
   static constexpr int N = N_, K = K_, G = E;
-  static constexpr bool kRowsFromArgs = false; // groups from the arena
+  static constexpr bool kGroupsEarly = false; // groups from the arena
   __device__ static __forceinline__ const W *weight(nf::Step a, int g) {
     return static_cast<const W *>(a->weights[0]) +
            static_cast<long long>(g) * N * K;
@@ -77,7 +77,7 @@ template <int N_, int K_, int E> struct Spec {
 // first weights are fetched before the kernel would wait for the previous
 // launch), one of E copies a step.
 template <int N_, int K_, int E> struct DenseSpec : Spec<N_, K_, 1> {
-  static constexpr bool kRowsFromArgs = true;
+  static constexpr bool kGroupsEarly = true;
   __device__ static __forceinline__ const nf::bf16 *weight(nf::Step a, int) {
     const int32_t *off = nf::arena<int32_t>(a, 0);
     int copy = 0;

@@ -220,6 +220,10 @@ struct LinearSpec {
   /// The shared expert: its wide variant runs side by side with the routed
   /// experts' and takes their block size.
   bool wideWithExperts = false;
+  /// Decode: the groups are the previous launch's output (DispatchGroups
+  /// without kEarly), so skinny_linear lets the next launch start only
+  /// after its wait.
+  bool groupsAfterWait = false;
 };
 
 class KernelEmitter {
@@ -401,13 +405,13 @@ private:
   /// the launch before it (nf_common.cuh). The function first waits for the
   /// grids before it (unless `bodyWaits`: the body waits itself, after
   /// fetching what does not depend on them). Decode functions then let the
-  /// next launch start at once, so its blocks are resident and fetching
-  /// weights as this grid's blocks retire; prefill functions only when
-  /// their work is done.
+  /// next launch start at once (unless `bodyTriggers`: the body does, after
+  /// its wait), so its blocks are resident and fetching weights as this
+  /// grid's blocks retire; prefill functions only when their work is done.
   void addLaunch(const std::string &fn, uint32_t grid, uint32_t block,
                  const std::string &body, const std::string &comment,
                  uint32_t minTokens = 0, uint32_t maxTokens = 0,
-                 bool bodyWaits = false) {
+                 bool bodyWaits = false, bool bodyTriggers = false) {
     FunctionText f;
     f.comment = comment;
     if (!opts.injectError.empty() &&
@@ -418,7 +422,9 @@ private:
     // programmatic launches; batch 32 12.98 against 12.72 and 12.81.
     const bool early = phase == "decode";
     f.body += (bodyWaits ? "" : "  nf::wait_for_previous_grids();\n") +
-              std::string(early ? "  nf::allow_next_grid();\n" : "") + body +
+              std::string(early && !bodyTriggers ? "  nf::allow_next_grid();\n"
+                                                 : "") +
+              body +
               (early ? "" : "  nf::allow_next_grid();\n");
     functions.push_back(f);
     CudaLaunchInfo l;
@@ -822,7 +828,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
                     "  nf::skinny_linear<" +
                     spec + ", " + num(mt) + ", " + num(stages) + ", " +
                     num(warps) + ", " + terms + ", " + x + tail + ">(a);\n",
-                comment, minT, maxT, /*bodyWaits=*/true);
+                comment, minT, maxT, /*bodyWaits=*/true, s.groupsAfterWait);
       launches.back().sharedBytes = static_cast<uint32_t>(smem);
       functions.back().sliceable = true;
     };
@@ -1472,7 +1478,18 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
   // read once per 4 tokens, made batch 32 slower on the H200: 8.01 -> 8.23
   // ms, bench/results/2026-12-01b/ab-router-tiled.)
   FunctionText logitsWide = functions[l1];
-  logitsWide.body = prefetch + logitsWide.body; // before its wait
+  // The prefetches after the wait: asked for before it, they competed with
+  // the launch before (an add + RMSNorm whose rows are on the step's
+  // critical path; H200, Nano at batch 32: part of 7.19 -> 7.16 ms with the
+  // down projection's early fetch, bench/results/2026-12-02).
+  {
+    const std::string trigger = "  nf::allow_next_grid();\n";
+    const size_t at = logitsWide.body.find(trigger);
+    if (at == std::string::npos)
+      internalError = "router logits without a trigger line";
+    else
+      logitsWide.body.insert(at + trigger.size(), prefetch);
+  }
   const CudaLaunchInfo logitsWideLaunch =
       ranged(l1, wide, launches[l1].grid, "_wide");
   seq.push_back({logitsWideLaunch, logitsWide});
@@ -1519,8 +1536,19 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
   s.N = shape[1];
   s.K = shape[2];
   s.G = d.numExperts;
-  s.groups =
-      "nf::DispatchGroups<" + num(d.numExperts) + ", " + num(d.offset) + "ll>";
+  // The down projection follows the up projection of the same dispatch,
+  // which lets the next launch start only after its own wait: the dispatch
+  // is complete when the down projection starts, so it reads the groups and
+  // fetches its first weights before waiting (H200, Nano: batch 1 3.12 ->
+  // 3.09 ms, batch 32 7.19 -> 7.16 with the router's prefetch moved,
+  // bench/results/2026-12-02).
+  const bool groupsEarly = !up && i > 0 &&
+                           opName(*ops[i - 1]) == "nf_moe.expert_up" &&
+                           operands(*ops[i - 1]).size() == 3 &&
+                           operands(*ops[i - 1])[1] == in[1];
+  s.groups = "nf::DispatchGroups<" + num(d.numExperts) + ", " +
+             num(d.offset) + "ll" + (groupsEarly ? ", true>" : ">");
+  s.groupsAfterWait = !groupsEarly;
   s.weight = weightPtr(in[2]) + " + static_cast<long long>(g) * " +
              num(s.N * s.K) + "ll";
   setInput(s, in[0]);
