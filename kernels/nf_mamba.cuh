@@ -891,15 +891,52 @@ __device__ void ssm_scan(Step a, const float *xbc, const float *dt_raw,
   }
 }
 
-/// One token of ssm_decode's recurrence for a lane's NV float4 runs of its
-/// channel's state (lane sub of the channel's NS, channel cw of the warp):
-/// S = dA S + xd B, and the channel's S . C, its lanes' shares added in lane
-/// order (every lane of the channel gets it). ssm_decode and
-/// ssm_gated_decode share it, so their states and y are the same.
-template <int NV, int NS>
+/// A decode lane's share of channel p of head h's state in slot `slot`
+/// (state [slots, NH, P, N] f32): its NV float4 runs, lane sub of the
+/// channel's NS taking runs sub, sub + NS, ... (state_n of ssm_scan with VEC
+/// 4). ssm_decode and ssm_gated_decode share these helpers, so their states
+/// and y are the same.
+template <int NH, int P, int N, int NS> struct SsmDecodeLane {
+  static constexpr int NV = N / (4 * NS); // float4s a lane
+  float4 *row;
+  int sub;
+  __device__ __forceinline__ SsmDecodeLane(float *state, int slot, int h, int p,
+                                           int sub_)
+      : row(reinterpret_cast<float4 *>(
+            state + ((static_cast<long long>(slot) * NH + h) * P + p) * N)),
+        sub(sub_) {}
+  __device__ __forceinline__ void load(float4 (&st)[NV]) const {
+#pragma unroll
+    for (int q = 0; q < NV; ++q)
+      st[q] = row[q * NS + sub];
+  }
+  __device__ __forceinline__ void store(const float4 (&st)[NV]) const {
+#pragma unroll
+    for (int q = 0; q < NV; ++q)
+      row[q * NS + sub] = st[q];
+  }
+};
+
+/// One token (row `row` of xbc [T, I + 2 G N] and dt_raw [T, NH]) of the
+/// decode recurrence for a lane's share st of channel p of head h (lane sub
+/// of the channel's NS, channel cw of the warp): S = dA S + x dt B, and the
+/// channel's S . C, its lanes' shares added in lane order (every lane of the
+/// channel gets it); x is the channel's input.
+template <int NH, int P, int N, int G, int NS>
 __device__ __forceinline__ float
-ssm_decode_token(float4 (&st)[NV], const float4 *B4, const float4 *C4, float dA,
-                 float xd, int sub, int cw) {
+ssm_decode_token(float4 (&st)[N / (4 * NS)], const float *xbc,
+                 const float *dt_raw, long long row, int h, int p, float bias,
+                 float Ah, float dt_min, float dt_max, int sub, int cw,
+                 float &x) {
+  constexpr int I = NH * P, CD = I + 2 * G * N, NV = N / (4 * NS);
+  const int g = h / (NH / G);
+  const float *xr = xbc + row * CD;
+  const float4 *B4 = reinterpret_cast<const float4 *>(xr + I + g * N);
+  const float4 *C4 = reinterpret_cast<const float4 *>(xr + I + G * N + g * N);
+  const float dt = mamba_dt(dt_raw[row * NH + h], bias, dt_min, dt_max);
+  const float dA = expf(dt * Ah);
+  x = xr[h * P + p];
+  const float xd = x * dt;
   float part0 = 0.0f, part1 = 0.0f;
 #pragma unroll
   for (int q = 0; q < NV; ++q) {
@@ -937,7 +974,7 @@ template <class WB, class WA, class WD, int NH, int P, int N, int G, int NS>
 __device__ void ssm_decode(Step a, const float *xbc, const float *dt_raw,
                            const WB *dt_bias, const WA *a_log, const WD *d_skip,
                            float dt_min, float dt_max, float *state, float *y) {
-  constexpr int I = NH * P, CD = I + 2 * G * N, HPG = NH / G;
+  constexpr int I = NH * P, CD = I + 2 * G * N;
   constexpr int CPW = 32 / NS;     // channels a warp
   constexpr int NV = N / (4 * NS); // float4s a lane
   static_assert(32 % NS == 0 && N % (4 * NS) == 0 && P % CPW == 0,
@@ -951,37 +988,25 @@ __device__ void ssm_decode(Step a, const float *xbc, const float *dt_raw,
     const int rem = static_cast<int>(item % (NH * (P / CPW)));
     const int h = rem / (P / CPW), p = (rem % (P / CPW)) * CPW + cw;
     const nf_seq_desc d = a->seqs[s];
-    float4 *S = reinterpret_cast<float4 *>(
-        state + ((static_cast<long long>(d.slot) * NH + h) * P + p) * N);
+    const SsmDecodeLane<NH, P, N, NS> lane_state(state, d.slot, h, p, sub);
     float4 st[NV];
-#pragma unroll
-    for (int q = 0; q < NV; ++q)
-      st[q] = S[q * NS + sub];
+    lane_state.load(st);
     if (!waited) {
       wait_for_previous_grids(); // xbc and dt are the previous launches'
       waited = true;
     }
-    const int g = h / HPG;
     const float Ah = -expf(load(a_log, h));
     const float Dh = load(d_skip, h);
     const float bias = load(dt_bias, h);
     for (int t = 0; t < d.count; ++t) {
       const long long row = d.begin + t;
-      const float *xr = xbc + row * CD;
-      const float4 *B4 = reinterpret_cast<const float4 *>(xr + I + g * N);
-      const float4 *C4 =
-          reinterpret_cast<const float4 *>(xr + I + G * N + g * N);
-      const float dt = mamba_dt(dt_raw[row * NH + h], bias, dt_min, dt_max);
-      const float dA = expf(dt * Ah);
-      const float x = xr[h * P + p];
-      const float xd = x * dt;
-      const float yv = ssm_decode_token<NV, NS>(st, B4, C4, dA, xd, sub, cw);
+      float x;
+      const float yv = ssm_decode_token<NH, P, N, G, NS>(
+          st, xbc, dt_raw, row, h, p, bias, Ah, dt_min, dt_max, sub, cw, x);
       if (sub == 0)
         y[row * I + h * P + p] = yv + Dh * x;
     }
-#pragma unroll
-    for (int q = 0; q < NV; ++q)
-      S[q * NS + sub] = st[q];
+    lane_state.store(st);
   }
   if (!waited)
     wait_for_previous_grids(); // a warp without items
@@ -1028,12 +1053,9 @@ __device__ void ssm_gated_decode(Step a, const float *xbc, const float *dt_raw,
     const int s = static_cast<int>(item / G), g = static_cast<int>(item % G);
     const int h = g * HPG + hr;
     const nf_seq_desc d = a->seqs[s];
-    float4 *S = reinterpret_cast<float4 *>(
-        state + ((static_cast<long long>(d.slot) * NH + h) * P + p) * N);
+    const SsmDecodeLane<NH, P, N, NS> lane_state(state, d.slot, h, p, sub);
     float4 st[NV];
-#pragma unroll
-    for (int q = 0; q < NV; ++q)
-      st[q] = S[q * NS + sub];
+    lane_state.load(st);
     if (!waited) {
       wait_for_previous_grids(); // xbc, dt and z are the previous launches'
       waited = true;
@@ -1044,16 +1066,10 @@ __device__ void ssm_gated_decode(Step a, const float *xbc, const float *dt_raw,
     const float wp = load(w, h * P + p);
     for (int t = 0; t < d.count; ++t, buf ^= 1) {
       const long long row = d.begin + t;
-      const float *xr = xbc + row * CD;
-      const float4 *B4 = reinterpret_cast<const float4 *>(xr + I + g * N);
-      const float4 *C4 =
-          reinterpret_cast<const float4 *>(xr + I + G * N + g * N);
-      const float dt = mamba_dt(dt_raw[row * NH + h], bias, dt_min, dt_max);
-      const float dA = expf(dt * Ah);
-      const float x = xr[h * P + p];
       const float zv = z[row * I + h * P + p];
-      const float xd = x * dt;
-      const float yv = ssm_decode_token<NV, NS>(st, B4, C4, dA, xd, sub, cw);
+      float x;
+      const float yv = ssm_decode_token<NH, P, N, G, NS>(
+          st, xbc, dt_raw, row, h, p, bias, Ah, dt_min, dt_max, sub, cw, x);
       // y as ssm_decode stores it, then gated_rms_norm's u.
       const float u = (yv + Dh * x) * silu(zv);
       if (sub == 0)
@@ -1081,9 +1097,7 @@ __device__ void ssm_gated_decode(Step a, const float *xbc, const float *dt_raw,
       if (sub == 0)
         store_act(out + (row * I + h * P + p), wp * (u * s_r[buf]));
     }
-#pragma unroll
-    for (int q = 0; q < NV; ++q)
-      S[q * NS + sub] = st[q];
+    lane_state.store(st);
   }
   if (!waited)
     wait_for_previous_grids(); // a cluster without items

@@ -56,9 +56,9 @@ __global__ void fill(float *p, long long n, unsigned seed, float scale) {
 
 static float copyBandwidth(size_t bytes) {
   char *src = device_alloc<char>(bytes), *dst = device_alloc<char>(bytes);
-  const float ms = time_ms([&] {
-    CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  }, 20);
+  const float ms = time_ms(
+      [&] { CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); },
+      20);
   CHECK(cudaFree(src));
   CHECK(cudaFree(dst));
   return 2.0f * bytes / (ms * 1e-3f) / 1e9f;
@@ -183,9 +183,8 @@ int main() {
       const float ms = time_ms(
           [&] {
             for (int it = 0; it < kIters; ++it)
-              rmw<<<grid, 256>>>(reinterpret_cast<float4 *>(
-                                     c.state[it % kCopies]),
-                                 n4);
+              rmw<<<grid, 256>>>(
+                  reinterpret_cast<float4 *>(c.state[it % kCopies]), n4);
           },
           1, true);
       const float us = ms * 1e3f / kIters;

@@ -424,8 +424,7 @@ private:
     f.body += (bodyWaits ? "" : "  nf::wait_for_previous_grids();\n") +
               std::string(early && !bodyTriggers ? "  nf::allow_next_grid();\n"
                                                  : "") +
-              body +
-              (early ? "" : "  nf::allow_next_grid();\n");
+              body + (early ? "" : "  nf::allow_next_grid();\n");
     functions.push_back(f);
     CudaLaunchInfo l;
     l.function = fn;
@@ -807,7 +806,6 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // batch 1-8 by 2-3%, bench/results/2026-11-30f/run4-decode-rows).
     // rows: an item's rows at most (16, or 32 for wide dense layers whose
     // 16-row items would not all fit on the GPU at once).
-    const std::string &narrowSpec = spec;
     auto variant = [&](const std::string &name, int64_t grid, int64_t mt,
                        int64_t stages, int64_t warps, bool stageX, bool rows16,
                        uint32_t minT, uint32_t maxT, int64_t rows = 16) {
@@ -816,17 +814,17 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
           (warps / 2) * mt * nt * 4 * 32 * 4 +
           (stageX ? warps * 2 * nt * (rows16 ? 1 : 2) * 32 * 16 : 0);
       const std::string x = stageX ? "true" : "false";
-      const std::string &spec = minT > 0 ? wideSpec : narrowSpec;
+      const std::string &variantSpec = minT > 0 ? wideSpec : spec;
       std::string tail = rows16 ? ", true" : "";
       if (rows != 16)
         tail = (rows16 ? ", true, " : ", false, ") + num(rows);
       addLaunch(name, static_cast<uint32_t>(grid), 32 * warps,
-                "  static_assert(nf::skinny_smem<" + spec + ", " + num(mt) +
-                    ", " + num(warps) + ", " + x + tail +
+                "  static_assert(nf::skinny_smem<" + variantSpec + ", " +
+                    num(mt) + ", " + num(warps) + ", " + x + tail +
                     ">() == " + num(smem) +
                     ", \"shared memory size\");\n"
                     "  nf::skinny_linear<" +
-                    spec + ", " + num(mt) + ", " + num(stages) + ", " +
+                    variantSpec + ", " + num(mt) + ", " + num(stages) + ", " +
                     num(warps) + ", " + terms + ", " + x + tail + ">(a);\n",
                 comment, minT, maxT, /*bodyWaits=*/true, s.groupsAfterWait);
       launches.back().sharedBytes = static_cast<uint32_t>(smem);
@@ -1542,12 +1540,11 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
   // fetches its first weights before waiting (H200, Nano: batch 1 3.12 ->
   // 3.09 ms, batch 32 7.19 -> 7.16 with the router's prefetch moved,
   // bench/results/2026-12-02).
-  const bool groupsEarly = !up && i > 0 &&
-                           opName(*ops[i - 1]) == "nf_moe.expert_up" &&
-                           operands(*ops[i - 1]).size() == 3 &&
-                           operands(*ops[i - 1])[1] == in[1];
-  s.groups = "nf::DispatchGroups<" + num(d.numExperts) + ", " +
-             num(d.offset) + "ll" + (groupsEarly ? ", true>" : ">");
+  const bool groupsEarly =
+      !up && i > 0 && opName(*ops[i - 1]) == "nf_moe.expert_up" &&
+      operands(*ops[i - 1]).size() == 3 && operands(*ops[i - 1])[1] == in[1];
+  s.groups = "nf::DispatchGroups<" + num(d.numExperts) + ", " + num(d.offset) +
+             "ll" + (groupsEarly ? ", true>" : ">");
   s.groupsAfterWait = !groupsEarly;
   s.weight = weightPtr(in[2]) + " + static_cast<long long>(g) * " +
              num(s.N * s.K) + "ll";
