@@ -50,4 +50,30 @@ typedef struct nf_step_args {
   int32_t num_logit_rows;
 } nf_step_args;
 
+/// A TMA tensor map that a module asks the runtime to encode when it loads
+/// the module (sm_90+, kernels/nf_tma.cuh): a module that streams by TMA
+/// defines the globals
+///   extern "C" __device__ nf_tensor_map_desc nf_tensor_map_descs[n];
+///   extern "C" __device__ nf_tensor_map nf_tensor_maps[n];
+/// and the runtime writes map i (cuTensorMapEncodeTiled) from desc i before
+/// any launch: a 2D bf16 tensor of dims[1] rows of dims[0] contiguous
+/// elements, `stride` bytes apart, starting `offset` bytes into its source,
+/// read in boxes of box[0] x box[1] elements with the 128-byte swizzle
+/// (box[0] * 2 == 128). Plans whose kernels declare tensor maps are plan
+/// format 1.4.
+enum { NF_TENSOR_MAP_WEIGHT = 0, NF_TENSOR_MAP_ARENA = 1 };
+typedef struct nf_tensor_map_desc {
+  int32_t source; // NF_TENSOR_MAP_WEIGHT (Plan.weights[index]) or _ARENA
+  int32_t index;
+  int64_t offset;  // bytes
+  int64_t dims[2]; // elements: inner (contiguous), outer
+  int64_t stride;  // bytes between outer elements
+  int32_t box[2];  // elements
+} nf_tensor_map_desc;
+
+/// An encoded tensor map (CUtensorMap: 128 opaque bytes, 64-byte aligned).
+typedef struct alignas(64) nf_tensor_map {
+  unsigned long long opaque[16];
+} nf_tensor_map;
+
 #endif // NF_KERNELS_ABI_H

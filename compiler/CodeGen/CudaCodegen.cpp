@@ -104,6 +104,22 @@ struct RowFormats {
 /// (f32 rows), longer ones the wide variants (emitLinear).
 constexpr int64_t kNarrowTokens = 16;
 
+/// The TMA wide variants of dense decode linears (emitTmaLinear): 32
+/// features an item, 256-deep K stages, 8 consumer warps; items of 32 rows
+/// (steps of up to 32 tokens) in 6 stages, of 64 rows in 3. Their dynamic
+/// shared memory (nf::tma_linear_smem), the larger of the two.
+struct TmaLinearConfig {
+  int64_t rows, stages, warps;
+};
+constexpr int64_t kTmaMt = 2, kTmaBk = 256;
+constexpr TmaLinearConfig kTmaRows32{32, 6, 8}, kTmaRows64{64, 3, 8};
+constexpr int64_t tmaLinearSmem(const TmaLinearConfig &c) {
+  return 1024 + c.stages * (16 * kTmaMt + c.rows) * kTmaBk * 2 +
+         c.warps * kTmaMt * (c.rows / 8) * 128 * 4 + 16 * c.stages;
+}
+constexpr int64_t kTmaSmem =
+    std::max(tmaLinearSmem(kTmaRows32), tmaLinearSmem(kTmaRows64));
+
 /// Rows that skinny GEMVs read get bf16 copies for their wide variants
 /// (decodeShadows): decode steps of bf16 inputs that have wide variants.
 bool decodeCopiesOn(const std::string &phase, const CudaCodegenOptions &opts,
@@ -193,14 +209,17 @@ struct LinearSpec {
   int64_t N = 0, K = 0, G = 1;
   std::string groups = "nf::DenseGroups";
   std::string weight; // expression of `const W *` for group g
-  std::string input;  // expression of the f32 input activation [rows, K]
+  /// One weight (not stacked): its Plan.weights index, for a tensor map.
+  int weightIndex = -1;
+  std::string input; // expression of the f32 input activation [rows, K]
   /// Instead of `input`: an expression of `const unsigned short *`, the
   /// input stored as bf16 rows by its producer (bf16RowValues).
   std::string input16;
   /// Decode: an expression of `const unsigned short *`, the input's bf16
   /// copy (RowFormats::shadow), which the wide skinny variant reads.
   std::string shadow16;
-  std::string rowIndex; // expression of row r's index in `input`
+  int64_t shadowOffset = -1; // arena offset of that copy (rows of K bf16)
+  std::string rowIndex;      // expression of row r's index in `input`
   /// Optional: an expression (long long) of row r that the store uses as
   /// `ctx`, computed once per row where a kernel supports it (HasRowCtx).
   std::string rowCtx;
@@ -360,8 +379,10 @@ private:
     s.input = arenaPtr(v);
     if (rowsBf16(v))
       s.input16 = arenaPtr(v, "unsigned short");
-    if (shadowed(v))
+    if (shadowed(v)) {
       s.shadow16 = shadowPtr(v);
+      s.shadowOffset = rowFormats.shadow.at(v);
+    }
   }
   std::string weightPtr(int v) const {
     return "nf::weight<" + *weightType(v) + ">(a, " + num(V(v).weight) + ")";
@@ -612,6 +633,21 @@ private:
   std::vector<CudaLaunchInfo> launches;
   int64_t scratchTop = 0;
   bool hopperFeatures = false; // some launch uses wgmma
+  /// Initializers of the module's nf_tensor_map_descs (nf_abi.h).
+  std::vector<std::string> tensorMaps;
+  /// A 2D bf16 tensor map (nf_abi.h) of `outer` rows of `inner` elements,
+  /// boxes of 64 x boxOuter; its index in nf_tensor_maps.
+  size_t tensorMap(const char *source, int64_t index, int64_t offset,
+                   int64_t inner, int64_t outer, int64_t boxOuter) {
+    tensorMaps.push_back("{" + std::string(source) + ", " + num(index) + ", " +
+                         num(offset) + "ll, {" + num(inner) + "ll, " +
+                         num(outer) + "ll}, " + num(inner * 2) + "ll, {64, " +
+                         num(boxOuter) + "}}");
+    return tensorMaps.size() - 1;
+  }
+  /// The wide decode variants of a dense linear on TMA (nf_tma.cuh).
+  void emitTmaLinear(const std::string &fn, const std::string &spec,
+                     const LinearSpec &s, const std::string &comment);
 };
 
 void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
@@ -853,6 +889,12 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
                 comment + " (feature tiles of 128, rows staged once)",
                 kNarrowTokens + 1, 0, /*bodyWaits=*/true);
       launches.back().sharedBytes = static_cast<uint32_t>(smem);
+    } else if (wide && x16 && dense && opts.hopperOrLater &&
+               opts.matmulTerms == 1 && s.groups == "nf::DenseGroups" &&
+               s.weightIndex >= 0 && s.shadowOffset >= 0 && s.rowIndex == "r" &&
+               s.K % 8 == 0 && kTmaSmem <= opts.maxSharedBytes) {
+      // One dense weight read from the rows' bf16 copy: TMA (nf_tma.cuh).
+      emitTmaLinear(fn, wideSpec, s, comment);
     } else if (wide && dense && wide4 && 2 * ceilDiv(s.N, 32) > kWideCap) {
       // Wide layers whose 16-row items at 32 rows would not all fit on the
       // GPU at once (in_proj: 644 items for 528 blocks): items of up to 32
@@ -884,6 +926,52 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
             256,
             "  nf::linear<" + spec + ", " + num(opts.matmulTerms) + ">(a);\n",
             comment);
+}
+
+void KernelEmitter::emitTmaLinear(const std::string &fn,
+                                  const std::string &spec, const LinearSpec &s,
+                                  const std::string &comment) {
+  // Weights and rows stream into shared memory by TMA, ~200 KB in flight a
+  // block, one block an SM. On the H200 alone (bench/kernels/
+  // tma_gemv_sweep.cu), against the register-ring skinny variant: 32 rows
+  // out_proj 14.2 -> 8.9 us, in_proj 21.8 -> 18.0, qkv 17.3 -> 11.8; 64 rows
+  // 23.0 -> 10.8, 36.9 -> 23.9, 19.8 -> 15.3; the bf16 Nano plan's step at
+  // batch 32 7.13 / 7.09 -> 6.86 / 6.83 ms, batch 64 10.76 / 10.70 -> 9.66
+  // / 9.72. (Narrow steps keep skinny_linear: on TMA, with the copies
+  // written in every step, batch 1 went 3.07 -> 3.14 ms and batch 8 5.02
+  // -> 5.14, though out_proj alone at 8 rows took 10.5 -> 8.6 us: a block
+  // of ~210 KB of shared memory cannot start on an SM before the launch
+  // before it has left, where the skinny blocks fetch weights beside it.)
+  includes.insert("nf_tma.cuh");
+  const size_t wmap = tensorMap("NF_TENSOR_MAP_WEIGHT", s.weightIndex, 0, s.K,
+                                s.N, 16 * kTmaMt);
+  const int64_t tiles = ceilDiv(s.N, 16 * kTmaMt);
+  auto launch = [&](const std::string &name, const TmaLinearConfig &c,
+                    uint32_t minT, uint32_t maxT) {
+    const size_t xmap = tensorMap("NF_TENSOR_MAP_ARENA", 0, s.shadowOffset, s.K,
+                                  maxTokens, c.rows);
+    const int64_t lastRows = maxT > 0 ? int64_t(maxT) : maxTokens;
+    const int64_t items = tiles * ceilDiv(lastRows, c.rows);
+    const std::string cfg = num(kTmaMt) + ", " + num(kTmaBk) + ", " +
+                            num(c.stages) + ", " + num(c.warps) + ", " +
+                            num(c.rows);
+    addLaunch(name, gridOf(items, opts.smCount), 32 * (c.warps + 1),
+              "  static_assert(nf::tma_linear_smem<" + cfg +
+                  ">() == " + num(tmaLinearSmem(c)) +
+                  ", \"shared memory size\");\n"
+                  "  nf::tma_linear<" +
+                  spec + ", " + cfg + ">(a, &nf_tensor_maps[" +
+                  num(int64_t(wmap)) + "], &nf_tensor_maps[" +
+                  num(int64_t(xmap)) + "]);\n",
+              comment + " (TMA, items of " + num(c.rows) + " rows)", minT, maxT,
+              /*bodyWaits=*/true);
+    launches.back().sharedBytes = static_cast<uint32_t>(tmaLinearSmem(c));
+  };
+  const int64_t split = kTmaRows32.rows;
+  launch(fn + "_wide", kTmaRows32, kNarrowTokens + 1,
+         maxTokens > split ? uint32_t(split) : 0);
+  if (maxTokens > split)
+    launch(fn + "_wide64", kTmaRows64, uint32_t(split + 1), 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -1062,6 +1150,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   s.N = shape[0];
   s.K = shape[1];
   s.weight = weightPtr(in[1]);
+  s.weightIndex = V(in[1]).weight;
   setInput(s, in[0]);
   s.rowIndex = "r";
   s.maxRows = maxTokens;
@@ -2562,6 +2651,16 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
       << "#include \"nf_common.cuh\"\n";
   for (const std::string &inc : includes)
     src << "#include \"" << inc << "\"\n";
+  if (!tensorMaps.empty()) {
+    // Encoded by the runtime when it loads the module (nf_abi.h).
+    src << "\nextern \"C\" {\n__device__ nf_tensor_map_desc "
+           "nf_tensor_map_descs["
+        << tensorMaps.size() << "] = {\n";
+    for (const std::string &m : tensorMaps)
+      src << "    " << m << ",\n";
+    src << "};\n__device__ nf_tensor_map nf_tensor_maps[" << tensorMaps.size()
+        << "];\n}\n";
+  }
   src << "\n" << text.str();
   out.source = src.str();
   out.launches = launches;

@@ -505,6 +505,12 @@ CUresult cuModuleGetFunction(Function **f, Module *m, const char *name) {
   return kSuccess;
 }
 CUresult cuFuncSetAttribute(Function *, int, int) { return kSuccess; }
+// No smoke module declares globals (TMA tensor maps, nf_abi.h).
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, Module *, const char *) {
+  if (!current())
+    return kInvalidContext;
+  return kNotFound;
+}
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, Function *, int,
                                                      size_t) {
   *n = 8;

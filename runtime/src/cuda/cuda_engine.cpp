@@ -175,8 +175,12 @@ struct ArgsLayout {
 struct Gpu {
   Stream stream;
   std::vector<Module> modules;
+  std::vector<std::string> moduleWhere; // the first kernel of each module
   DeviceBuffer arena;
-  DeviceBuffer weights;              // every weight, 256-byte aligned
+  DeviceBuffer weights;                // every weight, 256-byte aligned
+  std::vector<CUdeviceptr> weightAddr; // per weight: its address and bytes
+  std::vector<size_t> weightBytes;
+  size_t arenaBytes = 0;
   DeviceBuffer weightPtrs;           // const void *[num weights]
   std::vector<DeviceBuffer> storage; // per Plan.storage entry: two buffers
   DeviceBuffer storagePtrs;          // void *[2 * num storage]
@@ -259,6 +263,7 @@ private:
   Status loadKernels();
   Status allocate();
   Status uploadWeights();
+  Status bindTensorMaps();
   Status captureDecode();
   /// "graph", or "graphs for <= 16 | <= 64 tokens".
   std::string decodeGraphs() const {
@@ -452,6 +457,7 @@ Status CudaEngine::loadKernels() {
         if (!m)
           return Status::error(kwhere + ": " + m.message());
         g.modules.push_back(std::move(*m));
+        g.moduleWhere.push_back(kwhere);
         it = moduleOf.emplace(key, g.modules.size() - 1).first;
       }
       const CUmodule module = g.modules[it->second].get();
@@ -596,6 +602,8 @@ Status CudaEngine::uploadWeights() {
   if (!table)
     return Status::error(where() + ": weight table: " + table.message());
   g.weightPtrs = std::move(*table);
+  g.weightAddr = ptrs;
+  g.weightBytes = sizes;
   if (!ptrs.empty())
     if (Status s = d_->check(
             d_->cuMemcpyHtoDAsync(g.weightPtrs.ptr(), ptrs.data(),
@@ -608,6 +616,111 @@ Status CudaEngine::uploadWeights() {
           d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
       !s)
     return Status::error(where() + ": uploading the weights: " + s.message());
+  return Status::success();
+}
+
+/// Encodes the TMA tensor maps that modules declare (nf_abi.h:
+/// nf_tensor_map_descs, nf_tensor_maps) now that the weights and the arena
+/// have their addresses; every map is checked to lie inside its source.
+Status CudaEngine::bindTensorMaps() {
+  Gpu &g = *gpu_;
+  CUstream stream = g.stream.get();
+  for (size_t m = 0; m < g.modules.size(); ++m) {
+    const std::string &mw = g.moduleWhere[m];
+    CUdeviceptr descAddr = 0, mapAddr = 0;
+    size_t descBytes = 0, mapBytes = 0;
+    const CUresult found = d_->cuModuleGetGlobal(
+        &descAddr, &descBytes, g.modules[m].get(), "nf_tensor_map_descs");
+    if (found == CUDA_ERROR_NOT_FOUND)
+      continue;
+    if (Status s = d_->check(found, "cuModuleGetGlobal"); !s)
+      return Status::error(mw + ": " + s.message());
+    if (Status s = d_->check(d_->cuModuleGetGlobal(&mapAddr, &mapBytes,
+                                                   g.modules[m].get(),
+                                                   "nf_tensor_maps"),
+                             "cuModuleGetGlobal");
+        !s)
+      return Status::error(mw + ": nf_tensor_maps: " + s.message());
+    const size_t n = descBytes / sizeof(nf_tensor_map_desc);
+    if (n == 0 || descBytes % sizeof(nf_tensor_map_desc) != 0 ||
+        mapBytes != n * sizeof(CUtensorMap) || mapAddr % 64 != 0)
+      return Status::error(mw + ": malformed tensor map declarations (" +
+                           std::to_string(descBytes) + " and " +
+                           std::to_string(mapBytes) + " bytes)");
+    if (!d_->cuTensorMapEncodeTiled)
+      return Status::error(mw + ": needs TMA tensor maps, but the driver has "
+                                "no cuTensorMapEncodeTiled (CUDA 12 or later)");
+    std::vector<nf_tensor_map_desc> descs(n);
+    if (Status s = d_->check(
+            d_->cuMemcpyDtoHAsync(descs.data(), descAddr, descBytes, stream),
+            "cuMemcpyDtoHAsync");
+        !s)
+      return Status::error(mw + ": " + s.message());
+    if (Status s =
+            d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
+        !s)
+      return Status::error(mw + ": " + s.message());
+    std::vector<CUtensorMap> maps(n);
+    for (size_t i = 0; i < n; ++i) {
+      const nf_tensor_map_desc &t = descs[i];
+      const std::string what = mw + ": tensor map " + std::to_string(i);
+      CUdeviceptr base = 0;
+      size_t size = 0;
+      if (t.source == NF_TENSOR_MAP_WEIGHT && t.index >= 0 &&
+          static_cast<size_t>(t.index) < g.weightAddr.size()) {
+        base = g.weightAddr[static_cast<size_t>(t.index)];
+        size = g.weightBytes[static_cast<size_t>(t.index)];
+      } else if (t.source == NF_TENSOR_MAP_ARENA) {
+        base = g.arena.ptr();
+        size = g.arenaBytes;
+      } else {
+        return Status::error(what + ": unknown source " +
+                             std::to_string(t.source) + " / " +
+                             std::to_string(t.index));
+      }
+      // Inside its source, strides and addresses as TMA needs them.
+      const bool valid =
+          t.offset >= 0 && t.dims[0] > 0 && t.dims[1] > 0 &&
+          t.stride >= 2 * t.dims[0] && t.stride % 16 == 0 &&
+          (base + static_cast<CUdeviceptr>(t.offset)) % 16 == 0 &&
+          t.box[0] * 2 == 128 && t.box[1] > 0 && t.box[1] <= 256 &&
+          static_cast<size_t>(t.offset + (t.dims[1] - 1) * t.stride +
+                              2 * t.dims[0]) <= size;
+      if (!valid)
+        return Status::error(what + " does not fit its source (" +
+                             std::to_string(size) + " bytes)");
+      const unsigned long long dims[2] = {
+          static_cast<unsigned long long>(t.dims[0]),
+          static_cast<unsigned long long>(t.dims[1])};
+      const unsigned long long strides[1] = {
+          static_cast<unsigned long long>(t.stride)};
+      const unsigned box[2] = {static_cast<unsigned>(t.box[0]),
+                               static_cast<unsigned>(t.box[1])};
+      const unsigned elementStrides[2] = {1, 1};
+      if (Status s = d_->check(
+              d_->cuTensorMapEncodeTiled(
+                  &maps[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                  reinterpret_cast<void *>(
+                      static_cast<uintptr_t>(base + t.offset)),
+                  dims, strides, box, elementStrides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+              "cuTensorMapEncodeTiled");
+          !s)
+        return Status::error(what + ": " + s.message());
+    }
+    if (Status s = d_->check(
+            d_->cuMemcpyHtoDAsync(mapAddr, maps.data(), mapBytes, stream),
+            "cuMemcpyHtoDAsync");
+        !s)
+      return Status::error(mw + ": " + s.message());
+    // `maps` must outlive the copy.
+    if (Status s =
+            d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
+        !s)
+      return Status::error(mw + ": " + s.message());
+  }
   return Status::success();
 }
 
@@ -638,6 +751,7 @@ Status CudaEngine::allocate() {
                 "arena", true);
       !s)
     return s;
+  g.arenaBytes = static_cast<size_t>(std::max<int64_t>(arena, 0));
 
   // State: two buffers per storage entry.
   const int64_t slots = storage_.cache.numSlots;
@@ -890,6 +1004,8 @@ Status CudaEngine::init(const EngineOptions &options) {
   if (Status s = allocate(); !s)
     return s;
   if (Status s = uploadWeights(); !s)
+    return s;
+  if (Status s = bindTensorMaps(); !s)
     return s;
   // A decode program that cannot be captured (a driver without capturable
   // cooperative launches, say) still runs, launch by launch: the reason is

@@ -106,6 +106,8 @@ StatusOr<std::unique_ptr<Driver>> openDriver(const std::string &library) {
       {slotOf(d->cuModuleUnload), {"cuModuleUnload"}, true},
       {slotOf(d->cuModuleGetFunction), {"cuModuleGetFunction"}, true},
       {slotOf(d->cuFuncSetAttribute), {"cuFuncSetAttribute"}, true},
+      {slotOf(d->cuModuleGetGlobal), {"cuModuleGetGlobal_v2"}, true},
+      {slotOf(d->cuTensorMapEncodeTiled), {"cuTensorMapEncodeTiled"}, false},
       {slotOf(d->cuOccupancyMaxActiveBlocksPerMultiprocessor),
        {"cuOccupancyMaxActiveBlocksPerMultiprocessor"},
        true},
