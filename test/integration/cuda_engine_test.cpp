@@ -39,6 +39,7 @@
 #include "nf/nf.h"
 #include "nf/plan_generated.h"
 #include "nf/plan_version.h"
+#include "nf_abi.h"
 
 #include "ReferenceUtil.h"
 #include "TestUtil.h"
@@ -1289,6 +1290,68 @@ TEST_P(CudaSmoke, BadModulesAndLaunchesAreLoadErrors) {
   EXPECT_EQ(e->info().backend, "cpu");
   EXPECT_EQ(err.rfind("nf: CUDA unavailable (", 0), 0u) << err;
   EXPECT_NE(err.find("cooperative grid"), std::string::npos) << err;
+}
+
+/// PTX of the module globals that declare tensor map `d` (nf_abi.h).
+std::string tensorMapPtx(const nf_tensor_map_desc &d) {
+  const auto *bytes = reinterpret_cast<const unsigned char *>(&d);
+  std::string s = "\n.global .align 8 .b8 nf_tensor_map_descs[" +
+                  std::to_string(sizeof d) + "] = {";
+  for (size_t i = 0; i < sizeof d; ++i)
+    s += (i ? ", " : "") + std::to_string(bytes[i]);
+  return s + "};\n.global .align 64 .b8 nf_tensor_maps[128];\n";
+}
+
+// A module that streams by TMA declares tensor maps (nf_abi.h); the engine
+// encodes them when it loads the module, each checked to lie inside its
+// source first: a map past the end of its weight, or of an unknown source,
+// is a load error naming the kernel.
+TEST_P(CudaSmoke, TensorMapsAreEncodedAndChecked) {
+  test::TempDir dir;
+  nf_tensor_map_desc d{};
+  d.source = NF_TENSOR_MAP_WEIGHT;
+  d.index = 0; // the embedding table, 32 x 8 f32: 1024 bytes
+  d.dims[0] = 64;
+  d.dims[1] = 1;
+  d.stride = 128;
+  d.box[0] = 64;
+  d.box[1] = 1;
+  SmokeSpec spec;
+  spec.ptxText = std::string(kSmokePtx) + tensorMapPtx(d);
+  {
+    std::unique_ptr<Engine> e =
+        load(writeSmokePlan(dir.path(), "maps", spec), opts("cuda"));
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->info().backend, "cuda");
+    auto rows = runBatched(*e, {kSmokePrompts[0]}, 1);
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(
+        maxAbsDiff(rows[0][0].data(), denseRow(kSmokePrompts[0][0]).data(), kV),
+        0.0);
+  }
+  auto error = [&](const nf_tensor_map_desc &bad) {
+    SmokeSpec s;
+    s.ptxText = std::string(kSmokePtx) + tensorMapPtx(bad);
+    StatusOr<std::unique_ptr<Engine>> e =
+        Engine::load(writeSmokePlan(dir.path(), "bad", s), opts("cuda"));
+    EXPECT_FALSE(e.ok());
+    if (!e.ok())
+      std::cout << "[ cuda ] " << e.message() << "\n";
+    return e.ok() ? std::string() : e.message();
+  };
+  nf_tensor_map_desc past = d;
+  past.dims[1] = 9; // 9 rows of 128 bytes
+  std::string m = error(past);
+  EXPECT_NE(m.find("prefill kernel 0 'nop': tensor map 0 does not fit its "
+                   "source (1024 bytes)"),
+            std::string::npos)
+      << m;
+  nf_tensor_map_desc unknown = d;
+  unknown.source = 7;
+  m = error(unknown);
+  EXPECT_NE(m.find("prefill kernel 0 'nop': tensor map 0: unknown source 7"),
+            std::string::npos)
+      << m;
 }
 
 // Expert statistics need the select results in the arena when their kernel

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -204,9 +205,53 @@ const std::map<std::string, Kernel> &kernels() {
   return k;
 }
 
+/// A loaded module: its image and the device memory of its PTX globals
+/// (`.global .align A .b8 name[n]`, with an optional `= {bytes}`), freed
+/// with the module.
 struct Module {
   std::string image;
+  std::map<std::string, std::pair<CUdeviceptr, size_t>> globals;
+  ~Module();
 };
+
+/// The `.global .align A .b8 name[n] (= {b, ...})` declarations of PTX
+/// text, as zeroed device allocations holding their initial bytes.
+void loadGlobals(Module &m) {
+  const std::string key = ".global .align ";
+  for (size_t at = m.image.find(key); at != std::string::npos;
+       at = m.image.find(key, at + 1)) {
+    const size_t b8 = m.image.find(".b8 ", at);
+    const size_t open = m.image.find('[', b8);
+    const size_t close = m.image.find(']', open);
+    const size_t end = m.image.find(';', at);
+    if (b8 == std::string::npos || close == std::string::npos || close > end)
+      continue;
+    const std::string name = m.image.substr(b8 + 4, open - b8 - 4);
+    const size_t n = std::stoul(m.image.substr(open + 1, close - open - 1));
+    void *mem = std::aligned_alloc(256, (n + 255) / 256 * 256);
+    std::memset(mem, 0, n);
+    const size_t brace = m.image.find('{', close);
+    if (brace < end) {
+      std::istringstream in(m.image.substr(brace + 1, end - brace - 1));
+      std::string byte;
+      for (size_t i = 0; i < n && std::getline(in, byte, ','); ++i)
+        static_cast<unsigned char *>(mem)[i] =
+            static_cast<unsigned char>(std::stoi(byte));
+    }
+    std::lock_guard<std::mutex> lock(gMutex);
+    gDevice[reinterpret_cast<uintptr_t>(mem)] = n;
+    m.globals[name] = {reinterpret_cast<uintptr_t>(mem), n};
+  }
+}
+Module::~Module() {
+  for (const auto &[name, g] : globals) {
+    {
+      std::lock_guard<std::mutex> lock(gMutex);
+      gDevice.erase(g.first);
+    }
+    std::free(reinterpret_cast<void *>(g.first));
+  }
+}
 
 struct Function {
   std::string name;
@@ -481,7 +526,12 @@ CUresult cuModuleLoadDataEx(Module **m, const void *image, unsigned n,
                     "fake driver: not PTX or ELF\nsecond line");
     return kInvalidImage;
   }
-  *m = new Module{std::move(text)};
+  *m = new Module{std::move(text), {}};
+  if (std::strncmp(p,
+                   "\x7f"
+                   "ELF",
+                   4) != 0) // PTX
+    loadGlobals(**m);
   return kSuccess;
 }
 CUresult cuModuleUnload(Module *m) {
@@ -505,11 +555,35 @@ CUresult cuModuleGetFunction(Function **f, Module *m, const char *name) {
   return kSuccess;
 }
 CUresult cuFuncSetAttribute(Function *, int, int) { return kSuccess; }
-// No smoke module declares globals (TMA tensor maps, nf_abi.h).
-CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, Module *, const char *) {
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *bytes, Module *m,
+                              const char *name) {
   if (!current())
     return kInvalidContext;
-  return kNotFound;
+  auto it = m->globals.find(name);
+  if (it == m->globals.end())
+    return kNotFound;
+  if (p)
+    *p = it->second.first;
+  if (bytes)
+    *bytes = it->second.second;
+  return kSuccess;
+}
+/// Checks what the real driver checks of nf's 2D bf16 maps and writes the
+/// address, dims and box into the map's first words.
+CUresult cuTensorMapEncodeTiled(void *map, int dtype, unsigned rank,
+                                void *address, const unsigned long long *dims,
+                                const unsigned long long *strides,
+                                const unsigned *box, const unsigned *,
+                                int interleave, int swizzle, int, int) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(address);
+  if (reinterpret_cast<uintptr_t>(map) % 64 || dtype != 9 || rank != 2 ||
+      a % 16 || strides[0] % 16 || interleave != 0 || swizzle != 3 ||
+      box[0] * 2 > 128 || box[1] == 0 || box[1] > 256 ||
+      !inDevice(a, strides[0] * (dims[1] - 1) + dims[0] * 2))
+    return kInvalidValue;
+  unsigned long long words[16] = {a, dims[0], dims[1], box[0], box[1]};
+  std::memcpy(map, words, sizeof words);
+  return kSuccess;
 }
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, Function *, int,
                                                      size_t) {
