@@ -184,6 +184,31 @@ __device__ __forceinline__ void store_act4(ShadowedRows p, float4 v) {
 }
 
 // ---------------------------------------------------------------------------
+// mbarriers in shared memory (sm_90 for try_wait): the pipelines of the
+// warp-specialised GEMM (nf_wgmma.cuh) and of the TMA linears (nf_tma.cuh).
+__device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count)
+               : "memory");
+}
+/// Waits until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile("{\n.reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
+  asm volatile("{\n.reg .b64 state;\n"
+               "mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+
+// ---------------------------------------------------------------------------
 // Programmatic dependent launch (sm_90+): a generated function waits until
 // the grids it depends on have completed and their writes are visible
 // before it reads anything they wrote; it lets the next launch begin either

@@ -33,27 +33,9 @@ namespace nf {
 __device__ __forceinline__ unsigned tma_smem_u32(const void *p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void tma_mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count)
-               : "memory");
-}
-__device__ __forceinline__ void tma_mbar_wait(unsigned bar, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile("{\n.reg .pred p;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void tma_mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar)
-               : "memory");
-}
 /// One arrival that also expects `bytes` of transactions (TMA loads).
-__device__ __forceinline__ void tma_mbar_expect(unsigned bar, unsigned bytes) {
+__device__ __forceinline__ void mbarrier_expect_tx(unsigned bar,
+                                                   unsigned bytes) {
   asm volatile(
       "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
       "r"(bytes)
@@ -129,8 +111,8 @@ __device__ void tma_linear(Step a, const void *wmap, const void *xmap) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; ++s) {
-      tma_mbar_init(full0 + 8 * s, 1);
-      tma_mbar_init(empty0 + 8 * s, CW);
+      mbarrier_init(full0 + 8 * s, 1);
+      mbarrier_init(empty0 + 8 * s, CW);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -163,8 +145,8 @@ __device__ void tma_linear(Step a, const void *wmap, const void *xmap) {
         const int tile = item / chunks, row0 = item % chunks * ROWS;
         for (int kstep = 0; kstep < KSTEPS; ++kstep, ++it) {
           const int slot = it % ST;
-          tma_mbar_wait(empty0 + 8 * slot, ((it / ST) & 1) ^ 1);
-          tma_mbar_expect(full0 + 8 * slot, C::STAGE);
+          mbarrier_wait(empty0 + 8 * slot, ((it / ST) & 1) ^ 1);
+          mbarrier_expect_tx(full0 + 8 * slot, C::STAGE);
           const unsigned dst = tma_smem_u32(smem + slot * C::STAGE);
           for (int b = 0; b < C::BOXES; ++b)
             tma_load_2d(dst + b * (C::BF * 128), wmap, kstep * BK + b * 64,
@@ -194,7 +176,7 @@ __device__ void tma_linear(Step a, const void *wmap, const void *xmap) {
     float acc[MT][C::NT][4] = {};
     for (int kstep = 0; kstep < KSTEPS; ++kstep, ++it) {
       const int slot = it % ST;
-      tma_mbar_wait(full0 + 8 * slot, (it / ST) & 1);
+      mbarrier_wait(full0 + 8 * slot, (it / ST) & 1);
       const unsigned wbase = tma_smem_u32(smem + slot * C::STAGE);
       const unsigned xbase = wbase + C::WBYTES;
 #pragma unroll
@@ -226,7 +208,7 @@ __device__ void tma_linear(Step a, const void *wmap, const void *xmap) {
       }
       __syncwarp();
       if (lane == 0)
-        tma_mbar_arrive(empty0 + 8 * slot);
+        mbarrier_arrive(empty0 + 8 * slot);
     }
     // The warps' partial sums, added in warp order.
 #pragma unroll

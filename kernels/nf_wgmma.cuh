@@ -225,27 +225,6 @@ wgmma_m64k16(float (&d)[TN / 2], unsigned long long da, unsigned long long db,
     wgmma_m64n256k16(d, da, db, accumulate);
 }
 
-__device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count)
-               : "memory");
-}
-/// Waits until the phase of parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile("{\n.reg .pred p;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
-  asm volatile("{\n.reg .b64 state;\n"
-               "mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
-               : "memory");
-}
 /// One arrival on the barrier once this thread's cp.async copies so far
 /// have landed (counted in the barrier's expected arrivals: noinc).
 __device__ __forceinline__ void mbarrier_arrive_copies(unsigned bar) {
