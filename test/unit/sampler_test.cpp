@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -333,6 +334,143 @@ TEST(Sampler, OneDrawPerSampleWhateverIsKept) {
     rb.push_back(*b.sample(l));
   }
   EXPECT_EQ(ra, rb);
+}
+
+// --- large vocabularies: against a plain implementation of the definition --
+
+/// The definition (sampler.h) computed the plain way: every token's
+/// probability in index order, a full ranking wherever top-k or top-p
+/// ranks, top-p's total summed in the candidates' order, one 53-bit draw.
+int32_t referenceSample(const SamplerParams &p, std::mt19937_64 &rng,
+                        const std::vector<float> &l) {
+  if (p.temperature == 0.0f) {
+    int32_t best = -1;
+    for (size_t i = 0; i < l.size(); ++i)
+      if (!std::isnan(l[i]) && (best < 0 || l[i] > l[best]))
+        best = static_cast<int32_t>(i);
+    return best;
+  }
+  struct C {
+    int32_t i;
+    double p;
+  };
+  float m = -kInf;
+  for (float v : l)
+    if (v > m)
+      m = v;
+  std::vector<C> c;
+  for (size_t i = 0; i < l.size(); ++i)
+    if (l[i] > -kInf) {
+      const double q = std::exp((static_cast<double>(l[i]) - m) *
+                                (1.0 / static_cast<double>(p.temperature)));
+      if (q > 0.0)
+        c.push_back({static_cast<int32_t>(i), q});
+    }
+  auto more = [](const C &a, const C &b) {
+    return a.p > b.p || (a.p == b.p && a.i < b.i);
+  };
+  if (p.topK > 0 && static_cast<size_t>(p.topK) < c.size()) {
+    std::stable_sort(c.begin(), c.end(), more);
+    c.resize(p.topK);
+  }
+  if (p.topP < 1.0f) {
+    double total = 0.0;
+    for (const C &x : c)
+      total += x.p; // in the candidates' order
+    std::stable_sort(c.begin(), c.end(), more);
+    const double threshold = static_cast<double>(p.topP) * total;
+    double cum = 0.0;
+    size_t keep = 0;
+    while (keep < c.size() && !(keep > 0 && cum >= threshold))
+      cum += c[keep++].p;
+    c.resize(keep);
+  }
+  if (p.minP > 0.0f) {
+    double mp = 0.0;
+    for (const C &x : c)
+      mp = std::max(mp, x.p);
+    std::erase_if(
+        c, [&](const C &x) { return x.p < static_cast<double>(p.minP) * mp; });
+  }
+  double total = 0.0;
+  for (const C &x : c)
+    total += x.p;
+  const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
+  double acc = 0.0;
+  for (const C &x : c) {
+    acc += x.p;
+    if (u < acc)
+      return x.i;
+  }
+  return c.back().i;
+}
+
+/// Logits like a language model's: a normal body, a few far above it,
+/// exact ties, and neighbours one float step apart (near-ties of the
+/// probabilities).
+std::vector<float> vocabularyLogits(int n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> body(0.0f, 2.0f);
+  std::vector<float> l(static_cast<size_t>(n));
+  for (float &v : l)
+    v = body(g);
+  std::uniform_int_distribution<int> at(0, n - 1);
+  for (int i = 0; i < 24; ++i)
+    l[at(g)] = 9.0f + 0.25f * static_cast<float>(i % 6);
+  for (int i = 0; i < 24; ++i) {
+    const int a = at(g);
+    l[at(g)] = std::nextafter(l[a], kInf);
+  }
+  l[at(g)] = std::numeric_limits<float>::quiet_NaN();
+  l[at(g)] = -kInf;
+  return l;
+}
+
+TEST(Sampler, LargeVocabulariesDrawWhatTheDefinitionDraws) {
+  const std::vector<float> l = vocabularyLogits(131072, 5);
+  struct Case {
+    float t;
+    int32_t k;
+    float p, minP;
+  };
+  const Case cases[] = {{0.0f, 0, 1.0f, 0.0f},     {1.0f, 0, 1.0f, 0.0f},
+                        {0.7f, 0, 0.9f, 0.0f},     {0.7f, 40, 1.0f, 0.0f},
+                        {1.3f, 1000, 0.95f, 0.0f}, {0.8f, 5, 1.0f, 0.1f},
+                        {2.0f, 0, 0.5f, 0.05f},    {1e-3f, 64, 1.0f, 0.0f},
+                        {50.0f, 3, 1.0f, 0.0f},    {0.9f, 131071, 0.99f, 0.0f}};
+  for (const Case &c : cases) {
+    SamplerParams p = withTemperature(c.t, 4242);
+    p.topK = c.k;
+    p.topP = c.p;
+    p.minP = c.minP;
+    Sampler s = make(p);
+    std::mt19937_64 rng(p.seed);
+    for (int i = 0; i < 8; ++i) {
+      auto t = s.sample(l);
+      ASSERT_TRUE(t.ok()) << t.message();
+      EXPECT_EQ(*t, referenceSample(p, rng, l))
+          << "temperature " << c.t << " top-k " << c.k << " top-p " << c.p
+          << " min-p " << c.minP << " draw " << i;
+    }
+  }
+}
+
+TEST(Sampler, TopKKeepsTiesOfTheKthLogitByIndex) {
+  // 300 tokens share the k-th largest logit: the lowest indices stay, and
+  // with a temperature so large that distinct logits get equal
+  // probabilities, ties of the probability decide by index too.
+  std::vector<float> l(4096, 0.0f);
+  for (int i = 0; i < 300; ++i)
+    l[static_cast<size_t>(i) * 13] = 1.0f;
+  l[7] = 2.0f;
+  for (float t : {1.0f, 1e30f}) {
+    SamplerParams p = withTemperature(t, 9);
+    p.topK = 50;
+    Sampler s = make(p);
+    std::mt19937_64 rng(p.seed);
+    for (int i = 0; i < 200; ++i)
+      EXPECT_EQ(*s.sample(l), referenceSample(p, rng, l)) << "t " << t;
+  }
 }
 
 // --- parameters --------------------------------------------------------------

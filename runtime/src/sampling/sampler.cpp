@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -34,16 +35,36 @@ Status validate(const SamplerParams &p) {
   return Status::success();
 }
 
+namespace {
+
+/// The largest logit, NaN ignored (-inf when there is none). Eight running
+/// maxima: one would make every comparison wait for the one before.
+float largest(std::span<const float> logits) {
+  constexpr int kLanes = 8;
+  float m[kLanes];
+  for (float &x : m)
+    x = -std::numeric_limits<float>::infinity();
+  const size_t n = logits.size(), body = n - n % kLanes;
+  for (size_t i = 0; i < body; i += kLanes)
+    for (int j = 0; j < kLanes; ++j)
+      m[j] = logits[i + j] > m[j] ? logits[i + j] : m[j]; // false for NaN
+  for (size_t i = body; i < n; ++i)
+    m[0] = logits[i] > m[0] ? logits[i] : m[0];
+  for (int j = 1; j < kLanes; ++j)
+    m[0] = m[j] > m[0] ? m[j] : m[0];
+  return m[0];
+}
+
+} // namespace
+
 int32_t argmax(std::span<const float> logits) {
-  int32_t best = -1;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    float v = logits[i];
-    if (std::isnan(v))
-      continue;
-    if (best < 0 || v > logits[best])
-      best = static_cast<int32_t>(i);
-  }
-  return best;
+  // The largest value, then its first index; when every logit is NaN no
+  // value equals -inf and the result is -1.
+  const float m = largest(logits);
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (logits[i] == m)
+      return static_cast<int32_t>(i);
+  return -1;
 }
 
 StatusOr<Sampler> Sampler::create(const SamplerParams &params) {
@@ -52,59 +73,145 @@ StatusOr<Sampler> Sampler::create(const SamplerParams &params) {
   return Sampler(params);
 }
 
+namespace {
+
+/// Vocabularies from this size compute their probabilities on several
+/// threads (OpenMP).
+constexpr int32_t kParallelVocab = 16384;
+
+/// The k-th largest of the logits above -inf (NaN ignored), or -inf when
+/// there are fewer than k of them. One pass: a min-heap of the k best, which
+/// most logits leave at one comparison.
+float kthLargest(std::span<const float> logits, int32_t k,
+                 std::vector<float> &heap) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  heap.clear();
+  const auto greater = std::greater<float>();
+  for (float v : logits) {
+    if (!(v > -inf))
+      continue;
+    if (static_cast<int32_t>(heap.size()) < k) {
+      heap.push_back(v);
+      std::push_heap(heap.begin(), heap.end(), greater);
+    } else if (v > heap.front()) {
+      std::pop_heap(heap.begin(), heap.end(), greater);
+      heap.back() = v;
+      std::push_heap(heap.begin(), heap.end(), greater);
+    }
+  }
+  return static_cast<int32_t>(heap.size()) < k ? -inf : heap.front();
+}
+
+} // namespace
+
 double Sampler::filter(std::span<const float> logits) {
   candidates_.clear();
   constexpr float inf = std::numeric_limits<float>::infinity();
-  float maxLogit = -inf;
-  for (float v : logits)
-    if (v > maxLogit) // false for NaN
-      maxLogit = v;
+  const float maxLogit = largest(logits);
   if (maxLogit == -inf)
     return 0.0;
 
   const int32_t n = static_cast<int32_t>(logits.size());
+  const double invT = 1.0 / static_cast<double>(params_.temperature);
+  auto scaled = [&](float v) {
+    return (static_cast<double>(v) - maxLogit) * invT;
+  };
+  auto moreLikely = [](const Candidate &a, const Candidate &b) {
+    return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
+  };
+  bool sorted = false, ranked = false;
   if (maxLogit == inf) {
     // Infinitely likely tokens share the whole mass.
     for (int32_t i = 0; i < n; ++i)
       if (logits[i] == inf)
         candidates_.push_back({i, 1.0});
-  } else {
-    const double invT = 1.0 / static_cast<double>(params_.temperature);
-    for (int32_t i = 0; i < n; ++i) {
-      float v = logits[i];
-      if (!(v > -inf))
-        continue;
-      double p = std::exp((static_cast<double>(v) - maxLogit) * invT);
-      if (p > 0.0)
-        candidates_.push_back({i, p});
+  } else if (params_.topK > 0 && params_.topK < n) {
+    // Top-k without a probability for every token: the tokens whose scaled
+    // logit is at least that of the k-th largest logit, less a margin far
+    // above exp's rounding (no token left out can tie with one kept), hold
+    // the k most likely. The result is that of ranking every candidate: the
+    // same tokens, in the same order. Not where the k-th probability is
+    // subnormal (ties there are of a coarser grain): every token then.
+    const float kth = kthLargest(logits, params_.topK, heap_);
+    const double xk = scaled(kth);
+    if (kth > -inf && xk > -700.0) {
+      const double cut = xk - (std::fabs(xk) + 1.0) * 0x1.0p-30;
+      bool likelyBelow = false; // a token below the cut with p > 0
+      for (int32_t i = 0; i < n; ++i) {
+        const float v = logits[i];
+        if (!(v > -inf))
+          continue;
+        const double x = scaled(v);
+        if (x >= cut)
+          candidates_.push_back({i, std::exp(x)}); // > 0: x > -700
+        else if (!likelyBelow)
+          likelyBelow = std::exp(x) > 0.0;
+      }
+      // More than k candidates in all: rank them, keep k.
+      if (static_cast<size_t>(params_.topK) < candidates_.size() ||
+          likelyBelow) {
+        std::partial_sort(candidates_.begin(),
+                          candidates_.begin() + params_.topK, candidates_.end(),
+                          moreLikely);
+        candidates_.resize(params_.topK);
+        sorted = true;
+      }
+      ranked = true;
     }
   }
-
-  auto moreLikely = [](const Candidate &a, const Candidate &b) {
-    return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
-  };
-  bool sorted = false;
-  if (params_.topK > 0 &&
+  if (maxLogit != inf && !ranked) {
+    // Every token's probability: the exps spread over threads for a large
+    // vocabulary (each value is the same wherever it is computed), then
+    // gathered in index order.
+    probs_.resize(static_cast<size_t>(n));
+    double *probs = probs_.data();
+#pragma omp parallel for schedule(static) if (n >= kParallelVocab)
+    for (int32_t i = 0; i < n; ++i) {
+      const float v = logits[i];
+      probs[i] = v > -inf ? std::exp(scaled(v)) : 0.0; // NaN: 0
+    }
+    for (int32_t i = 0; i < n; ++i)
+      if (probs[i] > 0.0)
+        candidates_.push_back({i, probs[i]});
+  }
+  if (!ranked && params_.topK > 0 &&
       static_cast<size_t>(params_.topK) < candidates_.size()) {
     std::partial_sort(candidates_.begin(), candidates_.begin() + params_.topK,
                       candidates_.end(), moreLikely);
     candidates_.resize(params_.topK);
     sorted = true;
   }
+
   if (params_.topP < 1.0f) {
-    if (!sorted)
-      std::sort(candidates_.begin(), candidates_.end(), moreLikely);
+    // The smallest prefix of the most-likely-first order whose mass reaches
+    // top_p of the total (summed in the candidates' order): ranked in
+    // growing prefixes, since the nucleus is usually a small part of the
+    // vocabulary.
     double total = 0.0;
     for (const Candidate &c : candidates_)
       total += c.prob;
     const double threshold = static_cast<double>(params_.topP) * total;
+    size_t ranked = sorted ? candidates_.size() : 0;
     double cum = 0.0;
     size_t keep = 0;
-    for (const Candidate &c : candidates_) {
-      if (keep > 0 && cum >= threshold)
+    for (;;) {
+      if (ranked < candidates_.size()) {
+        const size_t m =
+            std::min(candidates_.size(), std::max<size_t>(64, ranked * 4));
+        std::partial_sort(candidates_.begin() + ranked, candidates_.begin() + m,
+                          candidates_.end(), moreLikely);
+        ranked = m;
+      }
+      bool done = false;
+      for (; keep < ranked; ++keep) {
+        if (keep > 0 && cum >= threshold) {
+          done = true;
+          break;
+        }
+        cum += candidates_[keep].prob;
+      }
+      if (done || ranked == candidates_.size())
         break;
-      cum += c.prob;
-      ++keep;
     }
     candidates_.resize(keep);
   }

@@ -2,7 +2,12 @@
 //
 // The logits are divided by the temperature and turned into probabilities
 // (softmax, in double); top-k, then top-p, then min-p keep a subset; the
-// token is drawn from the kept probabilities, renormalised. Temperature 0 is
+// token is drawn from the kept probabilities, renormalised, walking them in
+// index order, or most likely first once top-k or top-p has ranked them.
+// Top-p's threshold is top_p times the candidates' total, summed in that
+// same order. With top-k, only the tokens near the k largest logits get a
+// probability computed (exactly those a full ranking would keep), and top-p
+// ranks growing prefixes rather than the whole vocabulary. Temperature 0 is
 // greedy: the argmax, the lowest index on ties, and no random draw. Every
 // non-greedy sample consumes exactly one 64-bit draw of a std::mt19937_64, so
 // equal seeds, parameters and logits give equal tokens on every platform.
@@ -64,6 +69,8 @@ private:
   SamplerParams params_;
   std::mt19937_64 rng_;
   std::vector<Candidate> candidates_;
+  std::vector<float> heap_;   // top-k: the k largest logits
+  std::vector<double> probs_; // every token's probability
 };
 
 } // namespace nf::sampling
