@@ -47,6 +47,9 @@
 #              references (1e-3, same greedy tokens), through libnf.so
 #   eval-ppl   nfrun eval-ppl --backend cuda on pydoc-moe: perplexity within
 #              0.5% of the CPU's 74.149 (NF_PPL_REF overrides)
+#   top-logits nfrun generate on pydoc-moe (bf16 inputs), greedy and top-k
+#              40: the same text with the device's top lists as with the
+#              rows (NF_CUDA_TOP_LOGITS=0)
 #   fallback   --backend auto without a driver: one "nf: CUDA unavailable"
 #              line and CPU results; --backend cuda without one: exit 1
 #   speed      (information) pydoc-moe generate tok/s, cuda and cpu
@@ -228,6 +231,27 @@ EOF
   else
     record FAIL eval-ppl "perplexity $ppl vs CPU $PPL_REF (0.5% allowed)"
   fi
+
+  # 3b. Device top logits: generate draws the same tokens whether the rows'
+  # largest logits are ranked on the device (greedy and top-k samplers) or
+  # the rows are copied back (NF_CUDA_TOP_LOGITS=0).
+  local topOk=1 topDetail=""
+  for sampling in "--temperature 0" "--temperature 0.8 --top-k 40 --seed 5"; do
+    for env in 1 0; do
+      # shellcheck disable=SC2086
+      NF_CUDA_TOP_LOGITS=$env "$bin/nfrun" generate "$plans/pydoc-moe-bf16.nfb" \
+        --backend cuda --weights "$moe" --prompt "def parse_args(argv):" \
+        --max-tokens 96 --ignore-eos $sampling > "$OUT/top-logits-$env.txt" \
+        2> "$OUT/top-logits-$env.log" || topOk=0
+    done
+    if ! cmp -s "$OUT/top-logits-1.txt" "$OUT/top-logits-0.txt" ||
+      [ ! -s "$OUT/top-logits-1.txt" ]; then
+      topOk=0
+    fi
+    topDetail+="$sampling: $(grep -o 'decode [0-9.]* tok/s' "$OUT/top-logits-1.log") (rows: $(grep -o 'decode [0-9.]* tok/s' "$OUT/top-logits-0.log")); "
+  done
+  if [ $topOk -eq 1 ]; then record PASS top-logits "same text; $topDetail"
+  else record FAIL top-logits "texts differ or generate failed; $topDetail"; fi
 
   # 4. Fallback without a driver.
   local toks=1,2,3,4,5

@@ -256,6 +256,7 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
   }
   out.prefillScratchBytes = sources->prefill.scratchBytes;
   out.decodeScratchBytes = sources->decode.scratchBytes;
+  out.decodeTopLogits = sources->decode.topLogits;
   out.compiles = static_cast<int>(jobs.size());
   out.cacheHits = cache.hits;
   out.cacheMisses = cache.misses;

@@ -52,6 +52,7 @@ struct CudaPlanBinaries {
   std::vector<std::string> archs;
   std::vector<CudaKernelBinary> prefill, decode;
   int64_t prefillScratchBytes = 0, decodeScratchBytes = 0;
+  CudaTopLogits decodeTopLogits; // launches in decode[kernel]'s module
   // Statistics
   int compiles = 0, cacheHits = 0, cacheMisses = 0;
   std::string cacheDir;

@@ -2835,6 +2835,87 @@ void decodeShadows(const pl::Plan &plan, const pl::Step &step,
     out.shadowEnd = alignTo(end);
 }
 
+/// Values per row the top-logits launches keep: a sampler whose top-k is
+/// below this reads no vocabulary row (the runtime checks the rest).
+constexpr int kTopLogits = 64;
+
+/// Appends the top-logits functions (kernels/nf_sample.cuh) to the module of
+/// the kernel that computes the decode step's logits, with their output after
+/// every other scratch value (they run after the step). Vocabularies beyond
+/// 64 chunks of 4096 logits (a 32 KB shared-memory sort) get none.
+void addTopLogits(const pl::Step &step, const std::vector<ValueInfo> &values,
+                  const CudaCodegenOptions &opts, int64_t &scratchEnd,
+                  CudaStepSources &out) {
+  const int logits = step.logits();
+  if (logits < 0 || logits >= static_cast<int>(values.size()) ||
+      values[logits].dtype != pl::DType::F32 || values[logits].offset < 0)
+    return;
+  int kernel = -1;
+  for (unsigned k = 0; k < step.kernels()->size(); ++k)
+    if (const auto *o = step.kernels()->Get(k)->outputs())
+      for (int v : *o)
+        if (v == logits)
+          kernel = static_cast<int>(k);
+  const int64_t vocab = values[logits].cols;
+  auto pow2AtLeast = [](int64_t n) {
+    int64_t p = 1;
+    while (p < n)
+      p <<= 1;
+    return p;
+  };
+  const int64_t chunk =
+      std::max(pow2AtLeast(ceilDiv(vocab, 64)),
+               std::min<int64_t>(
+                   2048, pow2AtLeast(std::max<int64_t>(vocab, kTopLogits))));
+  if (kernel < 0 || chunk > 4096)
+    return;
+  const int64_t chunks = ceilDiv(vocab, chunk), rows = step.max_tokens();
+  CudaTopLogits &t = out.topLogits;
+  t.kernel = kernel;
+  t.k = kTopLogits;
+  const int64_t partial = alignTo(scratchEnd);
+  t.idsOffset = alignTo(partial + rows * chunks * kTopLogits * 8);
+  t.valuesOffset = alignTo(t.idsOffset + rows * kTopLogits * 4);
+  scratchEnd = alignTo(t.valuesOffset + rows * kTopLogits * 4);
+
+  CudaKernelSource &src = out.kernels[static_cast<size_t>(kernel)];
+  const std::string prefix = "dk" + std::to_string(kernel) + "_top_logits";
+  const std::string tmpl = std::to_string(vocab) + ", " +
+                           std::to_string(chunk) + ", " +
+                           std::to_string(kTopLogits);
+  const std::string inc = "#include \"nf_common.cuh\"\n";
+  const size_t at = src.source.find(inc);
+  if (at != std::string::npos)
+    src.source.insert(at + inc.size(), "#include \"nf_sample.cuh\"\n");
+  src.source +=
+      "// The largest logits of each row, run by the runtime after the step "
+      "on request:\n// ranks of " +
+      std::to_string(chunk) + " logits, " + std::to_string(kTopLogits) +
+      " kept from each\nextern \"C\" __global__ void __launch_bounds__(256) " +
+      prefix + "_chunks(const nf_step_args *__restrict__ args) {\n" +
+      "  const nf::Step a{args, nullptr};\n  nf::top_logits_chunks<" + tmpl +
+      ", 256>(a, nf::arena<float>(a, " + std::to_string(values[logits].offset) +
+      "ll), nf::arena<unsigned long long>(a, " + std::to_string(partial) +
+      "ll));\n}\n\n// the rows' " + std::to_string(kTopLogits) +
+      " largest of the chunks' (ids and values)\nextern \"C\" __global__ "
+      "void __launch_bounds__(512) " +
+      prefix + "_merge(const nf_step_args *__restrict__ args) {\n" +
+      "  const nf::Step a{args, nullptr};\n  nf::top_logits_merge<" + tmpl +
+      ", 512>(a, nf::arena<unsigned long long>(a, " + std::to_string(partial) +
+      "ll), nf::arena<int>(a, " + std::to_string(t.idsOffset) +
+      "ll), nf::arena<float>(a, " + std::to_string(t.valuesOffset) +
+      "ll));\n}\n";
+  CudaLaunchInfo c;
+  c.function = prefix + "_chunks";
+  c.grid = gridOf(rows * chunks, int64_t(opts.smCount) * 8);
+  c.block = 256;
+  CudaLaunchInfo m;
+  m.function = prefix + "_merge";
+  m.grid = gridOf(rows, int64_t(opts.smCount) * 8);
+  m.block = 512;
+  t.launches = {c, m};
+}
+
 StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
                                        const pl::Step *step, const char *phase,
                                        const CudaCodegenOptions &opts) {
@@ -2873,6 +2954,8 @@ StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
       return src.status();
     out.kernels.push_back(std::move(*src));
   }
+  if (std::string_view(phase) == "decode")
+    addTopLogits(*step, values, opts, scratchEnd, out);
   out.scratchBytes = alignTo(scratchEnd - arena);
   return out;
 }

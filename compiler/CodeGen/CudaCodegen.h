@@ -48,8 +48,20 @@ struct CudaKernelSource {
   bool hopperFeatures = false;
 };
 
+/// Launches the runtime may run after a decode step to rank each logit
+/// row's largest values (kernels/nf_sample.cuh), so that a greedy or top-k
+/// sampler reads K ids and values per sequence instead of a vocabulary row.
+/// The functions live in the module of the kernel that computes the logits.
+struct CudaTopLogits {
+  int kernel = -1;                         // index of that kernel; -1: none
+  int k = 0;                               // values per row
+  int64_t idsOffset = 0, valuesOffset = 0; // arena: [rows][k] i32 / f32
+  std::vector<CudaLaunchInfo> launches;    // in execution order
+};
+
 struct CudaStepSources {
   std::vector<CudaKernelSource> kernels;
+  CudaTopLogits topLogits; // decode only
   /// Step.scratch_bytes with the scratch the generated kernels add (the
   /// shared expert's hidden rows), >= the plan's value.
   int64_t scratchBytes = 0;

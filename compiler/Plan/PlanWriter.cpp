@@ -304,15 +304,13 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
     std::vector<fb::Offset<pl::CubinBlob>> cubins;
     for (size_t a = 0; a < bin.archs.size(); ++a) {
       archs.push_back(b.CreateString(bin.archs[a]));
-      cubins.push_back(
-          pl::CreateCubinBlob(b, b.CreateVector(bin.cubins[a])));
+      cubins.push_back(pl::CreateCubinBlob(b, b.CreateVector(bin.cubins[a])));
     }
     std::vector<fb::Offset<pl::Launch>> launches;
     for (const codegen::CudaLaunchInfo &l : bin.launches)
-      launches.push_back(pl::CreateLaunch(b, b.CreateString(l.function),
-                                          l.grid, l.block, l.sharedBytes,
-                                          l.cooperative, l.minTokens,
-                                          l.maxTokens, l.programmatic));
+      launches.push_back(pl::CreateLaunch(
+          b, b.CreateString(l.function), l.grid, l.block, l.sharedBytes,
+          l.cooperative, l.minTokens, l.maxTokens, l.programmatic));
     kernels.push_back(pl::CreateKernel(
         b, b.CreateString(kernel.getName().str()), b.CreateVector(inputs),
         b.CreateVector(outputs), b.CreateVector(ops), b.CreateVector(archs),
@@ -330,10 +328,22 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
   auto logits = index.find(ret.getOperand(0));
   if (ret.getNumOperands() != 1 || logits == index.end())
     return error(ret, "step must return the logits of a kernel");
-  return pl::CreateStep(b, b.CreateString(stepPhase(func).str()),
-                        b.CreateVector(values), b.CreateVector(kernels),
-                        *tokens, *batch, *budget, logits->second, rows,
-                        arena.getInt(), noReuse.getInt(), scratchBytes);
+  fb::Offset<pl::TopLogits> topLogits;
+  if (cuda && stepPhase(func) == "decode" &&
+      cuda->decodeTopLogits.kernel >= 0) {
+    const codegen::CudaTopLogits &t = cuda->decodeTopLogits;
+    std::vector<fb::Offset<pl::Launch>> launches;
+    for (const codegen::CudaLaunchInfo &l : t.launches)
+      launches.push_back(pl::CreateLaunch(
+          b, b.CreateString(l.function), l.grid, l.block, l.sharedBytes,
+          l.cooperative, l.minTokens, l.maxTokens, l.programmatic));
+    topLogits = pl::CreateTopLogits(b, t.kernel, t.k, t.idsOffset,
+                                    t.valuesOffset, b.CreateVector(launches));
+  }
+  return pl::CreateStep(
+      b, b.CreateString(stepPhase(func).str()), b.CreateVector(values),
+      b.CreateVector(kernels), *tokens, *batch, *budget, logits->second, rows,
+      arena.getInt(), noReuse.getInt(), scratchBytes, topLogits);
 }
 
 StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator,
@@ -438,7 +448,8 @@ StatusOr<std::vector<uint8_t>> writePlan(ModuleOp module,
   auto compiled = codegen::compileCudaPlan(*pl::GetPlan(plan->data()), *cuda);
   if (!compiled)
     return compiled.status();
-  auto withCuda = Writer(module, &*compiled).run(generator, defaultExpertBudget);
+  auto withCuda =
+      Writer(module, &*compiled).run(generator, defaultExpertBudget);
   if (withCuda && binaries)
     *binaries = std::move(*compiled);
   return withCuda;

@@ -57,6 +57,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include <dlfcn.h>
@@ -993,6 +994,63 @@ TEST(CudaBackend, CApiBackendParameter) {
   }
 }
 
+// nf_decode_sample against nf_decode then nf_sample: the same tokens, step
+// after step, for a batch of samplers of different kinds (CPU backend: the
+// rows path; the device's top lists are checked by CudaFixture).
+TEST(CudaBackend, CApiDecodeSampleDrawsWhatDecodeThenSampleDraws) {
+  test::TempDir dir;
+  const std::string plan = writeSmokePlan(dir.path(), "dense", {});
+  nf_model_params p = nf_model_default_params();
+  p.backend = "cpu";
+  nf_model *a = nullptr, *b = nullptr;
+  ASSERT_EQ(nf_model_load(plan.c_str(), &p, &a), NF_OK) << nf_last_error();
+  ASSERT_EQ(nf_model_load(plan.c_str(), &p, &b), NF_OK) << nf_last_error();
+  nf_sampler_params sp[3] = {nf_sampler_default_params(),
+                             nf_sampler_default_params(),
+                             nf_sampler_default_params()};
+  sp[1].temperature = 0.9f;
+  sp[1].top_k = 3;
+  sp[1].seed = 5;
+  sp[2].temperature = 1.2f;
+  sp[2].top_p = 0.8f;
+  sp[2].seed = 6;
+  nf_sampler *sa[3], *sb[3];
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(nf_sampler_create(&sp[i], &sa[i]), NF_OK);
+    ASSERT_EQ(nf_sampler_create(&sp[i], &sb[i]), NF_OK);
+  }
+  nf_seq_input ia[3] = {}, ib[3] = {};
+  int32_t ta[3] = {3, 5, 7}, tb[3] = {3, 5, 7};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(nf_seq_add(a, &ia[i].seq_id), NF_OK);
+    ASSERT_EQ(nf_seq_add(b, &ib[i].seq_id), NF_OK);
+    ia[i].tokens = &ta[i];
+    ib[i].tokens = &tb[i];
+    ia[i].n_tokens = ib[i].n_tokens = 1;
+  }
+  nf_batch ba = {ia, 3, nullptr}, bb = {ib, 3, nullptr};
+  std::vector<float> logits(3 * kV);
+  for (int step = 0; step < 6; ++step) {
+    int32_t got[3];
+    ASSERT_EQ(nf_decode_sample(a, &ba, sa, got), NF_OK) << nf_last_error();
+    ASSERT_EQ(nf_decode(b, &bb, logits.data(), logits.size(), 0), NF_OK);
+    for (int i = 0; i < 3; ++i) {
+      const int32_t want = nf_sample(sb[i], logits.data() + i * kV, kV);
+      ASSERT_GE(want, 0) << nf_last_error();
+      EXPECT_EQ(got[i], want) << "step " << step << " sampler " << i;
+      ta[i] = got[i];
+      tb[i] = want;
+    }
+  }
+  EXPECT_EQ(nf_decode_sample(a, &ba, nullptr, ta), NF_ERR_INVALID_ARGUMENT);
+  for (int i = 0; i < 3; ++i) {
+    nf_sampler_free(sa[i]);
+    nf_sampler_free(sb[i]);
+  }
+  nf_model_free(a);
+  nf_model_free(b);
+}
+
 // ---------------------------------------------------------------------------
 // Smoke plans: on the GPU ("device"), and on the fake driver of
 // fake_cuda_driver.cpp ("fake": every machine), which runs the same kernels
@@ -1894,6 +1952,60 @@ TEST_P(CudaFixture, GraphEqualsLaunches) {
   EXPECT_LE(worst, kBatchTol);
   std::cout << "[ cuda ] " << GetParam() << ": graph vs launches " << worst
             << "\n";
+}
+
+// Decode steps asked for the top logits: each sequence's list is its row's
+// largest values, ranked by value then id (the row read back after the
+// step), and a greedy sampler draws the row's argmax from it.
+TEST_P(CudaFixture, TopLogitsAreTheRowsLargest) {
+  Engine &e = *engine_;
+  ASSERT_EQ(e.info().topLogits, 64) << "plan without top-logits launches";
+  std::vector<SequenceInput> in(prompts_.size());
+  std::vector<int32_t> seqs;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    StatusOr<int32_t> seq = e.addSequence();
+    ASSERT_TRUE(seq.ok()) << seq.message();
+    seqs.push_back(*seq);
+    in[i].sequence = *seq;
+    in[i].tokens = prompts_[i].tokens;
+  }
+  std::vector<float> logits;
+  TopLogits top;
+  // A prefill step returns rows.
+  ASSERT_TRUE(e.step(in, LogitsFor::LastTokenTop, logits, nullptr, &top).ok());
+  EXPECT_EQ(top.k, 0);
+  ASSERT_EQ(logits.size(), prompts_.size() * size_t(V_));
+  std::vector<int32_t> next(prompts_.size());
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    next[i] = argmax(logits.data() + i * V_, V_);
+    in[i].tokens = {&next[i], 1};
+  }
+  for (int stepNo = 0; stepNo < 3; ++stepNo) {
+    ASSERT_TRUE(
+        e.step(in, LogitsFor::LastTokenTop, logits, nullptr, &top).ok());
+    ASSERT_EQ(top.k, 64);
+    ASSERT_EQ(top.ids.size(), prompts_.size() * 64);
+    std::vector<float> row(static_cast<size_t>(V_));
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      ASSERT_TRUE(e.lastTokenRow(i, row).ok());
+      std::vector<int32_t> order(static_cast<size_t>(V_));
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return row[a] > row[b] || (row[a] == row[b] && a < b);
+      });
+      for (size_t j = 0; j < 64; ++j) {
+        const bool listed = j < order.size();
+        ASSERT_EQ(top.ids[i * 64 + j], listed ? order[j] : -1)
+            << GetParam() << " sequence " << i << " rank " << j;
+        if (listed)
+          ASSERT_EQ(top.values[i * 64 + j], row[order[j]]);
+      }
+      next[i] = top.ids[i * 64];
+      EXPECT_EQ(next[i], argmax(row.data(), V_));
+    }
+  }
+  for (int32_t s : seqs)
+    ASSERT_TRUE(e.removeSequence(s).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture,

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -471,6 +472,131 @@ TEST(Sampler, TopKKeepsTiesOfTheKthLogitByIndex) {
     for (int i = 0; i < 200; ++i)
       EXPECT_EQ(*s.sample(l), referenceSample(p, rng, l)) << "t " << t;
   }
+}
+
+// --- top lists (a device ranks the row, the sampler reads its top) ----------
+
+/// The first k of the row ranked by value descending, then id ascending, NaN
+/// left out, -1 ids past the row's tokens: what the CUDA backend's
+/// top-logits launches return.
+std::pair<std::vector<int32_t>, std::vector<float>>
+topList(const std::vector<float> &l, size_t k) {
+  std::vector<int32_t> order;
+  for (size_t i = 0; i < l.size(); ++i)
+    if (!std::isnan(l[i]))
+      order.push_back(static_cast<int32_t>(i));
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return l[a] > l[b] || (l[a] == l[b] && a < b);
+  });
+  std::vector<int32_t> ids(k, -1);
+  std::vector<float> values(k, 0.0f);
+  for (size_t i = 0; i < k && i < order.size(); ++i) {
+    ids[i] = order[i];
+    values[i] = l[order[i]];
+  }
+  return {ids, values};
+}
+
+/// Draws `n` tokens through sampleTop (the row where the list cannot
+/// decide) and through sample; both streams must agree. Returns how many
+/// draws needed the row.
+int expectTopDrawsMatchRows(SamplerParams p, const std::vector<float> &l,
+                            size_t k, int n) {
+  Sampler fromTop = make(p), fromRow = make(p);
+  EXPECT_TRUE(fromTop.samplesFromTop(static_cast<int32_t>(k)));
+  const auto [ids, values] = topList(l, k);
+  int rows = 0;
+  for (int i = 0; i < n; ++i) {
+    auto t = fromTop.sampleTop(ids, values, static_cast<int64_t>(l.size()));
+    auto want = fromRow.sample(l);
+    EXPECT_EQ(t.ok(), want.ok());
+    if (!t.ok() || !want.ok())
+      continue;
+    int32_t got = -1;
+    if (*t) {
+      got = **t;
+    } else {
+      ++rows;
+      got = *fromTop.sample(l);
+    }
+    EXPECT_EQ(got, *want) << "temperature " << p.temperature << " top-k "
+                          << p.topK << " draw " << i;
+  }
+  return rows;
+}
+
+TEST(Sampler, TopListsDrawWhatTheRowDraws) {
+  const std::vector<float> l = vocabularyLogits(131072, 11);
+  for (SamplerParams p : {withTemperature(0.0f, 1), withTemperature(0.8f, 2),
+                          withTemperature(1.5f, 3), withTemperature(1e-3f, 4),
+                          withTemperature(30.0f, 5)})
+    for (int32_t k : {1, 5, 40, 63}) {
+      p.topK = k;
+      for (float topP : {1.0f, 0.9f})
+        for (float minP : {0.0f, 0.05f}) {
+          p.topP = topP;
+          p.minP = minP;
+          EXPECT_EQ(expectTopDrawsMatchRows(p, l, 64, 4), 0)
+              << "a typical row needed its full logits";
+        }
+    }
+}
+
+TEST(Sampler, TopListsThatCannotDecideAskForTheRow) {
+  // Ties at the k-th largest logit rank by id. 40 ties fit in a list of 64,
+  // which then shows the first value below them: it decides.
+  auto row = [](int ties) {
+    std::vector<float> l(4096, -5.0f);
+    for (int i = 0; i < ties; ++i)
+      l[static_cast<size_t>(i) * 7 + 3] = 1.0f;
+    return l;
+  };
+  SamplerParams p = withTemperature(1.0f, 8);
+  p.topK = 10;
+  EXPECT_EQ(expectTopDrawsMatchRows(p, row(40), 64, 20), 0);
+  // 100 ties fill the list: whatever lies beyond it could tie too (a
+  // probability that rounds to the k-th's), so every draw needs the row.
+  EXPECT_EQ(expectTopDrawsMatchRows(p, row(100), 64, 20), 20);
+  // A temperature so large that every probability rounds to 1.
+  p.temperature = 1e30f;
+  EXPECT_EQ(expectTopDrawsMatchRows(p, row(40), 64, 20), 20);
+}
+
+TEST(Sampler, TopListsOfShortRowsAreComplete) {
+  // Fewer non-NaN tokens than the list holds: the list is the whole row, so
+  // even a sampler that needs every token's probability is exact.
+  std::vector<float> l(40, std::numeric_limits<float>::quiet_NaN());
+  for (int i = 0; i < 40; i += 2)
+    l[static_cast<size_t>(i)] = std::sin(static_cast<float>(i)) * 4.0f;
+  l[6] = -kInf;
+  SamplerParams p = withTemperature(0.7f, 3);
+  p.topK = 30; // more than the 19 finite tokens: no truncation, index order
+  EXPECT_EQ(expectTopDrawsMatchRows(p, l, 64, 50), 0);
+  p.topK = 7;
+  EXPECT_EQ(expectTopDrawsMatchRows(p, l, 64, 50), 0);
+  p.topK = 19; // every finite token: kept unranked, drawn in id order
+  EXPECT_EQ(expectTopDrawsMatchRows(p, l, 64, 50), 0);
+}
+
+TEST(Sampler, TopListsWithoutAFiniteLogitFail) {
+  std::vector<float> l(100, std::numeric_limits<float>::quiet_NaN());
+  Sampler s = make(withTemperature(0.0f));
+  const auto [ids, values] = topList(l, 64);
+  EXPECT_FALSE(s.sampleTop(ids, values, 100).ok());
+  std::vector<float> m(100, -kInf);
+  const auto [ids2, values2] = topList(m, 64);
+  EXPECT_FALSE(s.sampleTop(ids2, values2, 100).ok());
+}
+
+TEST(Sampler, OnlyGreedyAndSmallTopKSampleFromTopLists) {
+  EXPECT_TRUE(make(withTemperature(0.0f)).samplesFromTop(64));
+  SamplerParams p = withTemperature(0.8f);
+  EXPECT_FALSE(make(p).samplesFromTop(64)); // every token's probability
+  p.topK = 63;
+  EXPECT_TRUE(make(p).samplesFromTop(64));
+  p.topK = 64; // the list must show what lies below the k-th
+  EXPECT_FALSE(make(p).samplesFromTop(64));
+  EXPECT_FALSE(make(withTemperature(0.0f)).samplesFromTop(0));
 }
 
 // --- parameters --------------------------------------------------------------

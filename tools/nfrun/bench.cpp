@@ -216,12 +216,45 @@ int runBench(const BenchFlags &f) {
     if (int rc = check(nf_decode(m, &batch, nullptr, 0, 0)))
       return rc;
     std::vector<int32_t> next(static_cast<size_t>(B));
-    auto feed = [&]() {
-      for (int64_t i = 0; i < B; ++i) {
-        next[i] = token(rng);
-        in[i] = {seqs[i], &next[i], 1, 0.0f, 0};
+    for (int32_t &t : next)
+      t = token(rng);
+    // --sample: one sampler per sequence, seeded apart; its tokens are the
+    // next step's.
+    std::vector<nf_sampler *> samplers;
+    struct FreeSamplers {
+      std::vector<nf_sampler *> &s;
+      ~FreeSamplers() {
+        for (nf_sampler *x : s)
+          nf_sampler_free(x);
       }
-      return check(nf_decode(m, &batch, nullptr, 0, 0));
+    } freeSamplers{samplers};
+    if (f.sample)
+      for (int64_t i = 0; i < B; ++i) {
+        nf_sampler_params sp = nf_sampler_default_params();
+        sp.temperature = f.temperature;
+        sp.top_k = f.topK;
+        sp.top_p = f.topP;
+        sp.seed = f.seed + static_cast<uint64_t>(i);
+        nf_sampler *x = nullptr;
+        if (int rc = check(nf_sampler_create(&sp, &x)))
+          return rc;
+        samplers.push_back(x);
+      }
+    std::vector<int32_t> sampled(static_cast<size_t>(B));
+    auto feed = [&]() {
+      for (int64_t i = 0; i < B; ++i)
+        in[i] = {seqs[i], &next[i], 1, 0.0f, 0};
+      if (!f.sample) {
+        for (int32_t &t : next)
+          t = token(rng);
+        return check(nf_decode(m, &batch, nullptr, 0, 0));
+      }
+      if (int rc = check(
+              nf_decode_sample(m, &batch, samplers.data(), sampled.data())))
+        return rc;
+      for (int64_t i = 0; i < B; ++i)
+        next[i] = sampled[i] >= 0 ? sampled[i] : token(rng);
+      return 0;
     };
     for (int w = 0; w < 2; ++w)
       if (int rc = feed())
@@ -269,9 +302,15 @@ int runBench(const BenchFlags &f) {
                              shape.kvBytesPerToken +
                          static_cast<double>(B) * shape.hidden * 2;
     const double roofStep = f.copyBandwidth > 0 ? bytes / f.copyBandwidth : 0.0;
+    char sampling[96] = "";
+    if (f.sample)
+      std::snprintf(sampling, sizeof sampling,
+                    ", sampled: temperature %g, top-k %d, top-p %g",
+                    static_cast<double>(f.temperature), f.topK,
+                    static_cast<double>(f.topP));
     std::printf("| decode batch %" PRId64 " (context %" PRId64
-                ") | %.0f | %.2f | %.0f | %.0f%% |\n",
-                B, f.context, B / step, step * 1e3,
+                "%s) | %.0f | %.2f | %.0f | %.0f%% |\n",
+                B, f.context, sampling, B / step, step * 1e3,
                 roofStep > 0 ? B / roofStep : 0.0,
                 roofStep > 0 ? 100.0 * roofStep / step : 0.0);
     std::fflush(stdout);

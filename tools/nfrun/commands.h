@@ -59,6 +59,12 @@ struct BenchFlags {
   int64_t steps = 32;                // timed decode steps
   double copyBandwidth = 0.0;        // bytes/s, device-to-device (roofline)
   double matmulRate = 0.0;           // FLOP/s, bf16 matmul (roofline)
+  // --sample: timed decode steps also draw each sequence's next token
+  // (nf_decode_sample) with these sampler parameters and feed it back.
+  bool sample = false;
+  float temperature = 0.0f;
+  int32_t topK = 0;
+  float topP = 1.0f;
 };
 
 struct ServeFlags {

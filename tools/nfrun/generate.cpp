@@ -183,13 +183,35 @@ int runGenerate(const GenerateFlags &f) {
   std::vector<float> logits, prefillLogits, stepLogits;
   std::vector<int64_t> generated;
 
+  // One step and its sampled token. Without a dump, nf_decode_sample: a
+  // greedy or small top-k sampler then reads the rows' largest logits where
+  // the backend ranks them on the device, not the whole row.
+  std::vector<nf::Sampler *> samplers{&*sampler};
+  std::vector<int32_t> sampledTokens;
+  auto step = [&](const nf::SeqInput &in, bool allLogits,
+                  bool sample = true) -> nf::StatusOr<int32_t> {
+    if (!dump) {
+      if (auto st = model.decodeSample({in}, samplers, sampledTokens); !st)
+        return st;
+      if (sampledTokens[0] < 0)
+        return nf::Status::error(nf_last_error());
+      return sampledTokens[0];
+    }
+    if (auto st = model.decode({in}, allLogits, logits); !st)
+      return st;
+    if (!sample) // the dump's last row
+      return -1;
+    return sampler->sample(logits.data() + (logits.size() - vocab), vocab);
+  };
+
   auto t0 = Clock::now();
   nf::SeqInput in;
   in.seq = *seq;
   in.tokens = prompt;
   in.expertBudget = f.expertBudget;
-  if (auto st = model.decode({in}, /*allLogits=*/dump, logits); !st)
-    return fail(st.message());
+  auto token = step(in, /*allLogits=*/dump);
+  if (!token)
+    return fail(token.message());
   auto t1 = Clock::now();
   if (dump)
     prefillLogits = logits;
@@ -199,10 +221,6 @@ int runGenerate(const GenerateFlags &f) {
   const bool haveText = model.hasTokenizer();
   int64_t decodeSteps = 0;
   while (static_cast<int>(generated.size()) < f.maxTokens) {
-    const float *last = logits.data() + (logits.size() - vocab);
-    auto token = sampler->sample(last, vocab);
-    if (!token)
-      return fail(token.message());
     generated.push_back(*token);
     if (haveText) {
       if (auto st = text.add(*token); !st)
@@ -216,11 +234,12 @@ int runGenerate(const GenerateFlags &f) {
     bool last_ = stop || static_cast<int>(generated.size()) >= f.maxTokens;
     if (last_ && !dump)
       break;
-    // Feed the token: the next logits (or, after the last one, its row of
+    // Feed the token: the next token (or, after the last one, its row of
     // step_logits).
     in.tokens = {*token};
-    if (auto st = model.decode({in}, false, logits); !st)
-      return fail(st.message());
+    token = step(in, false, !last_);
+    if (!token)
+      return fail(token.message());
     ++decodeSteps;
     if (dump)
       stepLogits.insert(stepLogits.end(), logits.begin(), logits.end());

@@ -162,6 +162,10 @@ void printStep(const char *label, const pl::Step *step, const StepSummary &s) {
   std::printf("           cuda: %zu launches (%zu programmatic); launch sets "
               "by step size: %s\n",
               s.launches, s.programmatic, buckets.c_str());
+  if (const pl::TopLogits *t = step->top_logits(); t && t->launches())
+    std::printf("           cuda: top %d logits of each row on request (%u "
+                "launches in kernel %d's module)\n",
+                t->k(), t->launches()->size(), t->kernel());
 }
 
 /// Every CUDA launch of a step in execution order: kernel, function, shape

@@ -199,6 +199,20 @@ int main(int argc, char **argv) {
   benchCmd->add_option("--matmul-rate", bench.matmulRate,
                        "bf16 matmul rate measured in the same run, FLOP/s "
                        "(prefill roofline)");
+  benchCmd->add_flag("--sample", bench.sample,
+                     "Decode steps also sample each sequence's next token "
+                     "(as generate and serve do) and feed it back");
+  benchCmd
+      ->add_option("--temperature", bench.temperature,
+                   "With --sample: sampling temperature (0: greedy)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  benchCmd->add_option("--top-k", bench.topK, "With --sample: top-k (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  benchCmd->add_option("--top-p", bench.topP, "With --sample: top-p (1: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
 
   // serve
   nfrun::ServeFlags serve;

@@ -179,7 +179,7 @@ private:
 
   void loop() {
     std::vector<std::shared_ptr<Request>> active;
-    std::vector<float> logits;
+    std::vector<int32_t> tokens;
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mu_);
@@ -225,22 +225,25 @@ private:
       }
       if (batch.empty())
         continue;
-      if (nf::Status st = model_.decode(batch, false, logits); !st) {
+      // Greedy and small top-k samplers read only the rows' largest logits
+      // where the backend ranks them on the device.
+      std::vector<nf::Sampler *> samplers;
+      for (auto &r : order)
+        samplers.push_back(&*r->sampler);
+      if (nf::Status st = model_.decodeSample(batch, samplers, tokens); !st) {
         for (auto &r : order)
           finish(*r, "", st.message());
         active.clear();
         continue;
       }
-      const size_t V = static_cast<size_t>(model_.vocabSize());
       active.clear();
       for (size_t i = 0; i < order.size(); ++i) {
         Request &r = *order[i];
-        auto token = r.sampler->sample(logits.data() + i * V, V);
-        if (!token) {
-          finish(r, "", token.message());
+        if (tokens[i] < 0) {
+          finish(r, "", "no token: every logit is -inf or NaN");
           continue;
         }
-        if (!accept(r, *token))
+        if (!accept(r, tokens[i]))
           active.push_back(order[i]);
       }
     }

@@ -279,6 +279,19 @@ NF_API void nf_sampler_reseed(nf_sampler *sampler, uint64_t seed);
 NF_API int32_t nf_sample(nf_sampler *sampler, const float *logits,
                          int32_t n_vocab);
 
+/* Runs one step over the batch, as nf_decode, and draws each sequence's
+   next token from its last token's logits with samplers[i] into
+   tokens_out[i] (n_seqs entries each): the tokens nf_sample would draw from
+   the rows nf_decode returns. Where every sampler is greedy or keeps fewer
+   than the plan's top-logits length with top-k (CUDA decode steps of plans
+   that rank logits on the device; nf_model_info), only each row's largest
+   logits come back from the device, not the row. A sequence whose sampler
+   finds no logit above -inf gets -1 (nf_last_error() says which); the step
+   itself has run. */
+NF_API nf_status nf_decode_sample(nf_model *model, const nf_batch *batch,
+                                  nf_sampler *const *samplers,
+                                  int32_t *tokens_out);
+
 /* ------------------------------------------------------------------------ */
 /* Generation                                                               */
 

@@ -244,6 +244,39 @@ public:
     return s == NF_OK ? Status::success() : lastError();
   }
 
+  /// One step and each sequence's next token drawn by samplers[i] (see
+  /// nf_decode_sample): tokens[i], -1 where sampler i found no logit above
+  /// -inf.
+  Status decodeSample(const std::vector<SeqInput> &batch,
+                      const std::vector<Sampler *> &samplers,
+                      std::vector<int32_t> &tokens,
+                      std::vector<int64_t> *expertCalls = nullptr) {
+    if (samplers.size() != batch.size())
+      return Status::error("decodeSample: " + std::to_string(batch.size()) +
+                           " sequences, " + std::to_string(samplers.size()) +
+                           " samplers");
+    std::vector<nf_seq_input> seqs(batch.size());
+    std::vector<nf_sampler *> s(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      seqs[i].seq_id = batch[i].seq;
+      seqs[i].tokens = batch[i].tokens.data();
+      seqs[i].n_tokens = static_cast<int32_t>(batch[i].tokens.size());
+      seqs[i].expert_budget = batch[i].expertBudget;
+      seqs[i].experts_per_token = batch[i].expertsPerToken;
+      s[i] = samplers[i] ? samplers[i]->get() : nullptr;
+    }
+    if (expertCalls)
+      expertCalls->assign(batch.size(), 0);
+    nf_batch b;
+    b.seqs = seqs.data();
+    b.n_seqs = static_cast<int32_t>(seqs.size());
+    b.expert_calls = expertCalls ? expertCalls->data() : nullptr;
+    tokens.assign(batch.size(), -1);
+    return nf_decode_sample(m_, &b, s.data(), tokens.data()) == NF_OK
+               ? Status::success()
+               : lastError();
+  }
+
   /// Generated tokens (see nf_generate). `onToken(token, piece)` is called
   /// for each one; returning false stops generation.
   StatusOr<std::vector<int32_t>>

@@ -28,6 +28,8 @@ struct nf_model {
   // Scratch reused across steps.
   std::vector<nf::SequenceInput> inputs;
   std::vector<float> logits;
+  nf::TopLogits top;      // LogitsFor::LastTokenTop steps
+  std::vector<float> row; // a row fetched after a top step
 };
 
 struct nf_sampler {
@@ -90,7 +92,8 @@ inline sampling::SamplerParams toSamplerParams(const nf_sampler_params &p) {
 }
 
 /// Checks `model` and the sequence inputs and runs one engine step; the
-/// logits end up in model->logits (none with LogitsFor::None).
+/// logits end up in model->logits (none with LogitsFor::None), or top lists
+/// in model->top (LogitsFor::LastTokenTop, where the engine returns them).
 nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
                   nf::LogitsFor which, int64_t *expertCalls);
 

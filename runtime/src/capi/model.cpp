@@ -115,8 +115,10 @@ nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
                     " appears more than once in the batch");
 
   StepStats stats;
-  Status st = model->engine->step(model->inputs, which, model->logits,
-                                  expertCalls ? &stats : nullptr);
+  model->top.k = 0;
+  Status st = model->engine->step(
+      model->inputs, which, model->logits, expertCalls ? &stats : nullptr,
+      which == LogitsFor::LastTokenTop ? &model->top : nullptr);
   if (!st)
     return fail(NF_ERR_RUNTIME, st);
   if (expertCalls)

@@ -44,9 +44,85 @@ std::string newBytes(const Tokenizer &tok, const std::vector<int32_t> &history,
   return tok.decodeBytes({token}, /*skipSpecial=*/true);
 }
 
+/// The next token of input `i` of the model's last step: from its top list
+/// where the step returned lists and the list decides, else from its row.
+StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
+                              sampling::Sampler &sampler) {
+  const size_t vocab = static_cast<size_t>(model->engine->info().vocabSize);
+  if (const size_t k = static_cast<size_t>(model->top.k); k > 0) {
+    if (model->top.ids.size() < (i + 1) * k ||
+        model->top.values.size() < (i + 1) * k)
+      return Status::error("internal: top lists of " +
+                           std::to_string(model->top.ids.size() / k) +
+                           " sequences");
+    StatusOr<std::optional<int32_t>> t = sampler.sampleTop(
+        std::span<const int32_t>(model->top.ids.data() + i * k, k),
+        std::span<const float>(model->top.values.data() + i * k, k),
+        static_cast<int64_t>(vocab));
+    if (!t)
+      return t.status();
+    if (*t)
+      return **t;
+    model->row.resize(vocab);
+    if (Status s = model->engine->lastTokenRow(i, model->row); !s)
+      return s;
+    return sampler.sample(model->row);
+  }
+  if (model->logits.size() < (i + 1) * vocab)
+    return Status::error("internal: the engine returned " +
+                         std::to_string(model->logits.size()) + " logits");
+  return sampler.sample(
+      std::span<const float>(model->logits.data() + i * vocab, vocab));
+}
+
+/// What a step returns for samplers that read only each sequence's last
+/// token: top lists where every sampler can draw from them.
+LogitsFor logitsForSamplers(const nf_model *model,
+                            std::span<const sampling::Sampler *const> s) {
+  const int32_t k = model->engine->info().topLogits;
+  for (const sampling::Sampler *x : s)
+    if (!x->samplesFromTop(k))
+      return LogitsFor::LastTokenPerSequence;
+  return LogitsFor::LastTokenTop;
+}
+
 } // namespace
 
 extern "C" {
+
+nf_status nf_decode_sample(nf_model *model, const nf_batch *batch,
+                           nf_sampler *const *samplers, int32_t *tokens_out) {
+  return guard([&]() -> nf_status {
+    if (!model || !batch || !samplers || !tokens_out)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_decode_sample: NULL model, batch, samplers or tokens");
+    if (batch->n_seqs <= 0 || !batch->seqs)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_decode_sample: the batch needs at least one sequence");
+    std::vector<const sampling::Sampler *> s;
+    for (int32_t i = 0; i < batch->n_seqs; ++i) {
+      if (!samplers[i])
+        return fail(NF_ERR_INVALID_ARGUMENT, "nf_decode_sample: sampler " +
+                                                 std::to_string(i) +
+                                                 " is NULL");
+      s.push_back(&samplers[i]->sampler);
+    }
+    if (nf_status st =
+            capi::runStep(model, batch->seqs, batch->n_seqs,
+                          logitsForSamplers(model, s), batch->expert_calls);
+        st != NF_OK)
+      return st;
+    for (int32_t i = 0; i < batch->n_seqs; ++i) {
+      StatusOr<int32_t> t =
+          sampleInput(model, static_cast<size_t>(i), samplers[i]->sampler);
+      tokens_out[i] = t ? *t : -1;
+      if (!t)
+        (void)fail(NF_ERR_RUNTIME, "nf_decode_sample: batch entry " +
+                                       std::to_string(i) + ": " + t.message());
+    }
+    return NF_OK;
+  });
+}
 
 nf_sampler_params nf_sampler_default_params(void) {
   nf_sampler_params p;
@@ -155,22 +231,16 @@ nf_status nf_generate(nf_model *model, const int32_t *prompt, size_t n_prompt,
     in.n_tokens = static_cast<int32_t>(n_prompt);
     in.expert_budget = p.expert_budget;
     in.experts_per_token = 0;
-    if (nf_status s =
-            capi::runStep(model, &in, 1, nf::LogitsFor::LastTokenPerSequence,
-                          /*expertCalls=*/nullptr);
+    const sampling::Sampler *const one[] = {&*sampler};
+    const LogitsFor which = logitsForSamplers(model, one);
+    if (nf_status s = capi::runStep(model, &in, 1, which,
+                                    /*expertCalls=*/nullptr);
         s != NF_OK)
       return s;
 
-    const size_t vocab = static_cast<size_t>(model->engine->info().vocabSize);
     std::vector<int32_t> generated;
     while (true) {
-      if (model->logits.size() < vocab)
-        return fail(NF_ERR_INTERNAL, "nf_generate: the engine returned " +
-                                         std::to_string(model->logits.size()) +
-                                         " logits");
-      std::span<const float> last(
-          model->logits.data() + (model->logits.size() - vocab), vocab);
-      StatusOr<int32_t> token = sampler->sample(last);
+      StatusOr<int32_t> token = sampleInput(model, 0, *sampler);
       if (!token)
         return fail(NF_ERR_RUNTIME, "nf_generate: " + token.message());
       out[generated.size()] = *token;
@@ -189,8 +259,7 @@ nf_status nf_generate(nf_model *model, const int32_t *prompt, size_t n_prompt,
         return NF_OK;
       in.tokens = &out[generated.size() - 1];
       in.n_tokens = 1;
-      if (nf_status s = capi::runStep(
-              model, &in, 1, nf::LogitsFor::LastTokenPerSequence, nullptr);
+      if (nf_status s = capi::runStep(model, &in, 1, which, nullptr);
           s != NF_OK)
         return s;
     }

@@ -158,10 +158,19 @@ struct StatCopy {
   int64_t countsOffset = 0, expertsOffset = 0; // arena byte offsets
 };
 
+/// A decode step's top-logits launches (Plan Step.top_logits), run after
+/// the step when the caller asks for each row's largest logits.
+struct TopLaunches {
+  int32_t k = 0; // 0: none
+  int64_t idsOffset = 0, valuesOffset = 0;
+  std::vector<LaunchInfo> launches;
+};
+
 struct Program : StepValues {
   std::vector<LaunchInfo> launches;
   std::vector<StatCopy> copies; // by afterLaunch
   bool statsAvailable = true;
+  TopLaunches top;
 };
 
 /// Byte offsets of the per-run arrays in the step-argument buffers (the
@@ -188,6 +197,7 @@ struct Gpu {
   PinnedBuffer staging;              // its host image
   DeviceBuffer stats;                // select results, [layer] counts, experts
   PinnedBuffer statsHost;
+  PinnedBuffer topHost; // a decode step's top-logits lists
   /// Decode graphs, one per bucket of token counts (launches with token
   /// ranges differ between buckets): graph i serves steps of up to
   /// decodeBuckets[i] tokens.
@@ -256,11 +266,16 @@ public:
       std::fill(layer.begin(), layer.end(), 0);
   }
   Status step(std::span<const SequenceInput> inputs, LogitsFor which,
-              std::vector<float> &logits, StepStats *stats) override;
+              std::vector<float> &logits, StepStats *stats,
+              TopLogits *top) override;
+  Status lastTokenRow(size_t input, std::span<float> row) override;
 
 private:
   Status readPrograms();
   Status loadKernels();
+  StatusOr<LaunchInfo> loadLaunch(const pl::Launch &l, CUmodule module,
+                                  std::string where,
+                                  const std::string &profileKind);
   Status allocate();
   Status uploadWeights();
   Status bindTensorMaps();
@@ -279,7 +294,7 @@ private:
   Status runProgram(const Program &p, std::span<const SequenceInput> inputs,
                     std::span<const Chunk> chunks, LogitsFor which,
                     std::span<const int64_t> tokenBase, float *logitsOut,
-                    StepStats *stats, int32_t expertsPerToken);
+                    StepStats *stats, int32_t expertsPerToken, TopLogits *top);
   std::string where() const { return plan_->path + ": CUDA"; }
 
   std::unique_ptr<PlanFile> plan_;
@@ -295,6 +310,9 @@ private:
   const Driver *d_;
   ModelInfo info_;
   StorageLayout storage_;
+  /// The arena row of each input's last token in the last step, when that
+  /// step returned top lists (lastTokenRow); empty otherwise.
+  std::vector<int64_t> lastTopRows_;
   Program programs_[2]; // prefill, decode
   Program &prefill_ = programs_[0];
   Program &decode_ = programs_[1];
@@ -444,6 +462,7 @@ Status CudaEngine::loadKernels() {
     const pl::Step &step = *stepOf(plan, phase);
     Program &p = programs_[phase];
     const auto &images = probe_->images[phase];
+    std::vector<CUmodule> kernelModule(step.kernels()->size(), nullptr);
     for (fb::uoffset_t k = 0; k < step.kernels()->size(); ++k) {
       const pl::Kernel &kernel = *step.kernels()->Get(k);
       if (!kernel.launches() || kernel.launches()->size() == 0)
@@ -461,86 +480,131 @@ Status CudaEngine::loadKernels() {
         it = moduleOf.emplace(key, g.modules.size() - 1).first;
       }
       const CUmodule module = g.modules[it->second].get();
+      kernelModule[k] = module;
       for (fb::uoffset_t j = 0; j < kernel.launches()->size(); ++j) {
-        const pl::Launch &l = *kernel.launches()->Get(j);
-        LaunchInfo li;
-        li.where = kwhere + " launch " + std::to_string(j);
-        if (!l.function() || l.function()->size() == 0)
-          return Status::error(li.where + ": no function name");
-        li.where += " (" + l.function()->str() + ")";
-        {
-          std::string fn = l.function()->str();
-          // k12_op3_linear -> linear: one profile row per kind of launch.
-          size_t cut = 0;
-          for (int part = 0; part < 2; ++part) {
-            size_t u = fn.find('_', cut);
-            if (u == std::string::npos)
-              break;
-            cut = u + 1;
-          }
-          li.profileKey = std::string(phase == 0 ? "prefill " : "decode ") +
-                          (kernel.name() ? kernel.name()->str() : "?") + ": " +
-                          fn.substr(cut);
-        }
-        li.grid = l.grid();
-        li.block = l.block();
-        li.shared = l.shared_bytes();
-        li.cooperative = l.cooperative();
-        li.programmatic = l.programmatic() && usePdl_ && !li.cooperative;
-        li.minTokens = l.min_tokens();
-        li.maxTokens = l.max_tokens();
-        if (li.grid == 0 || li.grid > 0x7fffffffu || li.block == 0 ||
-            static_cast<int64_t>(li.block) > dev.maxThreadsPerBlock)
-          return Status::error(
-              li.where + ": launch shape " + std::to_string(li.grid) + " x " +
-              std::to_string(li.block) +
-              " is not valid on this device (at most " +
-              std::to_string(dev.maxThreadsPerBlock) + " threads per block)");
-        if (static_cast<int64_t>(li.shared) > dev.maxSharedPerBlockOptin)
-          return Status::error(li.where + ": " + std::to_string(li.shared) +
-                               " bytes of shared memory; the device allows " +
-                               std::to_string(dev.maxSharedPerBlockOptin));
-        if (Status s = d_->check(
-                d_->cuModuleGetFunction(&li.fn, module, l.function()->c_str()),
-                "cuModuleGetFunction");
-            !s)
-          return Status::error(li.where + ": " + s.message());
-        // Every launch with dynamic shared memory raises the function's
-        // limit to it: the default 48 KiB covers static plus dynamic bytes,
-        // so 48 KiB of dynamic memory beside any static bytes needs it too.
-        if (li.shared > 0)
-          if (Status s = d_->check(
-                  d_->cuFuncSetAttribute(
-                      li.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                      static_cast<int>(li.shared)),
-                  "cuFuncSetAttribute");
-              !s)
-            return Status::error(li.where + ": " + s.message());
-        if (li.cooperative) {
-          if (!dev.cooperativeLaunch)
-            return Status::error(li.where + ": needs cooperative launches, "
-                                            "which the device does not "
-                                            "support");
-          int perSm = 0;
-          if (Status s = d_->check(
-                  d_->cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                      &perSm, li.fn, static_cast<int>(li.block), li.shared),
-                  "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-              !s)
-            return Status::error(li.where + ": " + s.message());
-          const int64_t resident =
-              static_cast<int64_t>(perSm) * dev.multiprocessors;
-          if (static_cast<int64_t>(li.grid) > resident)
-            return Status::error(
-                li.where + ": cooperative grid of " + std::to_string(li.grid) +
-                " blocks exceeds the " + std::to_string(resident) +
-                " that can be resident at once on this device");
-        }
-        p.launches.push_back(std::move(li));
+        StatusOr<LaunchInfo> li =
+            loadLaunch(*kernel.launches()->Get(j), module,
+                       kwhere + " launch " + std::to_string(j),
+                       std::string(phase == 0 ? "prefill " : "decode ") +
+                           (kernel.name() ? kernel.name()->str() : "?"));
+        if (!li)
+          return li.status();
+        p.launches.push_back(std::move(*li));
+      }
+    }
+    // NF_CUDA_TOP_LOGITS=0: steps return rows only (to compare).
+    const char *topEnv = std::getenv("NF_CUDA_TOP_LOGITS");
+    const pl::TopLogits *t = step.top_logits();
+    if (t && phase == 1 && !(topEnv && std::string_view(topEnv) == "0")) {
+      // Checked like the kernels' own launches, and against the arena.
+      const std::string twhere = plan_->path + ": decode top logits";
+      const int64_t rows = step.max_tokens(), k = t->k();
+      const int64_t end = step.arena_bytes() + step.scratch_bytes();
+      if (t->kernel() < 0 ||
+          t->kernel() >= static_cast<int32_t>(kernelModule.size()) ||
+          !kernelModule[static_cast<size_t>(t->kernel())] || k <= 0 ||
+          k > 4096 || !t->launches() || t->launches()->size() == 0)
+        return Status::error(twhere + ": kernel " +
+                             std::to_string(t->kernel()) + ", k " +
+                             std::to_string(k) + " or launches invalid");
+      for (int64_t off : {t->ids_offset(), t->values_offset()})
+        if (off < 0 || off % 4 != 0 || off + rows * k * 4 > end)
+          return Status::error(twhere + ": list at " + std::to_string(off) +
+                               " does not fit the arena (" +
+                               std::to_string(end) + " bytes)");
+      p.top.k = static_cast<int32_t>(k);
+      p.top.idsOffset = t->ids_offset();
+      p.top.valuesOffset = t->values_offset();
+      for (fb::uoffset_t j = 0; j < t->launches()->size(); ++j) {
+        StatusOr<LaunchInfo> li = loadLaunch(
+            *t->launches()->Get(j),
+            kernelModule[static_cast<size_t>(t->kernel())],
+            twhere + " launch " + std::to_string(j), "decode top logits");
+        if (!li)
+          return li.status();
+        li->programmatic = false; // after a graph, not inside one
+        p.top.launches.push_back(std::move(*li));
       }
     }
   }
   return Status::success();
+}
+
+/// One launch of a module, checked against the device.
+StatusOr<LaunchInfo> CudaEngine::loadLaunch(const pl::Launch &l,
+                                            CUmodule module, std::string where,
+                                            const std::string &profileKind) {
+  const DeviceInfo &dev = probe_->device;
+  LaunchInfo li;
+  li.where = std::move(where);
+  if (!l.function() || l.function()->size() == 0)
+    return Status::error(li.where + ": no function name");
+  li.where += " (" + l.function()->str() + ")";
+  {
+    std::string fn = l.function()->str();
+    // k12_op3_linear -> linear: one profile row per kind of launch.
+    size_t cut = 0;
+    for (int part = 0; part < 2; ++part) {
+      size_t u = fn.find('_', cut);
+      if (u == std::string::npos)
+        break;
+      cut = u + 1;
+    }
+    li.profileKey = profileKind + ": " + fn.substr(cut);
+  }
+  li.grid = l.grid();
+  li.block = l.block();
+  li.shared = l.shared_bytes();
+  li.cooperative = l.cooperative();
+  li.programmatic = l.programmatic() && usePdl_ && !li.cooperative;
+  li.minTokens = l.min_tokens();
+  li.maxTokens = l.max_tokens();
+  if (li.grid == 0 || li.grid > 0x7fffffffu || li.block == 0 ||
+      static_cast<int64_t>(li.block) > dev.maxThreadsPerBlock)
+    return Status::error(
+        li.where + ": launch shape " + std::to_string(li.grid) + " x " +
+        std::to_string(li.block) + " is not valid on this device (at most " +
+        std::to_string(dev.maxThreadsPerBlock) + " threads per block)");
+  if (static_cast<int64_t>(li.shared) > dev.maxSharedPerBlockOptin)
+    return Status::error(li.where + ": " + std::to_string(li.shared) +
+                         " bytes of shared memory; the device allows " +
+                         std::to_string(dev.maxSharedPerBlockOptin));
+  if (Status s = d_->check(
+          d_->cuModuleGetFunction(&li.fn, module, l.function()->c_str()),
+          "cuModuleGetFunction");
+      !s)
+    return Status::error(li.where + ": " + s.message());
+  // Every launch with dynamic shared memory raises the function's
+  // limit to it: the default 48 KiB covers static plus dynamic bytes,
+  // so 48 KiB of dynamic memory beside any static bytes needs it too.
+  if (li.shared > 0)
+    if (Status s = d_->check(
+            d_->cuFuncSetAttribute(
+                li.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                static_cast<int>(li.shared)),
+            "cuFuncSetAttribute");
+        !s)
+      return Status::error(li.where + ": " + s.message());
+  if (li.cooperative) {
+    if (!dev.cooperativeLaunch)
+      return Status::error(li.where + ": needs cooperative launches, "
+                                      "which the device does not "
+                                      "support");
+    int perSm = 0;
+    if (Status s =
+            d_->check(d_->cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                          &perSm, li.fn, static_cast<int>(li.block), li.shared),
+                      "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+        !s)
+      return Status::error(li.where + ": " + s.message());
+    const int64_t resident = static_cast<int64_t>(perSm) * dev.multiprocessors;
+    if (static_cast<int64_t>(li.grid) > resident)
+      return Status::error(li.where + ": cooperative grid of " +
+                           std::to_string(li.grid) + " blocks exceeds the " +
+                           std::to_string(resident) +
+                           " that can be resident at once on this device");
+  }
+  return li;
 }
 
 /// Every weight to the device, in stream order (all uploads go through
@@ -833,6 +897,15 @@ Status CudaEngine::allocate() {
       return Status::error(where() + ": expert statistics: " + host.message());
     g.statsHost = std::move(*host);
   }
+  // Top-logits lists of a decode step: ids then values, [rows][k] each.
+  if (decode_.top.k > 0) {
+    StatusOr<PinnedBuffer> host =
+        allocPinned(*d_, static_cast<size_t>(decode_.maxTokens) *
+                             static_cast<size_t>(decode_.top.k) * 8);
+    if (!host)
+      return Status::error(where() + ": top logits: " + host.message());
+    g.topHost = std::move(*host);
+  }
   return Status::success();
 }
 
@@ -1001,6 +1074,7 @@ Status CudaEngine::init(const EngineOptions &options) {
   }
   if (Status s = loadKernels(); !s)
     return s;
+  info_.topLogits = decode_.top.k;
   if (Status s = allocate(); !s)
     return s;
   if (Status s = uploadWeights(); !s)
@@ -1036,6 +1110,9 @@ Status CudaEngine::init(const EngineOptions &options) {
       std::to_string(probe_->ptx) + " PTX JIT; decode " +
       (gpu_->decodeExecs.empty() ? std::string("launches") : decodeGraphs()) +
       (usePdl_ ? ", programmatic launches" : "") + graphNote +
+      (decode_.top.k > 0
+           ? "; top " + std::to_string(decode_.top.k) + " logits on the device"
+           : "") +
       (info_.numMoeLayers > 0 && !info_.expertStats ? "; no expert statistics"
                                                     : "");
   // The device holds the weights now: unmap the checkpoint.
@@ -1093,7 +1170,14 @@ int64_t CudaEngine::sequenceLength(int32_t sequence) const {
 // Steps
 
 Status CudaEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
-                        std::vector<float> &logits, StepStats *stats) {
+                        std::vector<float> &logits, StepStats *stats,
+                        TopLogits *top) {
+  lastTopRows_.clear();
+  const bool wantTop = which == LogitsFor::LastTokenTop;
+  if (top)
+    top->k = 0;
+  if (wantTop)
+    which = LogitsFor::LastTokenPerSequence;
   try {
     const size_t n = inputs.size();
     const int64_t V = info_.vocabSize;
@@ -1112,7 +1196,17 @@ Status CudaEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
                              storage_.hasAttention, sequences_, book_, sr);
         !s)
       return s;
-    logits.resize(static_cast<size_t>(sr.rows * V));
+    // Top lists where the decode program ranks them, in one run (a later
+    // run would overwrite an earlier one's rows, which lastTokenRow reads).
+    const Program &prog = sr.allOne ? decode_ : prefill_;
+    const std::vector<std::vector<Chunk>> runs =
+        splitIntoRuns(inputs, prog.maxTokens);
+    const bool served =
+        wantTop && top && sr.allOne && decode_.top.k > 0 && runs.size() == 1;
+    if (served)
+      which = LogitsFor::LastTokenTop;
+    else
+      logits.resize(static_cast<size_t>(sr.rows * V));
     if (stats) {
       stats->expertCalls.assign(n, 0);
       stats->expertCallsPerLayer.assign(
@@ -1125,12 +1219,10 @@ Status CudaEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
     ContextScope scope(*d_, ctx_.get());
     if (!scope.status())
       return Status::error("step: " + scope.status().message());
-    const Program &prog = sr.allOne ? decode_ : prefill_;
-    for (const std::vector<Chunk> &chunks :
-         splitIntoRuns(inputs, prog.maxTokens)) {
+    for (const std::vector<Chunk> &chunks : runs) {
       if (Status s =
               runProgram(prog, inputs, chunks, which, sr.tokenBase,
-                         logits.data(), stats, inputs[0].expertsPerToken);
+                         logits.data(), stats, inputs[0].expertsPerToken, top);
           !s)
         return Status::error("step: " + s.message());
       for (const Chunk &c : chunks)
@@ -1150,12 +1242,42 @@ Status CudaEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
   }
 }
 
+Status CudaEngine::lastTokenRow(size_t input, std::span<float> row) {
+  const int64_t V = info_.vocabSize;
+  if (input >= lastTopRows_.size() || lastTopRows_[input] < 0)
+    return Status::error("the last step returned no top logits for input " +
+                         std::to_string(input));
+  if (row.size() < static_cast<size_t>(V))
+    return Status::error("logits row: room for " + std::to_string(row.size()) +
+                         " of " + std::to_string(V) + " values");
+  ContextScope scope(*d_, ctx_.get());
+  if (!scope.status())
+    return Status::error("logits row: " + scope.status().message());
+  Gpu &g = *gpu_;
+  const size_t rowBytes = static_cast<size_t>(V) * sizeof(float);
+  const CUdeviceptr src =
+      g.arena.ptr() +
+      static_cast<size_t>(decode_.values[decode_.logits].offset) +
+      static_cast<size_t>(lastTopRows_[input]) * rowBytes;
+  CUstream stream = g.stream.get();
+  if (Status s =
+          d_->check(d_->cuMemcpyDtoHAsync(row.data(), src, rowBytes, stream),
+                    "cuMemcpyDtoHAsync");
+      !s)
+    return Status::error(where() + ": logits row: " + s.message());
+  if (Status s =
+          d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
+      !s)
+    return Status::error(where() + ": logits row: " + s.message());
+  return Status::success();
+}
+
 Status CudaEngine::runProgram(const Program &p,
                               std::span<const SequenceInput> inputs,
                               std::span<const Chunk> chunks, LogitsFor which,
                               std::span<const int64_t> tokenBase,
                               float *logitsOut, StepStats *stats,
-                              int32_t expertsPerToken) {
+                              int32_t expertsPerToken, TopLogits *top) {
   Gpu &g = *gpu_;
   const ArgsLayout &L = layout_;
   CUstream stream = g.stream.get();
@@ -1274,6 +1396,27 @@ Status CudaEngine::runProgram(const Program &p,
     if (Status s = d_->check(r, "cuMemcpyDtoHAsync"); !s)
       return Status::error(where() + ": logits: " + s.message());
   }
+  // The rows' largest logits, ranked on the device after the step.
+  const bool ranked = which == LogitsFor::LastTokenTop;
+  const size_t topBytes =
+      static_cast<size_t>(numLogitRows) * static_cast<size_t>(p.top.k) * 4;
+  if (ranked) {
+    for (const LaunchInfo &l : p.top.launches)
+      if (Status s = launch(*d_, l.fn, l.grid, l.block, l.shared, false, false,
+                            stream, g.args.ptr(), g.arena.ptr());
+          !s)
+        return Status::error(l.where + ": " + s.message());
+    for (int part = 0; part < 2; ++part)
+      if (Status s = d_->check(
+              d_->cuMemcpyDtoHAsync(
+                  g.topHost.data() + part * topBytes,
+                  g.arena.ptr() + static_cast<size_t>(part ? p.top.valuesOffset
+                                                           : p.top.idsOffset),
+                  topBytes, stream),
+              "cuMemcpyDtoHAsync");
+          !s)
+        return Status::error(where() + ": top logits: " + s.message());
+  }
   const bool haveStats = g.stats.ptr() != 0 && !p.copies.empty();
   if (haveStats)
     if (Status s =
@@ -1287,6 +1430,27 @@ Status CudaEngine::runProgram(const Program &p,
       !s)
     return Status::error(where() + ": " + p.phase + " run: " + s.message());
 
+  if (ranked) {
+    // List j is that of the j-th sequence's last token (the logit rows'
+    // order).
+    const size_t k = static_cast<size_t>(p.top.k);
+    top->k = p.top.k;
+    top->ids.resize(inputs.size() * k);
+    top->values.resize(inputs.size() * k);
+    lastTopRows_.assign(inputs.size(), -1);
+    const auto *ids = reinterpret_cast<const int32_t *>(g.topHost.data());
+    const auto *vals =
+        reinterpret_cast<const float *>(g.topHost.data() + topBytes);
+    size_t j = 0;
+    for (const Chunk &c : chunks) {
+      if (!c.last)
+        continue;
+      std::copy_n(ids + j * k, k, top->ids.data() + c.input * k);
+      std::copy_n(vals + j * k, k, top->values.data() + c.input * k);
+      lastTopRows_[c.input] = c.row + c.count - 1;
+      ++j;
+    }
+  }
   if (haveStats) {
     const size_t R = static_cast<size_t>(L.maxRows);
     const size_t layers = static_cast<size_t>(info_.numMoeLayers);

@@ -197,7 +197,8 @@ public:
       std::fill(layer.begin(), layer.end(), 0);
   }
   Status step(std::span<const SequenceInput> inputs, LogitsFor which,
-              std::vector<float> &logits, StepStats *stats) override;
+              std::vector<float> &logits, StepStats *stats,
+              TopLogits *top) override;
 
 private:
   // Load
@@ -849,8 +850,14 @@ int64_t CpuEngine::sequenceLength(int32_t sequence) const {
 // Steps
 
 Status CpuEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
-                       std::vector<float> &logits, StepStats *stats) {
+                       std::vector<float> &logits, StepStats *stats,
+                       TopLogits *top) {
   cpu::ThreadCountScope threads(numThreads_);
+  if (which == LogitsFor::LastTokenTop) { // the rows are in host memory
+    which = LogitsFor::LastTokenPerSequence;
+    if (top)
+      top->k = 0;
+  }
   try {
     const size_t n = inputs.size();
     const int64_t V = info_.vocabSize;

@@ -83,6 +83,9 @@ struct ModelInfo {
   /// CPU; on CUDA when the plan leaves the select results of every MoE layer
   /// in the arena, see cuda/cuda_engine.h).
   bool expertStats = true;
+  /// Length of the top-logits lists decode steps can return
+  /// (LogitsFor::LastTokenTop); 0: none.
+  int32_t topLogits = 0;
 };
 
 /// The tokens one sequence contributes to a step.
@@ -101,7 +104,21 @@ struct SequenceInput {
 /// Which logits a step returns. None: the caller reads none (nf_decode with
 /// a NULL buffer): the step still computes each sequence's last-token row
 /// (a captured decode graph runs its LM head), but nothing is copied back.
-enum class LogitsFor { AllTokens, LastTokenPerSequence, None };
+/// LastTokenTop: each sequence's last-token row's largest logits (TopLogits)
+/// where the backend ranks them itself (CUDA decode steps of plans whose
+/// decode step carries top-logits launches); otherwise the rows, as
+/// LastTokenPerSequence.
+enum class LogitsFor { AllTokens, LastTokenPerSequence, None, LastTokenTop };
+
+/// The largest logits of each sequence's last token (LogitsFor::LastTokenTop).
+struct TopLogits {
+  /// Per sequence; 0: this step returned full rows (`logits`) instead.
+  int32_t k = 0;
+  /// [sequences][k], value descending then id ascending; ids are -1 past
+  /// the row's tokens (NaN is never listed).
+  std::vector<int32_t> ids;
+  std::vector<float> values;
+};
 
 /// Per-step observability (MoE).
 struct StepStats {
@@ -148,9 +165,20 @@ public:
   /// token id outside the vocabulary, expertsPerToken > topK, bad budget,
   /// context or KV pages exhausted) are detected before anything runs: the
   /// sequences are left unchanged. An empty step succeeds with no logits.
+  /// With LogitsFor::LastTokenTop, `top` (required) receives the lists, or
+  /// k = 0 and `logits` the rows.
   virtual Status step(std::span<const SequenceInput> inputs, LogitsFor which,
-                      std::vector<float> &logits,
-                      StepStats *stats = nullptr) = 0;
+                      std::vector<float> &logits, StepStats *stats = nullptr,
+                      TopLogits *top = nullptr) = 0;
+
+  /// The full last-token row of input `input` of the last step, when that
+  /// step returned top lists (a sampler whose list could not decide); valid
+  /// until the next step.
+  virtual Status lastTokenRow(size_t input, std::span<float> row) {
+    (void)input;
+    (void)row;
+    return Status::error("the last step returned no top logits");
+  }
 
   /// Per-process expert utilisation since load (or the last reset): tokens
   /// routed to each expert, [moe layer][expert].

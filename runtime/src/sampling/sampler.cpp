@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace nf::sampling {
@@ -102,6 +103,10 @@ float kthLargest(std::span<const float> logits, int32_t k,
   return static_cast<int32_t>(heap.size()) < k ? -inf : heap.front();
 }
 
+/// The top-k fast path's cut: scaled logits below it cannot tie with the
+/// k-th largest's probability (far above exp's rounding).
+double topKCut(double xk) { return xk - (std::fabs(xk) + 1.0) * 0x1.0p-30; }
+
 } // namespace
 
 double Sampler::filter(std::span<const float> logits) {
@@ -135,7 +140,7 @@ double Sampler::filter(std::span<const float> logits) {
     const float kth = kthLargest(logits, params_.topK, heap_);
     const double xk = scaled(kth);
     if (kth > -inf && xk > -700.0) {
-      const double cut = xk - (std::fabs(xk) + 1.0) * 0x1.0p-30;
+      const double cut = topKCut(xk);
       bool likelyBelow = false; // a token below the cut with p > 0
       for (int32_t i = 0; i < n; ++i) {
         const float v = logits[i];
@@ -174,6 +179,13 @@ double Sampler::filter(std::span<const float> logits) {
       if (probs[i] > 0.0)
         candidates_.push_back({i, probs[i]});
   }
+  return finish(ranked, sorted);
+}
+
+double Sampler::finish(bool ranked, bool sorted) {
+  auto moreLikely = [](const Candidate &a, const Candidate &b) {
+    return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
+  };
   if (!ranked && params_.topK > 0 &&
       static_cast<size_t>(params_.topK) < candidates_.size()) {
     std::partial_sort(candidates_.begin(), candidates_.begin() + params_.topK,
@@ -229,6 +241,118 @@ double Sampler::filter(std::span<const float> logits) {
   return total;
 }
 
+std::optional<double> Sampler::filterTop(std::span<const int32_t> ids,
+                                         std::span<const float> values,
+                                         int64_t vocab) {
+  candidates_.clear();
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  const size_t k = std::min(ids.size(), values.size());
+  size_t c = 0; // listed tokens (the rest of the list is -1)
+  while (c < k && ids[c] >= 0)
+    ++c;
+  if (c == 0)
+    return c < k ? std::optional<double>(0.0) : std::nullopt;
+  const float maxLogit = values[0];
+  if (maxLogit == -inf)
+    return 0.0;
+  // Every token above -inf is listed: the list ended early, or reached -inf.
+  const bool allFinite = c < k || values[c - 1] == -inf;
+  const double invT = 1.0 / static_cast<double>(params_.temperature);
+  auto scaled = [&](float v) {
+    return (static_cast<double>(v) - maxLogit) * invT;
+  };
+  auto byIndex = [](const Candidate &a, const Candidate &b) {
+    return a.index < b.index;
+  };
+  auto moreLikely = [](const Candidate &a, const Candidate &b) {
+    return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
+  };
+  bool sorted = false, ranked = false;
+  if (maxLogit == inf) {
+    if (!allFinite && values[c - 1] == inf)
+      return std::nullopt; // more infinite logits than listed
+    for (size_t i = 0; i < c && values[i] == inf; ++i)
+      candidates_.push_back({ids[i], 1.0});
+    std::sort(candidates_.begin(), candidates_.end(), byIndex);
+    return finish(false, false);
+  }
+  // As filter's top-k path, from the list: the tokens at or above the cut
+  // must all be listed, and the first one listed below it says whether any
+  // token below has a probability.
+  if (params_.topK > 0 && params_.topK < vocab) {
+    const size_t kk = static_cast<size_t>(params_.topK);
+    const float kth = kk <= c && values[kk - 1] > -inf ? values[kk - 1] : -inf;
+    const double xk = scaled(kth);
+    if (kth > -inf && xk > -700.0) {
+      const double cut = topKCut(xk);
+      size_t below = 0;
+      while (below < c && scaled(values[below]) >= cut)
+        ++below;
+      if (below == c && !allFinite)
+        return std::nullopt; // the list ends above the cut
+      for (size_t i = 0; i < below; ++i)
+        candidates_.push_back({ids[i], std::exp(scaled(values[i]))});
+      std::sort(candidates_.begin(), candidates_.end(), byIndex);
+      const bool likelyBelow = below < c && values[below] > -inf &&
+                               std::exp(scaled(values[below])) > 0.0;
+      if (kk < candidates_.size() || likelyBelow) {
+        std::partial_sort(candidates_.begin(), candidates_.begin() + kk,
+                          candidates_.end(), moreLikely);
+        candidates_.resize(kk);
+        sorted = true;
+      }
+      ranked = true;
+      return finish(ranked, sorted);
+    }
+  }
+  // Every token's probability: the unlisted ones must have none.
+  if (!allFinite && std::exp(scaled(values[c - 1])) > 0.0)
+    return std::nullopt;
+  for (size_t i = 0; i < c; ++i)
+    if (values[i] > -inf)
+      if (const double p = std::exp(scaled(values[i])); p > 0.0)
+        candidates_.push_back({ids[i], p});
+  std::sort(candidates_.begin(), candidates_.end(), byIndex);
+  return finish(false, false);
+}
+
+int32_t Sampler::draw(double total) {
+  // One draw per sample, whatever the filters keep, so that streams stay
+  // aligned across parameter changes. 53 random bits: u in [0, 1).
+  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+  double acc = 0.0;
+  for (const Candidate &c : candidates_) {
+    acc += c.prob;
+    if (u < acc)
+      return c.index;
+  }
+  return candidates_.back().index; // rounding at the very end
+}
+
+bool Sampler::samplesFromTop(int32_t k) const {
+  return k > 0 && (params_.temperature == 0.0f ||
+                   (params_.topK > 0 && params_.topK < k));
+}
+
+StatusOr<std::optional<int32_t>>
+Sampler::sampleTop(std::span<const int32_t> ids, std::span<const float> values,
+                   int64_t vocab) {
+  if (ids.empty() || values.size() < ids.size() || vocab <= 0)
+    return Status::error("sampler: empty top logits");
+  if (params_.temperature == 0.0f) {
+    // The list's order is argmax's: the largest value, lowest id on ties.
+    if (ids[0] < 0 || values[0] == -std::numeric_limits<float>::infinity())
+      return Status::error("sampler: no logit above -inf");
+    return std::optional<int32_t>(ids[0]);
+  }
+  const std::optional<double> total = filterTop(ids, values, vocab);
+  if (!total)
+    return std::optional<int32_t>(); // the row decides
+  if (candidates_.empty() || !(*total > 0.0))
+    return Status::error("sampler: no logit above -inf");
+  return std::optional<int32_t>(draw(*total));
+}
+
 StatusOr<int32_t> Sampler::sample(std::span<const float> logits) {
   if (logits.empty())
     return Status::error("sampler: empty logits");
@@ -241,16 +365,7 @@ StatusOr<int32_t> Sampler::sample(std::span<const float> logits) {
   const double total = filter(logits);
   if (candidates_.empty() || !(total > 0.0))
     return Status::error("sampler: no logit above -inf");
-  // One draw per sample, whatever the filters keep, so that streams stay
-  // aligned across parameter changes. 53 random bits: u in [0, 1).
-  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
-  double acc = 0.0;
-  for (const Candidate &c : candidates_) {
-    acc += c.prob;
-    if (u < acc)
-      return c.index;
-  }
-  return candidates_.back().index; // rounding at the very end
+  return draw(total);
 }
 
 StatusOr<std::vector<double>>

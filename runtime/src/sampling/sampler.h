@@ -17,6 +17,7 @@
 #include "nf/status.h"
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <vector>
@@ -50,6 +51,18 @@ public:
   /// The next token. Errors: empty logits, no logit above -inf.
   StatusOr<int32_t> sample(std::span<const float> logits);
 
+  /// Whether sampleTop can draw from a list of the k largest logits (it
+  /// may still ask for the row): greedy, or top-k below k.
+  bool samplesFromTop(int32_t k) const;
+  /// The next token from the largest logits of a row of `vocab` (ids[i],
+  /// values[i]: value descending, then id ascending; -1 ids past the row's
+  /// tokens, NaN never listed): the token sample() would draw from the
+  /// whole row, or nullopt when the list cannot decide (near-ties at its
+  /// end: call sample() with the row, no draw has been consumed).
+  StatusOr<std::optional<int32_t>> sampleTop(std::span<const int32_t> ids,
+                                             std::span<const float> values,
+                                             int64_t vocab);
+
   /// The probabilities the next non-greedy sample draws from (0 for
   /// filtered tokens; sums to 1), or a one-hot vector when greedy.
   StatusOr<std::vector<double>> distribution(std::span<const float> logits);
@@ -65,6 +78,14 @@ private:
   /// Fills candidates_ with the kept tokens and returns the sum of their
   /// unnormalised probabilities (0: nothing to choose from).
   double filter(std::span<const float> logits);
+  /// filter() from a top list; nullopt: the list cannot decide.
+  std::optional<double> filterTop(std::span<const int32_t> ids,
+                                  std::span<const float> values, int64_t vocab);
+  /// The top-k (unless `ranked` did), top-p and min-p filters over
+  /// candidates_; `sorted`: candidates_ is most likely first. The total.
+  double finish(bool ranked, bool sorted);
+  /// The token one draw picks from candidates_ (total: their sum).
+  int32_t draw(double total);
 
   SamplerParams params_;
   std::mt19937_64 rng_;

@@ -1,0 +1,120 @@
+// The largest logits of each row a decode step computes, on the device: what
+// a greedy or top-k sampler needs, so that a step copies back K ids and
+// values per sequence instead of its whole vocabulary row (Nano: 512 KB).
+//
+// Order: value descending, then index ascending (the host sampler's order
+// of equal logits); NaN is never chosen, and rows with fewer than K tokens
+// end with id -1. Two launches, run by the runtime after the step when the
+// caller asks for the top logits (Plan Step.top_logits):
+//   top_logits_chunks: each block ranks CHUNK logits of one row (a bitonic
+//     sort of 64-bit keys in shared memory) and keeps its K best;
+//   top_logits_merge: one block per row ranks the chunks' K best and writes
+//     the row's K ids and values.
+// Rows are those the LM head computed: logit_rows[j] (or j), j <
+// num_logit_rows (or num_tokens).
+#ifndef NF_KERNELS_SAMPLE_CUH
+#define NF_KERNELS_SAMPLE_CUH
+
+#include "nf_common.cuh"
+
+namespace nf {
+
+__host__ __device__ constexpr int pow2_at_least(int n) {
+  int p = 1;
+  while (p < n)
+    p <<= 1;
+  return p;
+}
+
+/// A logit and its index as one key whose unsigned order is the ranking
+/// (larger first): the value's bits made monotone, then the inverted index.
+/// NaN is 0, below every logit.
+__device__ __forceinline__ unsigned long long top_logit_key(float v, int i) {
+  if (v != v)
+    return 0ull;
+  const unsigned u = __float_as_uint(v);
+  const unsigned m = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(m) << 32) |
+         (0xffffffffu - static_cast<unsigned>(i));
+}
+
+/// Sorts s[0, N) descending; N a power of two; call from every thread of a
+/// block of T threads.
+template <int N, int T>
+__device__ __forceinline__ void bitonic_sort_desc(unsigned long long *s) {
+  for (int k = 2; k <= N; k <<= 1)
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < N; i += T) {
+        const int p = i ^ j;
+        if (p > i) {
+          const unsigned long long x = s[i], y = s[p];
+          const bool desc = (i & k) == 0;
+          if (desc ? x < y : x > y) {
+            s[i] = y;
+            s[p] = x;
+          }
+        }
+      }
+      __syncthreads();
+    }
+}
+
+__device__ __forceinline__ int top_logit_rows(Step a) {
+  return a->logit_rows ? a->num_logit_rows : a->num_tokens;
+}
+
+/// Launch with T threads; partial: [rows][CHUNKS][K] keys.
+template <int V, int CHUNK, int K, int T>
+__device__ void top_logits_chunks(Step a, const float *logits,
+                                  unsigned long long *partial) {
+  static_assert(K <= CHUNK && (CHUNK & (CHUNK - 1)) == 0, "chunk size");
+  constexpr int CHUNKS = (V + CHUNK - 1) / CHUNK;
+  __shared__ unsigned long long s[CHUNK];
+  const int rows = top_logit_rows(a);
+  for (int w = blockIdx.x; w < rows * CHUNKS; w += gridDim.x) {
+    const int j = w / CHUNKS, c = w % CHUNKS;
+    const float *row = logits + static_cast<long long>(logit_row(a, j)) * V;
+    for (int i = threadIdx.x; i < CHUNK; i += T) {
+      const int n = c * CHUNK + i;
+      s[i] = n < V ? top_logit_key(row[n], n) : 0ull;
+    }
+    __syncthreads();
+    bitonic_sort_desc<CHUNK, T>(s);
+    for (int i = threadIdx.x; i < K; i += T)
+      partial[static_cast<long long>(w) * K + i] = s[i];
+    __syncthreads(); // s is rewritten by the next chunk
+  }
+}
+
+/// Launch with T threads; ids and values: [rows][K].
+template <int V, int CHUNK, int K, int T>
+__device__ void top_logits_merge(Step a, const unsigned long long *partial,
+                                 int *ids, float *values) {
+  constexpr int CHUNKS = (V + CHUNK - 1) / CHUNK;
+  constexpr int M = pow2_at_least(CHUNKS * K);
+  __shared__ unsigned long long s[M];
+  const int rows = top_logit_rows(a);
+  for (int j = blockIdx.x; j < rows; j += gridDim.x) {
+    for (int i = threadIdx.x; i < M; i += T)
+      s[i] = i < CHUNKS * K
+                 ? partial[static_cast<long long>(j) * CHUNKS * K + i]
+                 : 0ull;
+    __syncthreads();
+    bitonic_sort_desc<M, T>(s);
+    for (int i = threadIdx.x; i < K; i += T) {
+      const unsigned long long key = s[i];
+      const unsigned m = static_cast<unsigned>(key >> 32);
+      const unsigned u = (m & 0x80000000u) ? (m & 0x7fffffffu) : ~m;
+      const long long o = static_cast<long long>(j) * K + i;
+      ids[o] = key ? static_cast<int>(0xffffffffu -
+                                      static_cast<unsigned>(key & 0xffffffffu))
+                   : -1;
+      values[o] = __uint_as_float(u);
+    }
+    __syncthreads();
+  }
+}
+
+} // namespace nf
+
+#endif // NF_KERNELS_SAMPLE_CUH
