@@ -76,10 +76,6 @@ StatusOr<Sampler> Sampler::create(const SamplerParams &params) {
 
 namespace {
 
-/// Vocabularies from this size compute their probabilities on several
-/// threads (OpenMP).
-constexpr int32_t kParallelVocab = 16384;
-
 /// The k-th largest of the logits above -inf (NaN ignored), or -inf when
 /// there are fewer than k of them. One pass: a min-heap of the k best, which
 /// most logits leave at one comparison.
@@ -164,21 +160,14 @@ double Sampler::filter(std::span<const float> logits) {
       ranked = true;
     }
   }
-  if (maxLogit != inf && !ranked) {
-    // Every token's probability: the exps spread over threads for a large
-    // vocabulary (each value is the same wherever it is computed), then
-    // gathered in index order.
-    probs_.resize(static_cast<size_t>(n));
-    double *probs = probs_.data();
-#pragma omp parallel for schedule(static) if (n >= kParallelVocab)
+  if (maxLogit != inf && !ranked)
     for (int32_t i = 0; i < n; ++i) {
       const float v = logits[i];
-      probs[i] = v > -inf ? std::exp(scaled(v)) : 0.0; // NaN: 0
+      if (!(v > -inf))
+        continue;
+      if (const double p = std::exp(scaled(v)); p > 0.0)
+        candidates_.push_back({i, p});
     }
-    for (int32_t i = 0; i < n; ++i)
-      if (probs[i] > 0.0)
-        candidates_.push_back({i, probs[i]});
-  }
   return finish(ranked, sorted);
 }
 
@@ -196,24 +185,20 @@ double Sampler::finish(bool ranked, bool sorted) {
 
   if (params_.topP < 1.0f) {
     // The smallest prefix of the most-likely-first order whose mass reaches
-    // top_p of the total (summed in the candidates' order): ranked in
-    // growing prefixes, since the nucleus is usually a small part of the
-    // vocabulary.
+    // top_p of the total (summed in the candidates' order). The nucleus is
+    // usually a small part of the vocabulary: the 64 most likely first,
+    // then blocks 8 times larger (selected by nth_element, then sorted), and
+    // once the ranked mass is under half the threshold (a flat distribution)
+    // the rest at once.
     double total = 0.0;
     for (const Candidate &c : candidates_)
       total += c.prob;
     const double threshold = static_cast<double>(params_.topP) * total;
-    size_t ranked = sorted ? candidates_.size() : 0;
+    const size_t size = candidates_.size();
+    size_t ranked = sorted ? size : 0;
     double cum = 0.0;
     size_t keep = 0;
     for (;;) {
-      if (ranked < candidates_.size()) {
-        const size_t m =
-            std::min(candidates_.size(), std::max<size_t>(64, ranked * 4));
-        std::partial_sort(candidates_.begin() + ranked, candidates_.begin() + m,
-                          candidates_.end(), moreLikely);
-        ranked = m;
-      }
       bool done = false;
       for (; keep < ranked; ++keep) {
         if (keep > 0 && cum >= threshold) {
@@ -222,8 +207,21 @@ double Sampler::finish(bool ranked, bool sorted) {
         }
         cum += candidates_[keep].prob;
       }
-      if (done || ranked == candidates_.size())
+      if (done || ranked == size)
         break;
+      size_t m = std::max<size_t>(64, ranked * 8);
+      if (m >= size || (ranked > 0 && cum < 0.5 * threshold))
+        m = size;
+      auto first = candidates_.begin() + static_cast<ptrdiff_t>(ranked);
+      auto last = candidates_.begin() + static_cast<ptrdiff_t>(m);
+      if (ranked == 0 && m < size) { // a heap of 64: one comparison per token
+        std::partial_sort(first, last, candidates_.end(), moreLikely);
+      } else {
+        if (m < size)
+          std::nth_element(first, last - 1, candidates_.end(), moreLikely);
+        std::sort(first, last, moreLikely);
+      }
+      ranked = m;
     }
     candidates_.resize(keep);
   }

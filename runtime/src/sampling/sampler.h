@@ -90,8 +90,7 @@ private:
   SamplerParams params_;
   std::mt19937_64 rng_;
   std::vector<Candidate> candidates_;
-  std::vector<float> heap_;   // top-k: the k largest logits
-  std::vector<double> probs_; // every token's probability
+  std::vector<float> heap_; // top-k: the k largest logits
 };
 
 } // namespace nf::sampling
