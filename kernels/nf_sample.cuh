@@ -28,11 +28,12 @@ __host__ __device__ constexpr int pow2_at_least(int n) {
 
 /// A logit and its index as one key whose unsigned order is the ranking
 /// (larger first): the value's bits made monotone, then the inverted index.
-/// NaN is 0, below every logit.
+/// NaN is 0, below every logit; -0 is +0 (equal values rank by index, as on
+/// the host).
 __device__ __forceinline__ unsigned long long top_logit_key(float v, int i) {
   if (v != v)
     return 0ull;
-  const unsigned u = __float_as_uint(v);
+  const unsigned u = v == 0.0f ? 0u : __float_as_uint(v);
   const unsigned m = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return (static_cast<unsigned long long>(m) << 32) |
          (0xffffffffu - static_cast<unsigned>(i));

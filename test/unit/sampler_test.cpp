@@ -578,6 +578,20 @@ TEST(Sampler, TopListsOfShortRowsAreComplete) {
   EXPECT_EQ(expectTopDrawsMatchRows(p, l, 64, 50), 0);
 }
 
+TEST(Sampler, TopListsRankSignedZerosAsEqual) {
+  // -0 and +0 are one value: the lowest index first, as argmax takes it
+  // (the device's keys map -0 to +0).
+  std::vector<float> l(300, -1.0f);
+  l[40] = -0.0f;
+  l[7] = 0.0f;
+  l[3] = -0.0f;
+  EXPECT_EQ(topList(l, 64).first[0], 3);
+  EXPECT_EQ(expectTopDrawsMatchRows(withTemperature(0.0f), l, 64, 1), 0);
+  SamplerParams p = withTemperature(0.5f, 4);
+  p.topK = 2;
+  EXPECT_EQ(expectTopDrawsMatchRows(p, l, 64, 30), 0);
+}
+
 TEST(Sampler, TopListsWithoutAFiniteLogitFail) {
   std::vector<float> l(100, std::numeric_limits<float>::quiet_NaN());
   Sampler s = make(withTemperature(0.0f));

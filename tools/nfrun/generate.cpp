@@ -190,7 +190,7 @@ int runGenerate(const GenerateFlags &f) {
   std::vector<int32_t> sampledTokens;
   auto step = [&](const nf::SeqInput &in, bool allLogits,
                   bool sample = true) -> nf::StatusOr<int32_t> {
-    if (!dump) {
+    if (!dump && sample) {
       if (auto st = model.decodeSample({in}, samplers, sampledTokens); !st)
         return st;
       if (sampledTokens[0] < 0)
@@ -199,7 +199,7 @@ int runGenerate(const GenerateFlags &f) {
     }
     if (auto st = model.decode({in}, allLogits, logits); !st)
       return st;
-    if (!sample) // the dump's last row
+    if (!sample) // the dump's last row, or nothing to generate
       return -1;
     return sampler->sample(logits.data() + (logits.size() - vocab), vocab);
   };
@@ -209,7 +209,7 @@ int runGenerate(const GenerateFlags &f) {
   in.seq = *seq;
   in.tokens = prompt;
   in.expertBudget = f.expertBudget;
-  auto token = step(in, /*allLogits=*/dump);
+  auto token = step(in, /*allLogits=*/dump, /*sample=*/f.maxTokens > 0);
   if (!token)
     return fail(token.message());
   auto t1 = Clock::now();

@@ -286,8 +286,9 @@ NF_API int32_t nf_sample(nf_sampler *sampler, const float *logits,
    than the plan's top-logits length with top-k (CUDA decode steps of plans
    that rank logits on the device; nf_model_info), only each row's largest
    logits come back from the device, not the row. A sequence whose sampler
-   finds no logit above -inf gets -1 (nf_last_error() says which); the step
-   itself has run. */
+   finds no logit above -inf gets -1 and the call still returns NF_OK (the
+   step has run; nf_last_error() then names the entry). Other failures,
+   including the device's, return an error status. */
 NF_API nf_status nf_decode_sample(nf_model *model, const nf_batch *batch,
                                   nf_sampler *const *samplers,
                                   int32_t *tokens_out);

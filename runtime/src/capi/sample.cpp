@@ -46,15 +46,20 @@ std::string newBytes(const Tokenizer &tok, const std::vector<int32_t> &history,
 
 /// The next token of input `i` of the model's last step: from its top list
 /// where the step returned lists and the list decides, else from its row.
+/// The sampler's own errors (no logit above -inf) are returned; the
+/// engine's (the row's copy from the device) and internal ones go to
+/// `fatal`.
 StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
-                              sampling::Sampler &sampler) {
+                              sampling::Sampler &sampler, Status &fatal) {
   const size_t vocab = static_cast<size_t>(model->engine->info().vocabSize);
   if (const size_t k = static_cast<size_t>(model->top.k); k > 0) {
     if (model->top.ids.size() < (i + 1) * k ||
-        model->top.values.size() < (i + 1) * k)
-      return Status::error("internal: top lists of " +
-                           std::to_string(model->top.ids.size() / k) +
-                           " sequences");
+        model->top.values.size() < (i + 1) * k) {
+      fatal = Status::error("internal: top lists of " +
+                            std::to_string(model->top.ids.size() / k) +
+                            " sequences");
+      return fatal;
+    }
     StatusOr<std::optional<int32_t>> t = sampler.sampleTop(
         std::span<const int32_t>(model->top.ids.data() + i * k, k),
         std::span<const float>(model->top.values.data() + i * k, k),
@@ -64,13 +69,17 @@ StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
     if (*t)
       return **t;
     model->row.resize(vocab);
-    if (Status s = model->engine->lastTokenRow(i, model->row); !s)
-      return s;
+    if (Status s = model->engine->lastTokenRow(i, model->row); !s) {
+      fatal = s;
+      return fatal;
+    }
     return sampler.sample(model->row);
   }
-  if (model->logits.size() < (i + 1) * vocab)
-    return Status::error("internal: the engine returned " +
-                         std::to_string(model->logits.size()) + " logits");
+  if (model->logits.size() < (i + 1) * vocab) {
+    fatal = Status::error("internal: the engine returned " +
+                          std::to_string(model->logits.size()) + " logits");
+    return fatal;
+  }
   return sampler.sample(
       std::span<const float>(model->logits.data() + i * vocab, vocab));
 }
@@ -113,10 +122,15 @@ nf_status nf_decode_sample(nf_model *model, const nf_batch *batch,
         st != NF_OK)
       return st;
     for (int32_t i = 0; i < batch->n_seqs; ++i) {
-      StatusOr<int32_t> t =
-          sampleInput(model, static_cast<size_t>(i), samplers[i]->sampler);
+      Status fatal = Status::success();
+      StatusOr<int32_t> t = sampleInput(model, static_cast<size_t>(i),
+                                        samplers[i]->sampler, fatal);
+      if (!fatal)
+        return fail(NF_ERR_RUNTIME, "nf_decode_sample: batch entry " +
+                                        std::to_string(i) + ": " +
+                                        fatal.message());
       tokens_out[i] = t ? *t : -1;
-      if (!t)
+      if (!t) // recorded, though the call succeeds
         (void)fail(NF_ERR_RUNTIME, "nf_decode_sample: batch entry " +
                                        std::to_string(i) + ": " + t.message());
     }
@@ -240,7 +254,8 @@ nf_status nf_generate(nf_model *model, const int32_t *prompt, size_t n_prompt,
 
     std::vector<int32_t> generated;
     while (true) {
-      StatusOr<int32_t> token = sampleInput(model, 0, *sampler);
+      Status fatal = Status::success();
+      StatusOr<int32_t> token = sampleInput(model, 0, *sampler, fatal);
       if (!token)
         return fail(NF_ERR_RUNTIME, "nf_generate: " + token.message());
       out[generated.size()] = *token;
