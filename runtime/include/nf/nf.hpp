@@ -222,22 +222,11 @@ public:
   Status decode(const std::vector<SeqInput> &batch, bool allLogits,
                 std::vector<float> &logits,
                 std::vector<int64_t> *expertCalls = nullptr) {
-    std::vector<nf_seq_input> seqs(batch.size());
+    std::vector<nf_seq_input> seqs;
+    const nf_batch b = cBatch(batch, seqs, expertCalls);
     size_t rows = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      seqs[i].seq_id = batch[i].seq;
-      seqs[i].tokens = batch[i].tokens.data();
-      seqs[i].n_tokens = static_cast<int32_t>(batch[i].tokens.size());
-      seqs[i].expert_budget = batch[i].expertBudget;
-      seqs[i].experts_per_token = batch[i].expertsPerToken;
-      rows += allLogits ? batch[i].tokens.size() : 1;
-    }
-    if (expertCalls)
-      expertCalls->assign(batch.size(), 0);
-    nf_batch b;
-    b.seqs = seqs.data();
-    b.n_seqs = static_cast<int32_t>(seqs.size());
-    b.expert_calls = expertCalls ? expertCalls->data() : nullptr;
+    for (const SeqInput &in : batch)
+      rows += allLogits ? in.tokens.size() : 1;
     logits.resize(rows * static_cast<size_t>(vocabSize()));
     nf_status s =
         nf_decode(m_, &b, logits.data(), logits.size(), allLogits ? 1 : 0);
@@ -255,22 +244,11 @@ public:
       return Status::error("decodeSample: " + std::to_string(batch.size()) +
                            " sequences, " + std::to_string(samplers.size()) +
                            " samplers");
-    std::vector<nf_seq_input> seqs(batch.size());
+    std::vector<nf_seq_input> seqs;
+    const nf_batch b = cBatch(batch, seqs, expertCalls);
     std::vector<nf_sampler *> s(batch.size());
-    for (size_t i = 0; i < batch.size(); ++i) {
-      seqs[i].seq_id = batch[i].seq;
-      seqs[i].tokens = batch[i].tokens.data();
-      seqs[i].n_tokens = static_cast<int32_t>(batch[i].tokens.size());
-      seqs[i].expert_budget = batch[i].expertBudget;
-      seqs[i].experts_per_token = batch[i].expertsPerToken;
+    for (size_t i = 0; i < batch.size(); ++i)
       s[i] = samplers[i] ? samplers[i]->get() : nullptr;
-    }
-    if (expertCalls)
-      expertCalls->assign(batch.size(), 0);
-    nf_batch b;
-    b.seqs = seqs.data();
-    b.n_seqs = static_cast<int32_t>(seqs.size());
-    b.expert_calls = expertCalls ? expertCalls->data() : nullptr;
     tokens.assign(batch.size(), -1);
     return nf_decode_sample(m_, &b, s.data(), tokens.data()) == NF_OK
                ? Status::success()
@@ -310,6 +288,28 @@ public:
   }
 
 private:
+  /// The C batch of `batch` (its entries in `seqs`); `expertCalls`, when
+  /// given, is zeroed and receives the step's counts.
+  static nf_batch cBatch(const std::vector<SeqInput> &batch,
+                         std::vector<nf_seq_input> &seqs,
+                         std::vector<int64_t> *expertCalls) {
+    seqs.resize(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      seqs[i].seq_id = batch[i].seq;
+      seqs[i].tokens = batch[i].tokens.data();
+      seqs[i].n_tokens = static_cast<int32_t>(batch[i].tokens.size());
+      seqs[i].expert_budget = batch[i].expertBudget;
+      seqs[i].experts_per_token = batch[i].expertsPerToken;
+    }
+    if (expertCalls)
+      expertCalls->assign(batch.size(), 0);
+    nf_batch b;
+    b.seqs = seqs.data();
+    b.n_seqs = static_cast<int32_t>(seqs.size());
+    b.expert_calls = expertCalls ? expertCalls->data() : nullptr;
+    return b;
+  }
+
   explicit Model(nf_model *m) : m_(m) {}
   nf_model *m_ = nullptr;
 };

@@ -105,6 +105,10 @@ double topKCut(double xk) { return xk - (std::fabs(xk) + 1.0) * 0x1.0p-30; }
 
 } // namespace
 
+bool Sampler::moreLikely(const Candidate &a, const Candidate &b) {
+  return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
+}
+
 double Sampler::filter(std::span<const float> logits) {
   candidates_.clear();
   constexpr float inf = std::numeric_limits<float>::infinity();
@@ -116,9 +120,6 @@ double Sampler::filter(std::span<const float> logits) {
   const double invT = 1.0 / static_cast<double>(params_.temperature);
   auto scaled = [&](float v) {
     return (static_cast<double>(v) - maxLogit) * invT;
-  };
-  auto moreLikely = [](const Candidate &a, const Candidate &b) {
-    return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
   };
   bool sorted = false, ranked = false;
   if (maxLogit == inf) {
@@ -172,9 +173,6 @@ double Sampler::filter(std::span<const float> logits) {
 }
 
 double Sampler::finish(bool ranked, bool sorted) {
-  auto moreLikely = [](const Candidate &a, const Candidate &b) {
-    return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
-  };
   if (!ranked && params_.topK > 0 &&
       static_cast<size_t>(params_.topK) < candidates_.size()) {
     std::partial_sort(candidates_.begin(), candidates_.begin() + params_.topK,
@@ -261,9 +259,6 @@ std::optional<double> Sampler::filterTop(std::span<const int32_t> ids,
   };
   auto byIndex = [](const Candidate &a, const Candidate &b) {
     return a.index < b.index;
-  };
-  auto moreLikely = [](const Candidate &a, const Candidate &b) {
-    return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
   };
   bool sorted = false, ranked = false;
   if (maxLogit == inf) {

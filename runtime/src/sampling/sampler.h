@@ -75,6 +75,8 @@ private:
     int32_t index;
     double prob; // unnormalised
   };
+  /// The ranking order: more probable first, then the lower index.
+  static bool moreLikely(const Candidate &a, const Candidate &b);
   /// Fills candidates_ with the kept tokens and returns the sum of their
   /// unnormalised probabilities (0: nothing to choose from).
   double filter(std::span<const float> logits);
