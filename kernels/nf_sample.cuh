@@ -1,6 +1,11 @@
 // The largest logits of each row a decode step computes, on the device: what
 // a greedy or top-k sampler needs, so that a step copies back K ids and
 // values per sequence instead of its whole vocabulary row (Nano: 512 KB).
+// A row may instead be ranked by a temperature sampler's Gumbel-max keys,
+// logit / T + G(seed, draw, token) rounded to float (the host sampler's
+// definition, runtime/src/sampling/sampler.h; Philox4x32-10 as in
+// runtime/src/sampling/philox.h), so that a temperature-only sampler reads
+// no row either; the values are then still the logits.
 //
 // Order: value descending, then index ascending (the host sampler's order
 // of equal logits); NaN is never chosen, and rows with fewer than K tokens
@@ -39,6 +44,56 @@ __device__ __forceinline__ unsigned long long top_logit_key(float v, int i) {
          (0xffffffffu - static_cast<unsigned>(i));
 }
 
+/// Per row: how to rank it (the runtime writes one per row before the
+/// launches). temperature 0: by the logits.
+struct top_logit_noise {
+  unsigned long long seed, draw;
+  float temperature;
+  unsigned pad;
+};
+static_assert(sizeof(top_logit_noise) == 24, "the plan's noise rows");
+
+/// Philox4x32-10; the host's copy is runtime/src/sampling/philox.h.
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k.x += 0x9E3779B9u;
+      k.y += 0xBB67AE85u;
+    }
+    const unsigned lo0 = 0xD2511F53u * c.x, hi0 = __umulhi(0xD2511F53u, c.x);
+    const unsigned lo1 = 0xCD9E8D57u * c.z, hi1 = __umulhi(0xCD9E8D57u, c.z);
+    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+  }
+  return c;
+}
+
+/// Standard Gumbel noise of (seed, draw, token), as the host's gumbelNoise.
+__device__ __forceinline__ double gumbel_noise(unsigned long long seed,
+                                               unsigned long long draw,
+                                               unsigned token) {
+  const uint4 r = philox4x32_10(
+      make_uint4(token, 0u, static_cast<unsigned>(draw),
+                 static_cast<unsigned>(draw >> 32)),
+      make_uint2(static_cast<unsigned>(seed),
+                 static_cast<unsigned>(seed >> 32)));
+  const unsigned long long bits =
+      static_cast<unsigned long long>(r.x) |
+      (static_cast<unsigned long long>(r.y) << 32);
+  const double u = (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53;
+  return -log(-log(u));
+}
+
+/// The value a row is ranked by: the logit, or its noisy key.
+__device__ __forceinline__ float top_rank_value(float v, int n,
+                                                const top_logit_noise &z) {
+  if (z.temperature > 0.0f && v == v)
+    v = static_cast<float>(
+        __ddiv_rn(static_cast<double>(v), static_cast<double>(z.temperature)) +
+        gumbel_noise(z.seed, z.draw, static_cast<unsigned>(n)));
+  return v;
+}
+
 /// Sorts s[0, N) descending; N a power of two; call from every thread of a
 /// block of T threads.
 template <int N, int T>
@@ -64,9 +119,10 @@ __device__ __forceinline__ int top_logit_rows(Step a) {
   return a->logit_rows ? a->num_logit_rows : a->num_tokens;
 }
 
-/// Launch with T threads; partial: [rows][CHUNKS][K] keys.
+/// Launch with T threads; partial: [rows][CHUNKS][K] keys; noise: [rows].
 template <int V, int CHUNK, int K, int T>
 __device__ void top_logits_chunks(Step a, const float *logits,
+                                  const top_logit_noise *noise,
                                   unsigned long long *partial) {
   static_assert(K <= CHUNK && (CHUNK & (CHUNK - 1)) == 0, "chunk size");
   constexpr int CHUNKS = (V + CHUNK - 1) / CHUNK;
@@ -75,9 +131,10 @@ __device__ void top_logits_chunks(Step a, const float *logits,
   for (int w = blockIdx.x; w < rows * CHUNKS; w += gridDim.x) {
     const int j = w / CHUNKS, c = w % CHUNKS;
     const float *row = logits + static_cast<long long>(logit_row(a, j)) * V;
+    const top_logit_noise z = noise[j];
     for (int i = threadIdx.x; i < CHUNK; i += T) {
       const int n = c * CHUNK + i;
-      s[i] = n < V ? top_logit_key(row[n], n) : 0ull;
+      s[i] = n < V ? top_logit_key(top_rank_value(row[n], n, z), n) : 0ull;
     }
     __syncthreads();
     bitonic_sort_desc<CHUNK, T>(s);
@@ -87,10 +144,13 @@ __device__ void top_logits_chunks(Step a, const float *logits,
   }
 }
 
-/// Launch with T threads; ids and values: [rows][K].
+/// Launch with T threads; ids and values: [rows][K]; the values are the
+/// logits also where the noisy keys ranked them.
 template <int V, int CHUNK, int K, int T>
-__device__ void top_logits_merge(Step a, const unsigned long long *partial,
-                                 int *ids, float *values) {
+__device__ void top_logits_merge(Step a, const float *logits,
+                                 const top_logit_noise *noise,
+                                 const unsigned long long *partial, int *ids,
+                                 float *values) {
   constexpr int CHUNKS = (V + CHUNK - 1) / CHUNK;
   constexpr int M = pow2_at_least(CHUNKS * K);
   __shared__ unsigned long long s[M];
@@ -102,15 +162,19 @@ __device__ void top_logits_merge(Step a, const unsigned long long *partial,
                  : 0ull;
     __syncthreads();
     bitonic_sort_desc<M, T>(s);
+    const bool noisy = noise[j].temperature > 0.0f;
+    const float *row = logits + static_cast<long long>(logit_row(a, j)) * V;
     for (int i = threadIdx.x; i < K; i += T) {
       const unsigned long long key = s[i];
       const unsigned m = static_cast<unsigned>(key >> 32);
       const unsigned u = (m & 0x80000000u) ? (m & 0x7fffffffu) : ~m;
       const long long o = static_cast<long long>(j) * K + i;
-      ids[o] = key ? static_cast<int>(0xffffffffu -
-                                      static_cast<unsigned>(key & 0xffffffffu))
-                   : -1;
-      values[o] = __uint_as_float(u);
+      const int id =
+          key ? static_cast<int>(0xffffffffu -
+                                 static_cast<unsigned>(key & 0xffffffffu))
+              : -1;
+      ids[o] = id;
+      values[o] = noisy && id >= 0 ? row[id] : __uint_as_float(u);
     }
     __syncthreads();
   }

@@ -2838,6 +2838,8 @@ void decodeShadows(const pl::Plan &plan, const pl::Step &step,
 /// Values per row the top-logits launches keep: a sampler whose top-k is
 /// below this reads no vocabulary row (the runtime checks the rest).
 constexpr int kTopLogits = 64;
+/// sizeof(nf::top_logit_noise): how a row is ranked.
+constexpr int64_t kTopLogitNoiseBytes = 24;
 
 /// Appends the top-logits functions (kernels/nf_sample.cuh) to the module of
 /// the kernel that computes the decode step's logits, with their output after
@@ -2876,13 +2878,18 @@ void addTopLogits(const pl::Step &step, const std::vector<ValueInfo> &values,
   const int64_t partial = alignTo(scratchEnd);
   t.idsOffset = alignTo(partial + rows * chunks * kTopLogits * 8);
   t.valuesOffset = alignTo(t.idsOffset + rows * kTopLogits * 4);
-  scratchEnd = alignTo(t.valuesOffset + rows * kTopLogits * 4);
+  t.noiseOffset = alignTo(t.valuesOffset + rows * kTopLogits * 4);
+  scratchEnd = alignTo(t.noiseOffset + rows * kTopLogitNoiseBytes);
 
   CudaKernelSource &src = out.kernels[static_cast<size_t>(kernel)];
   const std::string prefix = "dk" + std::to_string(kernel) + "_top_logits";
   const std::string tmpl = std::to_string(vocab) + ", " +
                            std::to_string(chunk) + ", " +
                            std::to_string(kTopLogits);
+  const std::string rowsAndNoise =
+      "nf::arena<float>(a, " + std::to_string(values[logits].offset) +
+      "ll), nf::arena<nf::top_logit_noise>(a, " +
+      std::to_string(t.noiseOffset) + "ll)";
   const std::string inc = "#include \"nf_common.cuh\"\n";
   const size_t at = src.source.find(inc);
   if (at != std::string::npos)
@@ -2894,14 +2901,15 @@ void addTopLogits(const pl::Step &step, const std::vector<ValueInfo> &values,
       " kept from each\nextern \"C\" __global__ void __launch_bounds__(256) " +
       prefix + "_chunks(const nf_step_args *__restrict__ args) {\n" +
       "  const nf::Step a{args, nullptr};\n  nf::top_logits_chunks<" + tmpl +
-      ", 256>(a, nf::arena<float>(a, " + std::to_string(values[logits].offset) +
-      "ll), nf::arena<unsigned long long>(a, " + std::to_string(partial) +
+      ", 256>(a, " + rowsAndNoise + ", nf::arena<unsigned long long>(a, " +
+      std::to_string(partial) +
       "ll));\n}\n\n// the rows' " + std::to_string(kTopLogits) +
       " largest of the chunks' (ids and values)\nextern \"C\" __global__ "
       "void __launch_bounds__(512) " +
       prefix + "_merge(const nf_step_args *__restrict__ args) {\n" +
       "  const nf::Step a{args, nullptr};\n  nf::top_logits_merge<" + tmpl +
-      ", 512>(a, nf::arena<unsigned long long>(a, " + std::to_string(partial) +
+      ", 512>(a, " + rowsAndNoise + ", nf::arena<unsigned long long>(a, " +
+      std::to_string(partial) +
       "ll), nf::arena<int>(a, " + std::to_string(t.idsOffset) +
       "ll), nf::arena<float>(a, " + std::to_string(t.valuesOffset) +
       "ll));\n}\n";

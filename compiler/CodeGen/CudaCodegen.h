@@ -50,12 +50,14 @@ struct CudaKernelSource {
 
 /// Launches the runtime may run after a decode step to rank each logit
 /// row's largest values (kernels/nf_sample.cuh), so that a greedy or top-k
-/// sampler reads K ids and values per sequence instead of a vocabulary row.
-/// The functions live in the module of the kernel that computes the logits.
+/// sampler reads K ids and values per sequence instead of a vocabulary row
+/// (a temperature sampler too: rows may be ranked by its noisy keys). The
+/// functions live in the module of the kernel that computes the logits.
 struct CudaTopLogits {
   int kernel = -1;                         // index of that kernel; -1: none
   int k = 0;                               // values per row
   int64_t idsOffset = 0, valuesOffset = 0; // arena: [rows][k] i32 / f32
+  int64_t noiseOffset = 0; // arena: [rows] nf::top_logit_noise (24 bytes)
   std::vector<CudaLaunchInfo> launches;    // in execution order
 };
 

@@ -337,8 +337,9 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
       launches.push_back(pl::CreateLaunch(
           b, b.CreateString(l.function), l.grid, l.block, l.sharedBytes,
           l.cooperative, l.minTokens, l.maxTokens, l.programmatic));
-    topLogits = pl::CreateTopLogits(b, t.kernel, t.k, t.idsOffset,
-                                    t.valuesOffset, b.CreateVector(launches));
+    topLogits =
+        pl::CreateTopLogits(b, t.kernel, t.k, t.idsOffset, t.valuesOffset,
+                            b.CreateVector(launches), t.noiseOffset);
   }
   return pl::CreateStep(
       b, b.CreateString(stepPhase(func).str()), b.CreateVector(values),

@@ -38,6 +38,8 @@
 #include "engine/engine.h"
 #include "nf/nf.h"
 #include "nf/plan_generated.h"
+#include "sampling/philox.h"
+#include "sampling/sampler.h"
 #include "nf/plan_version.h"
 #include "nf_abi.h"
 
@@ -2002,6 +2004,90 @@ TEST_P(CudaFixture, TopLogitsAreTheRowsLargest) {
       }
       next[i] = top.ids[i * 64];
       EXPECT_EQ(next[i], argmax(row.data(), V_));
+    }
+  }
+  for (int32_t s : seqs)
+    ASSERT_TRUE(e.removeSequence(s).ok());
+}
+
+// Decode steps whose lists are ranked by temperature samplers' noisy keys
+// (one sequence greedy, by its logits): each list is the row ranked by
+// float(logit / T + G) computed on the host, its values the logits, and the
+// sampler draws from it what it draws from the row.
+TEST_P(CudaFixture, NoisyTopListsDrawWhatTheRowDraws) {
+  Engine &e = *engine_;
+  ASSERT_TRUE(e.info().topLogitsNoise) << "plan before format 1.6";
+  const size_t n = prompts_.size();
+  std::vector<SequenceInput> in(n);
+  std::vector<int32_t> seqs;
+  std::vector<sampling::Sampler> fromTop, fromRow;
+  for (size_t i = 0; i < n; ++i) {
+    StatusOr<int32_t> seq = e.addSequence();
+    ASSERT_TRUE(seq.ok()) << seq.message();
+    seqs.push_back(*seq);
+    in[i].sequence = *seq;
+    in[i].tokens = prompts_[i].tokens;
+    sampling::SamplerParams p;
+    p.temperature = i == 0 ? 0.0f : 0.5f + 0.4f * static_cast<float>(i);
+    p.seed = 1000 + i;
+    fromTop.push_back(*sampling::Sampler::create(p));
+    fromRow.push_back(*sampling::Sampler::create(p));
+  }
+  std::vector<float> logits;
+  ASSERT_TRUE(e.step(in, LogitsFor::LastTokenPerSequence, logits).ok());
+  std::vector<int32_t> next(n);
+  for (size_t i = 0; i < n; ++i) {
+    next[i] = argmax(logits.data() + i * V_, V_);
+    in[i].tokens = {&next[i], 1};
+  }
+  TopLogits top;
+  std::vector<float> row(static_cast<size_t>(V_));
+  for (int stepNo = 0; stepNo < 3; ++stepNo) {
+    top.noise.clear();
+    for (size_t i = 0; i < n; ++i) {
+      const auto z = fromTop[i].noiseDraw();
+      top.noise.push_back(z ? TopNoise{z->temperature, z->seed, z->draw}
+                            : TopNoise{});
+    }
+    ASSERT_TRUE(
+        e.step(in, LogitsFor::LastTokenTop, logits, nullptr, &top).ok());
+    ASSERT_EQ(top.k, 64);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(e.lastTokenRow(i, row).ok());
+      const TopNoise z = top.noise[i];
+      std::vector<float> key(row);
+      if (z.temperature > 0.0f)
+        for (size_t t = 0; t < key.size(); ++t)
+          if (!std::isnan(row[t]))
+            key[t] = static_cast<float>(
+                static_cast<double>(row[t]) /
+                    static_cast<double>(z.temperature) +
+                sampling::gumbelNoise(z.seed, z.draw,
+                                      static_cast<uint32_t>(t)));
+      std::vector<int32_t> order;
+      for (int32_t t = 0; t < V_; ++t)
+        if (!std::isnan(key[static_cast<size_t>(t)]))
+          order.push_back(t);
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return key[a] > key[b] || (key[a] == key[b] && a < b);
+      });
+      for (size_t j = 0; j < 64; ++j) {
+        const bool listed = j < order.size();
+        ASSERT_EQ(top.ids[i * 64 + j], listed ? order[j] : -1)
+            << GetParam() << " sequence " << i << " rank " << j;
+        if (listed)
+          ASSERT_EQ(top.values[i * 64 + j], row[order[j]]);
+      }
+      StatusOr<std::optional<int32_t>> t = fromTop[i].sampleTop(
+          std::span<const int32_t>(top.ids.data() + i * 64, 64),
+          std::span<const float>(top.values.data() + i * 64, 64), V_,
+          z.temperature > 0.0f);
+      ASSERT_TRUE(t.ok()) << t.message();
+      ASSERT_TRUE(t->has_value()) << "a list that could not decide";
+      StatusOr<int32_t> want = fromRow[i].sample(row);
+      ASSERT_TRUE(want.ok());
+      EXPECT_EQ(**t, *want) << GetParam() << " sequence " << i;
+      next[i] = **t;
     }
   }
   for (int32_t s : seqs)

@@ -3,6 +3,8 @@
 // of many draws against the probabilities the filters define.
 #include "sampling/sampler.h"
 
+#include "sampling/philox.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -341,8 +343,10 @@ TEST(Sampler, OneDrawPerSampleWhateverIsKept) {
 
 /// The definition (sampler.h) computed the plain way: every token's
 /// probability in index order, a full ranking wherever top-k or top-p
-/// ranks, top-p's total summed in the candidates' order, one 53-bit draw.
-int32_t referenceSample(const SamplerParams &p, std::mt19937_64 &rng,
+/// ranks, top-p's total summed in the candidates' order, then the kept
+/// token with the largest logit / T plus Gumbel noise of (seed, draw,
+/// token).
+int32_t referenceSample(const SamplerParams &p, uint64_t &draw,
                         const std::vector<float> &l) {
   if (p.temperature == 0.0f) {
     int32_t best = -1;
@@ -393,17 +397,21 @@ int32_t referenceSample(const SamplerParams &p, std::mt19937_64 &rng,
     std::erase_if(
         c, [&](const C &x) { return x.p < static_cast<double>(p.minP) * mp; });
   }
-  double total = 0.0;
-  for (const C &x : c)
-    total += x.p;
-  const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
-  double acc = 0.0;
+  int32_t best = -1;
+  double bestKey = 0.0;
   for (const C &x : c) {
-    acc += x.p;
-    if (u < acc)
-      return x.i;
+    const double u = uniformOpen(
+        randomBits(p.seed, draw, static_cast<uint32_t>(x.i)));
+    const double key =
+        (l[x.i] == kInf ? 0.0 : l[x.i] / static_cast<double>(p.temperature)) -
+        std::log(-std::log(u));
+    if (best < 0 || key > bestKey || (key == bestKey && x.i < best)) {
+      best = x.i;
+      bestKey = key;
+    }
   }
-  return c.back().i;
+  ++draw;
+  return best;
 }
 
 /// Logits like a language model's: a normal body, a few far above it,
@@ -445,11 +453,11 @@ TEST(Sampler, LargeVocabulariesDrawWhatTheDefinitionDraws) {
     p.topP = c.p;
     p.minP = c.minP;
     Sampler s = make(p);
-    std::mt19937_64 rng(p.seed);
+    uint64_t draw = 0;
     for (int i = 0; i < 8; ++i) {
       auto t = s.sample(l);
       ASSERT_TRUE(t.ok()) << t.message();
-      EXPECT_EQ(*t, referenceSample(p, rng, l))
+      EXPECT_EQ(*t, referenceSample(p, draw, l))
           << "temperature " << c.t << " top-k " << c.k << " top-p " << c.p
           << " min-p " << c.minP << " draw " << i;
     }
@@ -468,9 +476,9 @@ TEST(Sampler, TopKKeepsTiesOfTheKthLogitByIndex) {
     SamplerParams p = withTemperature(t, 9);
     p.topK = 50;
     Sampler s = make(p);
-    std::mt19937_64 rng(p.seed);
+    uint64_t draw = 0;
     for (int i = 0; i < 200; ++i)
-      EXPECT_EQ(*s.sample(l), referenceSample(p, rng, l)) << "t " << t;
+      EXPECT_EQ(*s.sample(l), referenceSample(p, draw, l)) << "t " << t;
   }
 }
 
@@ -600,6 +608,131 @@ TEST(Sampler, TopListsWithoutAFiniteLogitFail) {
   std::vector<float> m(100, -kInf);
   const auto [ids2, values2] = topList(m, 64);
   EXPECT_FALSE(s.sampleTop(ids2, values2, 100).ok());
+}
+
+// --- noisy top lists (a device ranks logit / T + Gumbel noise) --------------
+
+TEST(Sampler, PhiloxMatchesRandom123KnownAnswers) {
+  // Random123's kat_vectors for philox4x32_10.
+  using A4 = std::array<uint32_t, 4>;
+  EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, {0, 0}),
+            (A4{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(philox4x32_10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+                          {0xffffffff, 0xffffffff}),
+            (A4{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+                          {0xa4093822, 0x299f31d0}),
+            (A4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+/// The list a device returns for a temperature-only sampler's next draw:
+/// the row ranked by float(logit / T + G), then id; values are the logits.
+/// `skew` perturbs the noise as a device's logarithm may (relative).
+std::pair<std::vector<int32_t>, std::vector<float>>
+noisyTopList(const std::vector<float> &l, const Sampler &s, size_t k,
+             double skew = 0.0) {
+  const auto n = s.noiseDraw();
+  EXPECT_TRUE(n.has_value());
+  std::vector<float> keys(l.size());
+  for (size_t i = 0; i < l.size(); ++i) {
+    const double g = -std::log(-std::log(uniformOpen(
+        randomBits(n->seed, n->draw, static_cast<uint32_t>(i)))));
+    keys[i] = static_cast<float>(
+        static_cast<double>(l[i]) / static_cast<double>(n->temperature) +
+        g * (1.0 + skew));
+  }
+  auto [ids, ranked] = topList(keys, k);
+  std::vector<float> values(k, 0.0f);
+  for (size_t i = 0; i < k; ++i)
+    values[i] = ids[i] >= 0 ? l[static_cast<size_t>(ids[i])] : 0.0f;
+  return {ids, values};
+}
+
+/// As expectTopDrawsMatchRows, from noisy lists (one per draw).
+int expectNoisyDrawsMatchRows(SamplerParams p, const std::vector<float> &l,
+                              size_t k, int n, double skew = 0.0) {
+  Sampler fromTop = make(p), fromRow = make(p);
+  EXPECT_TRUE(fromTop.samplesFromTop(static_cast<int32_t>(k), true));
+  int rows = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto [ids, values] = noisyTopList(l, fromTop, k, skew);
+    auto t = fromTop.sampleTop(ids, values, static_cast<int64_t>(l.size()),
+                               /*noisy=*/true);
+    auto want = fromRow.sample(l);
+    EXPECT_EQ(t.ok(), want.ok()) << t.message() << want.message();
+    if (!t.ok() || !want.ok())
+      continue;
+    int32_t got = -1;
+    if (*t) {
+      got = **t;
+    } else {
+      ++rows;
+      got = *fromTop.sample(l);
+    }
+    EXPECT_EQ(got, *want) << "temperature " << p.temperature << " draw " << i;
+  }
+  EXPECT_EQ(fromTop.draws(), fromRow.draws());
+  return rows;
+}
+
+TEST(Sampler, NoisyTopListsDrawWhatTheRowDraws) {
+  const std::vector<float> l = vocabularyLogits(131072, 17);
+  for (float t : {1.0f, 0.7f, 1e-3f, 30.0f, 1e4f})
+    EXPECT_EQ(expectNoisyDrawsMatchRows(withTemperature(t, 5), l, 64, 6), 0)
+        << "temperature " << t;
+  // A device whose noise is off in the 15th digit draws the same tokens.
+  EXPECT_EQ(expectNoisyDrawsMatchRows(withTemperature(1.0f, 6), l, 64, 6,
+                                      1e-15),
+            0);
+}
+
+TEST(Sampler, NoisyTopListsThatCannotDecideAskForTheRow) {
+  // Every token has the same logit at a temperature that makes the noise
+  // vanish in float: the device's keys tie, so the list cannot tell.
+  std::vector<float> flat(4096, 1e30f);
+  EXPECT_EQ(expectNoisyDrawsMatchRows(withTemperature(1e-9f, 2), flat, 64, 5),
+            5);
+  // +inf logits share the mass by their noise alone: the row decides.
+  std::vector<float> l(1000, 0.0f);
+  l[10] = kInf;
+  l[500] = kInf;
+  EXPECT_EQ(expectNoisyDrawsMatchRows(withTemperature(1.0f, 3), l, 64, 5), 5);
+}
+
+TEST(Sampler, NoisyTopListsOfShortRowsAreComplete) {
+  std::vector<float> l(40, std::numeric_limits<float>::quiet_NaN());
+  for (int i = 0; i < 40; i += 2)
+    l[static_cast<size_t>(i)] = std::sin(static_cast<float>(i)) * 4.0f;
+  l[6] = -kInf;
+  EXPECT_EQ(expectNoisyDrawsMatchRows(withTemperature(0.7f, 3), l, 64, 50), 0);
+  // Only -inf and NaN: no token, from the list as from the row.
+  std::vector<float> none(100, -kInf);
+  none[3] = std::numeric_limits<float>::quiet_NaN();
+  Sampler s = make(withTemperature(1.0f));
+  const auto [ids, values] = noisyTopList(none, s, 64);
+  EXPECT_FALSE(s.sampleTop(ids, values, 100, true).ok());
+  EXPECT_EQ(s.draws(), 0u);
+}
+
+TEST(Sampler, OnlyTemperatureOnlySamplersDrawFromNoise) {
+  EXPECT_FALSE(make(withTemperature(0.0f)).noiseDraw());
+  SamplerParams p = withTemperature(0.8f, 12);
+  Sampler s = make(p);
+  ASSERT_TRUE(s.noiseDraw());
+  EXPECT_EQ(s.noiseDraw()->seed, 12u);
+  EXPECT_EQ(s.noiseDraw()->draw, 0u);
+  EXPECT_FALSE(s.samplesFromTop(64));
+  EXPECT_TRUE(s.samplesFromTop(64, true));
+  (void)*s.sample(std::vector<float>{0.0f, 1.0f});
+  EXPECT_EQ(s.noiseDraw()->draw, 1u);
+  for (auto set : {+[](SamplerParams &q) { q.topK = 100; },
+                   +[](SamplerParams &q) { q.topP = 0.9f; },
+                   +[](SamplerParams &q) { q.minP = 0.1f; }}) {
+    SamplerParams q = p;
+    set(q);
+    EXPECT_FALSE(make(q).noiseDraw());
+    EXPECT_FALSE(make(q).samplesFromTop(64, true));
+  }
 }
 
 TEST(Sampler, OnlyGreedyAndSmallTopKSampleFromTopLists) {

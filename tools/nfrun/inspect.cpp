@@ -164,8 +164,11 @@ void printStep(const char *label, const pl::Step *step, const StepSummary &s) {
               s.launches, s.programmatic, buckets.c_str());
   if (const pl::TopLogits *t = step->top_logits(); t && t->launches())
     std::printf("           cuda: top %d logits of each row on request (%u "
-                "launches in kernel %d's module)\n",
-                t->k(), t->launches()->size(), t->kernel());
+                "launches in kernel %d's module)%s\n",
+                t->k(), t->launches()->size(), t->kernel(),
+                t->noise_offset() >= 0
+                    ? "; or by a temperature sampler's Gumbel-max keys"
+                    : "");
 }
 
 /// Every CUDA launch of a step in execution order: kernel, function, shape

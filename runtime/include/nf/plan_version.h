@@ -11,7 +11,8 @@ inline constexpr uint32_t kPlanVersionMajor = 1;
 // 1.3: prefill kernels take the arena's base as a second parameter
 // (nf_abi.h); 1.4: modules may declare TMA tensor maps that the runtime
 // encodes at load (nf_abi.h, nf_tensor_map_desc); 1.5: decode steps may
-// carry top-logits launches (Step.top_logits).
-inline constexpr uint32_t kPlanVersionMinor = 5;
+// carry top-logits launches (Step.top_logits); 1.6: top-logits launches may
+// rank rows by a temperature sampler's noisy keys (TopLogits.noise_offset).
+inline constexpr uint32_t kPlanVersionMinor = 6;
 inline constexpr char kPlanFileIdentifier[] = "NFPL";
 } // namespace nf

@@ -62,10 +62,12 @@ StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
                             " sequences");
       return fatal;
     }
+    const bool noisy = i < model->top.noise.size() &&
+                       model->top.noise[i].temperature > 0.0f;
     StatusOr<std::optional<int32_t>> t = sampler.sampleTop(
         std::span<const int32_t>(model->top.ids.data() + i * k, k),
         std::span<const float>(model->top.values.data() + i * k, k),
-        static_cast<int64_t>(vocab));
+        static_cast<int64_t>(vocab), noisy);
     if (!t)
       return t.status();
     if (*t)
@@ -86,25 +88,39 @@ StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
       std::span<const float>(model->logits.data() + i * vocab, vocab));
 }
 
-/// Vocabularies from this size get top lists: a smaller row copies back
-/// faster than the device ranks it (pydoc-moe, 4,096 tokens: 0.20 against
-/// 0.24 ms a greedy step on the H200; Nano, 131,072: 3.31 against 3.17).
+/// Vocabularies from this size get top lists for samplers that rank by the
+/// logit: a smaller row copies back faster than the device ranks it
+/// (pydoc-moe, 4,096 tokens: 0.20 against 0.24 ms a greedy step on the
+/// H200; Nano, 131,072: 3.31 against 3.17). A temperature-only sampler
+/// gets them at any size: the host's draw from a row computes the noise of
+/// every token.
 constexpr int64_t kTopLogitsMinVocab = 32768;
 
-/// What a step returns for samplers that read only each sequence's last
-/// token: top lists where every sampler can draw from them and the
-/// vocabulary is large (NF_CUDA_TOP_LOGITS=1: at any size).
-LogitsFor logitsForSamplers(const nf_model *model,
+/// What the next step returns for samplers that read only each sequence's
+/// last token: top lists where every sampler can draw from them, and the
+/// vocabulary is large or a sampler's list is noisy (NF_CUDA_TOP_LOGITS=1:
+/// at any size). Sets model->top.noise for the samplers' next draws.
+LogitsFor logitsForSamplers(nf_model *model,
                             std::span<const sampling::Sampler *const> s) {
+  model->top.noise.clear();
   const ModelInfo &info = model->engine->info();
+  const int32_t k = info.topLogits;
+  bool noisy = false;
+  for (const sampling::Sampler *x : s) {
+    if (!x->samplesFromTop(k, info.topLogitsNoise))
+      return LogitsFor::LastTokenPerSequence;
+    noisy = noisy || (info.topLogitsNoise && x->noiseDraw());
+  }
   const char *env = std::getenv("NF_CUDA_TOP_LOGITS");
-  if (info.vocabSize < kTopLogitsMinVocab &&
+  if (info.vocabSize < kTopLogitsMinVocab && !noisy &&
       !(env && std::string_view(env) == "1"))
     return LogitsFor::LastTokenPerSequence;
-  const int32_t k = info.topLogits;
-  for (const sampling::Sampler *x : s)
-    if (!x->samplesFromTop(k))
-      return LogitsFor::LastTokenPerSequence;
+  if (noisy)
+    for (const sampling::Sampler *x : s) {
+      const auto z = x->noiseDraw();
+      model->top.noise.push_back(z ? TopNoise{z->temperature, z->seed, z->draw}
+                                   : TopNoise{});
+    }
   return LogitsFor::LastTokenTop;
 }
 
@@ -259,8 +275,8 @@ nf_status nf_generate(nf_model *model, const int32_t *prompt, size_t n_prompt,
     in.expert_budget = p.expert_budget;
     in.experts_per_token = 0;
     const sampling::Sampler *const one[] = {&*sampler};
-    const LogitsFor which = logitsForSamplers(model, one);
-    if (nf_status s = capi::runStep(model, &in, 1, which,
+    if (nf_status s = capi::runStep(model, &in, 1,
+                                    logitsForSamplers(model, one),
                                     /*expertCalls=*/nullptr);
         s != NF_OK)
       return s;
@@ -287,7 +303,8 @@ nf_status nf_generate(nf_model *model, const int32_t *prompt, size_t n_prompt,
         return NF_OK;
       in.tokens = &out[generated.size() - 1];
       in.n_tokens = 1;
-      if (nf_status s = capi::runStep(model, &in, 1, which, nullptr);
+      if (nf_status s = capi::runStep(model, &in, 1,
+                                      logitsForSamplers(model, one), nullptr);
           s != NF_OK)
         return s;
     }

@@ -160,9 +160,15 @@ struct StatCopy {
 
 /// A decode step's top-logits launches (Plan Step.top_logits), run after
 /// the step when the caller asks for each row's largest logits.
+/// sizeof(nf::top_logit_noise): {u64 seed, u64 draw, f32 temperature, u32}.
+constexpr int64_t kTopNoiseBytes = 24;
+
 struct TopLaunches {
   int32_t k = 0; // 0: none
   int64_t idsOffset = 0, valuesOffset = 0;
+  /// [rows] of nf::top_logit_noise (kernels/nf_sample.cuh); -1: plans
+  /// before 1.6, whose lists rank by the logits only.
+  int64_t noiseOffset = -1;
   std::vector<LaunchInfo> launches;
 };
 
@@ -512,9 +518,16 @@ Status CudaEngine::loadKernels() {
           return Status::error(twhere + ": list at " + std::to_string(off) +
                                " does not fit the arena (" +
                                std::to_string(end) + " bytes)");
+      if (const int64_t off = t->noise_offset();
+          off != -1 && (off < 0 || off % 8 != 0 ||
+                        off + rows * kTopNoiseBytes > end))
+        return Status::error(twhere + ": noise rows at " + std::to_string(off) +
+                             " do not fit the arena (" + std::to_string(end) +
+                             " bytes)");
       p.top.k = static_cast<int32_t>(k);
       p.top.idsOffset = t->ids_offset();
       p.top.valuesOffset = t->values_offset();
+      p.top.noiseOffset = t->noise_offset();
       for (fb::uoffset_t j = 0; j < t->launches()->size(); ++j) {
         StatusOr<LaunchInfo> li = loadLaunch(
             *t->launches()->Get(j),
@@ -897,11 +910,12 @@ Status CudaEngine::allocate() {
       return Status::error(where() + ": expert statistics: " + host.message());
     g.statsHost = std::move(*host);
   }
-  // Top-logits lists of a decode step: ids then values, [rows][k] each.
+  // Top-logits lists of a decode step: ids then values, [rows][k] each,
+  // then the rows' noise to upload.
   if (decode_.top.k > 0) {
-    StatusOr<PinnedBuffer> host =
-        allocPinned(*d_, static_cast<size_t>(decode_.maxTokens) *
-                             static_cast<size_t>(decode_.top.k) * 8);
+    StatusOr<PinnedBuffer> host = allocPinned(
+        *d_, static_cast<size_t>(decode_.maxTokens) *
+                 (static_cast<size_t>(decode_.top.k) * 8 + kTopNoiseBytes));
     if (!host)
       return Status::error(where() + ": top logits: " + host.message());
     g.topHost = std::move(*host);
@@ -1075,6 +1089,7 @@ Status CudaEngine::init(const EngineOptions &options) {
   if (Status s = loadKernels(); !s)
     return s;
   info_.topLogits = decode_.top.k;
+  info_.topLogitsNoise = decode_.top.k > 0 && decode_.top.noiseOffset >= 0;
   if (Status s = allocate(); !s)
     return s;
   if (Status s = uploadWeights(); !s)
@@ -1201,8 +1216,17 @@ Status CudaEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
     const Program &prog = sr.allOne ? decode_ : prefill_;
     const std::vector<std::vector<Chunk>> runs =
         splitIntoRuns(inputs, prog.maxTokens);
-    const bool served =
-        wantTop && top && sr.allOne && decode_.top.k > 0 && runs.size() == 1;
+    if (wantTop && top && !top->noise.empty() && top->noise.size() != n)
+      return Status::error("step: top-list noise for " +
+                           std::to_string(top->noise.size()) + " of " +
+                           std::to_string(n) + " inputs");
+    const bool noisy =
+        wantTop && top &&
+        std::any_of(top->noise.begin(), top->noise.end(),
+                    [](const TopNoise &z) { return z.temperature > 0.0f; });
+    const bool served = wantTop && top && sr.allOne && decode_.top.k > 0 &&
+                        runs.size() == 1 &&
+                        (!noisy || decode_.top.noiseOffset >= 0);
     if (served)
       which = LogitsFor::LastTokenTop;
     else
@@ -1401,6 +1425,31 @@ Status CudaEngine::runProgram(const Program &p,
   const size_t topBytes =
       static_cast<size_t>(numLogitRows) * static_cast<size_t>(p.top.k) * 4;
   if (ranked) {
+    if (p.top.noiseOffset >= 0) {
+      // How each row is ranked: row j is the j-th sequence's last token.
+      auto *noise = g.topHost.data() + static_cast<size_t>(p.maxTokens) *
+                                           static_cast<size_t>(p.top.k) * 8;
+      size_t j = 0;
+      for (const Chunk &c : chunks) {
+        if (!c.last)
+          continue;
+        const TopNoise z =
+            top->noise.empty() ? TopNoise{} : top->noise[c.input];
+        const uint32_t pad = 0;
+        std::memcpy(noise + j * kTopNoiseBytes, &z.seed, 8);
+        std::memcpy(noise + j * kTopNoiseBytes + 8, &z.draw, 8);
+        std::memcpy(noise + j * kTopNoiseBytes + 16, &z.temperature, 4);
+        std::memcpy(noise + j * kTopNoiseBytes + 20, &pad, 4);
+        ++j;
+      }
+      if (Status s = d_->check(
+              d_->cuMemcpyHtoDAsync(
+                  g.arena.ptr() + static_cast<size_t>(p.top.noiseOffset),
+                  noise, j * kTopNoiseBytes, stream),
+              "cuMemcpyHtoDAsync");
+          !s)
+        return Status::error(where() + ": top-list noise: " + s.message());
+    }
     for (const LaunchInfo &l : p.top.launches)
       if (Status s = launch(*d_, l.fn, l.grid, l.block, l.shared, false, false,
                             stream, g.args.ptr(), g.arena.ptr());

@@ -86,6 +86,9 @@ struct ModelInfo {
   /// Length of the top-logits lists decode steps can return
   /// (LogitsFor::LastTokenTop); 0: none.
   int32_t topLogits = 0;
+  /// Whether those lists can be ranked by a temperature sampler's noisy
+  /// keys (TopLogits::noise; plans from format 1.6).
+  bool topLogitsNoise = false;
 };
 
 /// The tokens one sequence contributes to a step.
@@ -110,12 +113,25 @@ struct SequenceInput {
 /// LastTokenPerSequence.
 enum class LogitsFor { AllTokens, LastTokenPerSequence, None, LastTokenTop };
 
+/// How a top list ranks a row: temperature 0 by the logits, else by the
+/// Gumbel-max keys of one sampler draw, float(logit / temperature +
+/// G(seed, draw, token)) (sampling/sampler.h, sampling/philox.h).
+struct TopNoise {
+  float temperature = 0.0f;
+  uint64_t seed = 0, draw = 0;
+};
+
 /// The largest logits of each sequence's last token (LogitsFor::LastTokenTop).
 struct TopLogits {
+  /// In: per input, how its list is ranked (empty: every list by the
+  /// logits); a step with noise where the backend cannot rank by it returns
+  /// rows (k = 0).
+  std::vector<TopNoise> noise;
   /// Per sequence; 0: this step returned full rows (`logits`) instead.
   int32_t k = 0;
-  /// [sequences][k], value descending then id ascending; ids are -1 past
-  /// the row's tokens (NaN is never listed).
+  /// [sequences][k], value descending then id ascending (by the noisy key
+  /// where noise asked for it; values are the logits); ids are -1 past the
+  /// row's tokens (NaN is never listed).
   std::vector<int32_t> ids;
   std::vector<float> values;
 };

@@ -1,5 +1,7 @@
 #include "sampling/sampler.h"
 
+#include "sampling/philox.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -126,7 +128,7 @@ double Sampler::filter(std::span<const float> logits) {
     // Infinitely likely tokens share the whole mass.
     for (int32_t i = 0; i < n; ++i)
       if (logits[i] == inf)
-        candidates_.push_back({i, 1.0});
+        candidates_.push_back({i, 1.0, inf});
   } else if (params_.topK > 0 && params_.topK < n) {
     // Top-k without a probability for every token: the tokens whose scaled
     // logit is at least that of the k-th largest logit, less a margin far
@@ -145,7 +147,7 @@ double Sampler::filter(std::span<const float> logits) {
           continue;
         const double x = scaled(v);
         if (x >= cut)
-          candidates_.push_back({i, std::exp(x)}); // > 0: x > -700
+          candidates_.push_back({i, std::exp(x), v}); // > 0: x > -700
         else if (!likelyBelow)
           likelyBelow = std::exp(x) > 0.0;
       }
@@ -167,7 +169,7 @@ double Sampler::filter(std::span<const float> logits) {
       if (!(v > -inf))
         continue;
       if (const double p = std::exp(scaled(v)); p > 0.0)
-        candidates_.push_back({i, p});
+        candidates_.push_back({i, p, v});
     }
   return finish(ranked, sorted);
 }
@@ -265,7 +267,7 @@ std::optional<double> Sampler::filterTop(std::span<const int32_t> ids,
     if (!allFinite && values[c - 1] == inf)
       return std::nullopt; // more infinite logits than listed
     for (size_t i = 0; i < c && values[i] == inf; ++i)
-      candidates_.push_back({ids[i], 1.0});
+      candidates_.push_back({ids[i], 1.0, inf});
     std::sort(candidates_.begin(), candidates_.end(), byIndex);
     return finish(false, false);
   }
@@ -284,7 +286,8 @@ std::optional<double> Sampler::filterTop(std::span<const int32_t> ids,
       if (below == c && !allFinite)
         return std::nullopt; // the list ends above the cut
       for (size_t i = 0; i < below; ++i)
-        candidates_.push_back({ids[i], std::exp(scaled(values[i]))});
+        candidates_.push_back(
+            {ids[i], std::exp(scaled(values[i])), values[i]});
       std::sort(candidates_.begin(), candidates_.end(), byIndex);
       const bool likelyBelow = below < c && values[below] > -inf &&
                                std::exp(scaled(values[below])) > 0.0;
@@ -304,34 +307,125 @@ std::optional<double> Sampler::filterTop(std::span<const int32_t> ids,
   for (size_t i = 0; i < c; ++i)
     if (values[i] > -inf)
       if (const double p = std::exp(scaled(values[i])); p > 0.0)
-        candidates_.push_back({ids[i], p});
+        candidates_.push_back({ids[i], p, values[i]});
   std::sort(candidates_.begin(), candidates_.end(), byIndex);
   return finish(false, false);
 }
 
-int32_t Sampler::draw(double total) {
-  // One draw per sample, whatever the filters keep, so that streams stay
-  // aligned across parameter changes. 53 random bits: u in [0, 1).
-  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
-  double acc = 0.0;
-  for (const Candidate &c : candidates_) {
-    acc += c.prob;
-    if (u < acc)
-      return c.index;
-  }
-  return candidates_.back().index; // rounding at the very end
+double Sampler::noisyKey(float logit, int32_t index) const {
+  const double x =
+      logit == std::numeric_limits<float>::infinity()
+          ? 0.0
+          : static_cast<double>(logit) / static_cast<double>(params_.temperature);
+  return x + gumbelNoise(params_.seed, draws_, static_cast<uint32_t>(index));
 }
 
-bool Sampler::samplesFromTop(int32_t k) const {
+int32_t Sampler::draw() {
+  // Gumbel-max: the largest key is a draw from the candidates'
+  // renormalised probabilities.
+  int32_t best = -1;
+  double bestKey = 0.0;
+  for (const Candidate &c : candidates_) {
+    const double key = noisyKey(c.logit, c.index);
+    if (best < 0 || key > bestKey || (key == bestKey && c.index < best)) {
+      best = c.index;
+      bestKey = key;
+    }
+  }
+  ++draws_;
+  return best;
+}
+
+int32_t Sampler::drawFromRow(std::span<const float> logits) {
+  // Every token above -inf is a candidate: one whose probability underflows
+  // (x / T more than 745 below the largest) cannot win either, its noise
+  // being at most 37.5 above the largest one's least.
+  int32_t best = -1;
+  double bestKey = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float v = logits[i];
+    if (!(v > -std::numeric_limits<float>::infinity()))
+      continue;
+    const double key = noisyKey(v, static_cast<int32_t>(i));
+    if (best < 0 || key > bestKey) {
+      best = static_cast<int32_t>(i);
+      bestKey = key;
+    }
+  }
+  if (best >= 0)
+    ++draws_;
+  return best;
+}
+
+std::optional<Sampler::NoiseDraw> Sampler::noiseDraw() const {
+  if (params_.temperature > 0.0f && params_.topK == 0 &&
+      params_.topP >= 1.0f && params_.minP == 0.0f)
+    return NoiseDraw{params_.temperature, params_.seed, draws_};
+  return std::nullopt;
+}
+
+StatusOr<std::optional<int32_t>>
+Sampler::drawFromNoisyTop(std::span<const int32_t> ids,
+                          std::span<const float> values) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  const size_t k = std::min(ids.size(), values.size());
+  size_t c = 0; // listed tokens (the rest of the list is -1)
+  while (c < k && ids[c] >= 0)
+    ++c;
+  // +inf logits rank first (key +inf) and share the mass: the row decides.
+  if (c > 0 && values[0] == inf)
+    return std::optional<int32_t>();
+  int32_t best = -1;
+  double bestKey = 0.0;
+  for (size_t i = 0; i < c; ++i) {
+    if (!(values[i] > -inf))
+      continue;
+    const double key = noisyKey(values[i], ids[i]);
+    if (best < 0 || key > bestKey || (key == bestKey && ids[i] < best)) {
+      best = ids[i];
+      bestKey = key;
+    }
+  }
+  // -inf keys rank last: a list that ends early or at -inf holds every
+  // finite logit.
+  const bool complete = c < k || (c > 0 && !(values[c - 1] > -inf));
+  if (best < 0)
+    return complete ? StatusOr<std::optional<int32_t>>(
+                          Status::error("sampler: no logit above -inf"))
+                    : std::optional<int32_t>();
+  if (!complete) {
+    // An unlisted token's device key is at most the last listed one's; the
+    // device's keys are these keys rounded to float (its logarithms may
+    // differ in the last bit): an unlisted token beats none listed when the
+    // best key clears the last one's by more than both roundings.
+    const double last = noisyKey(values[c - 1], ids[c - 1]);
+    const double margin =
+        (std::fabs(last) + std::fabs(bestKey) + 1.0) * 0x1.0p-20;
+    if (!(bestKey > last + margin) || std::fabs(bestKey) >= 1e38 ||
+        std::fabs(last) >= 1e38)
+      return std::optional<int32_t>();
+  }
+  ++draws_;
+  return std::optional<int32_t>(best);
+}
+
+bool Sampler::samplesFromTop(int32_t k, bool noisyLists) const {
   return k > 0 && (params_.temperature == 0.0f ||
-                   (params_.topK > 0 && params_.topK < k));
+                   (params_.topK > 0 && params_.topK < k) ||
+                   (noisyLists && noiseDraw()));
 }
 
 StatusOr<std::optional<int32_t>>
 Sampler::sampleTop(std::span<const int32_t> ids, std::span<const float> values,
-                   int64_t vocab) {
+                   int64_t vocab, bool noisy) {
   if (ids.empty() || values.size() < ids.size() || vocab <= 0)
     return Status::error("sampler: empty top logits");
+  if (noisy) {
+    if (!noiseDraw())
+      return Status::error("sampler: a noisy top list for a sampler that "
+                           "ranks by the logit");
+    return drawFromNoisyTop(ids, values);
+  }
   if (params_.temperature == 0.0f) {
     // The list's order is argmax's: the largest value, lowest id on ties.
     if (ids[0] < 0 || values[0] == -std::numeric_limits<float>::infinity())
@@ -343,7 +437,7 @@ Sampler::sampleTop(std::span<const int32_t> ids, std::span<const float> values,
     return std::optional<int32_t>(); // the row decides
   if (candidates_.empty() || !(*total > 0.0))
     return Status::error("sampler: no logit above -inf");
-  return std::optional<int32_t>(draw(*total));
+  return std::optional<int32_t>(draw());
 }
 
 StatusOr<int32_t> Sampler::sample(std::span<const float> logits) {
@@ -355,10 +449,17 @@ StatusOr<int32_t> Sampler::sample(std::span<const float> logits) {
       return Status::error("sampler: no logit above -inf");
     return best;
   }
+  if (noiseDraw() &&
+      largest(logits) < std::numeric_limits<float>::infinity()) {
+    const int32_t t = drawFromRow(logits);
+    if (t < 0)
+      return Status::error("sampler: no logit above -inf");
+    return t;
+  }
   const double total = filter(logits);
   if (candidates_.empty() || !(total > 0.0))
     return Status::error("sampler: no logit above -inf");
-  return draw(total);
+  return draw();
 }
 
 StatusOr<std::vector<double>>
