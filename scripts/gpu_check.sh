@@ -47,9 +47,10 @@
 #              references (1e-3, same greedy tokens), through libnf.so
 #   eval-ppl   nfrun eval-ppl --backend cuda on pydoc-moe: perplexity within
 #              0.5% of the CPU's 74.149 (NF_PPL_REF overrides)
-#   top-logits nfrun generate on pydoc-moe (bf16 inputs), greedy and top-k
-#              40: the same text with the device's top lists as with the
-#              rows (NF_CUDA_TOP_LOGITS=0)
+#   top-logits nfrun generate on pydoc-moe (bf16 inputs), greedy, top-k 40
+#              and temperature 1 alone (lists of Gumbel-max keys): the same
+#              text with the device's top lists as with the rows
+#              (NF_CUDA_TOP_LOGITS=0)
 #   fallback   --backend auto without a driver: one "nf: CUDA unavailable"
 #              line and CPU results; --backend cuda without one: exit 1
 #   speed      (information) pydoc-moe generate tok/s, cuda and cpu
@@ -233,10 +234,12 @@ EOF
   fi
 
   # 3b. Device top logits: generate draws the same tokens whether the rows'
-  # largest logits are ranked on the device (greedy and top-k samplers) or
-  # the rows are copied back (NF_CUDA_TOP_LOGITS=0).
+  # largest logits (greedy and top-k samplers) or a temperature sampler's
+  # noisy keys are ranked on the device, or the rows are copied back
+  # (NF_CUDA_TOP_LOGITS=0).
   local topOk=1 topDetail=""
-  for sampling in "--temperature 0" "--temperature 0.8 --top-k 40 --seed 5"; do
+  for sampling in "--temperature 0" "--temperature 0.8 --top-k 40 --seed 5" \
+    "--temperature 1 --seed 7"; do
     for env in 1 0; do
       # shellcheck disable=SC2086
       NF_CUDA_TOP_LOGITS=$env "$bin/nfrun" generate "$plans/pydoc-moe-bf16.nfb" \

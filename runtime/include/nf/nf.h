@@ -258,8 +258,9 @@ typedef struct nf_sampler_params {
   /* Keep tokens whose probability is at least min_p times the largest
      probability; in [0, 1], 0: off. */
   float min_p;
-  /* Seed of the sampler's std::mt19937_64: equal seeds, parameters and
-     logits give equal tokens. */
+  /* Seed of the sampler's random stream (Philox4x32-10 noise of (seed,
+     draw, token), the Gumbel-max rule): equal seeds, parameters and logits
+     give equal tokens, on every backend. */
   uint64_t seed;
 } nf_sampler_params;
 
