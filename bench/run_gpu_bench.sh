@@ -2,7 +2,8 @@
 # The Nemotron-3-Nano-30B-A3B-shape benchmark on the GPU machine, in one go:
 #   1. the ceilings (device-to-device copy bandwidth, bf16 matmul rate),
 #   2. nfrun bench on the plan with seeded random weights (and the bf16
-#      plan's decode once more with greedy sampling, --sample),
+#      plan's decode with sampling, --sample: greedy, and temperature 1
+#      alone, the OpenAI API's default),
 #   3. Hugging Face transformers on the same shape (bench/hf_baseline.py).
 # Usage (the device tool provides $OUT; CARRY holds bin/nfrun, lib/libnf.so*,
 # plans/nano.nfb and optionally plans/nano-bf16.nfb, prepared as
@@ -26,13 +27,17 @@ for plan in nano nano-bf16; do
     --seed 1 --batch 1,8,32,64 --context 1024 --prefill 1024,8192 --steps 32 \
     --copy-bandwidth "$copy" --matmul-rate "$matmul" 2>&1 | tee -a "$OUT/nf_bench.md"
 done
-# Decode as generate and serve run it: each step samples its tokens
-# (greedy, from the device's top lists) and feeds them back.
+# Decode as generate and serve run it: each step samples its tokens (from
+# the device's top lists: greedy by the logits, temperature 1 by its
+# Gumbel-max keys) and feeds them back.
 if [ -f "$carry/plans/nano-bf16.nfb" ]; then
-  echo "plan: nano-bf16.nfb, greedy sampling (nfrun bench --sample)" | tee -a "$OUT/nf_bench.md"
-  "$carry/bin/nfrun" bench "$carry/plans/nano-bf16.nfb" --backend cuda --random-weights \
-    --seed 1 --batch 1,8,32,64 --context 1024 --prefill "" --steps 32 --sample \
-    --copy-bandwidth "$copy" 2>&1 | tee -a "$OUT/nf_bench.md"
+  for sampling in "" "--temperature 1"; do
+    echo "plan: nano-bf16.nfb, sampling (nfrun bench --sample $sampling)" | tee -a "$OUT/nf_bench.md"
+    # shellcheck disable=SC2086
+    "$carry/bin/nfrun" bench "$carry/plans/nano-bf16.nfb" --backend cuda --random-weights \
+      --seed 1 --batch 1,8,32,64 --context 1024 --prefill "" --steps 32 --sample $sampling \
+      --copy-bandwidth "$copy" 2>&1 | tee -a "$OUT/nf_bench.md"
+  done
 fi
 PYTHONUNBUFFERED=1 python3 bench/hf_baseline.py /tmp/nano --batches "$hf_batches" \
   --out "$OUT/hf_baseline.json" 2>&1 | grep -v -i "warn\|falling back" | tee "$OUT/hf_baseline.log"

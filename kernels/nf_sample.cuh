@@ -80,7 +80,7 @@ __device__ __forceinline__ double gumbel_noise(unsigned long long seed,
   const unsigned long long bits =
       static_cast<unsigned long long>(r.x) |
       (static_cast<unsigned long long>(r.y) << 32);
-  const double u = (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53;
+  const double u = (static_cast<double>(bits >> 12) + 0.5) * 0x1.0p-52;
   return -log(-log(u));
 }
 

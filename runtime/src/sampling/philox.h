@@ -39,13 +39,14 @@ constexpr uint64_t randomBits(uint64_t seed, uint64_t draw, uint32_t token) {
   return uint64_t{out[0]} | uint64_t{out[1]} << 32;
 }
 
-/// Uniform in (0, 1) from the top 53 bits, never 0 or 1.
+/// Uniform in (0, 1) from the top 52 bits, exactly (q + 0.5) / 2^52: never
+/// 0 or 1 (with 53 bits, q + 0.5 would round to 2^53 for the largest q).
 constexpr double uniformOpen(uint64_t bits) {
-  return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53;
+  return (static_cast<double>(bits >> 12) + 0.5) * 0x1.0p-52;
 }
 
 /// Standard Gumbel noise of (seed, draw, token): -log(-log(u)), in
-/// [-3.6, 37.5].
+/// [-3.61, 36.74].
 inline double gumbelNoise(uint64_t seed, uint64_t draw, uint32_t token) {
   return -std::log(-std::log(uniformOpen(randomBits(seed, draw, token))));
 }

@@ -3,6 +3,7 @@
 #include "sampling/philox.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -320,18 +321,86 @@ double Sampler::noisyKey(float logit, int32_t index) const {
   return x + gumbelNoise(params_.seed, draws_, static_cast<uint32_t>(index));
 }
 
+namespace {
+
+/// Gumbel-max over n entries (logitAt(i), indexAt(i)); entries at or below
+/// -inf (and NaN) are skipped; -1 when none is left. The result is that of
+/// computing every key (noisyKey's arithmetic), but most entries are
+/// settled by bounds: an entry whose logit / T plus the largest noise
+/// (36.74) is below the best key so far needs no noise, and one whose
+/// random bits put its noise below the next integer under the gap to the
+/// best key needs no logarithm (a table of thresholds per integer, with
+/// slack far beyond log's rounding). `first` (an entry with the largest
+/// logit, or any) is keyed first, so the best key is high from the start.
+template <class LogitAt, class IndexAt>
+int32_t gumbelArgmax(uint64_t seed, uint64_t draw, float temperature,
+                     size_t n, size_t first, LogitAt logitAt,
+                     IndexAt indexAt) {
+  constexpr int kLevels = 37;
+  // q < below[L] (q: the draw's top 52 bits) means noise < L.
+  static const std::array<uint64_t, kLevels + 1> below = [] {
+    std::array<uint64_t, kLevels + 1> b{};
+    for (int L = 0; L <= kLevels; ++L) {
+      const double q = std::exp(-std::exp(-static_cast<double>(L))) *
+                           0x1.0p52 * (1.0 - 0x1.0p-40) -
+                       2.0;
+      b[static_cast<size_t>(L)] = q > 0.0 ? static_cast<uint64_t>(q) : 0;
+    }
+    return b;
+  }();
+  constexpr double kMaxNoise = 36.75; // -log(-log(1 - 2^-53)) = 36.74
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  const double T = static_cast<double>(temperature);
+  auto scaled = [&](float v) {
+    return v == inf ? 0.0 : static_cast<double>(v) / T;
+  };
+  int32_t best = -1;
+  double bestKey = 0.0;
+  auto consider = [&](size_t i) {
+    const float v = logitAt(i);
+    if (!(v > -inf))
+      return;
+    const double x = scaled(v);
+    const int32_t index = indexAt(i);
+    if (best >= 0) {
+      const double gap = bestKey - x; // the noise must exceed it
+      if (gap > kMaxNoise)
+        return;
+      if (gap >= 1.0) {
+        const uint64_t bits = randomBits(seed, draw, static_cast<uint32_t>(index));
+        const int L = gap >= kLevels ? kLevels : static_cast<int>(gap);
+        if ((bits >> 12) < below[static_cast<size_t>(L)])
+          return;
+      }
+    }
+    const double key =
+        x + gumbelNoise(seed, draw, static_cast<uint32_t>(index));
+    if (best < 0 || key > bestKey || (key == bestKey && index < best)) {
+      best = index;
+      bestKey = key;
+    }
+  };
+  if (first < n)
+    consider(first);
+  for (size_t i = 0; i < n; ++i)
+    if (i != first)
+      consider(i);
+  return best;
+}
+
+} // namespace
+
 int32_t Sampler::draw() {
   // Gumbel-max: the largest key is a draw from the candidates'
   // renormalised probabilities.
-  int32_t best = -1;
-  double bestKey = 0.0;
-  for (const Candidate &c : candidates_) {
-    const double key = noisyKey(c.logit, c.index);
-    if (best < 0 || key > bestKey || (key == bestKey && c.index < best)) {
-      best = c.index;
-      bestKey = key;
-    }
-  }
+  size_t first = 0;
+  for (size_t i = 1; i < candidates_.size(); ++i)
+    if (candidates_[i].prob > candidates_[first].prob)
+      first = i;
+  const int32_t best = gumbelArgmax(
+      params_.seed, draws_, params_.temperature, candidates_.size(), first,
+      [&](size_t i) { return candidates_[i].logit; },
+      [&](size_t i) { return candidates_[i].index; });
   ++draws_;
   return best;
 }
@@ -339,19 +408,13 @@ int32_t Sampler::draw() {
 int32_t Sampler::drawFromRow(std::span<const float> logits) {
   // Every token above -inf is a candidate: one whose probability underflows
   // (x / T more than 745 below the largest) cannot win either, its noise
-  // being at most 37.5 above the largest one's least.
-  int32_t best = -1;
-  double bestKey = 0.0;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    const float v = logits[i];
-    if (!(v > -std::numeric_limits<float>::infinity()))
-      continue;
-    const double key = noisyKey(v, static_cast<int32_t>(i));
-    if (best < 0 || key > bestKey) {
-      best = static_cast<int32_t>(i);
-      bestKey = key;
-    }
-  }
+  // being at most 36.74 above the largest one's least (-3.61).
+  const int32_t first = argmax(logits);
+  const int32_t best = gumbelArgmax(
+      params_.seed, draws_, params_.temperature, logits.size(),
+      first < 0 ? logits.size() : static_cast<size_t>(first),
+      [&](size_t i) { return logits[i]; },
+      [](size_t i) { return static_cast<int32_t>(i); });
   if (best >= 0)
     ++draws_;
   return best;
