@@ -84,13 +84,22 @@ __device__ __forceinline__ double gumbel_noise(unsigned long long seed,
   return -log(-log(u));
 }
 
-/// The value a row is ranked by: the logit, or its noisy key.
+/// The value a row is ranked by: the logit, or its noisy key. A finite
+/// logit's key stays finite (clamped to the float range), so that only the
+/// +-inf logits have infinite keys: a list then ends at -inf only when every
+/// finite logit is listed, and +inf logits come first.
 __device__ __forceinline__ float top_rank_value(float v, int n,
                                                 const top_logit_noise &z) {
-  if (z.temperature > 0.0f && v == v)
-    v = static_cast<float>(
+  if (z.temperature > 0.0f && v == v) {
+    const double key =
         __ddiv_rn(static_cast<double>(v), static_cast<double>(z.temperature)) +
-        gumbel_noise(z.seed, z.draw, static_cast<unsigned>(n)));
+        gumbel_noise(z.seed, z.draw, static_cast<unsigned>(n));
+    constexpr double kMax = 3.4028234663852886e38; // FLT_MAX
+    v = isinf(v) ? v
+                 : static_cast<float>(key > kMax    ? kMax
+                                      : key < -kMax ? -kMax
+                                                    : key);
+  }
   return v;
 }
 

@@ -2094,6 +2094,58 @@ TEST_P(CudaFixture, NoisyTopListsDrawWhatTheRowDraws) {
     ASSERT_TRUE(e.removeSequence(s).ok());
 }
 
+// One sampler for two entries of a batch (nf_decode_sample): the second
+// entry's list was ranked for the draw the first one consumed, so it must
+// draw from its row; the tokens are those of drawing one entry after the
+// other from the rows (nf_decode, nf_sample).
+TEST_P(CudaFixture, CApiSamplerSharedByTwoEntriesDrawsInTurn) {
+  nf_model_params p = nf_model_default_params();
+  p.backend = "cuda";
+  const std::string dir = modelDir(GetParam());
+  p.weights_dir = dir.c_str();
+  nf_model *a = nullptr, *b = nullptr;
+  ASSERT_EQ(nf_model_load(plan_.c_str(), &p, &a), NF_OK) << nf_last_error();
+  ASSERT_EQ(nf_model_load(plan_.c_str(), &p, &b), NF_OK) << nf_last_error();
+  nf_sampler_params sp = nf_sampler_default_params();
+  sp.temperature = 0.9f;
+  sp.seed = 21;
+  nf_sampler *sa = nullptr, *sb = nullptr;
+  ASSERT_EQ(nf_sampler_create(&sp, &sa), NF_OK);
+  ASSERT_EQ(nf_sampler_create(&sp, &sb), NF_OK);
+  nf_seq_input ia[2] = {}, ib[2] = {};
+  int32_t ta[2] = {prompts_[0].tokens[0], prompts_[0].tokens[1]};
+  int32_t tb[2] = {ta[0], ta[1]};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(nf_seq_add(a, &ia[i].seq_id), NF_OK);
+    ASSERT_EQ(nf_seq_add(b, &ib[i].seq_id), NF_OK);
+    ia[i].tokens = &ta[i];
+    ib[i].tokens = &tb[i];
+    ia[i].n_tokens = ib[i].n_tokens = 1;
+  }
+  nf_batch ba = {ia, 2, nullptr}, bb = {ib, 2, nullptr};
+  nf_sampler *const both[2] = {sa, sa};
+  std::vector<float> logits(2 * static_cast<size_t>(V_));
+  for (int step = 0; step < 4; ++step) {
+    int32_t got[2];
+    ASSERT_EQ(nf_decode_sample(a, &ba, both, got), NF_OK) << nf_last_error();
+    ASSERT_EQ(nf_decode(b, &bb, logits.data(), logits.size(), 0), NF_OK)
+        << nf_last_error();
+    for (int i = 0; i < 2; ++i) {
+      const int32_t want = nf_sample(sb, logits.data() + i * V_,
+                                     static_cast<int32_t>(V_));
+      ASSERT_GE(want, 0) << nf_last_error();
+      EXPECT_EQ(got[i], want) << GetParam() << " step " << step << " entry "
+                              << i;
+      ta[i] = got[i];
+      tb[i] = want;
+    }
+  }
+  nf_sampler_free(sa);
+  nf_sampler_free(sb);
+  nf_model_free(a);
+  nf_model_free(b);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture,
                          ::testing::Values("tiny-hybrid", "tiny-hybrid-bf16",
                                            "tiny-nano", "tiny-dense",

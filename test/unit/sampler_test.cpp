@@ -626,8 +626,9 @@ TEST(Sampler, PhiloxMatchesRandom123KnownAnswers) {
 }
 
 /// The list a device returns for a temperature-only sampler's next draw:
-/// the row ranked by float(logit / T + G), then id; values are the logits.
-/// `skew` perturbs the noise as a device's logarithm may (relative).
+/// the row ranked by float(logit / T + G), then id, a finite logit's key
+/// clamped to the float range; values are the logits. `skew` perturbs the
+/// noise as a device's logarithm may (relative).
 std::pair<std::vector<int32_t>, std::vector<float>>
 noisyTopList(const std::vector<float> &l, const Sampler &s, size_t k,
              double skew = 0.0) {
@@ -637,9 +638,13 @@ noisyTopList(const std::vector<float> &l, const Sampler &s, size_t k,
   for (size_t i = 0; i < l.size(); ++i) {
     const double g = -std::log(-std::log(uniformOpen(
         randomBits(n->seed, n->draw, static_cast<uint32_t>(i)))));
-    keys[i] = static_cast<float>(
+    const double key =
         static_cast<double>(l[i]) / static_cast<double>(n->temperature) +
-        g * (1.0 + skew));
+        g * (1.0 + skew);
+    const double fmax = std::numeric_limits<float>::max();
+    keys[i] = std::isinf(l[i]) || std::isnan(l[i])
+                  ? l[i]
+                  : static_cast<float>(std::clamp(key, -fmax, fmax));
   }
   auto [ids, ranked] = topList(keys, k);
   std::vector<float> values(k, 0.0f);
@@ -697,6 +702,23 @@ TEST(Sampler, NoisyTopListsThatCannotDecideAskForTheRow) {
   l[10] = kInf;
   l[500] = kInf;
   EXPECT_EQ(expectNoisyDrawsMatchRows(withTemperature(1.0f, 3), l, 64, 5), 5);
+}
+
+TEST(Sampler, NoisyTopListsOfKeysBeyondTheFloatRange) {
+  // A finite logit whose key overflows float ranks as +-FLT_MAX, below a
+  // +inf logit and above a -inf one.
+  EXPECT_EQ(expectNoisyDrawsMatchRows(withTemperature(0.5f, 4),
+                                      {3e38f, kInf, 1.0f}, 64, 5),
+            5);
+  // Masked tokens first, then finite ones whose keys overflow to -inf.
+  std::vector<float> l(100, -kInf);
+  for (size_t i = 64; i < 100; ++i)
+    l[i] = -3e38f + static_cast<float>(i) * 1e31f;
+  expectNoisyDrawsMatchRows(withTemperature(0.5f, 5), l, 64, 5);
+  std::vector<float> m(100, -kInf);
+  for (size_t i = 64; i < 100; ++i)
+    m[i] = -104.0f - static_cast<float>(i % 7);
+  expectNoisyDrawsMatchRows(withTemperature(1e-37f, 6), m, 64, 5);
 }
 
 TEST(Sampler, NoisyTopListsOfShortRowsAreComplete) {

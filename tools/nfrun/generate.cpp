@@ -184,8 +184,8 @@ int runGenerate(const GenerateFlags &f) {
   std::vector<int64_t> generated;
 
   // One step and its sampled token. Without a dump, nf_decode_sample: a
-  // greedy or small top-k sampler then reads the rows' largest logits where
-  // the backend ranks them on the device, not the whole row.
+  // greedy, small top-k or temperature-only sampler then reads the row's
+  // best where the backend ranks them on the device, not the whole row.
   std::vector<nf::Sampler *> samplers{&*sampler};
   std::vector<int32_t> sampledTokens;
   auto step = [&](const nf::SeqInput &in, bool allLogits,

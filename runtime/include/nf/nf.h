@@ -286,8 +286,11 @@ NF_API int32_t nf_sample(nf_sampler *sampler, const float *logits,
    the rows nf_decode returns. Where every sampler is greedy or keeps fewer
    than the plan's top-logits length with top-k (CUDA decode steps of plans
    that rank logits on the device, nf_model_info; vocabularies of 32,768
-   tokens or more), only each row's largest logits come back from the
-   device, not the row. A sequence whose sampler
+   tokens or more), or samples by temperature alone (plans of format 1.6:
+   at any vocabulary size), only each row's largest logits, or its largest
+   keys of the sampler's draw, come back from the device, not the row. A
+   sampler may serve several entries (drawn in entry order). A sequence
+   whose sampler
    finds no logit above -inf gets -1 and the call still returns NF_OK (the
    step has run; nf_last_error() then names the entry). Other failures,
    including the device's, return an error status. */

@@ -54,16 +54,34 @@ std::string newBytes(const Tokenizer &tok, const std::vector<int32_t> &history,
 StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
                               sampling::Sampler &sampler, Status &fatal) {
   const size_t vocab = static_cast<size_t>(model->engine->info().vocabSize);
-  if (const size_t k = static_cast<size_t>(model->top.k); k > 0) {
-    if (model->top.ids.size() < (i + 1) * k ||
-        model->top.values.size() < (i + 1) * k) {
-      fatal = Status::error("internal: top lists of " +
-                            std::to_string(model->top.ids.size() / k) +
-                            " sequences");
+  const size_t k = static_cast<size_t>(model->top.k);
+  if (k == 0) {
+    if (model->logits.size() < (i + 1) * vocab) {
+      fatal = Status::error("internal: the engine returned " +
+                            std::to_string(model->logits.size()) + " logits");
       return fatal;
     }
-    const bool noisy = i < model->top.noise.size() &&
-                       model->top.noise[i].temperature > 0.0f;
+    return sampler.sample(
+        std::span<const float>(model->logits.data() + i * vocab, vocab));
+  }
+  if (model->top.ids.size() < (i + 1) * k ||
+      model->top.values.size() < (i + 1) * k) {
+    fatal = Status::error("internal: top lists of " +
+                          std::to_string(model->top.ids.size() / k) +
+                          " sequences");
+    return fatal;
+  }
+  // A noisy list is ranked for one draw: a sampler that appears twice in
+  // the batch has moved on to the next draw by its second entry.
+  const TopNoise none;
+  const TopNoise &want =
+      i < model->top.noise.size() ? model->top.noise[i] : none;
+  const bool noisy = want.temperature > 0.0f;
+  const auto z = sampler.noiseDraw();
+  const bool current = !noisy || (z && z->seed == want.seed &&
+                                  z->draw == want.draw &&
+                                  z->temperature == want.temperature);
+  if (current) {
     StatusOr<std::optional<int32_t>> t = sampler.sampleTop(
         std::span<const int32_t>(model->top.ids.data() + i * k, k),
         std::span<const float>(model->top.values.data() + i * k, k),
@@ -72,20 +90,14 @@ StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
       return t.status();
     if (*t)
       return **t;
-    model->row.resize(vocab);
-    if (Status s = model->engine->lastTokenRow(i, model->row); !s) {
-      fatal = s;
-      return fatal;
-    }
-    return sampler.sample(model->row);
   }
-  if (model->logits.size() < (i + 1) * vocab) {
-    fatal = Status::error("internal: the engine returned " +
-                          std::to_string(model->logits.size()) + " logits");
+  // The list cannot decide: the row, still on the device.
+  model->row.resize(vocab);
+  if (Status s = model->engine->lastTokenRow(i, model->row); !s) {
+    fatal = s;
     return fatal;
   }
-  return sampler.sample(
-      std::span<const float>(model->logits.data() + i * vocab, vocab));
+  return sampler.sample(model->row);
 }
 
 /// Vocabularies from this size get top lists for samplers that rank by the

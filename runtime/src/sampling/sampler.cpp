@@ -348,7 +348,7 @@ int32_t gumbelArgmax(uint64_t seed, uint64_t draw, float temperature,
     }
     return b;
   }();
-  constexpr double kMaxNoise = 36.75; // -log(-log(1 - 2^-53)) = 36.74
+  constexpr double kMaxNoise = 36.75; // > -log(-log(1 - 2^-53)) = 36.74
   constexpr float inf = std::numeric_limits<float>::infinity();
   const double T = static_cast<double>(temperature);
   auto scaled = [&](float v) {
@@ -363,12 +363,18 @@ int32_t gumbelArgmax(uint64_t seed, uint64_t draw, float temperature,
     const double x = scaled(v);
     const int32_t index = indexAt(i);
     if (best >= 0) {
-      const double gap = bestKey - x; // the noise must exceed it
-      if (gap > kMaxNoise)
+      // Bounds in the keys' own arithmetic: noise G < b gives x + G rounded
+      // <= x + b rounded (rounding is monotone), so x + b < bestKey rules
+      // the entry out, ties included.
+      if (x + kMaxNoise < bestKey)
         return;
-      if (gap >= 1.0) {
-        const uint64_t bits = randomBits(seed, draw, static_cast<uint32_t>(index));
-        const int L = gap >= kLevels ? kLevels : static_cast<int>(gap);
+      const double gap = bestKey - x;
+      int L = gap >= kLevels ? kLevels : gap >= 1.0 ? static_cast<int>(gap) : 0;
+      while (L > 0 && !(x + L < bestKey))
+        --L;
+      if (L > 0) {
+        const uint64_t bits =
+            randomBits(seed, draw, static_cast<uint32_t>(index));
         if ((bits >> 12) < below[static_cast<size_t>(L)])
           return;
       }
@@ -436,8 +442,9 @@ Sampler::drawFromNoisyTop(std::span<const int32_t> ids,
   while (c < k && ids[c] >= 0)
     ++c;
   // +inf logits rank first (key +inf) and share the mass: the row decides.
-  if (c > 0 && values[0] == inf)
-    return std::optional<int32_t>();
+  for (size_t i = 0; i < c; ++i)
+    if (values[i] == inf)
+      return std::optional<int32_t>();
   int32_t best = -1;
   double bestKey = 0.0;
   for (size_t i = 0; i < c; ++i) {
@@ -449,8 +456,8 @@ Sampler::drawFromNoisyTop(std::span<const int32_t> ids,
       bestKey = key;
     }
   }
-  // -inf keys rank last: a list that ends early or at -inf holds every
-  // finite logit.
+  // -inf keys rank last (a finite logit's device key is at least
+  // -FLT_MAX): a list that ends early or at -inf holds every finite logit.
   const bool complete = c < k || (c > 0 && !(values[c - 1] > -inf));
   if (best < 0)
     return complete ? StatusOr<std::optional<int32_t>>(
