@@ -2113,7 +2113,7 @@ TEST_P(CudaFixture, CApiSamplerSharedByTwoEntriesDrawsInTurn) {
   ASSERT_EQ(nf_sampler_create(&sp, &sa), NF_OK);
   ASSERT_EQ(nf_sampler_create(&sp, &sb), NF_OK);
   nf_seq_input ia[2] = {}, ib[2] = {};
-  int32_t ta[2] = {prompts_[0].tokens[0], prompts_[0].tokens[1]};
+  int32_t ta[2] = {prompts_.front().tokens[0], prompts_.back().tokens[0]};
   int32_t tb[2] = {ta[0], ta[1]};
   for (int i = 0; i < 2; ++i) {
     ASSERT_EQ(nf_seq_add(a, &ia[i].seq_id), NF_OK);

@@ -32,6 +32,14 @@ namespace {
 
 using json = nlohmann::json;
 
+/// JSON text of a response: generated text may hold bytes that are not
+/// UTF-8 (a byte-level tokenizer's pieces of a character, cut off by
+/// max_tokens, or a sampled byte sequence that is none), which nlohmann's
+/// strict dump rejects; they become U+FFFD, as clients' decoders do.
+std::string dumpJson(const json &j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 int64_t unixTime() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -267,7 +275,7 @@ void sendError(httplib::Response &res, int status, const std::string &message,
                const std::string &type = "invalid_request_error") {
   res.status = status;
   res.set_content(
-      json{{"error", {{"message", message}, {"type", type}}}}.dump(),
+      dumpJson(json{{"error", {{"message", message}, {"type", type}}}}),
       "application/json");
 }
 
@@ -394,7 +402,7 @@ int runServe(const ServeFlags &f) {
               {"object", "model"},
               {"created", unixTime()},
               {"owned_by", "nf"}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(),
+    res.set_content(dumpJson(json{{"object", "list"}, {"data", json::array({m})}}),
                     "application/json");
   });
   server.Post("/v1/completions", [&](const httplib::Request &req,
@@ -430,7 +438,7 @@ int runServe(const ServeFlags &f) {
       out["usage"] = {{"prompt_tokens", promptTokens},
                       {"completion_tokens", r->generated.size()},
                       {"total_tokens", promptTokens + r->generated.size()}};
-      res.set_content(out.dump(), "application/json");
+      res.set_content(dumpJson(out), "application/json");
       return;
     }
     res.set_chunked_content_provider(
@@ -440,7 +448,7 @@ int runServe(const ServeFlags &f) {
           std::string events;
           if (r->text.size() > r->sent) {
             events +=
-                "data: " + chunk(r->text.substr(r->sent), nullptr).dump() +
+                "data: " + dumpJson(chunk(r->text.substr(r->sent), nullptr)) +
                 "\n\n";
             r->sent = r->text.size();
           }
@@ -448,12 +456,12 @@ int runServe(const ServeFlags &f) {
             if (!r->error.empty())
               events +=
                   "data: " +
-                  json{{"error",
-                        {{"message", r->error}, {"type", "server_error"}}}}
-                      .dump() +
+                  dumpJson(json{{"error",
+                                 {{"message", r->error},
+                                  {"type", "server_error"}}}}) +
                   "\n\n";
             else
-              events += "data: " + chunk("", r->finishReason).dump() + "\n\n";
+              events += "data: " + dumpJson(chunk("", r->finishReason)) + "\n\n";
             events += "data: [DONE]\n\n";
           }
           lock.unlock();
