@@ -72,12 +72,14 @@ struct Request {
   std::atomic<bool> cancelled{false}; // the streaming client went away
 };
 
-/// Index of the first stop string in `text`, or npos.
-size_t findStop(const std::string &text,
-                const std::vector<std::string> &stops) {
+/// Index of the first stop string in `text` that ends after `from`, or
+/// npos (text before `from` was searched at earlier tokens).
+size_t findStop(const std::string &text, const std::vector<std::string> &stops,
+                size_t from) {
   size_t best = std::string::npos;
   for (const std::string &s : stops)
-    best = std::min(best, text.find(s));
+    best = std::min(
+        best, text.find(s, from >= s.size() ? from - s.size() + 1 : 0));
   return best;
 }
 
@@ -140,20 +142,45 @@ private:
     r.cv.notify_all();
   }
 
+  /// The bytes the last of r.generated adds to r.decoded: the decode of a
+  /// short tail of the completion with and without it, so that decoders
+  /// that join or merge pieces across tokens (byte-level, SentencePiece's
+  /// spaces) come out as in one piece of text, at constant work per token
+  /// (decoding the whole completion again at every token took a third of
+  /// a 64-request step's time on the GPU).
+  nf::StatusOr<std::string> newBytes(const Request &r) {
+    constexpr size_t kTail = 8;
+    const size_t n = r.generated.size();
+    const std::vector<int32_t> tail(
+        r.generated.begin() + static_cast<ptrdiff_t>(n > kTail + 1
+                                                         ? n - kTail - 1
+                                                         : 0),
+        r.generated.end());
+    constexpr int kFlags = NF_DETOKENIZE_SKIP_SPECIAL | NF_DETOKENIZE_RAW_BYTES;
+    auto after = model_.detokenize(tail, kFlags);
+    if (!after)
+      return after.status();
+    auto before = model_.detokenize(
+        std::vector<int32_t>(tail.begin(), tail.end() - 1), kFlags);
+    if (!before)
+      return before.status();
+    if (after->compare(0, before->size(), *before) == 0)
+      return after->substr(before->size());
+    return model_.detokenize({r.generated.back()}, kFlags);
+  }
+
   /// Adds the sampled token to r; returns true when r is finished.
   bool accept(Request &r, int32_t token) {
     r.generated.push_back(token);
     const bool eos = model_.isEos(token);
+    const size_t searched = r.decoded.size();
     if (!eos) {
-      // The whole completion detokenized again: byte-level merges across
-      // tokens come out as they would in one piece of text.
-      auto all = model_.detokenize(r.generated, NF_DETOKENIZE_SKIP_SPECIAL |
-                                                    NF_DETOKENIZE_RAW_BYTES);
-      if (!all) {
-        finish(r, "", all.message());
+      auto piece = newBytes(r);
+      if (!piece) {
+        finish(r, "", piece.message());
         return true;
       }
-      r.decoded = std::move(*all);
+      r.decoded += *piece;
     }
     std::string visible = r.decoded;
     std::string reason;
@@ -161,7 +188,8 @@ private:
       finish(r, "cancelled", "");
       return true;
     }
-    if (size_t at = findStop(visible, r.stops); at != std::string::npos) {
+    if (size_t at = findStop(visible, r.stops, searched);
+        at != std::string::npos) {
       visible.resize(at);
       reason = "stop";
     } else if (eos) {
