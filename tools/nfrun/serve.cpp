@@ -122,6 +122,16 @@ public:
     worker_.join();
   }
 
+  /// Requests waiting to join, running, and the largest step's batch so
+  /// far (GET /health).
+  struct Stats {
+    int queued = 0, running = 0, peakBatch = 0;
+  };
+  Stats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {static_cast<int>(pending_.size()), running_, peakBatch_};
+  }
+
   void submit(std::shared_ptr<Request> r) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -259,10 +269,16 @@ private:
         batch.push_back({r->seq, r->prompt});
         order.push_back(r);
       }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        running_ = static_cast<int>(batch.size());
+        peakBatch_ = std::max(peakBatch_, running_);
+      }
       if (batch.empty())
         continue;
-      // Greedy and small top-k samplers read only the rows' largest logits
-      // where the backend ranks them on the device.
+      // Greedy, small top-k and temperature-only samplers read only the
+      // rows' best logits (or keys) where the backend ranks them on the
+      // device.
       std::vector<nf::Sampler *> samplers;
       for (auto &r : order)
         samplers.push_back(&*r->sampler);
@@ -270,6 +286,8 @@ private:
         for (auto &r : order)
           finish(*r, "", st.message());
         active.clear();
+        std::lock_guard<std::mutex> lock(mu_);
+        running_ = 0;
         continue;
       }
       active.clear();
@@ -282,6 +300,8 @@ private:
         if (!accept(r, tokens[i]))
           active.push_back(order[i]);
       }
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = static_cast<int>(active.size());
     }
     for (auto &r : active)
       finish(*r, "", "the server is shutting down");
@@ -296,6 +316,7 @@ private:
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> pending_;
   bool stopping_ = false;
+  int running_ = 0, peakBatch_ = 0; // guarded by mu_
   std::thread worker_; // last: starts after the members it uses
 };
 
@@ -421,8 +442,14 @@ int runServe(const ServeFlags &f) {
 
   httplib::Server server;
   std::atomic<int64_t> nextId{0};
-  server.Get("/health", [](const httplib::Request &, httplib::Response &res) {
-    res.set_content(R"({"status":"ok"})", "application/json");
+  server.Get("/health", [&](const httplib::Request &, httplib::Response &res) {
+    const Scheduler::Stats s = scheduler.stats();
+    res.set_content(dumpJson(json{{"status", "ok"},
+                                  {"queued", s.queued},
+                                  {"running", s.running},
+                                  {"peak_batch", s.peakBatch},
+                                  {"max_batch", std::max(maxBatch, 1)}}),
+                    "application/json");
   });
   server.Get("/v1/models", [&](const httplib::Request &,
                                httplib::Response &res) {
@@ -474,13 +501,19 @@ int runServe(const ServeFlags &f) {
           std::unique_lock<std::mutex> lock(r->mu);
           r->cv.wait(lock, [&] { return r->done || r->text.size() > r->sent; });
           std::string events;
+          // Read under the lock: the scheduler may finish the request
+          // between this chunk and the check below, and a stream that
+          // ended on a later reading of `done` lost its finish chunk and
+          // [DONE] (the intermittent failure serve.test once allowed a
+          // retry for).
+          const bool done = r->done;
           if (r->text.size() > r->sent) {
             events +=
                 "data: " + dumpJson(chunk(r->text.substr(r->sent), nullptr)) +
                 "\n\n";
             r->sent = r->text.size();
           }
-          if (r->done) {
+          if (done) {
             if (!r->error.empty())
               events +=
                   "data: " +
@@ -497,7 +530,7 @@ int runServe(const ServeFlags &f) {
             r->cancelled = true; // the client went away: stop generating
             return false;
           }
-          if (r->done)
+          if (done)
             sink.done();
           return true;
         });
@@ -522,6 +555,16 @@ int runServe(const ServeFlags &f) {
                                         "/v1/completions, /v1/models, /health)"
                                       : "request failed");
       });
+
+  // Every request holds an HTTP worker thread until its completion ends
+  // (waiting for it, or writing its stream), and httplib's default pool is
+  // max(8, cores - 1) threads: the batch could not grow past that however
+  // many clients came. Threads for every sequence slot, as many queued
+  // requests, and the cheap endpoints.
+  const size_t httpThreads = static_cast<size_t>(std::max(maxBatch, 1)) * 2 + 8;
+  server.new_task_queue = [httpThreads] {
+    return new httplib::ThreadPool(httpThreads);
+  };
 
   if (!server.bind_to_port(f.host, f.port))
     return fail(f.host + ":" + std::to_string(f.port) +

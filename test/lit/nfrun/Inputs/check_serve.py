@@ -6,7 +6,7 @@ Starts the server on a free port, then checks that
   - a greedy completion equals `nfrun generate` on the same prompt (generate
     is itself checked against the Hugging Face references);
   - eight concurrent requests (batched together by the server) return the
-    same texts as the same requests one at a time;
+    same texts as the same requests one at a time; 24 run in one batch;
   - a streamed completion concatenates to the non-streamed text and ends
     with a finish reason and [DONE];
   - stop strings cut the text; token-id prompts work;
@@ -107,6 +107,25 @@ for t in threads:
     t.join()
 if together != alone:
     fail("concurrent %r != one at a time %r" % (together, alone))
+
+# 2b. More clients than the HTTP library's default thread pool (8 threads
+# on a small machine): they all run in one batch, up to --max-batch
+# (GET /health reports the largest batch a step has run).
+health = json.loads(request("/health")[1])
+want = min(health["max_batch"], 12)
+threads = [threading.Thread(target=complete, args=(p,), kwargs=dict(
+    max_tokens=24)) for p in prompts * 3]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+for _ in range(100):  # the scheduler counts after its step's responses
+    health = json.loads(request("/health")[1])
+    if health["running"] == 0:
+        break
+    time.sleep(0.05)
+if health["peak_batch"] < want or health["running"] != 0:
+    fail("24 clients: %s (want a batch of %d)" % (health, want))
 
 # 3. Streaming.
 req = urllib.request.Request(base + "/v1/completions", data=json.dumps(dict(
