@@ -215,7 +215,10 @@ private:
       std::lock_guard<std::mutex> lock(r.mu);
       r.text = visible;
     }
-    r.cv.notify_all();
+    // Only a stream reads text before the end (finish wakes the others):
+    // a wake-up per token and request cost the scheduler's thread time.
+    if (r.stream)
+      r.cv.notify_all();
     if (!reason.empty()) {
       finish(r, reason, "");
       return true;

@@ -285,8 +285,9 @@ NF_API int32_t nf_sample(nf_sampler *sampler, const float *logits,
    tokens_out[i] (n_seqs entries each): the tokens nf_sample would draw from
    the rows nf_decode returns. Where every sampler is greedy or keeps fewer
    than the plan's top-logits length with top-k (CUDA decode steps of plans
-   that rank logits on the device, nf_model_info; vocabularies of 32,768
-   tokens or more), or samples by temperature alone (plans of format 1.6:
+   that rank logits on the device, nf_model_info; steps whose rows hold
+   32,768 logits or more, vocabulary times sequences), or samples by
+   temperature alone (plans of format 1.6:
    at any vocabulary size), only each row's largest logits, or its largest
    keys of the sampler's draw, come back from the device, not the row. A
    sampler may serve several entries (drawn in entry order). A sequence

@@ -100,13 +100,15 @@ StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
   return sampler.sample(model->row);
 }
 
-/// Vocabularies from this size get top lists for samplers that rank by the
-/// logit: a smaller row copies back faster than the device ranks it
-/// (pydoc-moe, 4,096 tokens: 0.20 against 0.24 ms a greedy step on the
-/// H200; Nano, 131,072: 3.31 against 3.17). A temperature-only sampler
-/// gets them at any size: the host's draw from a row computes the noise of
-/// every token.
-constexpr int64_t kTopLogitsMinVocab = 32768;
+/// Steps whose rows hold this many logits in all (vocabulary x sequences)
+/// get top lists for samplers that rank by the logit: fewer copy back
+/// faster than the device ranks them (pydoc-moe, 4,096 tokens: 0.20 against
+/// 0.24 ms a greedy step at batch 1 on the H200), more do not (pydoc-moe at
+/// batch 64: 1.16 ms a greedy step with rows, 0.49 with the lists of a
+/// temperature sampler; Nano, 131,072 tokens: 3.31 against 3.17 at batch
+/// 1). A temperature-only sampler gets them at any size: the host's draw
+/// from a row computes the noise of every token.
+constexpr int64_t kTopLogitsMinRowLogits = 32768;
 
 /// What the next step returns for samplers that read only each sequence's
 /// last token: top lists where every sampler can draw from them, and the
@@ -124,8 +126,9 @@ LogitsFor logitsForSamplers(nf_model *model,
     noisy = noisy || (info.topLogitsNoise && x->noiseDraw());
   }
   const char *env = std::getenv("NF_CUDA_TOP_LOGITS");
-  if (info.vocabSize < kTopLogitsMinVocab && !noisy &&
-      !(env && std::string_view(env) == "1"))
+  if (info.vocabSize * static_cast<int64_t>(s.size()) <
+          kTopLogitsMinRowLogits &&
+      !noisy && !(env && std::string_view(env) == "1"))
     return LogitsFor::LastTokenPerSequence;
   if (noisy)
     for (const sampling::Sampler *x : s) {
