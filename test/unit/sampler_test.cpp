@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <vector>
@@ -505,17 +506,40 @@ topList(const std::vector<float> &l, size_t k) {
   return {ids, values};
 }
 
+/// The row's total as a device may sum it: sum of exp((x - max) / T) over
+/// the tokens above -inf, in reverse order, off by `skew` (relative).
+double deviceTotal(const std::vector<float> &l, float temperature,
+                   double skew) {
+  float m = -kInf;
+  for (float v : l)
+    if (v > m)
+      m = v;
+  double s = 0.0;
+  for (size_t i = l.size(); i-- > 0;)
+    if (l[i] > -kInf)
+      s += std::exp((static_cast<double>(l[i]) - m) /
+                    static_cast<double>(temperature));
+  return s * (1.0 + skew);
+}
+
 /// Draws `n` tokens through sampleTop (the row where the list cannot
 /// decide) and through sample; both streams must agree. Returns how many
-/// draws needed the row.
+/// draws needed the row. `skew`: lists come with the row's total (top-p),
+/// off by that much.
 int expectTopDrawsMatchRows(SamplerParams p, const std::vector<float> &l,
-                            size_t k, int n) {
+                            size_t k, int n,
+                            std::optional<double> skew = std::nullopt) {
   Sampler fromTop = make(p), fromRow = make(p);
-  EXPECT_TRUE(fromTop.samplesFromTop(static_cast<int32_t>(k)));
+  EXPECT_TRUE(fromTop.samplesFromTop(static_cast<int32_t>(k), false,
+                                     skew.has_value()));
   const auto [ids, values] = topList(l, k);
+  const double total =
+      skew ? deviceTotal(l, p.temperature, *skew)
+           : std::numeric_limits<double>::quiet_NaN();
   int rows = 0;
   for (int i = 0; i < n; ++i) {
-    auto t = fromTop.sampleTop(ids, values, static_cast<int64_t>(l.size()));
+    auto t = fromTop.sampleTop(ids, values, static_cast<int64_t>(l.size()),
+                               false, total);
     auto want = fromRow.sample(l);
     EXPECT_EQ(t.ok(), want.ok());
     if (!t.ok() || !want.ok())
@@ -548,6 +572,62 @@ TEST(Sampler, TopListsDrawWhatTheRowDraws) {
               << "a typical row needed its full logits";
         }
     }
+}
+
+TEST(Sampler, TopPAndMinPDrawFromListsWithTheRowTotal) {
+  // A language model's row: a few tokens far above a normal body (lower
+  // and narrower than vocabularyLogits'), so that the nucleus lies within
+  // the list.
+  std::vector<float> l = vocabularyLogits(131072, 13);
+  for (float &v : l)
+    if (v < 8.5f)
+      v = v * 0.75f - 5.0f;
+  int rows = 0;
+  for (float t : {0.6f, 0.8f, 1.0f})
+    for (float topP : {0.5f, 0.9f, 0.95f})
+      for (double skew : {0.0, 1e-12, -1e-12}) {
+        SamplerParams p = withTemperature(t, 7);
+        p.topP = topP;
+        rows += expectTopDrawsMatchRows(p, l, 64, 4, skew);
+        p.minP = 0.05f;
+        rows += expectTopDrawsMatchRows(p, l, 64, 4, skew);
+      }
+  EXPECT_LE(rows, 8) << "typical rows needed their full logits";
+  // Min-p alone needs no total: the list reaches below its cut.
+  SamplerParams p = withTemperature(0.7f, 8);
+  p.minP = 0.1f;
+  EXPECT_EQ(expectTopDrawsMatchRows(p, l, 64, 10), 0);
+  // A flat row: the nucleus is most of the vocabulary, beyond any list.
+  std::vector<float> flat(4096);
+  for (size_t i = 0; i < flat.size(); ++i)
+    flat[i] = std::sin(static_cast<float>(i)) * 0.1f;
+  p = withTemperature(1.0f, 9);
+  p.topP = 0.9f;
+  EXPECT_EQ(expectTopDrawsMatchRows(p, flat, 64, 5, 0.0), 5);
+  // Without a total (a device that does not sum), top-p reads the row.
+  EXPECT_FALSE(make(p).samplesFromTop(64));
+  EXPECT_TRUE(make(p).needsRowTotal());
+}
+
+TEST(Sampler, TopPListsAtTheThresholdAskForTheRow) {
+  // Four equally likely tokens far above the rest: top-p 0.5 of them is
+  // two tokens exactly at the threshold, where the total's rounding
+  // decides.
+  std::vector<float> l(1000, -40.0f);
+  for (int i : {3, 9, 27, 81})
+    l[static_cast<size_t>(i)] = 5.0f;
+  SamplerParams p = withTemperature(1.0f, 3);
+  p.topP = 0.5f;
+  EXPECT_EQ(expectTopDrawsMatchRows(p, l, 64, 5, 0.0), 5);
+  // Three of them: the end splits equal logits, ranked by id in the list
+  // as in the definition.
+  p.topP = 0.6f;
+  EXPECT_EQ(expectTopDrawsMatchRows(p, l, 64, 5, 0.0), 0);
+  // 100 equal logits: the nucleus ends inside a group the list cannot
+  // hold whole.
+  for (size_t i = 100; i < 200; ++i)
+    l[i] = 5.0f;
+  EXPECT_EQ(expectTopDrawsMatchRows(p, l, 64, 5, 0.0), 5);
 }
 
 TEST(Sampler, TopListsThatCannotDecideAskForTheRow) {
@@ -753,7 +833,8 @@ TEST(Sampler, OnlyTemperatureOnlySamplersDrawFromNoise) {
     SamplerParams q = p;
     set(q);
     EXPECT_FALSE(make(q).noiseDraw());
-    EXPECT_FALSE(make(q).samplesFromTop(64, true));
+    // By the logit: min-p alone from any list, top-p with the row's total.
+    EXPECT_EQ(make(q).samplesFromTop(64, true), q.minP > 0.0f);
   }
 }
 
@@ -761,6 +842,7 @@ TEST(Sampler, OnlyGreedyAndSmallTopKSampleFromTopLists) {
   EXPECT_TRUE(make(withTemperature(0.0f)).samplesFromTop(64));
   SamplerParams p = withTemperature(0.8f);
   EXPECT_FALSE(make(p).samplesFromTop(64)); // every token's probability
+  EXPECT_FALSE(make(p).samplesFromTop(64, false, true));
   p.topK = 63;
   EXPECT_TRUE(make(p).samplesFromTop(64));
   p.topK = 64; // the list must show what lies below the k-th

@@ -242,7 +242,7 @@ double Sampler::finish(bool ranked, bool sorted) {
 
 std::optional<double> Sampler::filterTop(std::span<const int32_t> ids,
                                          std::span<const float> values,
-                                         int64_t vocab) {
+                                         int64_t vocab, double rowTotal) {
   candidates_.clear();
   constexpr float inf = std::numeric_limits<float>::infinity();
   const size_t k = std::min(ids.size(), values.size());
@@ -301,6 +301,73 @@ std::optional<double> Sampler::filterTop(std::span<const int32_t> ids,
       ranked = true;
       return finish(ranked, sorted);
     }
+  }
+  // Top-p and min-p without top-k: the kept tokens are the most likely,
+  // which the list holds when it reaches past them.
+  if ((params_.topK == 0 || params_.topK >= vocab) &&
+      (params_.topP < 1.0f || params_.minP > 0.0f)) {
+    std::vector<double> p(c, 0.0);
+    size_t positive = 0; // listed tokens with a probability
+    while (positive < c && values[positive] > -inf &&
+           (p[positive] = std::exp(scaled(values[positive]))) > 0.0)
+      ++positive;
+    // Every token with a probability is listed.
+    const bool complete = allFinite || positive < c;
+    size_t keep = positive;
+    if (params_.topP < 1.0f) {
+      // The smallest prefix whose mass reaches top_p of the total: the
+      // device's total and this order's sums differ from the definition's
+      // by rounding only, so the prefix must clear the threshold by a
+      // margin on both sides, and must not split equal probabilities
+      // (ranked by index in the definition, by value in the list).
+      if (!(rowTotal > 0.0) || !std::isfinite(rowTotal))
+        return std::nullopt;
+      constexpr double kMargin = 0x1.0p-30;
+      const double threshold = static_cast<double>(params_.topP) * rowTotal;
+      double cum = 0.0, before = 0.0; // the mass of keep, keep - 1 tokens
+      keep = 0;
+      while (keep < positive && cum < threshold * (1.0 + kMargin)) {
+        before = cum;
+        cum += p[keep++];
+      }
+      // Where the list ends first, it must hold every candidate.
+      if (cum < threshold * (1.0 + kMargin) && !complete)
+        return std::nullopt;
+      if (keep > 1 && !(before < threshold * (1.0 - kMargin)))
+        return std::nullopt;
+      if (keep == positive && !complete)
+        return std::nullopt;
+      if (keep < positive && !(p[keep] < p[keep - 1])) {
+        // Equal probabilities across the end: both orders agree where
+        // they are equal logits (ranked by id in both); the whole group
+        // must be listed.
+        size_t first = keep - 1, end = keep;
+        while (first > 0 && p[first - 1] == p[keep - 1])
+          --first;
+        while (end < positive && p[end] == p[keep - 1])
+          ++end;
+        if (end == positive && !complete)
+          return std::nullopt;
+        for (size_t i = first; i < end; ++i)
+          if (values[i] != values[keep - 1])
+            return std::nullopt;
+      }
+    }
+    if (params_.minP > 0.0f) {
+      // Relative to the most likely (the first: probability 1); the
+      // unlisted tokens must fall below it.
+      const double cut = static_cast<double>(params_.minP) * p[0];
+      if (keep == positive && !complete && !(p[positive - 1] < cut))
+        return std::nullopt;
+      while (keep > 0 && p[keep - 1] < cut)
+        --keep;
+    }
+    for (size_t i = 0; i < keep; ++i)
+      candidates_.push_back({ids[i], p[i], values[i]});
+    double total = 0.0;
+    for (const Candidate &x : candidates_)
+      total += x.prob;
+    return total;
   }
   // Every token's probability: the unlisted ones must have none.
   if (!allFinite && std::exp(scaled(values[c - 1])) > 0.0)
@@ -479,15 +546,24 @@ Sampler::drawFromNoisyTop(std::span<const int32_t> ids,
   return std::optional<int32_t>(best);
 }
 
-bool Sampler::samplesFromTop(int32_t k, bool noisyLists) const {
+bool Sampler::needsRowTotal() const {
+  return params_.temperature > 0.0f && params_.topK == 0 &&
+         params_.topP < 1.0f;
+}
+
+bool Sampler::samplesFromTop(int32_t k, bool noisyLists,
+                             bool rowTotals) const {
   return k > 0 && (params_.temperature == 0.0f ||
                    (params_.topK > 0 && params_.topK < k) ||
-                   (noisyLists && noiseDraw()));
+                   (noisyLists && noiseDraw()) ||
+                   (params_.topK == 0 && params_.topP >= 1.0f &&
+                    params_.minP > 0.0f) ||
+                   (rowTotals && needsRowTotal()));
 }
 
 StatusOr<std::optional<int32_t>>
 Sampler::sampleTop(std::span<const int32_t> ids, std::span<const float> values,
-                   int64_t vocab, bool noisy) {
+                   int64_t vocab, bool noisy, double total) {
   if (ids.empty() || values.size() < ids.size() || vocab <= 0)
     return Status::error("sampler: empty top logits");
   if (noisy) {
@@ -502,10 +578,10 @@ Sampler::sampleTop(std::span<const int32_t> ids, std::span<const float> values,
       return Status::error("sampler: no logit above -inf");
     return std::optional<int32_t>(ids[0]);
   }
-  const std::optional<double> total = filterTop(ids, values, vocab);
-  if (!total)
+  const std::optional<double> kept = filterTop(ids, values, vocab, total);
+  if (!kept)
     return std::optional<int32_t>(); // the row decides
-  if (candidates_.empty() || !(*total > 0.0))
+  if (candidates_.empty() || !(*kept > 0.0))
     return Status::error("sampler: no logit above -inf");
   return std::optional<int32_t>(draw());
 }

@@ -23,6 +23,7 @@
 #include "nf/status.h"
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <vector>
@@ -70,20 +71,30 @@ public:
   };
   std::optional<NoiseDraw> noiseDraw() const;
 
+  /// Whether the next draw's top-p needs the row's total (top-p without
+  /// top-k): sum over every token of exp((x - max) / T), which a device
+  /// can compute beside its list (sampleTop's `total`).
+  bool needsRowTotal() const;
+
   /// Whether sampleTop can draw from a list of the k largest logits (it
-  /// may still ask for the row): greedy, or top-k below k; or, where the
-  /// lists can be noisy, every sampler with a noiseDraw.
-  bool samplesFromTop(int32_t k, bool noisyLists = false) const;
+  /// may still ask for the row): greedy, top-k below k, or min-p alone;
+  /// where the lists can be noisy, every sampler with a noiseDraw; where
+  /// they come with the row's total, top-p.
+  bool samplesFromTop(int32_t k, bool noisyLists = false,
+                      bool rowTotals = false) const;
   /// The next token from the top of a row of `vocab` (ids[i], values[i]:
   /// the logits, ranked by value descending, then id ascending, or, when
   /// `noisy`, by this sampler's x / T + G for its noiseDraw (rounded to
   /// float); -1 ids past the row's tokens, NaN never listed): the token
   /// sample() would draw from the whole row, or nullopt when the list
   /// cannot decide (near-ties at its end: call sample() with the row, no
-  /// draw has been consumed).
-  StatusOr<std::optional<int32_t>> sampleTop(std::span<const int32_t> ids,
-                                             std::span<const float> values,
-                                             int64_t vocab, bool noisy = false);
+  /// draw has been consumed). `total`: the row's total (needsRowTotal),
+  /// as a device sums it (any order; within 2^-30 relative of the host's
+  /// sum), NaN when there is none.
+  StatusOr<std::optional<int32_t>>
+  sampleTop(std::span<const int32_t> ids, std::span<const float> values,
+            int64_t vocab, bool noisy = false,
+            double total = std::numeric_limits<double>::quiet_NaN());
 
   /// The probabilities the next non-greedy sample draws from (0 for
   /// filtered tokens; sums to 1), or a one-hot vector when greedy.
@@ -104,7 +115,8 @@ private:
   double filter(std::span<const float> logits);
   /// filter() from a top list; nullopt: the list cannot decide.
   std::optional<double> filterTop(std::span<const int32_t> ids,
-                                  std::span<const float> values, int64_t vocab);
+                                  std::span<const float> values, int64_t vocab,
+                                  double rowTotal);
   /// The top-k (unless `ranked` did), top-p and min-p filters over
   /// candidates_; `sorted`: candidates_ is most likely first. The total.
   double finish(bool ranked, bool sorted);
