@@ -5,7 +5,9 @@
 // logit / T + G(seed, draw, token) rounded to float (the host sampler's
 // definition, runtime/src/sampling/sampler.h; Philox4x32-10 as in
 // runtime/src/sampling/philox.h), so that a temperature-only sampler reads
-// no row either; the values are then still the logits.
+// no row either; the values are then still the logits. A row may also get
+// its total, the sum of exp((x - max) / T) over its tokens (f64), which
+// top-p needs beside the list.
 //
 // Order: value descending, then index ascending (the host sampler's order
 // of equal logits); NaN is never chosen, and rows with fewer than K tokens
@@ -44,14 +46,27 @@ __device__ __forceinline__ unsigned long long top_logit_key(float v, int i) {
          (0xffffffffu - static_cast<unsigned>(i));
 }
 
-/// Per row: how to rank it (the runtime writes one per row before the
-/// launches). temperature 0: by the logits.
+/// Per row: how to rank it and whether to sum it (the runtime writes one
+/// per row before the launches).
 struct top_logit_noise {
   unsigned long long seed, draw;
   float temperature;
-  unsigned pad;
+  unsigned flags; // kTopKeys, kTopTotal
 };
 static_assert(sizeof(top_logit_noise) == 24, "the plan's noise rows");
+/// Rank by the Gumbel-max keys of (seed, draw) at the temperature (else by
+/// the logit).
+constexpr unsigned kTopKeys = 1;
+/// Sum exp((x - max) / temperature) over the row (TopLogits.totals_offset).
+constexpr unsigned kTopTotal = 2;
+
+/// A chunk's part of a row's total: its largest logit and the sum of
+/// exp((x - max) / T) over it.
+struct top_chunk_total {
+  double sum;
+  float max;
+  unsigned pad;
+};
 
 /// Philox4x32-10; the host's copy is runtime/src/sampling/philox.h.
 __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
@@ -90,7 +105,7 @@ __device__ __forceinline__ double gumbel_noise(unsigned long long seed,
 /// finite logit is listed, and +inf logits come first.
 __device__ __forceinline__ float top_rank_value(float v, int n,
                                                 const top_logit_noise &z) {
-  if (z.temperature > 0.0f && v == v) {
+  if ((z.flags & kTopKeys) && v == v) {
     const double key =
         __ddiv_rn(static_cast<double>(v), static_cast<double>(z.temperature)) +
         gumbel_noise(z.seed, z.draw, static_cast<unsigned>(n));
@@ -128,19 +143,71 @@ __device__ __forceinline__ int top_logit_rows(Step a) {
   return a->logit_rows ? a->num_logit_rows : a->num_tokens;
 }
 
-/// Launch with T threads; partial: [rows][CHUNKS][K] keys; noise: [rows].
+/// A chunk's top_chunk_total (kTopTotal), from every thread of the block;
+/// red: T / 32 doubles of shared memory.
+template <int V, int CHUNK, int T>
+__device__ __forceinline__ void top_chunk_sum(const float *row, int c,
+                                              float temperature, double *red,
+                                              top_chunk_total *out) {
+  constexpr int W = T / 32;
+  float m = -f32_inf();
+  for (int i = threadIdx.x; i < CHUNK; i += T) {
+    const int n = c * CHUNK + i;
+    if (n < V)
+      m = row[n] > m ? row[n] : m; // NaN: false
+  }
+  for (int o = 16; o > 0; o >>= 1)
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0)
+    red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = static_cast<float>(red[0]);
+  for (int w = 1; w < W; ++w)
+    m = fmaxf(m, static_cast<float>(red[w]));
+  __syncthreads(); // red is rewritten below
+  double sum = 0.0;
+  if (m > -f32_inf() && m < f32_inf()) {
+    const double invT = 1.0 / static_cast<double>(temperature);
+    for (int i = threadIdx.x; i < CHUNK; i += T) {
+      const int n = c * CHUNK + i;
+      if (n < V && row[n] > -f32_inf())
+        sum += exp((static_cast<double>(row[n]) - m) * invT);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1)
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if ((threadIdx.x & 31) == 0)
+    red[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0.0;
+    for (int w = 0; w < W; ++w)
+      s += red[w];
+    out->sum = s;
+    out->max = m;
+    out->pad = 0;
+  }
+  __syncthreads();
+}
+
+/// Launch with T threads; partial: [rows][CHUNKS][K] keys; noise: [rows];
+/// sums: [rows][CHUNKS] (rows with kTopTotal).
 template <int V, int CHUNK, int K, int T>
 __device__ void top_logits_chunks(Step a, const float *logits,
                                   const top_logit_noise *noise,
-                                  unsigned long long *partial) {
+                                  unsigned long long *partial,
+                                  top_chunk_total *sums) {
   static_assert(K <= CHUNK && (CHUNK & (CHUNK - 1)) == 0, "chunk size");
   constexpr int CHUNKS = (V + CHUNK - 1) / CHUNK;
   __shared__ unsigned long long s[CHUNK];
+  __shared__ double red[T / 32];
   const int rows = top_logit_rows(a);
   for (int w = blockIdx.x; w < rows * CHUNKS; w += gridDim.x) {
     const int j = w / CHUNKS, c = w % CHUNKS;
     const float *row = logits + static_cast<long long>(logit_row(a, j)) * V;
     const top_logit_noise z = noise[j];
+    if (z.flags & kTopTotal)
+      top_chunk_sum<V, CHUNK, T>(row, c, z.temperature, red, sums + w);
     for (int i = threadIdx.x; i < CHUNK; i += T) {
       const int n = c * CHUNK + i;
       s[i] = n < V ? top_logit_key(top_rank_value(row[n], n, z), n) : 0ull;
@@ -154,12 +221,15 @@ __device__ void top_logits_chunks(Step a, const float *logits,
 }
 
 /// Launch with T threads; ids and values: [rows][K]; the values are the
-/// logits also where the noisy keys ranked them.
+/// logits also where the noisy keys ranked them; totals: [rows] (rows with
+/// kTopTotal: the chunks' sums, each scaled to the row's largest logit;
+/// NaN where that is +inf).
 template <int V, int CHUNK, int K, int T>
 __device__ void top_logits_merge(Step a, const float *logits,
                                  const top_logit_noise *noise,
-                                 const unsigned long long *partial, int *ids,
-                                 float *values) {
+                                 const unsigned long long *partial,
+                                 const top_chunk_total *sums, int *ids,
+                                 float *values, double *totals) {
   constexpr int CHUNKS = (V + CHUNK - 1) / CHUNK;
   constexpr int M = pow2_at_least(CHUNKS * K);
   __shared__ unsigned long long s[M];
@@ -171,7 +241,22 @@ __device__ void top_logits_merge(Step a, const float *logits,
                  : 0ull;
     __syncthreads();
     bitonic_sort_desc<M, T>(s);
-    const bool noisy = noise[j].temperature > 0.0f;
+    const bool noisy = (noise[j].flags & kTopKeys) != 0;
+    if ((noise[j].flags & kTopTotal) && threadIdx.x == 0) {
+      const top_chunk_total *t = sums + static_cast<long long>(j) * CHUNKS;
+      float m = -f32_inf();
+      for (int c = 0; c < CHUNKS; ++c)
+        m = fmaxf(m, t[c].max);
+      double total = m == f32_inf() ? __longlong_as_double(0x7ff8000000000000ll)
+                                   : 0.0;
+      if (m > -f32_inf() && m < f32_inf()) {
+        const double invT = 1.0 / static_cast<double>(noise[j].temperature);
+        for (int c = 0; c < CHUNKS; ++c)
+          if (t[c].max > -f32_inf())
+            total += t[c].sum * exp((static_cast<double>(t[c].max) - m) * invT);
+      }
+      totals[j] = total;
+    }
     const float *row = logits + static_cast<long long>(logit_row(a, j)) * V;
     for (int i = threadIdx.x; i < K; i += T) {
       const unsigned long long key = s[i];

@@ -47,10 +47,10 @@
 #              references (1e-3, same greedy tokens), through libnf.so
 #   eval-ppl   nfrun eval-ppl --backend cuda on pydoc-moe: perplexity within
 #              0.5% of the CPU's 74.149 (NF_PPL_REF overrides)
-#   top-logits nfrun generate on pydoc-moe (bf16 inputs), greedy, top-k 40
-#              and temperature 1 alone (lists of Gumbel-max keys): the same
-#              text with the device's top lists as with the rows
-#              (NF_CUDA_TOP_LOGITS=0)
+#   top-logits nfrun generate on pydoc-moe (bf16 inputs), greedy, top-k 40,
+#              temperature 1 alone (lists of Gumbel-max keys) and top-p 0.95
+#              (lists with the rows' totals): the same text with the
+#              device's top lists as with the rows (NF_CUDA_TOP_LOGITS=0)
 #   fallback   --backend auto without a driver: one "nf: CUDA unavailable"
 #              line and CPU results; --backend cuda without one: exit 1
 #   speed      (information) pydoc-moe generate tok/s, cuda and cpu
@@ -239,7 +239,7 @@ EOF
   # (NF_CUDA_TOP_LOGITS=0).
   local topOk=1 topDetail=""
   for sampling in "--temperature 0" "--temperature 0.8 --top-k 40 --seed 5" \
-    "--temperature 1 --seed 7"; do
+    "--temperature 1 --seed 7" "--temperature 0.6 --top-p 0.95 --seed 9"; do
     for env in 1 0; do
       # shellcheck disable=SC2086
       NF_CUDA_TOP_LOGITS=$env "$bin/nfrun" generate "$plans/pydoc-moe-bf16.nfb" \

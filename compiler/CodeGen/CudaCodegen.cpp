@@ -2879,7 +2879,10 @@ void addTopLogits(const pl::Step &step, const std::vector<ValueInfo> &values,
   t.idsOffset = alignTo(partial + rows * chunks * kTopLogits * 8);
   t.valuesOffset = alignTo(t.idsOffset + rows * kTopLogits * 4);
   t.noiseOffset = alignTo(t.valuesOffset + rows * kTopLogits * 4);
-  scratchEnd = alignTo(t.noiseOffset + rows * kTopLogitNoiseBytes);
+  t.totalsOffset = alignTo(t.noiseOffset + rows * kTopLogitNoiseBytes);
+  // The chunks' parts of the totals (nf::top_chunk_total, 16 bytes).
+  const int64_t chunkSums = alignTo(t.totalsOffset + rows * 8);
+  scratchEnd = alignTo(chunkSums + rows * chunks * 16);
 
   CudaKernelSource &src = out.kernels[static_cast<size_t>(kernel)];
   const std::string prefix = "dk" + std::to_string(kernel) + "_top_logits";
@@ -2902,17 +2905,19 @@ void addTopLogits(const pl::Step &step, const std::vector<ValueInfo> &values,
       prefix + "_chunks(const nf_step_args *__restrict__ args) {\n" +
       "  const nf::Step a{args, nullptr};\n  nf::top_logits_chunks<" + tmpl +
       ", 256>(a, " + rowsAndNoise + ", nf::arena<unsigned long long>(a, " +
-      std::to_string(partial) +
+      std::to_string(partial) + "ll), nf::arena<nf::top_chunk_total>(a, " +
+      std::to_string(chunkSums) +
       "ll));\n}\n\n// the rows' " + std::to_string(kTopLogits) +
       " largest of the chunks' (ids and values)\nextern \"C\" __global__ "
       "void __launch_bounds__(512) " +
       prefix + "_merge(const nf_step_args *__restrict__ args) {\n" +
       "  const nf::Step a{args, nullptr};\n  nf::top_logits_merge<" + tmpl +
       ", 512>(a, " + rowsAndNoise + ", nf::arena<unsigned long long>(a, " +
-      std::to_string(partial) +
-      "ll), nf::arena<int>(a, " + std::to_string(t.idsOffset) +
-      "ll), nf::arena<float>(a, " + std::to_string(t.valuesOffset) +
-      "ll));\n}\n";
+      std::to_string(partial) + "ll), nf::arena<nf::top_chunk_total>(a, " +
+      std::to_string(chunkSums) + "ll), nf::arena<int>(a, " +
+      std::to_string(t.idsOffset) + "ll), nf::arena<float>(a, " +
+      std::to_string(t.valuesOffset) + "ll), nf::arena<double>(a, " +
+      std::to_string(t.totalsOffset) + "ll));\n}\n";
   CudaLaunchInfo c;
   c.function = prefix + "_chunks";
   c.grid = gridOf(rows * chunks, int64_t(opts.smCount) * 8);

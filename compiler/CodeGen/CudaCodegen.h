@@ -58,6 +58,7 @@ struct CudaTopLogits {
   int k = 0;                               // values per row
   int64_t idsOffset = 0, valuesOffset = 0; // arena: [rows][k] i32 / f32
   int64_t noiseOffset = 0; // arena: [rows] nf::top_logit_noise (24 bytes)
+  int64_t totalsOffset = 0; // arena: [rows] f64, the rows' totals
   std::vector<CudaLaunchInfo> launches;    // in execution order
 };
 

@@ -339,7 +339,8 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
           l.cooperative, l.minTokens, l.maxTokens, l.programmatic));
     topLogits =
         pl::CreateTopLogits(b, t.kernel, t.k, t.idsOffset, t.valuesOffset,
-                            b.CreateVector(launches), t.noiseOffset);
+                            b.CreateVector(launches), t.noiseOffset,
+                            t.totalsOffset);
   }
   return pl::CreateStep(
       b, b.CreateString(stepPhase(func).str()), b.CreateVector(values),

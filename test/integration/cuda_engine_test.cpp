@@ -2046,7 +2046,7 @@ TEST_P(CudaFixture, NoisyTopListsDrawWhatTheRowDraws) {
     top.noise.clear();
     for (size_t i = 0; i < n; ++i) {
       const auto z = fromTop[i].noiseDraw();
-      top.noise.push_back(z ? TopNoise{z->temperature, z->seed, z->draw}
+      top.noise.push_back(z ? TopNoise{z->temperature, z->seed, z->draw, true}
                             : TopNoise{});
     }
     ASSERT_TRUE(
@@ -2056,7 +2056,7 @@ TEST_P(CudaFixture, NoisyTopListsDrawWhatTheRowDraws) {
       ASSERT_TRUE(e.lastTokenRow(i, row).ok());
       const TopNoise z = top.noise[i];
       std::vector<float> key(row);
-      if (z.temperature > 0.0f)
+      if (z.keys)
         for (size_t t = 0; t < key.size(); ++t)
           if (!std::isnan(row[t]))
             key[t] = static_cast<float>(
@@ -2080,8 +2080,7 @@ TEST_P(CudaFixture, NoisyTopListsDrawWhatTheRowDraws) {
       }
       StatusOr<std::optional<int32_t>> t = fromTop[i].sampleTop(
           std::span<const int32_t>(top.ids.data() + i * 64, 64),
-          std::span<const float>(top.values.data() + i * 64, 64), V_,
-          z.temperature > 0.0f);
+          std::span<const float>(top.values.data() + i * 64, 64), V_, z.keys);
       ASSERT_TRUE(t.ok()) << t.message();
       ASSERT_TRUE(t->has_value()) << "a list that could not decide";
       StatusOr<int32_t> want = fromRow[i].sample(row);
@@ -2090,6 +2089,88 @@ TEST_P(CudaFixture, NoisyTopListsDrawWhatTheRowDraws) {
       next[i] = **t;
     }
   }
+  for (int32_t s : seqs)
+    ASSERT_TRUE(e.removeSequence(s).ok());
+}
+
+// Decode steps whose lists come with the rows' totals (top-p samplers at
+// several temperatures, one sequence without): each total is the host's
+// sum of exp((x - max) / T) over the row read back, to 1e-12 relative, and
+// a top-p sampler draws from the list what it draws from the row.
+TEST_P(CudaFixture, TopListsCarryTheRowTotals) {
+  Engine &e = *engine_;
+  ASSERT_TRUE(e.info().topLogitsTotals) << "plan without totals";
+  const size_t n = prompts_.size();
+  std::vector<SequenceInput> in(n);
+  std::vector<int32_t> seqs;
+  std::vector<sampling::Sampler> fromTop, fromRow;
+  for (size_t i = 0; i < n; ++i) {
+    StatusOr<int32_t> seq = e.addSequence();
+    ASSERT_TRUE(seq.ok()) << seq.message();
+    seqs.push_back(*seq);
+    in[i].sequence = *seq;
+    in[i].tokens = prompts_[i].tokens;
+    sampling::SamplerParams p;
+    p.temperature = 0.3f + 0.3f * static_cast<float>(i);
+    p.topP = i == 0 ? 1.0f : 0.5f + 0.1f * static_cast<float>(i % 5);
+    p.seed = 77 + i;
+    fromTop.push_back(*sampling::Sampler::create(p));
+    fromRow.push_back(*sampling::Sampler::create(p));
+  }
+  std::vector<float> logits;
+  ASSERT_TRUE(e.step(in, LogitsFor::LastTokenPerSequence, logits).ok());
+  std::vector<int32_t> next(n);
+  for (size_t i = 0; i < n; ++i) {
+    next[i] = argmax(logits.data() + i * V_, V_);
+    in[i].tokens = {&next[i], 1};
+  }
+  TopLogits top;
+  std::vector<float> row(static_cast<size_t>(V_));
+  int fromLists = 0;
+  for (int stepNo = 0; stepNo < 3; ++stepNo) {
+    top.noise.clear();
+    for (size_t i = 0; i < n; ++i) {
+      TopNoise z;
+      z.temperature = fromTop[i].params().temperature;
+      z.total = fromTop[i].needsRowTotal();
+      top.noise.push_back(z);
+    }
+    ASSERT_TRUE(
+        e.step(in, LogitsFor::LastTokenTop, logits, nullptr, &top).ok());
+    ASSERT_EQ(top.k, 64);
+    ASSERT_EQ(top.totals.size(), n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(e.lastTokenRow(i, row).ok());
+      if (!top.noise[i].total) {
+        EXPECT_TRUE(std::isnan(top.totals[i]));
+      } else {
+        float m = -std::numeric_limits<float>::infinity();
+        for (float v : row)
+          m = v > m ? v : m;
+        double want = 0.0;
+        for (float v : row)
+          if (v > -std::numeric_limits<float>::infinity())
+            want += std::exp((static_cast<double>(v) - m) *
+                             (1.0 / static_cast<double>(
+                                        top.noise[i].temperature)));
+        EXPECT_NEAR(top.totals[i], want, 1e-12 * want)
+            << GetParam() << " sequence " << i;
+      }
+      StatusOr<std::optional<int32_t>> t = fromTop[i].sampleTop(
+          std::span<const int32_t>(top.ids.data() + i * 64, 64),
+          std::span<const float>(top.values.data() + i * 64, 64), V_, false,
+          top.totals[i]);
+      ASSERT_TRUE(t.ok()) << t.message();
+      fromLists += t->has_value() ? 1 : 0;
+      const int32_t got = t->has_value() ? **t : *fromTop[i].sample(row);
+      StatusOr<int32_t> want = fromRow[i].sample(row);
+      ASSERT_TRUE(want.ok());
+      EXPECT_EQ(got, *want) << GetParam() << " sequence " << i;
+      next[i] = got;
+    }
+  }
+  std::cout << "[ cuda ] " << GetParam() << ": top-p drawn from the lists "
+            << fromLists << " of " << 3 * n << " times\n";
   for (int32_t s : seqs)
     ASSERT_TRUE(e.removeSequence(s).ok());
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string_view>
 
 using namespace nf;
@@ -76,7 +77,7 @@ StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
   const TopNoise none;
   const TopNoise &want =
       i < model->top.noise.size() ? model->top.noise[i] : none;
-  const bool noisy = want.temperature > 0.0f;
+  const bool noisy = want.keys;
   const auto z = sampler.noiseDraw();
   const bool current = !noisy || (z && z->seed == want.seed &&
                                   z->draw == want.draw &&
@@ -85,7 +86,10 @@ StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
     StatusOr<std::optional<int32_t>> t = sampler.sampleTop(
         std::span<const int32_t>(model->top.ids.data() + i * k, k),
         std::span<const float>(model->top.values.data() + i * k, k),
-        static_cast<int64_t>(vocab), noisy);
+        static_cast<int64_t>(vocab), noisy,
+        i < model->top.totals.size()
+            ? model->top.totals[i]
+            : std::numeric_limits<double>::quiet_NaN());
     if (!t)
       return t.status();
     if (*t)
@@ -119,22 +123,28 @@ LogitsFor logitsForSamplers(nf_model *model,
   model->top.noise.clear();
   const ModelInfo &info = model->engine->info();
   const int32_t k = info.topLogits;
-  bool noisy = false;
+  bool noisy = false, totals = false;
   for (const sampling::Sampler *x : s) {
-    if (!x->samplesFromTop(k, info.topLogitsNoise))
+    if (!x->samplesFromTop(k, info.topLogitsNoise, info.topLogitsTotals))
       return LogitsFor::LastTokenPerSequence;
     noisy = noisy || (info.topLogitsNoise && x->noiseDraw());
+    totals = totals || x->needsRowTotal();
   }
   const char *env = std::getenv("NF_CUDA_TOP_LOGITS");
   if (info.vocabSize * static_cast<int64_t>(s.size()) <
           kTopLogitsMinRowLogits &&
       !noisy && !(env && std::string_view(env) == "1"))
     return LogitsFor::LastTokenPerSequence;
-  if (noisy)
+  if (noisy || totals)
     for (const sampling::Sampler *x : s) {
-      const auto z = x->noiseDraw();
-      model->top.noise.push_back(z ? TopNoise{z->temperature, z->seed, z->draw}
-                                   : TopNoise{});
+      TopNoise z;
+      if (const auto d = x->noiseDraw()) {
+        z = {d->temperature, d->seed, d->draw, /*keys=*/true, /*total=*/false};
+      } else if (x->needsRowTotal()) {
+        z.temperature = x->params().temperature;
+        z.total = true;
+      }
+      model->top.noise.push_back(z);
     }
   return LogitsFor::LastTokenTop;
 }

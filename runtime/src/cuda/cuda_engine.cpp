@@ -169,6 +169,7 @@ struct TopLaunches {
   /// [rows] of nf::top_logit_noise (kernels/nf_sample.cuh); -1: plans
   /// before 1.6, whose lists rank by the logits only.
   int64_t noiseOffset = -1;
+  int64_t totalsOffset = -1; // [rows] f64; -1: no totals
   std::vector<LaunchInfo> launches;
 };
 
@@ -528,6 +529,13 @@ Status CudaEngine::loadKernels() {
       p.top.idsOffset = t->ids_offset();
       p.top.valuesOffset = t->values_offset();
       p.top.noiseOffset = t->noise_offset();
+      if (const int64_t off = t->totals_offset();
+          off != -1 && (off < 0 || off % 8 != 0 || off + rows * 8 > end ||
+                        p.top.noiseOffset < 0))
+        return Status::error(twhere + ": totals at " + std::to_string(off) +
+                             " do not fit the arena (" + std::to_string(end) +
+                             " bytes) or come without noise rows");
+      p.top.totalsOffset = t->totals_offset();
       for (fb::uoffset_t j = 0; j < t->launches()->size(); ++j) {
         StatusOr<LaunchInfo> li = loadLaunch(
             *t->launches()->Get(j),
@@ -911,11 +919,12 @@ Status CudaEngine::allocate() {
     g.statsHost = std::move(*host);
   }
   // Top-logits lists of a decode step: ids then values, [rows][k] each,
-  // then the rows' noise to upload.
+  // then the rows' noise to upload, then their totals.
   if (decode_.top.k > 0) {
-    StatusOr<PinnedBuffer> host = allocPinned(
-        *d_, static_cast<size_t>(decode_.maxTokens) *
-                 (static_cast<size_t>(decode_.top.k) * 8 + kTopNoiseBytes));
+    StatusOr<PinnedBuffer> host =
+        allocPinned(*d_, static_cast<size_t>(decode_.maxTokens) *
+                             (static_cast<size_t>(decode_.top.k) * 8 +
+                              kTopNoiseBytes + 8));
     if (!host)
       return Status::error(where() + ": top logits: " + host.message());
     g.topHost = std::move(*host);
@@ -1090,6 +1099,7 @@ Status CudaEngine::init(const EngineOptions &options) {
     return s;
   info_.topLogits = decode_.top.k;
   info_.topLogitsNoise = decode_.top.k > 0 && decode_.top.noiseOffset >= 0;
+  info_.topLogitsTotals = info_.topLogitsNoise && decode_.top.totalsOffset >= 0;
   if (Status s = allocate(); !s)
     return s;
   if (Status s = uploadWeights(); !s)
@@ -1220,13 +1230,15 @@ Status CudaEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
       return Status::error("step: top-list noise for " +
                            std::to_string(top->noise.size()) + " of " +
                            std::to_string(n) + " inputs");
-    const bool noisy =
-        wantTop && top &&
-        std::any_of(top->noise.begin(), top->noise.end(),
-                    [](const TopNoise &z) { return z.temperature > 0.0f; });
+    bool keys = false, totals = false;
+    if (wantTop && top)
+      for (const TopNoise &z : top->noise) {
+        keys = keys || z.keys;
+        totals = totals || z.total;
+      }
     const bool served = wantTop && top && sr.allOne && decode_.top.k > 0 &&
-                        runs.size() == 1 &&
-                        (!noisy || decode_.top.noiseOffset >= 0);
+                        runs.size() == 1 && (!keys || info_.topLogitsNoise) &&
+                        (!totals || info_.topLogitsTotals);
     if (served)
       which = LogitsFor::LastTokenTop;
     else
@@ -1424,6 +1436,13 @@ Status CudaEngine::runProgram(const Program &p,
   const bool ranked = which == LogitsFor::LastTokenTop;
   const size_t topBytes =
       static_cast<size_t>(numLogitRows) * static_cast<size_t>(p.top.k) * 4;
+  // The rows' totals land after the noise records in the pinned buffer.
+  const size_t totalsAt = static_cast<size_t>(p.maxTokens) *
+                          (static_cast<size_t>(p.top.k) * 8 + kTopNoiseBytes);
+  bool anyTotal = false;
+  if (ranked)
+    for (const TopNoise &z : top->noise)
+      anyTotal = anyTotal || z.total;
   if (ranked) {
     if (p.top.noiseOffset >= 0) {
       // How each row is ranked: row j is the j-th sequence's last token.
@@ -1435,11 +1454,11 @@ Status CudaEngine::runProgram(const Program &p,
           continue;
         const TopNoise z =
             top->noise.empty() ? TopNoise{} : top->noise[c.input];
-        const uint32_t pad = 0;
+        const uint32_t flags = (z.keys ? 1u : 0u) | (z.total ? 2u : 0u);
         std::memcpy(noise + j * kTopNoiseBytes, &z.seed, 8);
         std::memcpy(noise + j * kTopNoiseBytes + 8, &z.draw, 8);
         std::memcpy(noise + j * kTopNoiseBytes + 16, &z.temperature, 4);
-        std::memcpy(noise + j * kTopNoiseBytes + 20, &pad, 4);
+        std::memcpy(noise + j * kTopNoiseBytes + 20, &flags, 4);
         ++j;
       }
       if (Status s = d_->check(
@@ -1465,6 +1484,15 @@ Status CudaEngine::runProgram(const Program &p,
               "cuMemcpyDtoHAsync");
           !s)
         return Status::error(where() + ": top logits: " + s.message());
+    if (anyTotal)
+      if (Status s = d_->check(
+              d_->cuMemcpyDtoHAsync(
+                  g.topHost.data() + totalsAt,
+                  g.arena.ptr() + static_cast<size_t>(p.top.totalsOffset),
+                  static_cast<size_t>(numLogitRows) * 8, stream),
+              "cuMemcpyDtoHAsync");
+          !s)
+        return Status::error(where() + ": top-list totals: " + s.message());
   }
   const bool haveStats = g.stats.ptr() != 0 && !p.copies.empty();
   if (haveStats)
@@ -1486,6 +1514,7 @@ Status CudaEngine::runProgram(const Program &p,
     top->k = p.top.k;
     top->ids.resize(inputs.size() * k);
     top->values.resize(inputs.size() * k);
+    top->totals.assign(inputs.size(), std::numeric_limits<double>::quiet_NaN());
     lastTopRows_.assign(inputs.size(), -1);
     const auto *ids = reinterpret_cast<const int32_t *>(g.topHost.data());
     const auto *vals =
@@ -1496,6 +1525,9 @@ Status CudaEngine::runProgram(const Program &p,
         continue;
       std::copy_n(ids + j * k, k, top->ids.data() + c.input * k);
       std::copy_n(vals + j * k, k, top->values.data() + c.input * k);
+      if (anyTotal && top->noise[c.input].total)
+        std::memcpy(&top->totals[c.input], g.topHost.data() + totalsAt + j * 8,
+                    8);
       lastTopRows_[c.input] = c.row + c.count - 1;
       ++j;
     }

@@ -87,8 +87,10 @@ struct ModelInfo {
   /// (LogitsFor::LastTokenTop); 0: none.
   int32_t topLogits = 0;
   /// Whether those lists can be ranked by a temperature sampler's noisy
-  /// keys (TopLogits::noise; plans from format 1.6).
+  /// keys, and come with the rows' totals (TopLogits::noise; plans from
+  /// format 1.6).
   bool topLogitsNoise = false;
+  bool topLogitsTotals = false;
 };
 
 /// The tokens one sequence contributes to a step.
@@ -113,12 +115,14 @@ struct SequenceInput {
 /// LastTokenPerSequence.
 enum class LogitsFor { AllTokens, LastTokenPerSequence, None, LastTokenTop };
 
-/// How a top list ranks a row: temperature 0 by the logits, else by the
-/// Gumbel-max keys of one sampler draw, float(logit / temperature +
-/// G(seed, draw, token)) (sampling/sampler.h, sampling/philox.h).
+/// How a top list ranks a row: by the logits, or (keys) by the Gumbel-max
+/// keys of one sampler draw, float(logit / temperature + G(seed, draw,
+/// token)) (sampling/sampler.h, sampling/philox.h); and whether the row's
+/// total, the sum of exp((x - max) / temperature), comes with it (total).
 struct TopNoise {
   float temperature = 0.0f;
   uint64_t seed = 0, draw = 0;
+  bool keys = false, total = false;
 };
 
 /// The largest logits of each sequence's last token (LogitsFor::LastTokenTop).
@@ -134,6 +138,8 @@ struct TopLogits {
   /// row's tokens (NaN is never listed).
   std::vector<int32_t> ids;
   std::vector<float> values;
+  /// Per sequence: the row's total where noise asked for it, else NaN.
+  std::vector<double> totals;
 };
 
 /// Per-step observability (MoE).
