@@ -283,18 +283,17 @@ NF_API int32_t nf_sample(nf_sampler *sampler, const float *logits,
 /* Runs one step over the batch, as nf_decode, and draws each sequence's
    next token from its last token's logits with samplers[i] into
    tokens_out[i] (n_seqs entries each): the tokens nf_sample would draw from
-   the rows nf_decode returns. Where every sampler is greedy or keeps fewer
-   than the plan's top-logits length with top-k (CUDA decode steps of plans
-   that rank logits on the device, nf_model_info; steps whose rows hold
-   32,768 logits or more, vocabulary times sequences), or samples by
-   temperature alone (plans of format 1.6:
-   at any vocabulary size), only each row's largest logits, or its largest
-   keys of the sampler's draw, come back from the device, not the row. A
-   sampler may serve several entries (drawn in entry order). A sequence
-   whose sampler
-   finds no logit above -inf gets -1 and the call still returns NF_OK (the
-   step has run; nf_last_error() then names the entry). Other failures,
-   including the device's, return an error status. */
+   the rows nf_decode returns. On CUDA decode steps of plans that rank
+   logits on the device (nf_model_info), only each row's 64 best come back,
+   not the row, where every sampler can draw from them: greedy, top-k below
+   64, min-p alone and (plans of format 1.6, with the row's total) top-p,
+   on steps whose rows hold 32,768 logits or more (vocabulary times
+   sequences); and temperature alone (format 1.6: the best keys of the
+   sampler's draw) at any size. A sampler may serve several entries (drawn
+   in entry order). A sequence whose sampler finds no logit above -inf gets
+   -1 and the call still returns NF_OK (the step has run; nf_last_error()
+   then names the entry). Other failures, including the device's, return
+   an error status. */
 NF_API nf_status nf_decode_sample(nf_model *model, const nf_batch *batch,
                                   nf_sampler *const *samplers,
                                   int32_t *tokens_out);
