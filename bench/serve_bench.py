@@ -5,11 +5,11 @@ same run (the decode steps alone), so that the ratio shows what the HTTP
 server, its scheduler and the tokenizer cost. A benchmark, not a test.
 
   python3 bench/serve_bench.py NFRUN PLAN --weights DIR [--backend cuda]
-      [--concurrency 1,8,32] [--max-tokens 128] [--temperature 1]
+      [--concurrency 1,8,32] [--max-tokens 128] [--temperature 1] [--top-p 1]
 
 Each level sends 2 x concurrency requests from as many client threads
-(plain urllib, non-streaming; distinct prompts and seeds; temperature only,
-the API's default sampling) and reports completion tokens per second of
+(plain urllib, non-streaming; distinct prompts and seeds; by default
+temperature 1 alone, the API's default sampling) and reports completion tokens per second of
 wall time, and the mean request latency. Requests end at max_tokens or at
 the model's end-of-text token, so generated lengths vary; the figure counts
 what was generated.
@@ -59,6 +59,7 @@ def main():
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
     a = ap.parse_args()
     levels = [int(x) for x in a.concurrency.split(",")]
 
@@ -83,7 +84,8 @@ def main():
             n = 2 * c
             bodies = [dict(prompt=PROMPTS[i % len(PROMPTS)],
                            max_tokens=a.max_tokens,
-                           temperature=a.temperature, seed=i)
+                           temperature=a.temperature, top_p=a.top_p,
+                           seed=i)
                       for i in range(n)]
             t0 = time.perf_counter()
             with cf.ThreadPoolExecutor(c) as pool:
@@ -104,7 +106,8 @@ def main():
             [a.nfrun, "bench", a.plan, "--weights", a.weights, "--backend",
              a.backend, "--batch", str(c), "--context", "64", "--prefill", "",
              "--steps", "32", "--sample", "--temperature",
-             str(a.temperature)], capture_output=True, text=True)
+             str(a.temperature), "--top-p", str(a.top_p)],
+            capture_output=True, text=True)
         m = re.search(r"\| decode batch %d [^|]*\| ([0-9.]+) \|" % c, b.stdout)
         bench = float(m.group(1)) if m else float("nan")
         print("| %d | %d | %d | %.1f | %.3f | %.1f | %.2f |" %
