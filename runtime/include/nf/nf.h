@@ -286,9 +286,10 @@ NF_API int32_t nf_sample(nf_sampler *sampler, const float *logits,
    the rows nf_decode returns. On CUDA decode steps of plans that rank
    logits on the device (nf_model_info), only each row's 64 best come back,
    not the row, where every sampler can draw from them: greedy, top-k below
-   64, min-p alone and (plans of format 1.6, with the row's total) top-p,
+   64, min-p alone and (plans of format 1.7, with the row's total) top-p
+   without top-k,
    on steps whose rows hold 32,768 logits or more (vocabulary times
-   sequences); and temperature alone (format 1.6: the best keys of the
+   sequences); and temperature alone (format 1.7: the best keys of the
    sampler's draw) at any size. A sampler may serve several entries (drawn
    in entry order). A sequence whose sampler finds no logit above -inf gets
    -1 and the call still returns NF_OK (the step has run; nf_last_error()

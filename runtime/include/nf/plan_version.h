@@ -12,7 +12,9 @@ inline constexpr uint32_t kPlanVersionMajor = 1;
 // (nf_abi.h); 1.4: modules may declare TMA tensor maps that the runtime
 // encodes at load (nf_abi.h, nf_tensor_map_desc); 1.5: decode steps may
 // carry top-logits launches (Step.top_logits); 1.6: top-logits launches may
-// rank rows by a temperature sampler's noisy keys (TopLogits.noise_offset).
-inline constexpr uint32_t kPlanVersionMinor = 6;
+// rank rows by a temperature sampler's noisy keys (TopLogits.noise_offset;
+// read by this runtime as plans without records); 1.7: per-row records with
+// flags (keys, total) and the rows' totals (TopLogits.totals_offset).
+inline constexpr uint32_t kPlanVersionMinor = 7;
 inline constexpr char kPlanFileIdentifier[] = "NFPL";
 } // namespace nf

@@ -528,14 +528,18 @@ Status CudaEngine::loadKernels() {
       p.top.k = static_cast<int32_t>(k);
       p.top.idsOffset = t->ids_offset();
       p.top.valuesOffset = t->values_offset();
-      p.top.noiseOffset = t->noise_offset();
-      if (const int64_t off = t->totals_offset();
+      // The records' flags (keys, total) are 1.7's: a 1.6 plan's
+      // functions ranked by keys wherever the temperature was set, which
+      // this runtime's records would misread; its lists rank by logit.
+      const bool records = plan.version_minor() >= 7;
+      p.top.noiseOffset = records ? t->noise_offset() : -1;
+      if (const int64_t off = records ? t->totals_offset() : -1;
           off != -1 && (off < 0 || off % 8 != 0 || off + rows * 8 > end ||
                         p.top.noiseOffset < 0))
         return Status::error(twhere + ": totals at " + std::to_string(off) +
                              " do not fit the arena (" + std::to_string(end) +
                              " bytes) or come without noise rows");
-      p.top.totalsOffset = t->totals_offset();
+      p.top.totalsOffset = records ? t->totals_offset() : -1;
       for (fb::uoffset_t j = 0; j < t->launches()->size(); ++j) {
         StatusOr<LaunchInfo> li = loadLaunch(
             *t->launches()->Get(j),

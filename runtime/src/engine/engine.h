@@ -88,7 +88,7 @@ struct ModelInfo {
   int32_t topLogits = 0;
   /// Whether those lists can be ranked by a temperature sampler's noisy
   /// keys, and come with the rows' totals (TopLogits::noise; plans from
-  /// format 1.6).
+  /// format 1.7).
   bool topLogitsNoise = false;
   bool topLogitsTotals = false;
 };
