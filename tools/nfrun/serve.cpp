@@ -202,15 +202,20 @@ private:
       }
       r.decoded += *piece;
     }
-    std::string visible = r.decoded;
+    // What the client may see: the decoded text up to a stop string, less
+    // a tail that may still start one or is part of a character. It only
+    // grows (a held-back tail is what a later stop string would start
+    // with), so r.text takes the new bytes instead of a copy of the whole.
+    const std::string &decoded = r.decoded;
+    size_t visible = decoded.size();
     std::string reason;
     if (r.cancelled.load()) {
       finish(r, "cancelled", "");
       return true;
     }
-    if (size_t at = findStop(visible, r.stops, searched);
+    if (size_t at = findStop(decoded, r.stops, searched);
         at != std::string::npos) {
-      visible.resize(at);
+      visible = at;
       reason = "stop";
     } else if (eos) {
       reason = "stop";
@@ -218,12 +223,15 @@ private:
                model_.sequenceLength(r.seq) + 1 >= model_.maxContext()) {
       reason = "length";
     } else {
-      visible.resize(visible.size() - std::max(heldBack(visible, r.stops),
-                                               incompleteUtf8(visible)));
+      visible -=
+          std::max(heldBack(decoded, r.stops), incompleteUtf8(decoded));
     }
     {
       std::lock_guard<std::mutex> lock(r.mu);
-      r.text = visible;
+      if (visible >= r.text.size())
+        r.text.append(decoded, r.text.size(), visible - r.text.size());
+      else
+        r.text.resize(visible);
     }
     // Only a stream reads text before the end (finish wakes the others):
     // a wake-up per token and request cost the scheduler's thread time.
