@@ -604,6 +604,19 @@ TEST(Sampler, TopPAndMinPDrawFromListsWithTheRowTotal) {
   p = withTemperature(1.0f, 9);
   p.topP = 0.9f;
   EXPECT_EQ(expectTopDrawsMatchRows(p, flat, 64, 5, 0.0), 5);
+  // Top-p with min-p: the nucleus reaches far past the list, but min-p's
+  // cut lies inside it: the listed tokens above the cut.
+  std::vector<float> body(100000, 0.0f);
+  for (size_t i = 0; i < 10; ++i)
+    body[i * 977] = 5.0f;
+  p = withTemperature(1.0f, 10);
+  p.topP = 0.95f;
+  p.minP = 0.1f;
+  EXPECT_EQ(expectTopDrawsMatchRows(p, body, 64, 10, 0.0), 0);
+  p.minP = 0.001f; // the cut below the list: the row
+  EXPECT_EQ(expectTopDrawsMatchRows(p, body, 64, 3, 0.0), 3);
+  p.minP = 0.0f;
+  p.topP = 0.9f;
   // Without a total (a device that does not sum), top-p reads the row.
   EXPECT_FALSE(make(p).samplesFromTop(64));
   EXPECT_TRUE(make(p).needsRowTotal());
