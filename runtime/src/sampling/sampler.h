@@ -11,7 +11,9 @@
 // a token needs no other token's, a device can rank x / T + G for a
 // temperature-only sampler and return the best few (sampleTop's noisy
 // lists). Top-p ranks the tokens most likely first; its threshold is top_p
-// times the candidates' total, summed in that same order. With top-k, only
+// times the candidates' total (summed in index order, or most likely first
+// after top-k), so a device's list of the largest logits with the row's
+// total decides it where the nucleus ends inside the list. With top-k, only
 // the tokens near the k largest logits get a probability computed (exactly
 // those a full ranking would keep), and top-p ranks growing prefixes rather
 // than the whole vocabulary. Temperature 0 is greedy: the argmax, the lowest
