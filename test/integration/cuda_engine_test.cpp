@@ -1653,6 +1653,38 @@ protected:
     V_ = engine_->info().vocabSize;
   }
 
+  /// One sequence per prompt with two samplers of params(i) (one draws
+  /// from the lists, one from the rows), its prompt run, and its greedy
+  /// token as the input of the next (decode) step.
+  struct SampledSequences {
+    std::vector<SequenceInput> in;
+    std::vector<int32_t> seqs, next;
+    std::vector<sampling::Sampler> fromTop, fromRow;
+  };
+  template <class Params>
+  void startSampled(Params params, SampledSequences &s) {
+    Engine &e = *engine_;
+    const size_t n = prompts_.size();
+    s.in.resize(n);
+    s.next.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      StatusOr<int32_t> seq = e.addSequence();
+      ASSERT_TRUE(seq.ok()) << seq.message();
+      s.seqs.push_back(*seq);
+      s.in[i].sequence = *seq;
+      s.in[i].tokens = prompts_[i].tokens;
+      const sampling::SamplerParams p = params(i);
+      s.fromTop.push_back(*sampling::Sampler::create(p));
+      s.fromRow.push_back(*sampling::Sampler::create(p));
+    }
+    std::vector<float> logits;
+    ASSERT_TRUE(e.step(s.in, LogitsFor::LastTokenPerSequence, logits).ok());
+    for (size_t i = 0; i < n; ++i) {
+      s.next[i] = argmax(logits.data() + i * V_, V_);
+      s.in[i].tokens = {&s.next[i], 1};
+    }
+  }
+
   std::string plan_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<RefFile> ref_;
@@ -2018,28 +2050,19 @@ TEST_P(CudaFixture, NoisyTopListsDrawWhatTheRowDraws) {
   Engine &e = *engine_;
   ASSERT_TRUE(e.info().topLogitsNoise) << "plan before format 1.6";
   const size_t n = prompts_.size();
-  std::vector<SequenceInput> in(n);
-  std::vector<int32_t> seqs;
-  std::vector<sampling::Sampler> fromTop, fromRow;
-  for (size_t i = 0; i < n; ++i) {
-    StatusOr<int32_t> seq = e.addSequence();
-    ASSERT_TRUE(seq.ok()) << seq.message();
-    seqs.push_back(*seq);
-    in[i].sequence = *seq;
-    in[i].tokens = prompts_[i].tokens;
-    sampling::SamplerParams p;
-    p.temperature = i == 0 ? 0.0f : 0.5f + 0.4f * static_cast<float>(i);
-    p.seed = 1000 + i;
-    fromTop.push_back(*sampling::Sampler::create(p));
-    fromRow.push_back(*sampling::Sampler::create(p));
-  }
+  SampledSequences ss;
+  startSampled(
+      [](size_t i) {
+        sampling::SamplerParams p;
+        p.temperature = i == 0 ? 0.0f : 0.5f + 0.4f * static_cast<float>(i);
+        p.seed = 1000 + i;
+        return p;
+      },
+      ss);
+  if (HasFatalFailure())
+    return;
+  auto &[in, seqs, next, fromTop, fromRow] = ss;
   std::vector<float> logits;
-  ASSERT_TRUE(e.step(in, LogitsFor::LastTokenPerSequence, logits).ok());
-  std::vector<int32_t> next(n);
-  for (size_t i = 0; i < n; ++i) {
-    next[i] = argmax(logits.data() + i * V_, V_);
-    in[i].tokens = {&next[i], 1};
-  }
   TopLogits top;
   std::vector<float> row(static_cast<size_t>(V_));
   for (int stepNo = 0; stepNo < 3; ++stepNo) {
@@ -2101,29 +2124,20 @@ TEST_P(CudaFixture, TopListsCarryTheRowTotals) {
   Engine &e = *engine_;
   ASSERT_TRUE(e.info().topLogitsTotals) << "plan without totals";
   const size_t n = prompts_.size();
-  std::vector<SequenceInput> in(n);
-  std::vector<int32_t> seqs;
-  std::vector<sampling::Sampler> fromTop, fromRow;
-  for (size_t i = 0; i < n; ++i) {
-    StatusOr<int32_t> seq = e.addSequence();
-    ASSERT_TRUE(seq.ok()) << seq.message();
-    seqs.push_back(*seq);
-    in[i].sequence = *seq;
-    in[i].tokens = prompts_[i].tokens;
-    sampling::SamplerParams p;
-    p.temperature = 0.3f + 0.3f * static_cast<float>(i);
-    p.topP = i == 0 ? 1.0f : 0.5f + 0.1f * static_cast<float>(i % 5);
-    p.seed = 77 + i;
-    fromTop.push_back(*sampling::Sampler::create(p));
-    fromRow.push_back(*sampling::Sampler::create(p));
-  }
+  SampledSequences ss;
+  startSampled(
+      [](size_t i) {
+        sampling::SamplerParams p;
+        p.temperature = 0.3f + 0.3f * static_cast<float>(i);
+        p.topP = i == 0 ? 1.0f : 0.5f + 0.1f * static_cast<float>(i % 5);
+        p.seed = 77 + i;
+        return p;
+      },
+      ss);
+  if (HasFatalFailure())
+    return;
+  auto &[in, seqs, next, fromTop, fromRow] = ss;
   std::vector<float> logits;
-  ASSERT_TRUE(e.step(in, LogitsFor::LastTokenPerSequence, logits).ok());
-  std::vector<int32_t> next(n);
-  for (size_t i = 0; i < n; ++i) {
-    next[i] = argmax(logits.data() + i * V_, V_);
-    in[i].tokens = {&next[i], 1};
-  }
   TopLogits top;
   std::vector<float> row(static_cast<size_t>(V_));
   int fromLists = 0;

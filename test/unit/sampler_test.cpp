@@ -522,26 +522,18 @@ double deviceTotal(const std::vector<float> &l, float temperature,
   return s * (1.0 + skew);
 }
 
-/// Draws `n` tokens through sampleTop (the row where the list cannot
-/// decide) and through sample; both streams must agree. Returns how many
-/// draws needed the row. `skew`: lists come with the row's total (top-p),
-/// off by that much.
-int expectTopDrawsMatchRows(SamplerParams p, const std::vector<float> &l,
-                            size_t k, int n,
-                            std::optional<double> skew = std::nullopt) {
-  Sampler fromTop = make(p), fromRow = make(p);
-  EXPECT_TRUE(fromTop.samplesFromTop(static_cast<int32_t>(k), false,
-                                     skew.has_value()));
-  const auto [ids, values] = topList(l, k);
-  const double total =
-      skew ? deviceTotal(l, p.temperature, *skew)
-           : std::numeric_limits<double>::quiet_NaN();
+/// Draws `n` tokens through `fromList(fromTop)` (sampleTop on a list; the
+/// row where the list cannot decide) and through fromRow's sample; both
+/// streams must agree. Returns how many draws needed the row.
+template <class FromList>
+int expectDrawsMatchRows(const SamplerParams &p, Sampler &fromTop,
+                         Sampler &fromRow, const std::vector<float> &l, int n,
+                         FromList fromList) {
   int rows = 0;
   for (int i = 0; i < n; ++i) {
-    auto t = fromTop.sampleTop(ids, values, static_cast<int64_t>(l.size()),
-                               false, total);
+    auto t = fromList(fromTop);
     auto want = fromRow.sample(l);
-    EXPECT_EQ(t.ok(), want.ok());
+    EXPECT_EQ(t.ok(), want.ok()) << t.message() << want.message();
     if (!t.ok() || !want.ok())
       continue;
     int32_t got = -1;
@@ -555,6 +547,24 @@ int expectTopDrawsMatchRows(SamplerParams p, const std::vector<float> &l,
                           << p.topK << " draw " << i;
   }
   return rows;
+}
+
+/// expectDrawsMatchRows from the row's top list. `skew`: the list comes with
+/// the row's total (top-p), off by that much.
+int expectTopDrawsMatchRows(SamplerParams p, const std::vector<float> &l,
+                            size_t k, int n,
+                            std::optional<double> skew = std::nullopt) {
+  Sampler fromTop = make(p), fromRow = make(p);
+  EXPECT_TRUE(fromTop.samplesFromTop(static_cast<int32_t>(k), false,
+                                     skew.has_value()));
+  const auto [ids, values] = topList(l, k);
+  const double total =
+      skew ? deviceTotal(l, p.temperature, *skew)
+           : std::numeric_limits<double>::quiet_NaN();
+  return expectDrawsMatchRows(p, fromTop, fromRow, l, n, [&](Sampler &s) {
+    return s.sampleTop(ids, values, static_cast<int64_t>(l.size()), false,
+                       total);
+  });
 }
 
 TEST(Sampler, TopListsDrawWhatTheRowDraws) {
@@ -746,29 +756,18 @@ noisyTopList(const std::vector<float> &l, const Sampler &s, size_t k,
   return {ids, values};
 }
 
-/// As expectTopDrawsMatchRows, from noisy lists (one per draw).
+/// expectDrawsMatchRows from noisy lists (one per draw); the draw counters
+/// end equal.
 int expectNoisyDrawsMatchRows(SamplerParams p, const std::vector<float> &l,
                               size_t k, int n, double skew = 0.0) {
   Sampler fromTop = make(p), fromRow = make(p);
   EXPECT_TRUE(fromTop.samplesFromTop(static_cast<int32_t>(k), true));
-  int rows = 0;
-  for (int i = 0; i < n; ++i) {
-    const auto [ids, values] = noisyTopList(l, fromTop, k, skew);
-    auto t = fromTop.sampleTop(ids, values, static_cast<int64_t>(l.size()),
-                               /*noisy=*/true);
-    auto want = fromRow.sample(l);
-    EXPECT_EQ(t.ok(), want.ok()) << t.message() << want.message();
-    if (!t.ok() || !want.ok())
-      continue;
-    int32_t got = -1;
-    if (*t) {
-      got = **t;
-    } else {
-      ++rows;
-      got = *fromTop.sample(l);
-    }
-    EXPECT_EQ(got, *want) << "temperature " << p.temperature << " draw " << i;
-  }
+  const int rows =
+      expectDrawsMatchRows(p, fromTop, fromRow, l, n, [&](Sampler &s) {
+        const auto [ids, values] = noisyTopList(l, s, k, skew);
+        return s.sampleTop(ids, values, static_cast<int64_t>(l.size()),
+                           /*noisy=*/true);
+      });
   EXPECT_EQ(fromTop.draws(), fromRow.draws());
   return rows;
 }

@@ -330,29 +330,18 @@ std::optional<double> Sampler::filterTop(std::span<const int32_t> ids,
         before = cum;
         cum += p[keep++];
       }
-      // Where the list ends first, it must hold every candidate, or the
-      // nucleus must reach past it while min-p's cut lies inside it (the
-      // kept tokens are then the listed ones above the cut).
       if (cum < threshold * (1.0 + kMargin) && !complete) {
-        const double cut = static_cast<double>(params_.minP) * p[0];
-        if (!(params_.minP > 0.0f && cum < threshold * (1.0 - kMargin) &&
-              positive == c && p[positive - 1] < cut))
+        // The list ends first: it must hold every candidate, or the
+        // nucleus must reach past it while min-p's cut lies inside it
+        // (checked below: the kept tokens are the listed ones above it).
+        if (!(params_.minP > 0.0f && cum < threshold * (1.0 - kMargin)))
           return std::nullopt;
         keep = positive;
-        while (keep > 0 && p[keep - 1] < cut)
-          --keep;
-        for (size_t i = 0; i < keep; ++i)
-          candidates_.push_back({ids[i], p[i], values[i]});
-        double total = 0.0;
-        for (const Candidate &x : candidates_)
-          total += x.prob;
-        return total;
-      }
-      if (keep > 1 && !(before < threshold * (1.0 - kMargin)))
+      } else if (keep > 1 && !(before < threshold * (1.0 - kMargin))) {
         return std::nullopt;
-      if (keep == positive && !complete)
+      } else if (keep == positive && !complete) {
         return std::nullopt;
-      if (keep < positive && !(p[keep] < p[keep - 1])) {
+      } else if (keep < positive && !(p[keep] < p[keep - 1])) {
         // Equal probabilities across the end: both orders agree where
         // they are equal logits (ranked by id in both); the whole group
         // must be listed.
