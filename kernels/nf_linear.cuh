@@ -849,6 +849,91 @@ template <class XT, int NT> struct SkinnyXRing {
   static constexpr int kPerWarp = 2 * NT * XV * 32; // uint4
 };
 
+/// One 32-deep K step of a skinny item for n-tile nt: acc[mt][nt] += the
+/// products of the weight fragments w (each thread's 16 bytes of rows gid
+/// and gid + 8 of m-tile mt, K permuted) with x, the 8 activations of the
+/// same K positions of row gid of the n-tile, split into TERMS bf16 terms
+/// (small first).
+template <int MT, int NT, int TERMS>
+__device__ __forceinline__ void skinny_mma(float (&acc)[MT][NT][4],
+                                           const uint4 (&w)[MT][2], int nt,
+                                           const float (&x)[8]) {
+  unsigned b[3][4]; // [term: hi, mid, lo][2 * s + reg]
+#pragma unroll
+  for (int i = 0; i < 8; i += 2) {
+    unsigned short t0[3], t1[3];
+    split_bf16<TERMS>(x[i], t0);
+    split_bf16<TERMS>(x[i + 1], t1);
+#pragma unroll
+    for (int term = 0; term < TERMS; ++term)
+      b[term][i / 2] = pack_bf16x2(t0[term], t1[term]);
+  }
+#pragma unroll
+  for (int s = 0; s < 2; ++s)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const unsigned af[4] = {
+          uint4_at(w[mt][0], 2 * s), uint4_at(w[mt][1], 2 * s),
+          uint4_at(w[mt][0], 2 * s + 1), uint4_at(w[mt][1], 2 * s + 1)};
+#pragma unroll
+      for (int term = TERMS - 1; term >= 0; --term) // small first
+        mma_bf16(acc[mt][nt], af, b[term][2 * s], b[term][2 * s + 1]);
+    }
+}
+
+/// The end of a skinny item: the KW warps' partial sums folded pairwise
+/// through `red` (the upper half adds into the lower half, a fixed order),
+/// then warp 0 stores rows [row0, row0 + rows) of features from n0. `warp`:
+/// the calling warp's index among the KW; `sync()` is a barrier of the KW
+/// warps (__syncthreads, or a named barrier
+/// where other warps of the block do other work).
+template <class S, int KW, int MT, int NT, class Sync>
+__device__ __forceinline__ void
+skinny_fold_store(Step a, float (&acc)[MT][NT][4], float *red, int row0,
+                  int rows, int n0, int warp, Sync sync) {
+  const int lane = lane_id();
+  const int gid = lane >> 2, tig = lane & 3;
+  constexpr int kFrag = MT * NT * 4;
+#pragma unroll
+  for (int half = KW / 2; half >= 1; half /= 2) {
+    sync(); // red is free
+    if (warp >= half && warp < 2 * half) {
+      float *dst = red + (warp - half) * kFrag * 32;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            dst[((mt * NT + nt) * 4 + c) * 32 + lane] = acc[mt][nt][c];
+    }
+    sync();
+    if (warp < half) {
+      const float *src = red + warp * kFrag * 32;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            acc[mt][nt][c] += src[((mt * NT + nt) * 4 + c) * 32 + lane];
+    }
+  }
+  if (warp == 0) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int n = n0 + mt * 16 + gid + (c >> 1) * 8;
+          const int r = nt * 8 + 2 * tig + (c & 1);
+          if (n < S::N && r < rows)
+            S::store(a, row0 + r, n, acc[mt][nt][c]);
+        }
+  }
+}
+
 template <class S, int KW, int MT, int NT, int STAGES, int TERMS,
           bool kWaitAfterFetch, bool kStageX, bool kX16>
 __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
@@ -966,28 +1051,7 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
           for (int i = 0; i < 8; ++i)
             x[i] = 0.0f;
         }
-        unsigned b[3][4]; // [term: hi, mid, lo][2 * s + reg]
-#pragma unroll
-        for (int i = 0; i < 8; i += 2) {
-          unsigned short t0[3], t1[3];
-          split_bf16<TERMS>(x[i], t0);
-          split_bf16<TERMS>(x[i + 1], t1);
-#pragma unroll
-          for (int term = 0; term < TERMS; ++term)
-            b[term][i / 2] = pack_bf16x2(t0[term], t1[term]);
-        }
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            const unsigned af[4] = {uint4_at(w[st][mt][0], 2 * s),
-                                    uint4_at(w[st][mt][1], 2 * s),
-                                    uint4_at(w[st][mt][0], 2 * s + 1),
-                                    uint4_at(w[st][mt][1], 2 * s + 1)};
-#pragma unroll
-            for (int term = TERMS - 1; term >= 0; --term) // small first
-              mma_bf16(acc[mt][nt], af, b[term][2 * s], b[term][2 * s + 1]);
-          }
+        skinny_mma<MT, NT, TERMS>(acc, w[st], nt, x);
       }
       fetch(w[st], ks + STAGES * KW);
       slot ^= 1;
@@ -995,46 +1059,8 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
   }
   if constexpr (kStageX)
     copy_async_wait<0>(); // the last (empty) stage, before the next item
-  // Fold the warps' partial sums: the upper half adds into the lower half.
-  constexpr int kFrag = MT * NT * 4;
-#pragma unroll
-  for (int half = KW / 2; half >= 1; half /= 2) {
-    __syncthreads(); // red is free
-    if (warp >= half && warp < 2 * half) {
-      float *dst = red + (warp - half) * kFrag * 32;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c)
-            dst[((mt * NT + nt) * 4 + c) * 32 + lane] = acc[mt][nt][c];
-    }
-    __syncthreads();
-    if (warp < half) {
-      const float *src = red + warp * kFrag * 32;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c)
-            acc[mt][nt][c] += src[((mt * NT + nt) * 4 + c) * 32 + lane];
-    }
-  }
-  if (warp == 0) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int n = n0 + mt * 16 + gid + (c >> 1) * 8;
-          const int r = nt * 8 + 2 * tig + (c & 1);
-          if (n < S::N && r < rows)
-            S::store(a, row0 + r, n, acc[mt][nt][c]);
-        }
-  }
+  skinny_fold_store<S, KW>(a, acc, red, row0, rows, n0, warp,
+                           [] { __syncthreads(); });
 }
 
 /// skinny_linear's fold buffer, in floats (a multiple of 4): items of up

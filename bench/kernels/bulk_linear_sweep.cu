@@ -1,0 +1,270 @@
+// The decode linear of few rows on bulk copies (bulk_linear,
+// kernels/nf_bulk.cuh) against the register-ring skinny_linear narrow
+// variant it replaces (kernels/nf_linear.cuh), on the shapes of
+// Nemotron-3-Nano-30B-A3B's decode step: the routed experts at batch 1 (6 of
+// 128, one row each) and batch 8 (~30 of 128), and the dense layers of one
+// row. It first checks that both write the same bits (bulk_linear's
+// contract), then prints GB/s of weight bytes per launch next to the
+// device-to-device copy bandwidth measured in the same run. A benchmark, not
+// a test. Each step takes other experts (dense layers: one of 16 copies),
+// so no launch finds its weights in L2.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels -I bench/kernels \
+//     bench/kernels/bulk_linear_sweep.cu -o bulk_linear_sweep &&
+//     ./bulk_linear_sweep
+#ifndef NF_TERMS
+#define NF_TERMS 1 // activation terms: 1 (--matmul-inputs=bf16) or 3 (exact)
+#endif
+#define NF_ARENA_FROM_ARGS 1
+#include "nf_bulk.cuh"
+
+#include "cuda_check.h"
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cuda_runtime.h>
+#include <vector>
+
+// Arena layout of the sweep: [0, 4 KiB) dispatch offsets (E + 1 i32),
+// then x rows (f32, 64 x K), then y (f32, 64 x N).
+constexpr long long kXOff = 4096, kYOff = kXOff + 64LL * 8192 * 4;
+
+// Varied finite bf16 weights in [-1, 1) (a hash of the index).
+__global__ void fillBf16(unsigned short *w, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u;
+    h ^= h >> 15;
+    const float v = (h & 0xffff) / 32768.0f - 1.0f;
+    w[i] = static_cast<unsigned short>(__float_as_uint(v) >> 16);
+  }
+}
+
+template <int N_, int K_, int E> struct Spec {
+  using W = nf::bf16;
+  static constexpr int N = N_, K = K_, G = E;
+  static constexpr bool kGroupsEarly = false; // groups from the arena
+  __device__ static __forceinline__ const W *weight(nf::Step a, int g) {
+    return static_cast<const W *>(a->weights[0]) +
+           static_cast<long long>(g) * N * K;
+  }
+  __device__ static __forceinline__ const float *row(nf::Step a, int r) {
+    return nf::arena<float>(a, kXOff) + static_cast<long long>(r) * K;
+  }
+  __device__ static __forceinline__ void store(nf::Step a, int r, int n,
+                                               float v) {
+    nf::arena<float>(a, kYOff)[static_cast<long long>(r) * N + n] = v;
+  }
+  __device__ static __forceinline__ void group(nf::Step a, int g, int &begin,
+                                               int &count) {
+    const int32_t *off = nf::arena<int32_t>(a, 0);
+    begin = off[g];
+    count = off[g + 1] - off[g];
+  }
+};
+
+template <class S>
+__global__ void __launch_bounds__(256) skinny(const nf_step_args *args) {
+  nf::skinny_linear<S, 1, 4, 8, NF_TERMS>(nf::Step{args, nullptr});
+}
+template <class S, int ST, int SK, int CG>
+__global__ void __launch_bounds__(32 * (8 * CG + 1))
+    bulk(const nf_step_args *args) {
+  nf::bulk_linear<S, ST, SK, CG, NF_TERMS>(nf::Step{args, nullptr});
+}
+
+struct Problem {
+  const char *name;
+  int E, N, K, active; // experts (dense: 16 copies), active experts per step
+  int rows = 1;        // rows of each active expert (dense: of the layer)
+};
+
+static float copyBandwidth() {
+  const size_t bytes = 1ull << 30;
+  void *src, *dst;
+  CHECK(cudaMalloc(&src, bytes));
+  CHECK(cudaMalloc(&dst, bytes));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < 10; ++i)
+    CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  float ms;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CHECK(cudaFree(src));
+  CHECK(cudaFree(dst));
+  return 2.0f * bytes * 10 / (ms * 1e-3f) / 1e9f; // read + write
+}
+
+static std::vector<int32_t> offsetsOf(const Problem &p, int it) {
+  std::vector<int32_t> off(p.E + 1);
+  int rows = 0;
+  for (int g = 0; g < p.E; ++g) {
+    off[g] = rows;
+    rows += ((g * 7 + it * 13) % p.E) < p.active ? p.rows : 0;
+  }
+  off[p.E] = rows;
+  return off;
+}
+
+// Median-free simple timing: `iters` steps, each with its own offsets
+// (copied first; the copies are timed alone and subtracted).
+template <class Kernel>
+static float timeSteps(Kernel kernel, int grid, int block, int smem,
+                       const Problem &p, nf_step_args *dArgs, char *arena) {
+  const int iters = 200;
+  int32_t *dOffs = device_alloc<int32_t>(size_t(p.E + 1) * iters);
+  for (int it = 0; it < iters; ++it) {
+    std::vector<int32_t> off = offsetsOf(p, it);
+    CHECK(cudaMemcpy(dOffs + it * (p.E + 1), off.data(),
+                     sizeof(int32_t) * (p.E + 1), cudaMemcpyHostToDevice));
+  }
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  auto copies = [&](bool launch) {
+    for (int it = 0; it < iters; ++it) {
+      CHECK(cudaMemcpyAsync(arena, dOffs + it * (p.E + 1),
+                            sizeof(int32_t) * (p.E + 1),
+                            cudaMemcpyDeviceToDevice));
+      if (launch)
+        kernel<<<grid, block, smem>>>(dArgs);
+    }
+  };
+  copies(true);
+  CHECK(cudaDeviceSynchronize());
+  float ms[2];
+  for (int launch = 0; launch < 2; ++launch) {
+    CHECK(cudaEventRecord(e0));
+    copies(launch == 1);
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    CHECK(cudaEventElapsedTime(&ms[launch], e0, e1));
+  }
+  CHECK(cudaGetLastError());
+  CHECK(cudaFree(dOffs));
+  return (ms[1] - ms[0]) * 1e3f / iters;
+}
+
+template <class S, int ST, int SK, int CG>
+static void compare(const Problem &p, nf_step_args *dArgs, char *arena, int sms,
+                    float copy, bool shipped = false) {
+  constexpr int smem = nf::bulk_linear_smem<S::K, ST, SK, CG>();
+  constexpr int threads = 32 * (8 * CG + 1);
+  // (Configurations that do not fit, or break the ring's invariant, skip.)
+  if constexpr (smem > 227 * 1024 ||
+                ST < CG * nf::BulkLinearShape<S::K, ST, SK, CG>::SPI)
+    return;
+  else {
+    auto kb = bulk<S, ST, SK, CG>;
+    CHECK(cudaFuncSetAttribute(kb, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               smem));
+    // Same bits: one step's output of each (y poisoned before each).
+    const std::vector<int32_t> off = offsetsOf(p, 0);
+    const size_t ys = size_t(off[p.E]) * S::N;
+    std::vector<float> y0(ys), y1(ys);
+    auto once = [&](auto kernel, int grid, int block, int sm,
+                    std::vector<float> &y) {
+      CHECK(cudaMemcpy(arena, off.data(), sizeof(int32_t) * (p.E + 1),
+                       cudaMemcpyHostToDevice));
+      CHECK(cudaMemset(arena + kYOff, 0xff, ys * 4));
+      kernel<<<grid, block, sm>>>(dArgs);
+      CHECK(cudaDeviceSynchronize());
+      CHECK(
+          cudaMemcpy(y.data(), arena + kYOff, ys * 4, cudaMemcpyDeviceToHost));
+    };
+    const int skinnySmem = nf::skinny_smem<S, 1, 8, false>();
+    once(skinny<S>, 3 * sms, 256, skinnySmem, y0);
+    once(kb, sms, threads, smem, y1);
+    size_t diff = 0;
+    for (size_t i = 0; i < ys; ++i)
+      diff += std::memcmp(&y0[i], &y1[i], 4) != 0;
+    const size_t bytes = size_t(p.E == 16 ? 1 : p.active) * S::N * S::K * 2;
+    auto report = [&](const char *label, int grid, float us) {
+      const float gbs = bytes / (us * 1e-6f) / 1e9f;
+      std::printf("%-12s %-34s grid %4d: %7.2f us %6.0f GB/s %4.0f%% of copy\n",
+                  p.name, label, grid, us, gbs, 100.0f * gbs / copy);
+    };
+    char label[64];
+    std::snprintf(label, sizeof label, "bulk ST%d SK%d CG%d %3dK (%s)", ST, SK,
+                  CG, smem / 1024, diff ? "DIFFERS" : "same bits");
+    if (diff)
+      std::printf("%s: %zu of %zu outputs differ from skinny_linear\n", p.name,
+                  diff, ys);
+    for (int perSm : {1, 2}) {
+      int maxBlocks = 0;
+      CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&maxBlocks, kb,
+                                                          threads, smem));
+      if (perSm <= maxBlocks)
+        report(label, perSm * sms,
+               timeSteps(kb, perSm * sms, threads, smem, p, dArgs, arena));
+    }
+    if (shipped)
+      report("skinny narrow (shipped)", 3 * sms,
+             timeSteps(skinny<S>, 3 * sms, 256, skinnySmem, p, dArgs, arena));
+  }
+}
+
+template <class S>
+static void sweep(const Problem &p, nf_step_args *dArgs, char *arena, int sms,
+                  float copy) {
+  compare<S, 5, 40, 1>(p, dArgs, arena, sms, copy, true);
+  compare<S, 2, 88, 2>(p, dArgs, arena, sms, copy);
+  compare<S, 4, 48, 2>(p, dArgs, arena, sms, copy);
+  compare<S, 6, 32, 2>(p, dArgs, arena, sms, copy);
+  compare<S, 3, 88, 3>(p, dArgs, arena, sms, copy);
+  compare<S, 2, 128, 2>(p, dArgs, arena, sms, copy);
+}
+
+int main() {
+  std::setvbuf(stdout, nullptr, _IONBF, 0);
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const float copy = copyBandwidth();
+  std::printf("device-to-device copy: %.0f GB/s (read + write), %d SMs, %d "
+              "activation term(s)\n",
+              copy, sms, NF_TERMS);
+  const size_t wBytes = 128ull * 1856 * 2688 * 2;
+  void *w;
+  CHECK(cudaMalloc(&w, wBytes));
+  fillBf16<<<4096, 256>>>(static_cast<unsigned short *>(w), wBytes / 2);
+  char *arena;
+  const size_t arenaBytes = kYOff + 64ull * 16384 * 4;
+  CHECK(cudaMalloc(&arena, arenaBytes));
+  // Activations: varied finite values (the same fill, read as bf16 pairs).
+  fillBf16<<<1024, 256>>>(reinterpret_cast<unsigned short *>(arena + kXOff),
+                          64ull * 8192 * 2);
+  const void **dW;
+  CHECK(cudaMalloc(&dW, sizeof(void *)));
+  CHECK(cudaMemcpy(dW, &w, sizeof(void *), cudaMemcpyHostToDevice));
+  nf_step_args args{};
+  args.arena = arena;
+  args.weights = dW;
+  args.num_tokens = 1;
+  args.num_seqs = 1;
+  nf_step_args *dArgs;
+  CHECK(cudaMalloc(&dArgs, sizeof args));
+  CHECK(cudaMemcpy(dArgs, &args, sizeof args, cudaMemcpyHostToDevice));
+  sweep<Spec<1856, 2688, 128>>({"expert_up", 128, 1856, 2688, 6}, dArgs, arena,
+                               sms, copy);
+  sweep<Spec<2688, 1856, 128>>({"expert_dn", 128, 2688, 1856, 6}, dArgs, arena,
+                               sms, copy);
+  sweep<Spec<1856, 2688, 128>>({"expert_up8", 128, 1856, 2688, 30, 2}, dArgs,
+                               arena, sms, copy);
+  sweep<Spec<2688, 1856, 128>>({"expert_dn8", 128, 2688, 1856, 30, 2}, dArgs,
+                               arena, sms, copy);
+  // Dense layers: 16 copies, one a step (Spec's groups: one active copy).
+  sweep<Spec<10304, 2688, 16>>({"in_proj", 16, 10304, 2688, 1}, dArgs, arena,
+                               sms, copy);
+  sweep<Spec<3712, 2688, 16>>({"shared_up", 16, 3712, 2688, 1}, dArgs, arena,
+                              sms, copy);
+  sweep<Spec<2688, 4096, 16>>({"out_proj", 16, 2688, 4096, 1}, dArgs, arena,
+                              sms, copy);
+  return 0;
+}
