@@ -35,4 +35,5 @@ for inputs in exact bf16; do
     --max-tokens 8192 --max-sequences 64 -o "$CARRY/plans/$name.nfb" \
     --print-kernel-cache-stats
 done
+bash "$REPO/scripts/gpu_check.sh" pack "$CARRY" # 92-105 MB -> ~1.4 each
 du -sh "$CARRY"

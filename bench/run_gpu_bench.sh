@@ -12,6 +12,7 @@
 set -uo pipefail
 carry=$(cd "$1" && pwd)
 hf_batches=${2:-1,8,32,64}
+bash scripts/gpu_check.sh unpack "$carry" || exit 1 # plans/*.nfb.xz
 export LD_LIBRARY_PATH="$carry/lib:${LD_LIBRARY_PATH:-}"
 python3 bench/make_nano_shape.py /tmp/nano > /dev/null
 python3 bench/hf_baseline.py /tmp/nano --ceilings-only --out "$OUT/ceilings.json"

@@ -3,6 +3,7 @@
 #
 #   scripts/gpu_check.sh prepare [CARRY]   here: build, compile plans, copy
 #   scripts/gpu_check.sh run [CARRY]       on the GPU machine; results in $OUT
+#   scripts/gpu_check.sh pack|unpack [CARRY]  plans to / from .nfb.xz
 #
 # CARRY (default: build-gpu-carry, under the repository root) holds what the
 # GPU machine cannot make itself: it has nvcc 13, CMake, ninja and PyTorch
@@ -28,6 +29,10 @@
 #     build/lib/libnf_fake_cuda.so, libgomp.so.1 and cpp-httplib (with its
 #     brotli libraries) into CARRY/{bin,lib}, and
 #     write CARRY/MANIFEST (commit, date, nfc --version, plan sizes).
+#  4. Compress the plans (`pack`: plans/<m>.nfb -> plans/<m>.nfb.xz): the
+#     device tool carries at most 64 MiB, and the plans' cubins and PTX,
+#     one module per kernel, repeat themselves (the fixtures' 95 MB -> 8,
+#     a Nano-shape plan's 92-105 MB -> 1.4). `run` unpacks them first.
 # The weights, references and eval text are tracked files of the repository
 # and travel with the working tree. CARRY matches build-*/ in .gitignore, so
 # name it in the device tool's `carry` argument: carry=["build-gpu-carry"].
@@ -115,9 +120,30 @@ prepare() {
     echo "target: $target"
     (cd "$CARRY" && find . -type f -printf '%p %s\n' | sort)
   } > "$CARRY/MANIFEST"
+  pack
   set +e
   du -sh "$CARRY"
   echo "carry directory ready: $CARRY (device tool: carry=[\"${CARRY#"$REPO"/}\"])"
+}
+
+# Plans to and from xz (the device tool's carry limit; see prepare).
+pack() {
+  local p
+  for p in "$CARRY"/plans/*.nfb; do
+    [ -f "$p" ] && xz -T0 -6 -f "$p"
+  done
+  return 0
+}
+unpack() {
+  local p
+  for p in "$CARRY"/plans/*.nfb.xz; do
+    [ -f "$p" ] || continue
+    [ -f "${p%.xz}" ] && continue
+    xz -dkc "$p" > "${p%.xz}" 2>/dev/null ||
+      python3 -c "import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as f, open(sys.argv[2], 'wb') as o: shutil.copyfileobj(f, o)" "$p" "${p%.xz}" ||
+      { echo "gpu_check: cannot unpack $p" >&2; return 1; }
+  done
 }
 
 # ---------------------------------------------------------------------------
@@ -138,6 +164,7 @@ run() {
   SUMMARY="$OUT/summary.txt"
   : > "$SUMMARY"
   local bin="$CARRY/bin" plans="$CARRY/plans"
+  unpack || return 1
   export LD_LIBRARY_PATH="$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export PATH="$PATH:/usr/local/cuda/bin"
   export NF_TEST_DATA_DIR="$REPO/test/data"
@@ -298,6 +325,8 @@ EOF
 case "$MODE" in
 prepare) prepare ;;
 run) run ;;
+pack) pack ;;
+unpack) unpack ;;
 *)
   sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
