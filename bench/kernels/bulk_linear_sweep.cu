@@ -81,27 +81,6 @@ struct Problem {
   int rows = 1;        // rows of each active expert (dense: of the layer)
 };
 
-static float copyBandwidth() {
-  const size_t bytes = 1ull << 30;
-  void *src, *dst;
-  CHECK(cudaMalloc(&src, bytes));
-  CHECK(cudaMalloc(&dst, bytes));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < 10; ++i)
-    CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float ms;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  CHECK(cudaFree(src));
-  CHECK(cudaFree(dst));
-  return 2.0f * bytes * 10 / (ms * 1e-3f) / 1e9f; // read + write
-}
-
 static std::vector<int32_t> offsetsOf(const Problem &p, int it) {
   std::vector<int32_t> off(p.E + 1);
   int rows = 0;
@@ -226,7 +205,7 @@ int main() {
   std::setvbuf(stdout, nullptr, _IONBF, 0);
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const float copy = copyBandwidth();
+  const float copy = copy_bandwidth_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write), %d SMs, %d "
               "activation term(s)\n",
               copy, sms, NF_TERMS);

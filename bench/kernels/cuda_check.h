@@ -53,3 +53,17 @@ template <class Fn> float time_ms(Fn &&fn, int reps = 10, bool warm = true) {
   CHECK(cudaEventDestroy(e1));
   return ms / reps;
 }
+
+/// Device-to-device copy bandwidth, GB/s of bytes read + written: ten
+/// copies of 1 GiB after one untimed (the ceiling the sweeps compare with).
+inline float copy_bandwidth_gbs() {
+  const size_t bytes = 1ull << 30;
+  char *src = device_alloc<char>(bytes), *dst = device_alloc<char>(bytes);
+  CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  const float ms = time_ms(
+      [&] { CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 10,
+      false);
+  CHECK(cudaFree(src));
+  CHECK(cudaFree(dst));
+  return 2.0f * bytes / (ms * 1e-3f) / 1e9f;
+}

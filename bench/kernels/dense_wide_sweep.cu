@@ -113,25 +113,6 @@ struct Ctx {
   unsigned short *w = nullptr;
 };
 
-static float copyBandwidth() {
-  const size_t bytes = 1ull << 30;
-  void *src = device_alloc<char>(bytes), *dst = device_alloc<char>(bytes);
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < 10; ++i)
-    CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float ms;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  CHECK(cudaFree(src));
-  CHECK(cudaFree(dst));
-  return 2.0f * bytes * 10 / (ms * 1e-3f) / 1e9f;
-}
-
 // Times launch(args) over 200 launches rotating the weight copies, then
 // checks the last output against the reference of copy (200 - 1) % kCopies.
 template <class Launch>
@@ -260,7 +241,7 @@ static void router(const char *name, const Ctx &c, int copies) {
 int main() {
   Ctx c;
   CHECK(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, 0));
-  c.copy = copyBandwidth();
+  c.copy = copy_bandwidth_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write), %d SMs\n",
               c.copy, c.sms);
   const size_t wAll = 16ull * 10304 * 2688; // the largest: in_proj

@@ -121,8 +121,8 @@ int main() {
   }
   ROWS(1, 4, 2)
   ROWS(1, 4, 3)
-  ROWS(1, 8, 2) ROWS(2, 2, 2) ROWS(2, 4, 2) ROWS(2, 4, 3) ROWS(4, 2,
-                                                               2) ROWS(4, 2, 3)
+  ROWS(1, 8, 2)
+  ROWS(2, 2, 2) ROWS(2, 4, 2) ROWS(2, 4, 3) ROWS(4, 2, 2) ROWS(4, 2, 3)
       ROWS(4, 4, 2) for (int g : {132, 264, 396, 528}) for (int s : {4, 8}) {
     snprintf(name, 64, "linear S%d grid %d", s, g);
     if (s == 4)

@@ -123,25 +123,6 @@ struct Ctx {
   unsigned short *w = nullptr;
 };
 
-static float copyBandwidth() {
-  const size_t bytes = 1ull << 30;
-  void *src = device_alloc<char>(bytes), *dst = device_alloc<char>(bytes);
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < 10; ++i)
-    CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float ms;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  CHECK(cudaFree(src));
-  CHECK(cudaFree(dst));
-  return 2.0f * bytes * 10 / (ms * 1e-3f) / 1e9f;
-}
-
 template <class Launch>
 static void timeIt(const char *name, const char *label, const Ctx &c, int N,
                    int K, int rows, Launch launch) {
@@ -304,7 +285,7 @@ template <int N, int K> static void sweep(const char *name, const Ctx &c) {
 int main() {
   Ctx c;
   CHECK(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, 0));
-  c.copy = copyBandwidth();
+  c.copy = copy_bandwidth_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write), %d SMs\n",
               c.copy, c.sms);
   const size_t wAll = size_t(kCopies) * 10304 * 2688;

@@ -59,25 +59,6 @@ __global__ void __launch_bounds__(32 * KW) wide(const nf_step_args *args) {
   nf::skinny_linear<S, MT, STAGES, KW, 1, true, true>(nf::Step{args, nullptr});
 }
 
-static float copyBandwidth() {
-  const size_t bytes = 1ull << 30;
-  char *src = device_alloc<char>(bytes), *dst = device_alloc<char>(bytes);
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < 10; ++i)
-    CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float ms;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  CHECK(cudaFree(src));
-  CHECK(cudaFree(dst));
-  return 2.0f * bytes * 10 / (ms * 1e-3f) / 1e9f;
-}
-
 struct Ctx {
   int sms = 0;
   float copy = 0;
@@ -168,7 +149,7 @@ template <int N, int K> static void shape(Ctx &c, const char *name) {
 int main() {
   Ctx c;
   CHECK(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, 0));
-  c.copy = copyBandwidth();
+  c.copy = copy_bandwidth_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write), %d SMs\n",
               c.copy, c.sms);
   const size_t wElems = 128ull * 1856 * 2688;
