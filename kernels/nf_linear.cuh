@@ -885,8 +885,8 @@ __device__ __forceinline__ void skinny_mma(float (&acc)[MT][NT][4],
 /// through `red` (the upper half adds into the lower half, a fixed order),
 /// then warp 0 stores rows [row0, row0 + rows) of features from n0. `warp`:
 /// the calling warp's index among the KW; `sync()` is a barrier of the KW
-/// warps (__syncthreads, or a named barrier
-/// where other warps of the block do other work).
+/// warps (__syncthreads, or a named barrier where other warps of the block
+/// do other work).
 template <class S, int KW, int MT, int NT, class Sync>
 __device__ __forceinline__ void
 skinny_fold_store(Step a, float (&acc)[MT][NT][4], float *red, int row0,
