@@ -176,6 +176,7 @@ __device__ void bulk_linear(Step a) {
   struct Item {
     int g, n0, row0, rows;
   };
+  // skinny_linear's item order (the same items, for the same bits).
   auto item_at = [&](int item) {
     const int g = s_groups.group_of(item);
     const int local = item - s_groups.first[g];
