@@ -1150,6 +1150,109 @@ __device__ void skinny_linear(Step a) {
 }
 
 // ---------------------------------------------------------------------------
+// Decode linears of one-token steps: row_linear.
+// One warp per output feature over the whole of K, on CUDA cores: each lane
+// streams 16 contiguous weight bytes a chunk, U chunks in flight, and adds
+// their products with the group's row (f32, read through L1, which the
+// block's warps share) into its own sum; the warp's sums are added by a
+// fixed butterfly (deterministic). No K split across warps, so no fold
+// through shared memory and no barrier between items, and the items (one
+// weight row each) spread evenly over the GPU. The products are exact: an
+// FMA forms w * x exactly and rounds only the sum, as the three bf16 terms
+// of the tensor-core kernels do with a rounding per term. Activations stay
+// f32 with --matmul-inputs=bf16 too: rounding them here cost more than it
+// saved (a cvt per two elements: the Nano expert up projection 14 -> 19 us
+// alone on the H200, bench/kernels/row_linear_sweep.cu).
+// On the H200, alone at 3 blocks an SM, against skinny_linear's narrow
+// variant with three terms (the exact plan) and one (bf16 inputs): Nano's
+// routed expert up 14.7 us against 27.7 and 18.9, in_proj 12.7 against
+// 21.0 and 16.6, out_proj 5.8 against 11.4 and 9.4. With two rows the
+// weights would be read twice (once from L2) and the skinny kernel wins,
+// so plans run it for steps of one token (rows past R take further items).
+template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
+  static_assert(S::K % 8 == 0, "16-byte chunks");
+  constexpr int C = S::K / 8;       // chunks a weight row
+  constexpr int J = (C + 31) / 32;  // chunks a lane
+  constexpr int UU = U < J ? U : J; // chunks in flight a lane
+  constexpr bool kEarly = S::kGroupsEarly;
+  using T = RowElem<S>;
+  __shared__ GroupItems<S> s_groups;
+  if constexpr (!kEarly) {
+    wait_for_previous_grids(); // the groups are the previous launch's output
+    allow_next_grid();
+  }
+  // Items per group: chunks of R rows x features.
+  s_groups.build(a, [](int c) { return (c + R - 1) / R * S::N; });
+  const int items = s_groups.total();
+  const int lane = lane_id();
+  bool waited = !kEarly;
+  // (Asking for the next item's first chunks before this item's sums are
+  // added and stored made Nano's batch-1 step slower on the H200: 2.74 ->
+  // 2.93 ms, bench/results/2026-12-04.)
+  for (long long item = global_warp(a); item < items; item += grid_warps(a)) {
+    const int g = s_groups.group_of(static_cast<int>(item));
+    const int local = static_cast<int>(item) - s_groups.first[g];
+    const int chunk = local / S::N, n = local % S::N;
+    const int row0 = s_groups.begin[g] + chunk * R;
+    const int rows = min(R, s_groups.count[g] - chunk * R);
+    const bf16 *wrow = S::weight(a, g) + static_cast<long long>(n) * S::K;
+    auto fetch = [&](int c) {
+      return c < C ? load_stream16(wrow + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
+    };
+    uint4 w[UU]; // chunk j in slot j % UU
+#pragma unroll
+    for (int j = 0; j < UU; ++j)
+      w[j] = fetch(lane + 32 * j);
+    if (!waited) {
+      wait_for_previous_grids(); // the rows next
+      waited = true;
+    }
+    const T *xr[R];
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      xr[r] = r < rows ? S::row(a, row0 + r) : nullptr;
+      acc[r] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int c = lane + 32 * j;
+      const uint4 wv = w[j % UU];
+      if (j + UU < J)
+        w[j % UU] = fetch(c + 32 * UU);
+      if (c < C) {
+        float wf[8];
+        unpack_bf16x2(wv.x, wf);
+        unpack_bf16x2(wv.y, wf + 2);
+        unpack_bf16x2(wv.z, wf + 4);
+        unpack_bf16x2(wv.w, wf + 6);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (r < rows) {
+            float x[8];
+            load4_act(xr[r] + 8 * c, x);
+            load4_act(xr[r] + 8 * c + 4, x + 4);
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+              acc[r] = fmaf(wf[i], x[i], acc[r]);
+          }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v = acc[r];
+#pragma unroll
+      for (int o = 16; o >= 1; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0 && r < rows)
+        S::store(a, row0 + r, n, v);
+    }
+  }
+  if (!waited)
+    wait_for_previous_grids(); // a warp without items
+}
+
+// ---------------------------------------------------------------------------
 // Decode linears of wide steps with many feature tiles (the LM head; bf16
 // weights, the rows' bf16 copy S::row16): feature_tile_linear.
 // skinny_linear's items own 32 features and at most 16 rows, so a dense

@@ -6,7 +6,10 @@
 // do).
 #pragma once
 
+#include "cuda_check.h"
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 // Arena layout of the sweep: [0, 4 KiB) dispatch offsets (E + 1 i32),
 // then x rows (f32, 64 x K), then y (f32, 64 x N).
@@ -45,3 +48,61 @@ template <int N_, int K_, int E> struct Spec {
     count = off[g + 1] - off[g];
   }
 };
+
+// A problem of a sweep: E weights (experts, or dense copies) of N x K, of
+// which `active` take `rows` rows each step.
+struct Problem {
+  const char *name;
+  int E, N, K, active; // experts (dense: 16 copies), active experts per step
+  int rows = 1;        // rows of each active expert (dense: of the layer)
+};
+
+inline std::vector<int32_t> offsetsOf(const Problem &p, int it) {
+  std::vector<int32_t> off(p.E + 1);
+  int rows = 0;
+  for (int g = 0; g < p.E; ++g) {
+    off[g] = rows;
+    rows += ((g * 7 + it * 13) % p.E) < p.active ? p.rows : 0;
+  }
+  off[p.E] = rows;
+  return off;
+}
+
+// Median-free simple timing: `iters` steps, each with its own offsets
+// (copied first; the copies are timed alone and subtracted).
+template <class Kernel>
+float timeSteps(Kernel kernel, int grid, int block, int smem, const Problem &p,
+                nf_step_args *dArgs, char *arena) {
+  const int iters = 200;
+  int32_t *dOffs = device_alloc<int32_t>(size_t(p.E + 1) * iters);
+  for (int it = 0; it < iters; ++it) {
+    std::vector<int32_t> off = offsetsOf(p, it);
+    CHECK(cudaMemcpy(dOffs + it * (p.E + 1), off.data(),
+                     sizeof(int32_t) * (p.E + 1), cudaMemcpyHostToDevice));
+  }
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  auto copies = [&](bool launch) {
+    for (int it = 0; it < iters; ++it) {
+      CHECK(cudaMemcpyAsync(arena, dOffs + it * (p.E + 1),
+                            sizeof(int32_t) * (p.E + 1),
+                            cudaMemcpyDeviceToDevice));
+      if (launch)
+        kernel<<<grid, block, smem>>>(dArgs);
+    }
+  };
+  copies(true);
+  CHECK(cudaDeviceSynchronize());
+  float ms[2];
+  for (int launch = 0; launch < 2; ++launch) {
+    CHECK(cudaEventRecord(e0));
+    copies(launch == 1);
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    CHECK(cudaEventElapsedTime(&ms[launch], e0, e1));
+  }
+  CHECK(cudaGetLastError());
+  CHECK(cudaFree(dOffs));
+  return (ms[1] - ms[0]) * 1e3f / iters;
+}

@@ -62,12 +62,6 @@ __global__ void __launch_bounds__(32 * KW, NF_MIN_BLOCKS)
   nf::skinny_linear<S, MT, STAGES, KW, NF_TERMS>(nf::Step{args, nullptr});
 }
 
-struct Problem {
-  const char *name;
-  int E, N, K, active; // experts (1: dense), active experts per step
-  int rows = 1;        // rows of each active expert (dense: of the layer)
-};
-
 // Times `launch` over `iters` steps, each with its own dispatch (rotating
 // experts so no step finds the previous one's weights in L2).
 template <class Kernel>

@@ -101,6 +101,7 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
   CudaCodegenOptions cg;
   cg.injectError = opts.injectError;
   cg.matmulTerms = opts.matmulTerms;
+  cg.rowLinear = opts.rowLinear;
   cg.smCount = opts.smCount;
   cg.wgmma = std::all_of(
       opts.archs.begin(), opts.archs.end(),

@@ -30,6 +30,7 @@ struct CudaOptions {
   std::string injectError; // testing: see CudaCodegenOptions::injectError
   int jobs = 0;            // parallel NVRTC compiles; 0 = hardware threads
   int matmulTerms = 3;     // see CudaCodegenOptions::matmulTerms
+  bool rowLinear = true;   // see CudaCodegenOptions::rowLinear
   /// SMs the launch grids are sized for (CudaCodegenOptions::smCount).
   /// Testing: a small count makes small models take the code paths of
   /// large ones (NF_CUDA_SM_COUNT).

@@ -100,9 +100,14 @@ struct RowFormats {
   int64_t shadowEnd = 0;
 };
 
-/// Decode steps of up to this many tokens run the narrow skinny variants
-/// (f32 rows), longer ones the wide variants (emitLinear).
+/// Decode steps of 2 to this many tokens run the narrow skinny variants
+/// (f32 rows), longer ones the wide variants, one-token steps row_linear
+/// (emitLinear).
 constexpr int64_t kNarrowTokens = 16;
+/// row_linear's 16-byte weight chunks in flight a lane (steps of one token):
+/// 6 was the best of 4 to 11 on the Nano shapes alone on the H200
+/// (bench/kernels/row_linear_sweep.cu).
+constexpr int64_t kRowChunks = 6;
 
 /// The TMA wide variants of dense decode linears (emitTmaLinear): 32
 /// features an item, 256-deep K stages, 8 consumer warps; items of 32 rows
@@ -850,7 +855,8 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
           (warps / 2) * mt * nt * 4 * 32 * 4 +
           (stageX ? warps * 2 * nt * (rows16 ? 1 : 2) * 32 * 16 : 0);
       const std::string x = stageX ? "true" : "false";
-      const std::string &variantSpec = minT > 0 ? wideSpec : spec;
+      const std::string &variantSpec =
+          minT > uint32_t(kNarrowTokens) ? wideSpec : spec;
       std::string tail = rows16 ? ", true" : "";
       if (rows != 16)
         tail = (rows16 ? ", true, " : ", false, ") + num(rows);
@@ -866,8 +872,21 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
       launches.back().sharedBytes = static_cast<uint32_t>(smem);
       functions.back().sliceable = true;
     };
-    variant(fn + (wide ? "_narrow" : ""), gridOf(narrowItems, narrowCap), 1, 4,
-            kWarps, false, false, 0, wide ? kNarrowTokens : 0);
+    // Steps of one token: row_linear, a warp per feature on CUDA cores
+    // (nf_linear.cuh), three blocks an SM. On the H200, Nano at batch 1:
+    // see row_linear's comment.
+    const bool row = opts.rowLinear && maxTokens > 1;
+    if (row) {
+      addLaunch(fn + "_row",
+                gridOf(ceilDiv(s.G * s.N, kWarps), int64_t(opts.smCount) * 3),
+                32 * kWarps,
+                "  nf::row_linear<" + spec + ", " + num(kRowChunks) + ">(a);\n",
+                comment + " (one token: a warp per feature)", 0, 1,
+                /*bodyWaits=*/true, s.groupsAfterWait);
+      functions.back().sliceable = true;
+    }
+    variant(fn + (row || wide ? "_narrow" : ""), gridOf(narrowItems, narrowCap),
+            1, 4, kWarps, false, false, row ? 2 : 0, wide ? kNarrowTokens : 0);
     if (wide && x16 && s.wideFeatureTiles && s.G == 1) {
       // A block's 8 warps own 16 features each (128 a tile) and share the
       // tile's 32 rows, staged once in shared memory: each weight byte is
@@ -1516,8 +1535,12 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
       l2 - l1 != 2 || !endsWith(launches[l1].function, "router_logits") ||
       !endsWith(launches[l1 + 1].function, "moe_route"))
     return consumed;
-  bool split = withExperts && variants == 2 && l3 - l2 == 1 && l4 - l3 == 2 &&
-               l5 - l4 == 2;
+  // The last variant of each GEMV is the wide one where steps have more
+  // than kNarrowTokens tokens; the others (one token, few tokens) run
+  // beside the routing chain.
+  bool split = withExperts && variants >= 2 && l3 - l2 == 1 &&
+               l4 - l3 == variants && l5 - l4 == variants &&
+               launches[l0 + variants - 1].minTokens > kNarrowTokens;
   for (size_t l = l3; split && l < l5; ++l)
     split = functions[l].sliceable;
   if (!split) {
@@ -1536,9 +1559,11 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
     });
     return consumed;
   }
-  // Variant 0 (narrow) and 1 (wide) of each GEMV; the routing launches run
-  // for every step size, so each takes a copy per token range.
-  const CudaLaunchInfo narrow = launches[l0], wide = launches[l0 + 1];
+  // Variants [0, few) of each GEMV take few tokens, variant `few` is the
+  // wide one; the routing launches run for every step size, so each takes a
+  // copy per token range.
+  const size_t few = variants - 1;
+  const CudaLaunchInfo wide = launches[l0 + few];
   auto ranged = [&](size_t l, const CudaLaunchInfo &range, int64_t blocks,
                     const std::string &suffix) {
     CudaLaunchInfo r = launches[l];
@@ -1557,10 +1582,13 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
       prefetch += "  nf::prefetch_l2(a.block(), a.grid(), " + weightPtr(w) +
                   ", " + num(weightNumel(w) * 2) + "ll);\n";
   std::vector<Merged> seq;
-  const CudaLaunchInfo logitsNarrow =
-      ranged(l1, narrow, ceilDiv(int64_t(narrow.maxTokens) * E, 8), "");
-  seq.push_back(sideBySideOf(logitsNarrow, functions[l1], narrow, functions[l0],
-                             logitsNarrow.grid, named(logitsNarrow, l0)));
+  for (size_t v = 0; v < few; ++v) {
+    const CudaLaunchInfo &up = launches[l0 + v];
+    const CudaLaunchInfo logits =
+        ranged(l1, up, ceilDiv(int64_t(up.maxTokens) * E, 8), "");
+    seq.push_back(sideBySideOf(logits, functions[l1], up, functions[l0 + v],
+                               logits.grid, named(logits, l0 + v)));
+  }
   // (A warp per 4 tokens x 4 experts for the wide logits, each gate row
   // read once per 4 tokens, made batch 32 slower on the H200: 8.01 -> 8.23
   // ms, bench/results/2026-12-01b/ab-router-tiled.)
@@ -1580,18 +1608,25 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
   const CudaLaunchInfo logitsWideLaunch =
       ranged(l1, wide, launches[l1].grid, "_wide");
   seq.push_back({logitsWideLaunch, logitsWide});
-  const CudaLaunchInfo routeNarrow =
-      ranged(l1 + 1, narrow, narrow.maxTokens, "");
-  seq.push_back(sideBySideOf(routeNarrow, functions[l1 + 1], launches[l0 + 2],
-                             functions[l0 + 2], routeNarrow.grid,
-                             named(routeNarrow, l0 + 2)));
+  for (size_t v = 0; v < few; ++v) {
+    const size_t down = l0 + variants + v;
+    const CudaLaunchInfo route =
+        ranged(l1 + 1, launches[down], launches[down].maxTokens, "");
+    seq.push_back(sideBySideOf(route, functions[l1 + 1], launches[down],
+                               functions[down], route.grid,
+                               named(route, down)));
+  }
   seq.push_back({ranged(l1 + 1, wide, launches[l1 + 1].grid, "_wide"),
                  functions[l1 + 1]});
   seq.push_back({launches[l2], functions[l2]}); // dispatch
-  seq.push_back({launches[l3], functions[l3]}); // routed up, narrow
-  seq.push_back(pairVariants(l0 + 1, l3 + 1, 1)[0]);
-  seq.push_back({launches[l4], functions[l4]}); // routed down, narrow
-  seq.push_back(pairVariants(l0 + 3, l4 + 1, 1)[0]);
+  // The routed projections: up, then down, each its few-token variants
+  // alone and its wide one beside the shared expert's.
+  for (size_t v = 0; v < few; ++v)
+    seq.push_back({launches[l3 + v], functions[l3 + v]});
+  seq.push_back(pairVariants(l0 + few, l3 + few, 1)[0]);
+  for (size_t v = 0; v < few; ++v)
+    seq.push_back({launches[l4 + v], functions[l4 + v]});
+  seq.push_back(pairVariants(l0 + variants + few, l4 + few, 1)[0]);
   launches.resize(l0);
   functions.resize(l0);
   for (auto &[l, f] : seq) {

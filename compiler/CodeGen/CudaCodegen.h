@@ -78,6 +78,10 @@ struct CudaCodegenOptions {
   /// bf16 terms an f32 activation is split into before tensor-core GEMMs
   /// with bf16 weights: 3 (exact products) or 1 (rounded to bf16).
   int matmulTerms = 3;
+  /// Decode steps of one token run row_linear (nf_linear.cuh) for linears
+  /// with bf16 weights; false: the skinny kernel's narrow variant, as for
+  /// steps of up to 16 tokens (benchmarks compare the two).
+  bool rowLinear = true;
   /// Prefill GEMM tiles on wgmma (nf_wgmma.cuh), with its shared memory:
   /// when every target is an sm_90 architecture.
   bool wgmma = false;

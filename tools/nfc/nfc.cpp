@@ -152,6 +152,8 @@ int runCompile(const CompileFlags &flags) {
     cuda->cacheDir = nf::codegen::KernelCache::defaultDirectory();
     if (const char *inject = std::getenv("NF_CUDA_INJECT_ERROR"))
       cuda->injectError = inject; // testing: a syntax error in these kernels
+    if (const char *row = std::getenv("NF_CUDA_ROW_LINEAR"))
+      cuda->rowLinear = std::string(row) != "0"; // benchmarks: 0 = skinny
     if (const char *sms = std::getenv("NF_CUDA_SM_COUNT")) {
       // Testing: grids (and the variants they choose) for this many SMs.
       char *end = nullptr;
