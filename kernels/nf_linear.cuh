@@ -1186,9 +1186,11 @@ template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
   const int items = s_groups.total();
   const int lane = lane_id();
   bool waited = !kEarly;
-  // (Asking for the next item's first chunks before this item's sums are
-  // added and stored made Nano's batch-1 step slower on the H200: 2.74 ->
-  // 2.93 ms, bench/results/2026-12-04.)
+  // (Measured on the H200 and dropped, bench/results/2026-12-04: asking for
+  // the next item's first chunks before this item's sums are added and
+  // stored, batch-1 step 2.74 -> 2.93 ms; the results stored 32 at a time,
+  // one per lane, so that a store's own loads (in_proj's conv) do not hold
+  // up the next item, no change, 2.75 -> 2.74.)
   for (long long item = global_warp(a); item < items; item += grid_warps(a)) {
     const int g = s_groups.group_of(static_cast<int>(item));
     const int local = static_cast<int>(item) - s_groups.first[g];

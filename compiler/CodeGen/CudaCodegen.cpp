@@ -873,20 +873,23 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
       functions.back().sliceable = true;
     };
     // Steps of one token: row_linear, a warp per feature on CUDA cores
-    // (nf_linear.cuh), three blocks an SM. On the H200, Nano at batch 1:
-    // see row_linear's comment.
-    const bool row = opts.rowLinear && maxTokens > 1;
+    // (nf_linear.cuh), three blocks an SM (every step, where steps have one
+    // token at most). On the H200, Nano at batch 1: see row_linear's
+    // comment.
+    const bool row = opts.rowLinear;
     if (row) {
       addLaunch(fn + "_row",
                 gridOf(ceilDiv(s.G * s.N, kWarps), int64_t(opts.smCount) * 3),
                 32 * kWarps,
                 "  nf::row_linear<" + spec + ", " + num(kRowChunks) + ">(a);\n",
-                comment + " (one token: a warp per feature)", 0, 1,
-                /*bodyWaits=*/true, s.groupsAfterWait);
+                comment + " (one token: a warp per feature)", 0,
+                maxTokens > 1 ? 1 : 0, /*bodyWaits=*/true, s.groupsAfterWait);
       functions.back().sliceable = true;
     }
-    variant(fn + (row || wide ? "_narrow" : ""), gridOf(narrowItems, narrowCap),
-            1, 4, kWarps, false, false, row ? 2 : 0, wide ? kNarrowTokens : 0);
+    if (!row || maxTokens > 1)
+      variant(fn + (row || wide ? "_narrow" : ""),
+              gridOf(narrowItems, narrowCap), 1, 4, kWarps, false, false,
+              row ? 2 : 0, wide ? kNarrowTokens : 0);
     if (wide && x16 && s.wideFeatureTiles && s.G == 1) {
       // A block's 8 warps own 16 features each (128 a tile) and share the
       // tile's 32 rows, staged once in shared memory: each weight byte is
