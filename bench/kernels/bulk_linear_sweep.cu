@@ -110,33 +110,14 @@ static void sweep(const Problem &p, nf_step_args *dArgs, char *arena, int sms,
 
 int main() {
   std::setvbuf(stdout, nullptr, _IONBF, 0);
-  int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const float copy = copy_bandwidth_gbs();
+  const SweepDevice d = sweep_device();
+  const int sms = d.sms;
+  const float copy = d.copy;
+  char *arena = d.arena;
+  nf_step_args *dArgs = d.dArgs;
   std::printf("device-to-device copy: %.0f GB/s (read + write), %d SMs, %d "
               "activation term(s)\n",
               copy, sms, NF_TERMS);
-  const size_t wBytes = 128ull * 1856 * 2688 * 2;
-  void *w;
-  CHECK(cudaMalloc(&w, wBytes));
-  fillBf16<<<4096, 256>>>(static_cast<unsigned short *>(w), wBytes / 2);
-  char *arena;
-  const size_t arenaBytes = kYOff + 64ull * 16384 * 4;
-  CHECK(cudaMalloc(&arena, arenaBytes));
-  // Activations: varied finite values (the same fill, read as bf16 pairs).
-  fillBf16<<<1024, 256>>>(reinterpret_cast<unsigned short *>(arena + kXOff),
-                          64ull * 8192 * 2);
-  const void **dW;
-  CHECK(cudaMalloc(&dW, sizeof(void *)));
-  CHECK(cudaMemcpy(dW, &w, sizeof(void *), cudaMemcpyHostToDevice));
-  nf_step_args args{};
-  args.arena = arena;
-  args.weights = dW;
-  args.num_tokens = 1;
-  args.num_seqs = 1;
-  nf_step_args *dArgs;
-  CHECK(cudaMalloc(&dArgs, sizeof args));
-  CHECK(cudaMemcpy(dArgs, &args, sizeof args, cudaMemcpyHostToDevice));
   sweep<Spec<1856, 2688, 128>>({"expert_up", 128, 1856, 2688, 6}, dArgs, arena,
                                sms, copy);
   sweep<Spec<2688, 1856, 128>>({"expert_dn", 128, 2688, 1856, 6}, dArgs, arena,

@@ -1,7 +1,8 @@
-// The grouped spec the decode-linear sweeps time (skinny_sweep.cu,
-// bulk_linear_sweep.cu): experts' weights stacked in weights[0], the
-// dispatch offsets, rows and outputs at fixed places of the arena, and a
-// fill of varied finite bf16 values. Include after the kernel header (the
+// What the decode-linear sweeps share (skinny_sweep.cu, bulk_linear_sweep.cu,
+// row_linear_sweep.cu): the grouped spec they time (experts' weights stacked
+// in weights[0], the dispatch offsets, rows and outputs at fixed places of
+// the arena), a fill of varied finite bf16 values, the problems, their
+// timing and the device buffers. Include after the kernel header (the
 // sweeps define NF_ARENA_FROM_ARGS first, as the generated decode modules
 // do).
 #pragma once
@@ -105,4 +106,36 @@ float timeSteps(Kernel kernel, int grid, int block, int smem, const Problem &p,
   CHECK(cudaGetLastError());
   CHECK(cudaFree(dOffs));
   return (ms[1] - ms[0]) * 1e3f / iters;
+}
+
+// The device side of a sweep: the weights of the largest problem (128
+// experts x 1856 x 2688 bf16, 1.28 GB, varied values), the arena with its
+// activation rows filled with varied finite values (the same fill, read as
+// bf16 pairs) and one-token step arguments on the device.
+struct SweepDevice {
+  int sms = 0;
+  float copy = 0; // device-to-device copy bandwidth, GB/s
+  char *arena = nullptr;
+  nf_step_args *dArgs = nullptr;
+};
+inline SweepDevice sweep_device() {
+  SweepDevice d;
+  CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, 0));
+  d.copy = copy_bandwidth_gbs();
+  const size_t wBytes = 128ull * 1856 * 2688 * 2;
+  void *w = device_alloc<char>(wBytes);
+  fillBf16<<<4096, 256>>>(static_cast<unsigned short *>(w), wBytes / 2);
+  d.arena = device_alloc<char>(kYOff + 64ull * 16384 * 4);
+  fillBf16<<<1024, 256>>>(reinterpret_cast<unsigned short *>(d.arena + kXOff),
+                          64ull * 8192 * 2);
+  const void **dW = device_alloc<const void *>(1);
+  CHECK(cudaMemcpy(dW, &w, sizeof(void *), cudaMemcpyHostToDevice));
+  nf_step_args args{};
+  args.arena = d.arena;
+  args.weights = dW;
+  args.num_tokens = 1;
+  args.num_seqs = 1;
+  d.dArgs = device_alloc<nf_step_args>(1);
+  CHECK(cudaMemcpy(d.dArgs, &args, sizeof args, cudaMemcpyHostToDevice));
+  return d;
 }

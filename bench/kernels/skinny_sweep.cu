@@ -180,31 +180,13 @@ static void sweepDense(const Problem &p, nf_step_args *dArgs, char *arena,
 }
 
 int main() {
-  int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const float copy = copy_bandwidth_gbs();
+  const SweepDevice d = sweep_device();
+  const int sms = d.sms;
+  const float copy = d.copy;
+  char *arena = d.arena;
+  nf_step_args *dArgs = d.dArgs;
   std::printf("device-to-device copy: %.0f GB/s (read + write), %d SMs\n", copy,
               sms);
-  // Weights: the largest problem (128 experts x 1856 x 2688 bf16, 1.28 GB).
-  const size_t wBytes = 128ull * 1856 * 2688 * 2;
-  void *w;
-  CHECK(cudaMalloc(&w, wBytes));
-  fillBf16<<<4096, 256>>>(static_cast<unsigned short *>(w), wBytes / 2);
-  char *arena;
-  const size_t arenaBytes = kYOff + 64ull * 16384 * 4;
-  CHECK(cudaMalloc(&arena, arenaBytes));
-  CHECK(cudaMemset(arena, 0, arenaBytes));
-  const void **dW;
-  CHECK(cudaMalloc(&dW, sizeof(void *)));
-  CHECK(cudaMemcpy(dW, &w, sizeof(void *), cudaMemcpyHostToDevice));
-  nf_step_args args{};
-  args.arena = arena;
-  args.weights = dW;
-  args.num_tokens = 1;
-  args.num_seqs = 1;
-  nf_step_args *dArgs;
-  CHECK(cudaMalloc(&dArgs, sizeof args));
-  CHECK(cudaMemcpy(dArgs, &args, sizeof args, cudaMemcpyHostToDevice));
   if (std::getenv("NF_SWEEP_DENSE")) {
     sweepDense<10304, 2688>({"in_proj", 16, 10304, 2688, 1}, dArgs, arena, sms,
                             copy);
