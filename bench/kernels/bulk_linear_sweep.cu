@@ -28,10 +28,6 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-template <class S>
-__global__ void __launch_bounds__(256) skinny(const nf_step_args *args) {
-  nf::skinny_linear<S, 1, 4, 8, NF_TERMS>(nf::Step{args, nullptr});
-}
 template <class S, int ST, int SK, int CG>
 __global__ void __launch_bounds__(32 * (8 * CG + 1))
     bulk(const nf_step_args *args) {
@@ -66,7 +62,7 @@ static void compare(const Problem &p, nf_step_args *dArgs, char *arena, int sms,
           cudaMemcpy(y.data(), arena + kYOff, ys * 4, cudaMemcpyDeviceToHost));
     };
     const int skinnySmem = nf::skinny_smem<S, 1, 8, false>();
-    once(skinny<S>, 3 * sms, 256, skinnySmem, y0);
+    once(skinny_narrow<S>, 3 * sms, 256, skinnySmem, y0);
     once(kb, sms, threads, smem, y1);
     size_t diff = 0;
     for (size_t i = 0; i < ys; ++i)
@@ -93,7 +89,8 @@ static void compare(const Problem &p, nf_step_args *dArgs, char *arena, int sms,
     }
     if (shipped)
       report("skinny narrow (shipped)", 3 * sms,
-             timeSteps(skinny<S>, 3 * sms, 256, skinnySmem, p, dArgs, arena));
+             timeSteps(skinny_narrow<S>, 3 * sms, 256, skinnySmem, p, dArgs,
+                       arena));
   }
 }
 

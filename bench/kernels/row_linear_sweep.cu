@@ -27,10 +27,6 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-template <class S>
-__global__ void __launch_bounds__(256) skinny(const nf_step_args *args) {
-  nf::skinny_linear<S, 1, 4, 8, NF_TERMS>(nf::Step{args, nullptr});
-}
 template <class S, int WARPS, int U, int R, int MINB>
 __global__ void __launch_bounds__(32 * WARPS, MINB)
     rowk(const nf_step_args *args) {
@@ -68,9 +64,10 @@ template <class S> struct Compare {
   }
   void shipped() {
     const int smem = nf::skinny_smem<S, 1, 8, false>();
-    ref = once(skinny<S>, 3 * sms, 256, smem);
+    ref = once(skinny_narrow<S>, 3 * sms, 256, smem);
     report("skinny narrow (shipped)", 3 * sms,
-           timeSteps(skinny<S>, 3 * sms, 256, smem, p, dArgs, arena), 0.0);
+           timeSteps(skinny_narrow<S>, 3 * sms, 256, smem, p, dArgs, arena),
+           0.0);
   }
   // perSm > 0: that many blocks an SM (the grid), else as many as fit.
   template <int WARPS, int U, int R, int MINB> void row(int perSm = 0) {
@@ -102,7 +99,7 @@ static void sweep(const Problem &p, nf_step_args *dArgs, char *arena, int sms,
   c.shipped();
   if (NF_TERMS == 3) // the exact plan's launch: two blocks an SM
     c.report("skinny narrow 264", 2 * sms,
-             timeSteps(skinny<S>, 2 * sms, 256,
+             timeSteps(skinny_narrow<S>, 2 * sms, 256,
                        nf::skinny_smem<S, 1, 8, false>(), p, dArgs, arena),
              0.0);
   c.template row<8, 6, 1, 4>();

@@ -50,6 +50,15 @@ template <int N_, int K_, int E> struct Spec {
   }
 };
 
+#ifdef NF_TERMS
+// skinny_linear's narrow variant as the plans launch it (NF_TERMS activation
+// terms), the kernel the sweeps compare others with.
+template <class S>
+__global__ void __launch_bounds__(256) skinny_narrow(const nf_step_args *args) {
+  nf::skinny_linear<S, 1, 4, 8, NF_TERMS>(nf::Step{args, nullptr});
+}
+#endif
+
 // A problem of a sweep: E weights (experts, or dense copies) of N x K, of
 // which `active` take `rows` rows each step.
 struct Problem {
