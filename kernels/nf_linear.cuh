@@ -32,6 +32,7 @@
 
 #include "nf_common.cuh"
 #include "nf_mma.cuh"
+#include "nf_rows.cuh"
 #include "nf_wgmma.cuh"
 
 namespace nf {
@@ -89,6 +90,34 @@ struct DispatchGroups {
     const int32_t *off = offsets(a);
     begin = off[g];
     count = off[g + 1] - off[g];
+  }
+};
+
+/// Groups of a one-token step's routed experts, straight from the ranking
+/// (nf_moe.select's experts [1, KW] and counts [1] at arena offsets
+/// EXPERTS and COUNTS; no dispatch): group g is the token's slot g, one
+/// row (row g) when the slot is used (g < counts[0], a valid expert), none
+/// otherwise; its weights are expert(a, g)'s. kEarly as in DispatchGroups
+/// (the ranking is complete before the launch before this one passes its
+/// wait).
+template <int KW, int E, long long EXPERTS, long long COUNTS,
+          bool kEarly = false>
+struct SlotGroups {
+  static constexpr int G = KW;
+  static constexpr bool kGroupsEarly = kEarly;
+  __device__ static __forceinline__ int expert(Step a, int g) {
+    return arena<int32_t>(a, EXPERTS)[g];
+  }
+  /// The input row of slot row r: the step's one token.
+  __device__ static __forceinline__ int token_of(Step, int) { return 0; }
+  __device__ static __forceinline__ bool used(Step a, int g) {
+    const int e = expert(a, g);
+    return g < arena<int32_t>(a, COUNTS)[0] && e >= 0 && e < E;
+  }
+  __device__ static __forceinline__ void group(Step a, int g, int &begin,
+                                               int &count) {
+    begin = g;
+    count = used(a, g) ? 1 : 0;
   }
 };
 
@@ -1252,6 +1281,114 @@ template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
   }
   if (!waited)
     wait_for_previous_grids(); // a warp without items
+}
+
+// ---------------------------------------------------------------------------
+// A one-token step's MoE layer end: row_experts_combine.
+// The routed experts' down projections (S: SlotGroups, one hidden row per
+// used slot), nf_moe.combine, the add of the shared expert's rows, the
+// residual add and the next RMSNorm in one launch, so that neither the
+// dispatch nor moe_combine_add_rms_norm runs for one token. A warp per
+// output feature n streams row n of each used slot's expert in slot order,
+// U 16-byte chunks a lane in flight across the slots, and sums each slot's
+// products as row_linear does (same lanes, same butterfly); then
+//   sum[n] = x[n] + (shared[n] + sum_g wts[g] * dot_g)   (g in slot order)
+// as moe_combine_add_rms_norm adds them. The last block to finish (a
+// grid-wide counter, `done`, zero between launches: it resets it)
+// normalises the row: out = rms_norm(sum) with rms_norm_row_of's sums.
+template <class S, int U, class W, class O>
+__device__ void row_experts_combine(Step a, const float *wts,
+                                    const float *shared, const float *x,
+                                    float *sum, const W *norm_w, double eps,
+                                    O out, unsigned *done) {
+  static_assert(S::K % 8 == 0, "16-byte chunks");
+  static_assert(S::kGroupsEarly, "slots read before the wait");
+  constexpr int KW = S::G;
+  constexpr int C = S::K / 8;      // chunks a weight row
+  constexpr int J = (C + 31) / 32; // chunks a lane, a slot
+  constexpr int Q = KW * J;        // chunks a lane, an item
+  constexpr int UU = U < Q ? U : Q;
+  using T = RowElem<S>;
+  const int lane = lane_id();
+  // The used slots (a warp-uniform mask) and their experts' weights.
+  const unsigned used =
+      __ballot_sync(0xffffffffu, lane < KW && S::used(a, lane));
+  const bf16 *wbase[KW];
+#pragma unroll
+  for (int g = 0; g < KW; ++g)
+    wbase[g] = (used >> g) & 1u ? S::weight(a, g) : nullptr;
+  bool waited = false;
+  for (long long item = global_warp(a); item < S::N; item += grid_warps(a)) {
+    const int n = static_cast<int>(item);
+    auto fetch = [&](int q) {
+      const int g = q / J, c = lane + 32 * (q % J);
+      return ((used >> g) & 1u) && c < C
+                 ? load_stream16(wbase[g] + static_cast<long long>(n) * S::K +
+                                 8 * c)
+                 : make_uint4(0u, 0u, 0u, 0u);
+    };
+    uint4 w[UU]; // chunk q in slot q % UU
+#pragma unroll
+    for (int q = 0; q < UU; ++q)
+      w[q] = fetch(q);
+    if (!waited) {
+      wait_for_previous_grids(); // the hidden rows next
+      waited = true;
+    }
+    float acc[KW];
+#pragma unroll
+    for (int g = 0; g < KW; ++g)
+      acc[g] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      const int g = q / J, c = lane + 32 * (q % J);
+      const uint4 wv = w[q % UU];
+      if (q + UU < Q)
+        w[q % UU] = fetch(q + UU);
+      if (((used >> g) & 1u) && c < C) {
+        float wf[8], xv[8];
+        unpack_bf16x2(wv.x, wf);
+        unpack_bf16x2(wv.y, wf + 2);
+        unpack_bf16x2(wv.z, wf + 4);
+        unpack_bf16x2(wv.w, wf + 6);
+        const T *xr = S::row(a, g);
+        load4_act(xr + 8 * c, xv);
+        load4_act(xr + 8 * c + 4, xv + 4);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          acc[g] = fmaf(wf[i], xv[i], acc[g]);
+      }
+    }
+    float v = 0.0f;
+#pragma unroll
+    for (int g = 0; g < KW; ++g) {
+      float d = acc[g];
+#pragma unroll
+      for (int o = 16; o >= 1; o >>= 1)
+        d += __shfl_xor_sync(0xffffffffu, d, o);
+      if ((used >> g) & 1u)
+        v += wts[g] * d;
+    }
+    if (lane == 0)
+      sum[n] = x[n] + (shared[n] + v);
+  }
+  if (!waited)
+    wait_for_previous_grids(); // a warp without items
+  // The last block normalises: every block's sums are visible to it once
+  // its counter increment comes last (fence before the increment).
+  __shared__ bool s_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    s_last = atomicAdd(done, 1u) == static_cast<unsigned>(a.grid()) - 1u;
+  __syncthreads();
+  if (!s_last)
+    return;
+  __threadfence();
+  rms_norm_row_of<W, S::N>([&](int, int i) { return __ldcg(sum + i); }, nullptr,
+                           norm_w, eps, out);
+  if (threadIdx.x == 0)
+    *done = 0u; // for the next launch
 }
 
 // ---------------------------------------------------------------------------

@@ -289,11 +289,12 @@ __device__ void moe_router_logits_dmma(Step a, const float *x, const WG *gate,
 template <class WG, class WB, int E, int H, int K, int NGROUP, int TOPKG,
           bool kRouter, bool kSelect, bool kDefer, bool kNorm,
           bool kOneTokenBudget = false>
-__device__ void moe_route(Step a, const float *x, const WG *gate,
-                          const WB *bias, float *scores, float *sel,
-                          int32_t *experts, float *weights, int32_t *counts,
-                          float rsf, const double *pre = nullptr,
-                          const float *budget = nullptr, int min_k = 0) {
+__device__ void
+moe_route(Step a, const float *x, const WG *gate, const WB *bias, float *scores,
+          float *sel, int32_t *experts, float *weights, int32_t *counts,
+          float rsf, const double *pre = nullptr, const float *budget = nullptr,
+          int min_k = 0, int32_t *stat_counts = nullptr,
+          int32_t *stat_experts = nullptr) {
   constexpr int CPL = (E + 31) / 32; // candidates per lane
   static_assert(CPL <= 32, "at most 1024 experts");
   __shared__ double s_s[E], s_sb[E], s_rs[K], s_g[NGROUP];
@@ -436,6 +437,13 @@ __device__ void moe_route(Step a, const float *x, const WG *gate,
         }
         counts[t] = kt;
       }
+      // The step's expert statistics (their own arena region, read by the
+      // runtime after the step; moe_budget, where it runs, rewrites them).
+      if (stat_counts) {
+        for (int j = 0; j < K; ++j)
+          stat_experts[row + j] = experts[row + j];
+        stat_counts[t] = counts[t];
+      }
     }
   }
 }
@@ -479,9 +487,10 @@ __device__ __forceinline__ void for_each_candidate(const float *w, int n,
 /// R-th largest share, then its ties are taken in (c, i) order. Then the
 /// kept experts' weights are renormalised as in moe_route.
 template <int K>
-__device__ void moe_budget(Step a, const float *budget, int32_t *experts,
-                           float *weights, int32_t *counts, int min_k,
-                           bool norm_topk, float rsf) {
+__device__ void
+moe_budget(Step a, const float *budget, int32_t *experts, float *weights,
+           int32_t *counts, int min_k, bool norm_topk, float rsf,
+           int32_t *stat_counts = nullptr, int32_t *stat_experts = nullptr) {
   __shared__ int s_hist[256];
   __shared__ unsigned long long s_prefix;
   __shared__ long long s_want;
@@ -620,7 +629,11 @@ __device__ void moe_budget(Step a, const float *budget, int32_t *experts,
           experts[row + j] = -1;
           weights[row + j] = 0.0f;
         }
+        if (stat_experts)
+          stat_experts[row + j] = experts[row + j];
       }
+      if (stat_counts)
+        stat_counts[d.begin + i] = kt;
     }
     __syncthreads(); // before the next sequence reuses the shared state
   }

@@ -257,6 +257,8 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
   }
   out.prefillScratchBytes = sources->prefill.scratchBytes;
   out.decodeScratchBytes = sources->decode.scratchBytes;
+  out.prefillExpertStatsOffset = sources->prefill.expertStatsOffset;
+  out.decodeExpertStatsOffset = sources->decode.expertStatsOffset;
   out.decodeTopLogits = sources->decode.topLogits;
   out.compiles = static_cast<int>(jobs.size());
   out.cacheHits = cache.hits;

@@ -53,6 +53,8 @@ struct CudaPlanBinaries {
   std::vector<std::string> archs;
   std::vector<CudaKernelBinary> prefill, decode;
   int64_t prefillScratchBytes = 0, decodeScratchBytes = 0;
+  /// Step.expert_stats_offset of each step (-1: none).
+  int64_t prefillExpertStatsOffset = -1, decodeExpertStatsOffset = -1;
   CudaTopLogits decodeTopLogits; // launches in decode[kernel]'s module
   // Statistics
   int compiles = 0, cacheHits = 0, cacheMisses = 0;

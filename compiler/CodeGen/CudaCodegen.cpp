@@ -100,6 +100,28 @@ struct RowFormats {
   int64_t shadowEnd = 0;
 };
 
+/// The step's expert statistics region (Step.expert_stats_offset, plan
+/// 1.8): after the copies' region, for each nf_moe.select in step order
+/// (layer l of L), counts i32 [rows] at offset + 4 l rows, then experts i32
+/// [rows, k_l] at offset + 4 (L rows + l rows maxK). The ranking writes
+/// them besides its own results; the runtime reads the region back after
+/// the step instead of copying each layer's results between launches
+/// (graph nodes there would break the programmatic launch chain).
+struct ExpertStatsLayout {
+  int64_t offset = -1, rows = 0, maxK = 0, layers = 0;
+  std::map<const pl::Op *, int64_t> layerOf; // select op -> layer
+  int64_t bytes() const { return 4 * layers * rows * (1 + maxK); }
+  std::string counts(const pl::Op *select) const {
+    return ptr(offset + 4 * layerOf.at(select) * rows);
+  }
+  std::string experts(const pl::Op *select) const {
+    return ptr(offset + 4 * (layers * rows + layerOf.at(select) * rows * maxK));
+  }
+  static std::string ptr(int64_t off) {
+    return "nf::arena<int32_t>(a, " + std::to_string(off) + "ll)";
+  }
+};
+
 /// Decode steps of 2 to this many tokens run the narrow skinny variants
 /// (f32 rows), longer ones the wide variants, one-token steps row_linear
 /// (emitLinear).
@@ -248,6 +270,12 @@ struct LinearSpec {
   /// without kEarly), so skinny_linear lets the next launch start only
   /// after its wait.
   bool groupsAfterWait = false;
+  /// Decode: only the one-token variant (row_linear), for steps of one
+  /// token (every step where steps have one token at most).
+  bool rowOnly = false;
+  /// With rowOnly: the variant's body instead of the row_linear call (a
+  /// template that takes the spec and more arguments).
+  std::string rowBody;
 };
 
 class KernelEmitter {
@@ -601,6 +629,16 @@ private:
   StatusOr<size_t> dispatch(size_t i);
   StatusOr<size_t> expert(size_t i, bool up);
   StatusOr<size_t> combine(size_t i);
+  /// A decode MoE layer's end from the combine at op i: the combine, the
+  /// add of the shared expert's rows, the residual add and an RMSNorm of
+  /// the sum (FuseKernels' hoisted shared experts).
+  struct CombineTail {
+    int shared, residual, sum, out, normWeight;
+    std::string normType;
+    double eps;
+  };
+  std::optional<CombineTail> combineTail(size_t i) const;
+  bool oneTokenExperts(size_t d);
   StatusOr<size_t> sharedExpert(size_t i);
   StatusOr<size_t> routeSharedExpert(size_t i);
 
@@ -618,6 +656,11 @@ private:
     return fail(i, "unsupported activation '" + *k + "'");
   }
 
+public:
+  /// The step's expert statistics (none: offset -1).
+  const ExpertStatsLayout *expertStats = nullptr;
+
+private:
   const pl::Plan &plan;
   const std::vector<ValueInfo> &values;
   const RowFormats &rowFormats;
@@ -876,15 +919,19 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // (nf_linear.cuh), three blocks an SM (every step, where steps have one
     // token at most). On the H200, Nano at batch 1: see row_linear's
     // comment.
-    const bool row = opts.rowLinear;
+    const bool row = opts.rowLinear || s.rowOnly;
     if (row) {
       addLaunch(fn + "_row",
                 gridOf(ceilDiv(s.G * s.N, kWarps), int64_t(opts.smCount) * 3),
                 32 * kWarps,
-                "  nf::row_linear<" + spec + ", " + num(kRowChunks) + ">(a);\n",
+                s.rowBody.empty() ? "  nf::row_linear<" + spec + ", " +
+                                        num(kRowChunks) + ">(a);\n"
+                                  : s.rowBody,
                 comment + " (one token: a warp per feature)", 0,
                 maxTokens > 1 ? 1 : 0, /*bodyWaits=*/true, s.groupsAfterWait);
-      functions.back().sliceable = true;
+      functions.back().sliceable = s.rowBody.empty();
+      if (s.rowOnly)
+        return;
     }
     if (!row || maxTokens > 1)
       variant(fn + (row || wide ? "_narrow" : ""),
@@ -1522,11 +1569,41 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
     }
     consumed += 3;
   }
-  const int E = static_cast<int>(V(results(*ops[i + 1])[0]).cols);
   auto endsWith = [](const std::string &s, const std::string &tail) {
     return s.size() >= tail.size() &&
            s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
   };
+  // The layer's end (FuseKernels' "moe_layer_rms_norm"): the combine, the
+  // adds and the next norm, one launch after the down projections.
+  size_t l6 = l5;
+  if (withExperts && combineTail(d + 3)) {
+    n = combine(d + 3);
+    if (!n)
+      return n;
+    consumed += *n;
+    l6 = launches.size();
+  }
+  // Steps of one token (the up and down projections' first variants,
+  // row_linear's): the routed projections on the ranking's slots, the down
+  // projection ending the layer (oneTokenExperts), in place of those
+  // variants; the dispatch and the layer's end launch then run for more
+  // tokens only. On the H200 (Nano, batch 1): see row_experts_combine.
+  if (l6 == l5 + 1 && l4 > l3 && l5 > l4 &&
+      endsWith(launches[l3].function, "_row") &&
+      endsWith(launches[l4].function, "_row") &&
+      launches[l3].maxTokens == launches[l4].maxTokens &&
+      launches[l3].maxTokens <= 1 && oneTokenExperts(d)) {
+    for (size_t k = 0; k < 2; ++k) {
+      const size_t to = k == 0 ? l3 : l4, from = l6 + k;
+      launches[to] = launches[from];
+      functions[to] = functions[from];
+    }
+    launches.resize(l6);
+    functions.resize(l6);
+    launches[l2].minTokens = 2; // the dispatch
+    launches[l5].minTokens = 2; // moe_combine_add_rms_norm
+  }
+  const int E = static_cast<int>(V(results(*ops[i + 1])[0]).cols);
   bool sliceable = true;
   for (size_t l = l0; l < l2; ++l)
     sliceable = sliceable && functions[l].sliceable;
@@ -1544,8 +1621,9 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
   bool split = withExperts && variants >= 2 && l3 - l2 == 1 &&
                l4 - l3 == variants && l5 - l4 == variants &&
                launches[l0 + variants - 1].minTokens > kNarrowTokens;
-  for (size_t l = l3; split && l < l5; ++l)
-    split = functions[l].sliceable;
+  // (The wide variants run beside the shared expert's.)
+  split = split && functions[l3 + variants - 1].sliceable &&
+          functions[l4 + variants - 1].sliceable;
   if (!split) {
     // Co-launches need one block size: GEMV variants of another (the wide
     // ones) run one after the other.
@@ -1630,6 +1708,8 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
   for (size_t v = 0; v < few; ++v)
     seq.push_back({launches[l4 + v], functions[l4 + v]});
   seq.push_back(pairVariants(l0 + variants + few, l4 + few, 1)[0]);
+  for (size_t l = l5; l < l6; ++l) // the layer's end
+    seq.push_back({launches[l], functions[l]});
   launches.resize(l0);
   functions.resize(l0);
   for (auto &[l, f] : seq) {
@@ -1694,6 +1774,95 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
   s.maxRows = maxTokens * d.maxPerToken;
   emitLinear(fnName(i, up ? "expert_up" : "expert_down"), s, opName(op));
   return size_t(1);
+}
+
+/// Steps of one token in a decode MoE layer that ends in
+/// moe_combine_add_rms_norm (combineTail at d + 3): the routed experts read
+/// the ranking's slots directly (nf::SlotGroups), so the dispatch does not
+/// run, and the down projection ends the layer itself
+/// (nf::row_experts_combine: the combine, both adds and the next norm), so
+/// moe_combine_add_rms_norm does not run. Appends the up and down
+/// projections' "_row" launches (token range: as emitLinear's row variant);
+/// false (nothing appended) where the layer does not fit this form.
+bool KernelEmitter::oneTokenExperts(size_t d) {
+  if (d + 3 >= ops.size() || opName(*ops[d]) != "nf_moe.dispatch" ||
+      opName(*ops[d + 1]) != "nf_moe.expert_up" ||
+      opName(*ops[d + 2]) != "nf_moe.expert_down")
+    return false;
+  std::optional<CombineTail> c = combineTail(d + 3);
+  if (!c)
+    return false;
+  auto din = operands(*ops[d]), dout = results(*ops[d]);
+  auto uin = operands(*ops[d + 1]), uout = results(*ops[d + 1]);
+  auto win = operands(*ops[d + 2]), wout = results(*ops[d + 2]);
+  auto cin = operands(*ops[d + 3]);
+  if (din.size() != 2 || dout.size() != 1 || uin.size() != 3 ||
+      uout.size() != 1 || win.size() != 3 || wout.size() != 1 ||
+      cin.size() != 3 || uin[1] != dout[0] || win[1] != dout[0] ||
+      win[0] != uout[0] || cin[0] != wout[0] || cin[1] != dout[0])
+    return false;
+  const ValueInfo &disp = V(dout[0]);
+  const int64_t KW = V(din[0]).cols;
+  auto upShape = weightShape(uin[2]), downShape = weightShape(win[2]);
+  const std::optional<std::string> bf16("nf::bf16");
+  // The hidden rows read as f32 (SlotGroups rows are slot rows, row_linear
+  // and row_experts_combine read S::row); at most 8 slots (a register
+  // per slot and lane).
+  if (KW < 1 || KW > 8 || V(cin[2]).cols != KW || KW > disp.maxPerToken ||
+      weightType(uin[2]) != bf16 || weightType(win[2]) != bf16 ||
+      upShape.size() != 3 || downShape.size() != 3 || upShape[2] % 32 ||
+      downShape[2] % 32 || rowsBf16(uin[0]) || rowsBf16(uout[0]) ||
+      !isTensor(uin[0], pl::DType::F32) || V(uin[0]).cols != upShape[2] ||
+      downShape[2] != upShape[1] || downShape[1] != V(c->sum).cols)
+    return false;
+  auto act = activationKind(d + 1, "activation", false);
+  if (!act)
+    return false;
+  const std::string groups =
+      "nf::SlotGroups<" + num(KW) + ", " + num(disp.numExperts) + ", " +
+      num(V(din[0]).offset) + "ll, " + num(V(din[1]).offset) + "ll";
+  auto slotSpec = [&](int weight, const std::vector<int64_t> &shape,
+                      bool early) {
+    LinearSpec s;
+    s.wtype = "nf::bf16";
+    s.N = shape[1];
+    s.K = shape[2];
+    s.G = KW;
+    s.groups = groups + (early ? ", true>" : ">");
+    s.groupsAfterWait = !early;
+    s.weight = weightPtr(weight) +
+               " + static_cast<long long>(expert(a, g)) * " + num(s.N * s.K) +
+               "ll";
+    s.maxRows = KW;
+    s.rowOnly = true;
+    return s;
+  };
+  LinearSpec up = slotSpec(uin[2], upShape, false);
+  setInput(up, uin[0]);
+  up.rowIndex = "token_of(a, r)";
+  const std::string index = "static_cast<long long>(r) * " + num(up.N) + " + n";
+  up.store = storeAct(uout[0], index, "nf::activate<" + *act + ">(v)");
+  emitLinear(fnName(d + 1, "expert_up_one"), up,
+             "nf_moe.expert_up of one token: the ranking's slots (no "
+             "dispatch)");
+  const std::string fn = fnName(d + 2, "expert_down_one");
+  LinearSpec down = slotSpec(win[2], downShape, true);
+  setInput(down, uout[0]);
+  down.rowIndex = "r";
+  down.store = "    (void)a; (void)r; (void)n; (void)v;\n"; // sums instead
+  text << "// Blocks of " << fn << "_row done (row_experts_combine).\n"
+       << "__device__ unsigned " << fn << "_done;\n";
+  down.rowBody = "  nf::row_experts_combine<" + fn + "_spec, " +
+                 num(kRowChunks) + ">(a, " + arenaPtr(cin[2]) + ", " +
+                 arenaPtr(c->shared) + ", " + arenaPtr(c->residual) + ", " +
+                 arenaPtr(c->sum) + ", " + weightPtr(c->normWeight) + ", " +
+                 doubleLit(c->eps) + ", " + outPtr(c->out) + ", &" + fn +
+                 "_done);\n";
+  emitLinear(fn, down,
+             "nf_moe.expert_down + nf_moe.combine + nf.add (shared expert) + "
+             "nf.add + nf.rms_norm of one token: a warp per feature over the "
+             "slots, the last block normalises");
+  return true;
 }
 
 // ---------------------------------------------------------------------------
@@ -2437,6 +2606,12 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
     functions.back().sliceable = true;
   }
   checkF32Input();
+  // The step's expert statistics, where the step has a region for them.
+  std::string statArgs;
+  if (expertStats && expertStats->offset >= 0 &&
+      expertStats->layerOf.count(&op))
+    statArgs =
+        ", " + expertStats->counts(&op) + ", " + expertStats->experts(&op);
   // Decode steps have one token per sequence: the budget decision is then
   // per token and made by moe_route itself (no moe_budget launch).
   const bool oneTokenBudget = defer && phase == "decode";
@@ -2451,7 +2626,8 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
           gate + ", " + bias + ", " + arenaPtr(scoresV) + ", " +
           arenaPtr(selV) + ", " + experts + ", " + weights + ", " + counts +
           ", " + floatLit(*rsf) + ", " + pre + ", " +
-          (oneTokenBudget ? budget + ", " + num(minK) : "nullptr, 0") + ");\n",
+          (oneTokenBudget ? budget + ", " + num(minK) : "nullptr, 0") +
+          statArgs + ");\n",
       std::string(isRouter ? "nf_moe.router + " : "") + "nf_moe.select (" +
           policy + (oneTokenBudget ? ", one token per sequence" : "") +
           "): one block per token, ranking by warp argmax");
@@ -2462,7 +2638,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
               "  nf::moe_budget<" + num(*K) + ">(a, " + budget + ", " +
                   experts + ", " + weights + ", " + counts + ", " + num(minK) +
                   ", " + (*norm ? "true" : "false") + ", " + floatLit(*rsf) +
-                  ");\n",
+                  statArgs + ");\n",
               "nf_moe.select (budget): one block per sequence decides each "
               "token's expert count");
   return sel + 1 - i;
@@ -2497,6 +2673,43 @@ StatusOr<size_t> KernelEmitter::dispatch(size_t i) {
   return size_t(1);
 }
 
+std::optional<KernelEmitter::CombineTail>
+KernelEmitter::combineTail(size_t i) const {
+  if (i + 3 >= ops.size() || opName(*ops[i]) != "nf_moe.combine" ||
+      opName(*ops[i + 1]) != "nf.add" || opName(*ops[i + 2]) != "nf.add" ||
+      opName(*ops[i + 3]) != "nf.rms_norm")
+    return std::nullopt;
+  auto out = results(*ops[i]);
+  auto a1 = operands(*ops[i + 1]), r1 = results(*ops[i + 1]);
+  auto a2 = operands(*ops[i + 2]), r2 = results(*ops[i + 2]);
+  auto nin = operands(*ops[i + 3]), nout = results(*ops[i + 3]);
+  if (out.size() != 1)
+    return std::nullopt;
+  auto wt = nin.size() == 2 ? weightType(nin[1]) : std::nullopt;
+  auto eps = floatAttr(*ops[i + 3], "epsilon");
+  const int64_t HE = V(out[0]).cols;
+  if (!(a1.size() == 2 && r1.size() == 1 &&
+        (a1[0] == out[0]) != (a1[1] == out[0]) && !needed(out[0], {i + 1}) &&
+        a2.size() == 2 && r2.size() == 1 &&
+        (a2[0] == r1[0]) != (a2[1] == r1[0]) && !needed(r1[0], {i + 2}) &&
+        nin.size() == 2 && nin[0] == r2[0] && nout.size() == 1 && wt && eps &&
+        weightNumel(nin[1]) == HE))
+    return std::nullopt;
+  CombineTail c;
+  c.shared = a1[0] == out[0] ? a1[1] : a1[0];
+  c.residual = a2[0] == r1[0] ? a2[1] : a2[0];
+  c.sum = r2[0];
+  c.out = nout[0];
+  c.normWeight = nin[1];
+  c.normType = *wt;
+  c.eps = *eps;
+  if (!isAct(c.shared) || !isAct(c.residual) || !isAct(c.sum) ||
+      !isAct(c.out) || V(c.shared).cols != HE || V(c.residual).cols != HE ||
+      V(c.out).cols != HE)
+    return std::nullopt;
+  return c;
+}
+
 StatusOr<size_t> KernelEmitter::combine(size_t i) {
   const pl::Op &op = *ops[i];
   auto in = operands(op), out = results(op);
@@ -2515,39 +2728,19 @@ StatusOr<size_t> KernelEmitter::combine(size_t i) {
   // kernel gathers each token's routed rows, adds the shared rows and the
   // residual and normalises, with the same f32 operations in the same order
   // as the combine, the shared expert's epilogue add and add_rms_norm.
-  if (i + 3 < ops.size() && opName(*ops[i + 1]) == "nf.add" &&
-      opName(*ops[i + 2]) == "nf.add" && opName(*ops[i + 3]) == "nf.rms_norm") {
-    auto a1 = operands(*ops[i + 1]), r1 = results(*ops[i + 1]);
-    auto a2 = operands(*ops[i + 2]), r2 = results(*ops[i + 2]);
-    auto nin = operands(*ops[i + 3]), nout = results(*ops[i + 3]);
-    auto wt = nin.size() == 2 ? weightType(nin[1]) : std::nullopt;
-    auto eps = floatAttr(*ops[i + 3], "epsilon");
-    if (a1.size() == 2 && r1.size() == 1 &&
-        (a1[0] == out[0]) != (a1[1] == out[0]) && !needed(out[0], {i + 1}) &&
-        a2.size() == 2 && r2.size() == 1 &&
-        (a2[0] == r1[0]) != (a2[1] == r1[0]) && !needed(r1[0], {i + 2}) &&
-        nin.size() == 2 && nin[0] == r2[0] && nout.size() == 1 && wt && eps &&
-        weightNumel(nin[1]) == HE) {
-      const int shared = a1[0] == out[0] ? a1[1] : a1[0];
-      const int residual = a2[0] == r1[0] ? a2[1] : a2[0];
-      if (isAct(shared) && isAct(residual) && isAct(r2[0]) && isAct(nout[0]) &&
-          V(shared).cols == HE && V(residual).cols == HE &&
-          V(nout[0]).cols == HE) {
-        addLaunch(fnName(i, "moe_combine_add_rms_norm"), blockGrid(maxTokens),
-                  kRowThreads,
-                  "  nf::moe_combine_add_rms_norm<" + *wt + ", " + num(HE) +
-                      ", " + num(V(in[2]).cols) + ", " + num(d.numExperts) +
-                      ", " + num(d.maxPerToken) + ">(a, " + arenaPtr(residual) +
-                      ", " + arenaPtr(in[0]) + ", " +
-                      arenaPtr(in[1], "int32_t") + ", " + arenaPtr(in[2]) +
-                      ", " + arenaPtr(shared) + ", " + arenaPtr(r2[0]) + ", " +
-                      weightPtr(nin[1]) + ", " + doubleLit(*eps) + ", " +
-                      outPtr(nout[0]) + ");\n",
-                  "nf_moe.combine + nf.add (shared expert) + nf.add + "
-                  "nf.rms_norm: one block per token");
-        return size_t(4);
-      }
-    }
+  if (std::optional<CombineTail> c = combineTail(i)) {
+    addLaunch(fnName(i, "moe_combine_add_rms_norm"), blockGrid(maxTokens),
+              kRowThreads,
+              "  nf::moe_combine_add_rms_norm<" + c->normType + ", " + num(HE) +
+                  ", " + num(V(in[2]).cols) + ", " + num(d.numExperts) + ", " +
+                  num(d.maxPerToken) + ">(a, " + arenaPtr(c->residual) + ", " +
+                  arenaPtr(in[0]) + ", " + arenaPtr(in[1], "int32_t") + ", " +
+                  arenaPtr(in[2]) + ", " + arenaPtr(c->shared) + ", " +
+                  arenaPtr(c->sum) + ", " + weightPtr(c->normWeight) + ", " +
+                  doubleLit(c->eps) + ", " + outPtr(c->out) + ");\n",
+              "nf_moe.combine + nf.add (shared expert) + nf.add + "
+              "nf.rms_norm: one block per token");
+    return size_t(4);
   }
   // Four columns a thread where rows are whole float4s (the template's
   // choice).
@@ -2625,6 +2818,13 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
       return n.status();
     i += *n;
   }
+  // Launches for more tokens than a step has never run (plans of one-token
+  // steps: the dispatch and the layer's end of oneTokenExperts).
+  for (size_t l = launches.size(); l-- > 0;)
+    if (launches[l].minTokens > maxTokens) {
+      launches.erase(launches.begin() + static_cast<std::ptrdiff_t>(l));
+      functions.erase(functions.begin() + static_cast<std::ptrdiff_t>(l));
+    }
   if (launches.empty())
     return fail(0, "kernel has no ops");
   if (!internalError.empty())
@@ -2927,10 +3127,10 @@ void addTopLogits(const pl::Step &step, const std::vector<ValueInfo> &values,
   const std::string tmpl = std::to_string(vocab) + ", " +
                            std::to_string(chunk) + ", " +
                            std::to_string(kTopLogits);
-  const std::string rowsAndNoise =
-      "nf::arena<float>(a, " + std::to_string(values[logits].offset) +
-      "ll), nf::arena<nf::top_logit_noise>(a, " +
-      std::to_string(t.noiseOffset) + "ll)";
+  const std::string rowsAndNoise = "nf::arena<float>(a, " +
+                                   std::to_string(values[logits].offset) +
+                                   "ll), nf::arena<nf::top_logit_noise>(a, " +
+                                   std::to_string(t.noiseOffset) + "ll)";
   const std::string inc = "#include \"nf_common.cuh\"\n";
   const size_t at = src.source.find(inc);
   if (at != std::string::npos)
@@ -2944,8 +3144,8 @@ void addTopLogits(const pl::Step &step, const std::vector<ValueInfo> &values,
       "  const nf::Step a{args, nullptr};\n  nf::top_logits_chunks<" + tmpl +
       ", 256>(a, " + rowsAndNoise + ", nf::arena<unsigned long long>(a, " +
       std::to_string(partial) + "ll), nf::arena<nf::top_chunk_total>(a, " +
-      std::to_string(chunkSums) +
-      "ll));\n}\n\n// the rows' " + std::to_string(kTopLogits) +
+      std::to_string(chunkSums) + "ll));\n}\n\n// the rows' " +
+      std::to_string(kTopLogits) +
       " largest of the chunks' (ids and values)\nextern \"C\" __global__ "
       "void __launch_bounds__(512) " +
       prefix + "_merge(const nf_step_args *__restrict__ args) {\n" +
@@ -2997,9 +3197,31 @@ StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
   rowFormats.bf16 = bf16RowValues(plan, *step, values, phase, opts);
   decodeShadows(plan, *step, values, phase, opts, rowFormats);
   scratchEnd = std::max(scratchEnd, rowFormats.shadowEnd);
+  // The expert statistics region, before the generated scratch (which
+  // each kernel reuses).
+  ExpertStatsLayout stats;
+  stats.rows = step->max_tokens();
+  for (const pl::Kernel *kernel : *step->kernels())
+    if (kernel->ops())
+      for (const pl::Op *op : *kernel->ops())
+        if (op->name() && op->name()->string_view() == "nf_moe.select" &&
+            op->results() && op->results()->size() == 3) {
+          const int e = op->results()->Get(0);
+          if (e < 0 || e >= static_cast<int>(values.size()))
+            continue;
+          stats.layerOf[op] = stats.layers++;
+          stats.maxK = std::max(stats.maxK, values[e].cols);
+        }
+  if (stats.layers > 0) {
+    stats.offset = alignTo(scratchEnd);
+    scratchEnd = stats.offset + alignTo(stats.bytes());
+    rowFormats.shadowEnd = scratchEnd; // generated scratch after it
+    out.expertStatsOffset = stats.offset;
+  }
   for (unsigned k = 0; k < step->kernels()->size(); ++k) {
     KernelEmitter e(plan, values, rowFormats, phase, static_cast<int>(k),
                     *step->kernels()->Get(k), step->max_tokens(), arena, opts);
+    e.expertStats = &stats;
     auto src = e.run(scratchEnd);
     if (!src)
       return src.status();

@@ -57,9 +57,9 @@ struct CudaTopLogits {
   int kernel = -1;                         // index of that kernel; -1: none
   int k = 0;                               // values per row
   int64_t idsOffset = 0, valuesOffset = 0; // arena: [rows][k] i32 / f32
-  int64_t noiseOffset = 0; // arena: [rows] nf::top_logit_noise (24 bytes)
+  int64_t noiseOffset = 0;  // arena: [rows] nf::top_logit_noise (24 bytes)
   int64_t totalsOffset = 0; // arena: [rows] f64, the rows' totals
-  std::vector<CudaLaunchInfo> launches;    // in execution order
+  std::vector<CudaLaunchInfo> launches; // in execution order
 };
 
 struct CudaStepSources {
@@ -68,6 +68,9 @@ struct CudaStepSources {
   /// Step.scratch_bytes with the scratch the generated kernels add (the
   /// shared expert's hidden rows), >= the plan's value.
   int64_t scratchBytes = 0;
+  /// Arena offset of the expert statistics region (ExpertStatsLayout in
+  /// CudaCodegen.cpp; Step.expert_stats_offset), -1: none.
+  int64_t expertStatsOffset = -1;
 };
 
 struct CudaCodegenOptions {

@@ -337,15 +337,17 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
       launches.push_back(pl::CreateLaunch(
           b, b.CreateString(l.function), l.grid, l.block, l.sharedBytes,
           l.cooperative, l.minTokens, l.maxTokens, l.programmatic));
-    topLogits =
-        pl::CreateTopLogits(b, t.kernel, t.k, t.idsOffset, t.valuesOffset,
-                            b.CreateVector(launches), t.noiseOffset,
-                            t.totalsOffset);
+    topLogits = pl::CreateTopLogits(b, t.kernel, t.k, t.idsOffset,
+                                    t.valuesOffset, b.CreateVector(launches),
+                                    t.noiseOffset, t.totalsOffset);
   }
   return pl::CreateStep(
       b, b.CreateString(stepPhase(func).str()), b.CreateVector(values),
       b.CreateVector(kernels), *tokens, *batch, *budget, logits->second, rows,
-      arena.getInt(), noReuse.getInt(), scratchBytes, topLogits);
+      arena.getInt(), noReuse.getInt(), scratchBytes, topLogits,
+      !cuda                          ? int64_t(-1)
+      : stepPhase(func) == "prefill" ? cuda->prefillExpertStatsOffset
+                                     : cuda->decodeExpertStatsOffset);
 }
 
 StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator,

@@ -201,9 +201,22 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
             auto down =
                 up ? soleUser<moe::ExpertDownOp>(up) : moe::ExpertDownOp();
             if (up && down && up.getDispatch() == dispatch.getResult() &&
-                down.getDispatch() == dispatch.getResult())
-              return {{it->second, router, select, dispatch, up, down},
-                      "moe_shared_and_routed_experts"};
+                down.getDispatch() == dispatch.getResult()) {
+              // With the layer's end and the next norm
+              // (combineAddNorm) when it follows: steps of one token end
+              // the layer in the down projection's launch.
+              SmallVector<Operation *> group = {it->second, router, select,
+                                                dispatch,   up,     down};
+              if (auto combine = soleUser<moe::CombineOp>(down);
+                  combine && sharedExpertAdd(combine).first == it->second) {
+                SmallVector<Operation *> end = combineAddNorm(combine);
+                if (!end.empty()) {
+                  group.append(end.begin(), end.end());
+                  return {group, "moe_layer_rms_norm"};
+                }
+              }
+              return {group, "moe_shared_and_routed_experts"};
+            }
             return {{it->second, router, select, dispatch},
                     "moe_route_shared_expert"};
           }

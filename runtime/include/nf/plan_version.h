@@ -14,7 +14,9 @@ inline constexpr uint32_t kPlanVersionMajor = 1;
 // carry top-logits launches (Step.top_logits); 1.6: top-logits launches may
 // rank rows by a temperature sampler's noisy keys (TopLogits.noise_offset;
 // read by this runtime as plans without records); 1.7: per-row records with
-// flags (keys, total) and the rows' totals (TopLogits.totals_offset).
-inline constexpr uint32_t kPlanVersionMinor = 7;
+// flags (keys, total) and the rows' totals (TopLogits.totals_offset); 1.8:
+// CUDA steps' kernels write the expert statistics into the arena
+// (Step.expert_stats_offset).
+inline constexpr uint32_t kPlanVersionMinor = 8;
 inline constexpr char kPlanFileIdentifier[] = "NFPL";
 } // namespace nf

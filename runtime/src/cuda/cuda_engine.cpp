@@ -177,6 +177,10 @@ struct Program : StepValues {
   std::vector<LaunchInfo> launches;
   std::vector<StatCopy> copies; // by afterLaunch
   bool statsAvailable = true;
+  /// Plans 1.8: the arena region the kernels write the statistics to
+  /// (Step.expert_stats_offset; -1: copies after each kernel), its layout:
+  /// counts [layers][rows], then experts [layers][rows * maxK].
+  int64_t statsOffset = -1, statsRows = 0, statsMaxK = 0, statsLayers = 0;
   TopLaunches top;
 };
 
@@ -358,6 +362,8 @@ Status CudaEngine::readPrograms() {
     const int32_t nv = static_cast<int32_t>(p.values.size());
     int32_t moe = 0;
     size_t launchesSoFar = 0;
+    const bool inArena = step.expert_stats_offset() >= 0;
+    int32_t stepMaxK = 0;
     for (fb::uoffset_t k = 0; k < step.kernels()->size(); ++k) {
       const pl::Kernel &kernel = *step.kernels()->Get(k);
       launchesSoFar += kernel.launches() ? kernel.launches()->size() : 0;
@@ -427,22 +433,41 @@ Status CudaEngine::readPrograms() {
                  p.values[v].cols == cols;
         };
         if (out && out->size() == 3 && isI32Rows(out->Get(0), K) &&
-            isI32Rows(out->Get(2), 1) && intactAtEnd(out->Get(0), j) &&
-            intactAtEnd(out->Get(2), j) && kernel.launches() &&
-            kernel.launches()->size() > 0) {
+            isI32Rows(out->Get(2), 1) &&
+            (inArena ||
+             (intactAtEnd(out->Get(0), j) && intactAtEnd(out->Get(2), j))) &&
+            kernel.launches() && kernel.launches()->size() > 0) {
           StatCopy c;
-          c.afterLaunch = launchesSoFar;
+          // In the arena's statistics region: read after the step.
+          c.afterLaunch =
+              inArena ? std::numeric_limits<size_t>::max() : launchesSoFar;
           c.layer = layer;
           c.k = K;
           c.countsOffset = p.values[out->Get(2)].offset;
           c.expertsOffset = p.values[out->Get(0)].offset;
           p.copies.push_back(c);
+          stepMaxK = std::max(stepMaxK, K);
         } else {
           p.statsAvailable = false;
         }
       }
     }
     info_.numMoeLayers = std::max(info_.numMoeLayers, moe);
+    if (inArena && moe > 0) {
+      p.statsOffset = step.expert_stats_offset();
+      p.statsRows = step.max_tokens();
+      p.statsMaxK = stepMaxK;
+      p.statsLayers = moe;
+      const int64_t end =
+          p.statsOffset + 4 * p.statsLayers * p.statsRows * (1 + p.statsMaxK);
+      if (!p.statsAvailable || p.statsRows <= 0 ||
+          end > step.arena_bytes() + step.scratch_bytes())
+        return Status::error(plan_->path + ": " + phaseOf(phase) +
+                             " step: expert statistics region [" +
+                             std::to_string(p.statsOffset) + ", " +
+                             std::to_string(end) +
+                             ") does not fit the arena or its selects");
+    }
   }
   info_.topK = maxExpertsOverride_;
   info_.expertStats = prefill_.statsAvailable && decode_.statsAvailable;
@@ -520,8 +545,8 @@ Status CudaEngine::loadKernels() {
                                " does not fit the arena (" +
                                std::to_string(end) + " bytes)");
       if (const int64_t off = t->noise_offset();
-          off != -1 && (off < 0 || off % 8 != 0 ||
-                        off + rows * kTopNoiseBytes > end))
+          off != -1 &&
+          (off < 0 || off % 8 != 0 || off + rows * kTopNoiseBytes > end))
         return Status::error(twhere + ": noise rows at " + std::to_string(off) +
                              " do not fit the arena (" + std::to_string(end) +
                              " bytes)");
@@ -925,10 +950,9 @@ Status CudaEngine::allocate() {
   // Top-logits lists of a decode step: ids then values, [rows][k] each,
   // then the rows' noise to upload, then their totals.
   if (decode_.top.k > 0) {
-    StatusOr<PinnedBuffer> host =
-        allocPinned(*d_, static_cast<size_t>(decode_.maxTokens) *
-                             (static_cast<size_t>(decode_.top.k) * 8 +
-                              kTopNoiseBytes + 8));
+    StatusOr<PinnedBuffer> host = allocPinned(
+        *d_, static_cast<size_t>(decode_.maxTokens) *
+                 (static_cast<size_t>(decode_.top.k) * 8 + kTopNoiseBytes + 8));
     if (!host)
       return Status::error(where() + ": top logits: " + host.message());
     g.topHost = std::move(*host);
@@ -1466,9 +1490,9 @@ Status CudaEngine::runProgram(const Program &p,
         ++j;
       }
       if (Status s = d_->check(
-              d_->cuMemcpyHtoDAsync(
-                  g.arena.ptr() + static_cast<size_t>(p.top.noiseOffset),
-                  noise, j * kTopNoiseBytes, stream),
+              d_->cuMemcpyHtoDAsync(g.arena.ptr() +
+                                        static_cast<size_t>(p.top.noiseOffset),
+                                    noise, j * kTopNoiseBytes, stream),
               "cuMemcpyHtoDAsync");
           !s)
         return Status::error(where() + ": top-list noise: " + s.message());
@@ -1499,11 +1523,21 @@ Status CudaEngine::runProgram(const Program &p,
         return Status::error(where() + ": top-list totals: " + s.message());
   }
   const bool haveStats = g.stats.ptr() != 0 && !p.copies.empty();
+  // Plans 1.8: the kernels' own region of the arena (its layout fits in
+  // statsHost: no more layers, rows or columns than the engine's).
+  const bool statsInArena = p.statsOffset >= 0;
   if (haveStats)
-    if (Status s =
-            d_->check(d_->cuMemcpyDtoHAsync(g.statsHost.data(), g.stats.ptr(),
-                                            g.stats.bytes, stream),
-                      "cuMemcpyDtoHAsync");
+    if (Status s = d_->check(
+            statsInArena
+                ? d_->cuMemcpyDtoHAsync(
+                      g.statsHost.data(),
+                      g.arena.ptr() + static_cast<size_t>(p.statsOffset),
+                      static_cast<size_t>(4 * p.statsLayers * p.statsRows *
+                                          (1 + p.statsMaxK)),
+                      stream)
+                : d_->cuMemcpyDtoHAsync(g.statsHost.data(), g.stats.ptr(),
+                                        g.stats.bytes, stream),
+            "cuMemcpyDtoHAsync");
         !s)
       return Status::error(where() + ": expert statistics: " + s.message());
   if (Status s =
@@ -1537,14 +1571,17 @@ Status CudaEngine::runProgram(const Program &p,
     }
   }
   if (haveStats) {
-    const size_t R = static_cast<size_t>(L.maxRows);
-    const size_t layers = static_cast<size_t>(info_.numMoeLayers);
+    const size_t R =
+        static_cast<size_t>(statsInArena ? p.statsRows : L.maxRows);
+    const size_t layers = static_cast<size_t>(
+        statsInArena ? p.statsLayers : int64_t(info_.numMoeLayers));
+    const size_t maxK =
+        static_cast<size_t>(statsInArena ? p.statsMaxK : int64_t(maxK_));
     const auto *all = reinterpret_cast<const int32_t *>(g.statsHost.data());
     for (const StatCopy &sc : p.copies) {
       const int32_t *counts = all + static_cast<size_t>(sc.layer) * R;
       const int32_t *experts =
-          all + layers * R +
-          static_cast<size_t>(sc.layer) * R * static_cast<size_t>(maxK_);
+          all + layers * R + static_cast<size_t>(sc.layer) * R * maxK;
       std::vector<int64_t> &used = utilization_[static_cast<size_t>(sc.layer)];
       for (int64_t t = 0; t < T; ++t) {
         const int32_t kt = std::clamp(counts[t], 0, sc.k);

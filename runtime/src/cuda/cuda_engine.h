@@ -26,11 +26,15 @@
 // replayed every decode run (the arguments live in device memory, so one
 // graph serves every batch size); prefill runs launch their kernels.
 //
-// Expert statistics (StepStats, expertUtilization): after the kernel that
-// computes an nf_moe.select, its experts [T, k] and counts [T] results are
-// copied aside (device to device, in stream order, captured into the decode
-// graph too) and summed on the host after the run. That needs them in the
-// arena when the kernel ends: outputs of the kernel, or kernel-internal
+// Expert statistics (StepStats, expertUtilization): plans of format 1.8 and
+// later have the rankings write each nf_moe.select's experts [T, k] and
+// counts [T] into a region of the arena of their own
+// (Step.expert_stats_offset), read back once after the run and summed on
+// the host. Older plans: after the kernel that computes an nf_moe.select,
+// its results are copied aside (device to device, in stream order,
+// captured into the decode graph too: graph nodes between two kernels,
+// which break the chain of programmatic launches there). That needs them in
+// the arena when the kernel ends: outputs of the kernel, or kernel-internal
 // values that no later op of the kernel overwrites (checked on the values'
 // byte ranges). When a plan breaks that, its statistics stay 0 and
 // ModelInfo::expertStats is false.
@@ -76,10 +80,8 @@ StatusOr<std::unique_ptr<CudaProbe>> probeCuda(const PlanFile &plan,
 
 /// Loads the modules, uploads the weights, allocates the arena, the state
 /// and the step arguments, and captures the decode graph.
-StatusOr<std::unique_ptr<Engine>>
-createCudaEngine(std::unique_ptr<PlanFile> plan,
-                 std::unique_ptr<BoundWeights> weights,
-                 std::unique_ptr<CudaProbe> probe,
-                 const EngineOptions &options);
+StatusOr<std::unique_ptr<Engine>> createCudaEngine(
+    std::unique_ptr<PlanFile> plan, std::unique_ptr<BoundWeights> weights,
+    std::unique_ptr<CudaProbe> probe, const EngineOptions &options);
 
 } // namespace nf::engine

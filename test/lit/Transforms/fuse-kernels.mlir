@@ -58,16 +58,18 @@
 // CHECK-NEXT: nf.yield
 
 // With a shared expert (and no latent projection after the combine), decode
-// moves the shared expert next to its layer's router and fuses it with the
-// routing chain and the routed experts' projections (the code generator runs
-// its GEMVs beside launches of that kernel), and the layer's end (combine,
-// the add of the shared rows, the residual add) joins the next RMSNorm;
-// prefill keeps the combine with the routed down projection.
+// moves the shared expert next to its layer's router and fuses the whole
+// layer into one kernel: the shared expert, the routing chain, the routed
+// experts' projections and the layer's end (combine, the add of the shared
+// rows, the residual add) with the next RMSNorm (the code generator runs the
+// shared expert's GEMVs beside launches of that kernel, and ends steps of one
+// token in the down projection's launch); prefill keeps the combine with the
+// routed down projection.
 // SHARED-LABEL: func.func @prefill
 // SHARED: nf.kernel "moe_expert_down_combine"
 // SHARED: nf.kernel "moe_shared_expert_add"
 // SHARED-LABEL: func.func @decode
-// SHARED: nf.kernel "moe_shared_and_routed_experts"
+// SHARED: nf.kernel "moe_layer_rms_norm"
 // SHARED-NEXT: ^bb0
 // SHARED-NEXT: %[[S:.*]] = nf_moe.shared_expert
 // SHARED-NEXT: nf_moe.router
@@ -75,15 +77,13 @@
 // SHARED-NEXT: %[[D:.*]] = nf_moe.dispatch
 // SHARED-NEXT: %[[U:.*]] = nf_moe.expert_up %{{.*}}, %[[D]]
 // SHARED-NEXT: %[[E:.*]] = nf_moe.expert_down %[[U]], %[[D]]
-// SHARED-NEXT: nf.yield %[[S]], %{{.*}}, %[[D]], %[[E]]
-// SHARED-NOT: nf.kernel "nf_moe_expert_down"
-// SHARED: nf.kernel "moe_combine_add_rms_norm"
-// SHARED-NEXT: ^bb0
-// SHARED-NEXT: %[[C:.*]] = nf_moe.combine
-// SHARED-NEXT: %[[SUM:.*]] = nf.add %[[C]], %{{.*}}
+// SHARED-NEXT: %[[C:.*]] = nf_moe.combine %[[E]], %[[D]]
+// SHARED-NEXT: %[[SUM:.*]] = nf.add %[[C]], %[[S]]
 // SHARED-NEXT: %[[R:.*]] = nf.add %{{.*}}, %[[SUM]]
 // SHARED-NEXT: %[[N:.*]] = nf.rms_norm %[[R]]
 // SHARED-NEXT: nf.yield %[[R]], %[[N]]
+// SHARED-NOT: nf.kernel "nf_moe_expert_down"
+// SHARED-NOT: nf.kernel "moe_combine_add_rms_norm"
 // SHARED-NOT: moe_shared_expert_combine_add
 
 // Functions that are not steps are left alone.
