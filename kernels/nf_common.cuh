@@ -64,12 +64,15 @@ __device__ __forceinline__ void load16(const float *p, float *out) {
   out[2] = v.z;
   out[3] = v.w;
 }
-__device__ __forceinline__ void load16(const bf16 *p, float *out) {
-  const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
+/// Eight bf16 values (16 bytes) as floats.
+__device__ __forceinline__ void unpack_bf16x8(uint4 v, float *out) {
   unpack_bf16x2(v.x, out);
   unpack_bf16x2(v.y, out + 2);
   unpack_bf16x2(v.z, out + 4);
   unpack_bf16x2(v.w, out + 6);
+}
+__device__ __forceinline__ void load16(const bf16 *p, float *out) {
+  unpack_bf16x8(__ldg(reinterpret_cast<const uint4 *>(p)), out);
 }
 __device__ __forceinline__ void load16(const f16 *p, float *out) {
   const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));

@@ -1066,10 +1066,7 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
               x[4 * v + 2] = __uint_as_float(u.z);
               x[4 * v + 3] = __uint_as_float(u.w);
             } else { // bf16 bits
-              unpack_bf16x2(u.x, x);
-              unpack_bf16x2(u.y, x + 2);
-              unpack_bf16x2(u.z, x + 4);
-              unpack_bf16x2(u.w, x + 6);
+              unpack_bf16x8(u, x);
             }
           }
         } else if (xr[nt]) {
@@ -1179,6 +1176,20 @@ __device__ void skinny_linear(Step a) {
 }
 
 // ---------------------------------------------------------------------------
+/// acc + the products of eight weights with the eight activations at x
+/// (f32, or bf16 bits), one FMA each in element order.
+template <class T>
+__device__ __forceinline__ float row_fma8(const float *wf, const T *x,
+                                          float acc) {
+  float xv[8];
+  load4_act(x, xv);
+  load4_act(x + 4, xv + 4);
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    acc = fmaf(wf[i], xv[i], acc);
+  return acc;
+}
+
 // Decode linears of one-token steps: row_linear.
 // One warp per output feature over the whole of K, on CUDA cores: each lane
 // streams 16 contiguous weight bytes a chunk, U chunks in flight, and adds
@@ -1253,28 +1264,16 @@ template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
         w[j % UU] = fetch(c + 32 * UU);
       if (c < C) {
         float wf[8];
-        unpack_bf16x2(wv.x, wf);
-        unpack_bf16x2(wv.y, wf + 2);
-        unpack_bf16x2(wv.z, wf + 4);
-        unpack_bf16x2(wv.w, wf + 6);
+        unpack_bf16x8(wv, wf);
 #pragma unroll
         for (int r = 0; r < R; ++r)
-          if (r < rows) {
-            float x[8];
-            load4_act(xr[r] + 8 * c, x);
-            load4_act(xr[r] + 8 * c + 4, x + 4);
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-              acc[r] = fmaf(wf[i], x[i], acc[r]);
-          }
+          if (r < rows)
+            acc[r] = row_fma8(wf, xr[r] + 8 * c, acc[r]);
       }
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      float v = acc[r];
-#pragma unroll
-      for (int o = 16; o >= 1; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+      const float v = warp_sum(acc[r]); // fixed butterfly: deterministic
       if (lane == 0 && r < rows)
         S::store(a, row0 + r, n, v);
     }
@@ -1308,7 +1307,6 @@ __device__ void row_experts_combine(Step a, const float *wts,
   constexpr int J = (C + 31) / 32; // chunks a lane, a slot
   constexpr int Q = KW * J;        // chunks a lane, an item
   constexpr int UU = U < Q ? U : Q;
-  using T = RowElem<S>;
   const int lane = lane_id();
   // The used slots (a warp-uniform mask) and their experts' weights.
   const unsigned used =
@@ -1346,26 +1344,15 @@ __device__ void row_experts_combine(Step a, const float *wts,
       if (q + UU < Q)
         w[q % UU] = fetch(q + UU);
       if (((used >> g) & 1u) && c < C) {
-        float wf[8], xv[8];
-        unpack_bf16x2(wv.x, wf);
-        unpack_bf16x2(wv.y, wf + 2);
-        unpack_bf16x2(wv.z, wf + 4);
-        unpack_bf16x2(wv.w, wf + 6);
-        const T *xr = S::row(a, g);
-        load4_act(xr + 8 * c, xv);
-        load4_act(xr + 8 * c + 4, xv + 4);
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          acc[g] = fmaf(wf[i], xv[i], acc[g]);
+        float wf[8];
+        unpack_bf16x8(wv, wf);
+        acc[g] = row_fma8(wf, S::row(a, g) + 8 * c, acc[g]);
       }
     }
     float v = 0.0f;
 #pragma unroll
     for (int g = 0; g < KW; ++g) {
-      float d = acc[g];
-#pragma unroll
-      for (int o = 16; o >= 1; o >>= 1)
-        d += __shfl_xor_sync(0xffffffffu, d, o);
+      const float d = warp_sum(acc[g]); // as row_linear sums each row
       if ((used >> g) & 1u)
         v += wts[g] * d;
     }

@@ -13,4 +13,4 @@ for b in 32 64; do
     $C/bin/nfrun bench $C/plans/nano-bf16.nfb --backend cuda --random-weights --seed 1 --batch $b \
     --context 1024 --prefill 1024 --steps 16 >> $OUT/trace.log 2>&1
 done
-python3 bench/results/2026-11-30j/timeline_increments.py /tmp/trace_b32.csv /tmp/trace_b64.csv > $OUT/timeline_increments.txt 2>&1
+python3 bench/tools/timeline_increments.py /tmp/trace_b32.csv /tmp/trace_b64.csv > $OUT/timeline_increments.txt 2>&1
