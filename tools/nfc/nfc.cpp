@@ -30,6 +30,8 @@
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include "common/cli_checks.h"
+
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -289,22 +291,22 @@ int main(int argc, char **argv) {
       ->add_option("--max-tokens", compile.pipeline.maxTokens,
                    "Most tokens in one prefill step (memory plan)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(nf::cli::Positive);
   compileCmd
       ->add_option("--max-sequences", compile.pipeline.maxSequences,
                    "Most sequences in flight / in one decode step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(nf::cli::Positive);
   compileCmd
       ->add_option("--page-size", compile.pipeline.pageSize,
                    "Tokens per KV-cache page")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(nf::cli::Positive);
   compileCmd
       ->add_option("--kv-pages", compile.pipeline.kvPages,
                    "KV-cache pages per attention layer")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(nf::cli::Positive);
   compileCmd
       ->add_option("--expert-policy", compile.pipeline.expertPolicy,
                    "Expert selection: topk or budget")
@@ -316,7 +318,7 @@ int main(int argc, char **argv) {
                    "Expert budget of requests that give none (fraction of "
                    "static top-k FLOPs; budget policy)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0f, 1.0f));
+      ->check(nf::cli::Between("0", "1"));
   compileCmd
       ->add_option("--target", compile.target,
                    "Backend of the plan: cpu (ops only), or cuda[:sm_90,...] "
@@ -346,8 +348,14 @@ int main(int argc, char **argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError &e) {
+  } catch (const CLI::CallForHelp &e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp &e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion &e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError &e) {
+    return fail(e.what()); // one line, as every other error
   }
   if (*import)
     return runImport(importDir, importOut, generic);

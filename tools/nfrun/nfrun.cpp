@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "commands.h"
+#include "common/cli_checks.h"
 
 #include <CLI/CLI.hpp>
 
@@ -55,7 +56,7 @@ void addCommon(CLI::App *cmd, nfrun::CommonFlags &c) {
                   "checkpoint recorded in the plan)");
   cmd->add_option("--threads", c.threads, "CPU threads (0: OpenMP default)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(nf::cli::NonNegative);
   cmd->add_option("--backend", c.backend,
                   "auto: CUDA when the plan has binaries for this GPU and the "
                   "driver loads, else CPU; cpu; cuda (an error without CUDA)")
@@ -85,28 +86,28 @@ int main(int argc, char **argv) {
   promptTokensOpt->excludes(promptOpt);
   generate->add_option("--max-tokens", gen.maxTokens, "Most tokens to generate")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(nf::cli::NonNegative);
   generate
       ->add_option("--temperature", gen.temperature,
                    "Sampling temperature; 0: greedy")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(nf::cli::NonNegative);
   generate
       ->add_option("--top-k", gen.topK,
                    "Sample among the K most likely tokens; 0: off")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(nf::cli::NonNegative);
   generate
       ->add_option("--top-p", gen.topP,
                    "Nucleus sampling: smallest set with probability >= P; "
                    "1: off")
       ->capture_default_str()
-      ->check(CLI::Range(0.0f, 1.0f));
+      ->check(nf::cli::Between("0", "1"));
   generate
       ->add_option("--min-p", gen.minP,
                    "Drop tokens below M x the largest probability; 0: off")
       ->capture_default_str()
-      ->check(CLI::Range(0.0f, 1.0f));
+      ->check(nf::cli::Between("0", "1"));
   generate->add_option("--seed", gen.seed, "Random seed")
       ->capture_default_str();
   generate
@@ -116,14 +117,14 @@ int main(int argc, char **argv) {
       ->delimiter(',')
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->check(CLI::NonNegativeNumber);
+      ->check(nf::cli::NonNegative);
   generate->add_flag("--ignore-eos", gen.ignoreEos,
                      "Do not stop at the model's EOS token");
   generate
       ->add_option("--expert-budget", gen.expertBudget,
                    "Fraction of the static top-k expert FLOPs (plans compiled "
                    "with --expert-policy=budget; default: the plan's)")
-      ->check(CLI::PositiveNumber);
+      ->check(nf::cli::Positive);
   generate->add_option(
       "--dump-logits", gen.dumpLogits,
       "Write prefill_logits [T,V], step_logits [S,V] and tokens [S] to this "
@@ -155,21 +156,21 @@ int main(int argc, char **argv) {
       evalPpl
           ->add_option("--top-k", ev.topK,
                        "Run exactly K routed experts per token (static top-k)")
-          ->check(CLI::PositiveNumber);
+          ->check(nf::cli::Positive);
   auto *budgetOpt = evalPpl
                         ->add_option("--expert-budget", ev.expertBudget,
                                      "Fraction of the static top-k expert "
                                      "FLOPs (budget plans)")
-                        ->check(CLI::PositiveNumber);
+                        ->check(nf::cli::Positive);
   topKOpt->excludes(budgetOpt);
   budgetOpt->excludes(topKOpt);
   evalPpl
       ->add_option("--windows", ev.windows,
                    "Evaluate only the first N windows (quick checks)")
-      ->check(CLI::PositiveNumber);
+      ->check(nf::cli::Positive);
   evalPpl->add_option("--batch", ev.batch, "Windows run together in one step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(nf::cli::Positive);
 
   // bench
   nfrun::BenchFlags bench;
@@ -189,10 +190,10 @@ int main(int argc, char **argv) {
   benchCmd
       ->add_option("--context", bench.context, "Decode context per sequence")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(nf::cli::Positive);
   benchCmd->add_option("--steps", bench.steps, "Timed decode steps")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(nf::cli::Positive);
   benchCmd->add_option("--copy-bandwidth", bench.copyBandwidth,
                        "Device-to-device copy bandwidth measured in the same "
                        "run, bytes/s (decode roofline)");
@@ -206,13 +207,13 @@ int main(int argc, char **argv) {
       ->add_option("--temperature", bench.temperature,
                    "With --sample: sampling temperature (0: greedy)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(nf::cli::NonNegative);
   benchCmd->add_option("--top-k", bench.topK, "With --sample: top-k (0: off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(nf::cli::NonNegative);
   benchCmd->add_option("--top-p", bench.topP, "With --sample: top-p (1: off)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(nf::cli::Between("0", "1"));
 
   // serve
   nfrun::ServeFlags serve;
@@ -224,13 +225,13 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   serveCmd->add_option("--port", serve.port, "TCP port")
       ->capture_default_str()
-      ->check(CLI::Range(1, 65535));
+      ->check(nf::cli::Between("1", "65535"));
   serveCmd
       ->add_option("--max-batch", serve.maxBatch,
                    "Requests decoded together (0: every sequence slot of "
                    "the plan)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(nf::cli::NonNegative);
   serveCmd->add_option("--model-name", serve.modelName,
                        "Model id reported to clients (default: the plan's "
                        "model name)");
