@@ -9,6 +9,7 @@ packages=(
   llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools
   libflatbuffers-dev flatbuffers-compiler
   libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev libcpp-httplib-dev
+  python3-jinja2
 )
 
 missing=()

@@ -8,6 +8,7 @@
 // untrusted: errors are Status values naming the file; nlohmann::json
 // exceptions are caught at the public boundary.
 #include "nf/tokenizer.h"
+#include "utf8.h"
 
 #include <nlohmann/json.hpp>
 
@@ -599,24 +600,6 @@ size_t decodeOne(std::string_view s, size_t i, char32_t &out) {
   }
   out = cp;
   return n;
-}
-
-void appendUtf8(std::string &out, char32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
 }
 
 /// Rust's String::from_utf8_lossy: each maximal invalid subpart becomes one

@@ -73,6 +73,7 @@ struct ServeFlags {
   int port = 8080;
   int maxBatch = 0;      // sequences decoded together; 0: the plan's slots
   std::string modelName; // the id reported by /v1/models; default: the plan's
+  std::string chatTemplate; // Jinja chat template file; default: the model's
 };
 
 int runGenerate(const GenerateFlags &flags);

@@ -218,8 +218,8 @@ int main(int argc, char **argv) {
   // serve
   nfrun::ServeFlags serve;
   auto *serveCmd = app.add_subcommand(
-      "serve", "OpenAI-compatible HTTP server: /v1/completions (streaming "
-               "too), /v1/models, /health");
+      "serve", "OpenAI-compatible HTTP server: /v1/completions and "
+               "/v1/chat/completions (streaming too), /v1/models, /health");
   addCommon(serveCmd, serve.common);
   serveCmd->add_option("--host", serve.host, "Address to listen on")
       ->capture_default_str();
@@ -235,6 +235,10 @@ int main(int argc, char **argv) {
   serveCmd->add_option("--model-name", serve.modelName,
                        "Model id reported to clients (default: the plan's "
                        "model name)");
+  serveCmd->add_option("--chat-template", serve.chatTemplate,
+                       "Jinja chat template for /v1/chat/completions "
+                       "(default: the tokenizer's chat_template.jinja or "
+                       "tokenizer_config.json)");
 
   try {
     app.parse(argc, argv);

@@ -1,12 +1,14 @@
-// nfrun serve: an OpenAI-compatible HTTP server (completions) over one model.
+// nfrun serve: an OpenAI-compatible HTTP server (completions and chat
+// completions) over one model.
 //
-// HTTP threads (cpp-httplib) parse and validate requests and hand them to one
-// scheduler thread, which owns the model and batches every active request
-// into each step (continuous batching): new requests join with their whole
-// prompt, running ones with their last token, so a long prompt and many
-// decoding sequences share the same model calls. Each request samples with
-// its own sampler; text is produced incrementally from the generated tokens
-// and streamed (server-sent events) or returned at the end.
+// HTTP threads (cpp-httplib) parse and validate requests (a chat request's
+// messages become a prompt through the model's chat template) and hand them
+// to one scheduler thread, which owns the model and batches every active
+// request into each step (continuous batching): new requests join with their
+// whole prompt, running ones with their last token, so a long prompt and
+// many decoding sequences share the same model calls. Each request samples
+// with its own sampler; text is produced incrementally from the generated
+// tokens and streamed (server-sent events) or returned at the end.
 #include "commands.h"
 
 #include "nf/nf.hpp"
@@ -54,6 +56,8 @@ struct Request {
   nf::SamplerParams sampling;
   std::vector<std::string> stops;
   bool stream = false;
+  bool chat = false;     // /v1/chat/completions
+  bool roleSent = false; // a chat stream's first chunk (HTTP thread only)
 
   // Scheduler side.
   std::optional<nf::Sampler> sampler;
@@ -220,7 +224,8 @@ private:
     } else if (eos) {
       reason = "stop";
     } else if (static_cast<int32_t>(r.generated.size()) >= r.maxTokens ||
-               model_.sequenceLength(r.seq) + 1 >= model_.maxContext()) {
+               (model_.maxContext() >= 0 &&
+                model_.sequenceLength(r.seq) + 1 >= model_.maxContext())) {
       reason = "length";
     } else {
       visible -=
@@ -349,11 +354,86 @@ void sendError(httplib::Response &res, int status, const std::string &message,
       "application/json");
 }
 
-/// A validated request from its JSON body, or an error message. Runs on the
-/// HTTP threads: it only reads the model (tokenizer, sizes), which is
-/// immutable after loading, while the scheduler thread runs it.
-std::variant<std::shared_ptr<Request>, std::string>
-parseCompletion(const json &body, const nf::Model &model) {
+/// The sampling and length fields of a request, shared by both endpoints:
+/// max_tokens (chat: also max_completion_tokens, and by default the rest
+/// of the context), temperature, top_p, top_k, min_p, seed, n, stream and
+/// stop. `r.prompt` is set. An error message, or nullopt.
+std::optional<std::string> parseSampling(const json &body,
+                                         const nf::Model &model, Request &r) {
+  if (r.prompt.empty())
+    return std::string("the prompt has no tokens");
+  auto number = [&](const char *key, double lo, double hi,
+                    double &out) -> std::optional<std::string> {
+    if (!body.contains(key) || body[key].is_null())
+      return std::nullopt;
+    if (!body[key].is_number())
+      return "'" + std::string(key) + "' must be a number";
+    out = body[key].get<double>();
+    if (!(out >= lo && out <= hi)) {
+      char range[64];
+      std::snprintf(range, sizeof range, "[%.10g, %.10g]", lo, hi);
+      return "'" + std::string(key) + "' must be in " + range;
+    }
+    return std::nullopt;
+  };
+  // -1: no limit of the request's own (chat's default: the context).
+  double maxTokens = r.chat ? -1 : 16, temperature = 1.0, topP = 1.0, n = 1,
+         seed = 0, topK = 0, minP = 0;
+  for (auto err :
+       {number("max_tokens", 1, 1 << 30, maxTokens),
+        r.chat ? number("max_completion_tokens", 1, 1 << 30, maxTokens)
+               : std::nullopt,
+        number("temperature", 0, 100, temperature), number("top_p", 0, 1, topP),
+        number("n", 1, 1, n), number("seed", 0, 9.0e15, seed),
+        number("top_k", 0, 1 << 30, topK), number("min_p", 0, 1, minP)})
+    if (err)
+      return *err;
+  // Context left after the prompt; a model without attention has no limit.
+  int64_t room = int64_t{1} << 30;
+  if (model.maxContext() >= 0) {
+    room = model.maxContext() - static_cast<int64_t>(r.prompt.size());
+    if (room < 1)
+      return "the prompt has " + std::to_string(r.prompt.size()) +
+             " tokens; this model's context is " +
+             std::to_string(model.maxContext());
+  }
+  r.maxTokens = static_cast<int32_t>(
+      maxTokens < 0 ? room : std::min<double>(maxTokens, room));
+  r.sampling.temperature = static_cast<float>(temperature);
+  r.sampling.topP = static_cast<float>(topP);
+  r.sampling.topK = static_cast<int32_t>(topK);
+  r.sampling.minP = static_cast<float>(minP);
+  r.sampling.seed = static_cast<uint64_t>(seed);
+  if (body.contains("stream") && !body["stream"].is_null()) {
+    if (!body["stream"].is_boolean())
+      return std::string("'stream' must be true or false");
+    r.stream = body["stream"].get<bool>();
+  }
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const json &s = body["stop"];
+    if (s.is_string())
+      r.stops.push_back(s.get<std::string>());
+    else if (s.is_array() && std::all_of(s.begin(), s.end(), [](const json &v) {
+               return v.is_string();
+             }))
+      for (const json &v : s)
+        r.stops.push_back(v.get<std::string>());
+    else
+      return std::string("'stop' must be a string or an array of strings");
+    for (const std::string &s : r.stops)
+      if (s.empty())
+        return std::string("'stop' strings must not be empty");
+  }
+  return std::nullopt;
+}
+
+using Parsed = std::variant<std::shared_ptr<Request>, std::string>;
+
+/// A validated /v1/completions request from its JSON body, or an error
+/// message. Runs on the HTTP threads: it only reads the model (tokenizer,
+/// sizes), which is immutable after loading, while the scheduler thread
+/// runs it.
+Parsed parseCompletion(const json &body, const nf::Model &model) {
   auto r = std::make_shared<Request>();
   if (!body.is_object())
     return std::string("the body must be a JSON object");
@@ -382,64 +462,200 @@ parseCompletion(const json &body, const nf::Model &model) {
     return std::string("'prompt' must be a string or a non-empty array of "
                        "token ids (one prompt per request)");
   }
-  if (r->prompt.empty())
-    return std::string("the prompt has no tokens");
-  auto number = [&](const char *key, double lo, double hi,
-                    double &out) -> std::optional<std::string> {
-    if (!body.contains(key) || body[key].is_null())
-      return std::nullopt;
-    if (!body[key].is_number())
-      return "'" + std::string(key) + "' must be a number";
-    out = body[key].get<double>();
-    if (!(out >= lo && out <= hi)) {
-      char range[64];
-      std::snprintf(range, sizeof range, "[%.10g, %.10g]", lo, hi);
-      return "'" + std::string(key) + "' must be in " + range;
-    }
-    return std::nullopt;
-  };
-  double maxTokens = 16, temperature = 1.0, topP = 1.0, n = 1, seed = 0,
-         topK = 0, minP = 0;
-  for (auto err :
-       {number("max_tokens", 1, 1 << 30, maxTokens),
-        number("temperature", 0, 100, temperature), number("top_p", 0, 1, topP),
-        number("n", 1, 1, n), number("seed", 0, 9.0e15, seed),
-        number("top_k", 0, 1 << 30, topK), number("min_p", 0, 1, minP)})
-    if (err)
-      return *err;
-  const int64_t room =
-      model.maxContext() - static_cast<int64_t>(r->prompt.size());
-  if (room < 1)
-    return "the prompt has " + std::to_string(r->prompt.size()) +
-           " tokens; this model's context is " +
-           std::to_string(model.maxContext());
-  r->maxTokens = static_cast<int32_t>(std::min<double>(maxTokens, room));
-  r->sampling.temperature = static_cast<float>(temperature);
-  r->sampling.topP = static_cast<float>(topP);
-  r->sampling.topK = static_cast<int32_t>(topK);
-  r->sampling.minP = static_cast<float>(minP);
-  r->sampling.seed = static_cast<uint64_t>(seed);
-  if (body.contains("stream") && !body["stream"].is_null()) {
-    if (!body["stream"].is_boolean())
-      return std::string("'stream' must be true or false");
-    r->stream = body["stream"].get<bool>();
-  }
-  if (body.contains("stop") && !body["stop"].is_null()) {
-    const json &s = body["stop"];
-    if (s.is_string())
-      r->stops.push_back(s.get<std::string>());
-    else if (s.is_array() && std::all_of(s.begin(), s.end(), [](const json &v) {
-               return v.is_string();
-             }))
-      for (const json &v : s)
-        r->stops.push_back(v.get<std::string>());
-    else
-      return std::string("'stop' must be a string or an array of strings");
-    for (const std::string &s : r->stops)
-      if (s.empty())
-        return std::string("'stop' strings must not be empty");
-  }
+  if (auto err = parseSampling(body, model, *r))
+    return *err;
   return r;
+}
+
+/// The messages of a /v1/chat/completions request: role and content (a
+/// string, or text parts, concatenated).
+std::variant<std::vector<nf::ChatMessage>, std::string>
+parseMessages(const json &body) {
+  if (!body.contains("messages"))
+    return std::string("'messages' is required");
+  const json &list = body["messages"];
+  if (!list.is_array() || list.empty())
+    return std::string("'messages' must be a non-empty array");
+  std::vector<nf::ChatMessage> messages;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json &m = list[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object())
+      return where + " must be an object";
+    if (!m.contains("role") || !m["role"].is_string())
+      return where + ": 'role' must be a string";
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null() &&
+        !m["tool_calls"].empty())
+      return where + ": tool calls are not supported";
+    nf::ChatMessage msg;
+    msg.role = m["role"].get<std::string>();
+    const json content = m.value("content", json());
+    if (content.is_string()) {
+      msg.content = content.get<std::string>();
+    } else if (content.is_array()) {
+      for (size_t k = 0; k < content.size(); ++k) {
+        const json &part = content[k];
+        const std::string at = where + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object() || !part.contains("type") ||
+            !part["type"].is_string())
+          return at + " must be an object with a 'type'";
+        if (part["type"] != "text")
+          return at + ": only text parts are supported, not '" +
+                 part["type"].get<std::string>() + "'";
+        if (!part.contains("text") || !part["text"].is_string())
+          return at + ": 'text' must be a string";
+        msg.content += part["text"].get<std::string>();
+      }
+    } else {
+      return where + ": 'content' must be a string or an array of text parts";
+    }
+    messages.push_back(std::move(msg));
+  }
+  return messages;
+}
+
+/// A validated /v1/chat/completions request: the messages rendered with the
+/// model's chat template (and the generation prompt), tokenized without
+/// special tokens (the template writes them, BOS included), then the same
+/// fields as /v1/completions.
+Parsed parseChat(const json &body, const nf::Model &model) {
+  if (!body.is_object())
+    return std::string("the body must be a JSON object");
+  if (!model.hasChatTemplate())
+    return std::string(
+        "this model has no chat template: start nfrun serve with "
+        "--chat-template FILE (a Jinja chat template), or put "
+        "chat_template.jinja (or tokenizer_config.json with a "
+        "\"chat_template\") next to its tokenizer.json; /v1/completions "
+        "takes plain prompts");
+  if (!model.hasTokenizer())
+    return std::string("this model has no tokenizer: chat completions need "
+                       "one (use /v1/completions with token ids)");
+  if (body.contains("tools") && !body["tools"].is_null() &&
+      !body["tools"].empty())
+    return std::string("'tools' are not supported");
+  auto messages = parseMessages(body);
+  if (auto *err = std::get_if<std::string>(&messages))
+    return *err;
+  auto text = model.applyChatTemplate(
+      std::get<std::vector<nf::ChatMessage>>(messages), true);
+  if (!text)
+    return text.message();
+  auto r = std::make_shared<Request>();
+  r->chat = true;
+  auto ids = model.tokenize(*text, false);
+  if (!ids)
+    return "prompt: " + ids.message();
+  r->prompt = std::move(*ids);
+  if (auto err = parseSampling(body, model, *r))
+    return *err;
+  return r;
+}
+
+/// Answers a completion (`chat` false) or chat completion request: queues
+/// it and waits for the whole text, or streams it as server-sent events.
+void serveCompletion(const httplib::Request &req, httplib::Response &res,
+                     bool chat, const nf::Model &model, Scheduler &scheduler,
+                     const std::string &name, std::atomic<int64_t> &nextId) {
+  json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded())
+    return sendError(res, 400, "the body is not valid JSON");
+  Parsed parsed = chat ? parseChat(body, model) : parseCompletion(body, model);
+  if (auto *err = std::get_if<std::string>(&parsed))
+    return sendError(res, 400, *err);
+  std::shared_ptr<Request> r = std::get<std::shared_ptr<Request>>(parsed);
+  const bool stream = r->stream;
+  const std::string id =
+      (chat ? "chatcmpl-" : "cmpl-") + std::to_string(nextId++);
+  const int64_t created = unixTime();
+  const size_t promptTokens = r->prompt.size();
+  scheduler.submit(r);
+  // The response object (streamed: a chunk) around its one choice.
+  auto response = [id, created, name, chat](const json &choice, bool chunk) {
+    json c = choice;
+    c["index"] = 0;
+    c["logprobs"] = nullptr;
+    return json{{"id", id},
+                {"object", !chat   ? "text_completion"
+                           : chunk ? "chat.completion.chunk"
+                                   : "chat.completion"},
+                {"created", created},
+                {"model", name},
+                {"choices", json::array({c})}};
+  };
+  if (!stream) {
+    std::unique_lock<std::mutex> lock(r->mu);
+    r->cv.wait(lock, [&] { return r->done; });
+    if (!r->error.empty())
+      return sendError(res, 500, r->error, "server_error");
+    json choice = {{"finish_reason", r->finishReason}};
+    if (chat)
+      choice["message"] = {{"role", "assistant"}, {"content", r->text}};
+    else
+      choice["text"] = r->text;
+    json out = response(choice, false);
+    out["usage"] = {{"prompt_tokens", promptTokens},
+                    {"completion_tokens", r->generated.size()},
+                    {"total_tokens", promptTokens + r->generated.size()}};
+    res.set_content(dumpJson(out), "application/json");
+    return;
+  }
+  // One event: a piece of text (finish null) or the end (text empty).
+  auto event = [response, chat](const std::string &text, const json &finish) {
+    json choice = {{"finish_reason", finish}};
+    if (!chat)
+      choice["text"] = text;
+    else if (finish.is_null())
+      choice["delta"] = {{"content", text}};
+    else
+      choice["delta"] = json::object();
+    return "data: " + dumpJson(response(choice, true)) + "\n\n";
+  };
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [r, event, response](size_t, httplib::DataSink &sink) {
+        std::unique_lock<std::mutex> lock(r->mu);
+        std::string events;
+        if (r->chat && !r->roleSent) {
+          // A chat stream opens with the role, before any text.
+          json choice = {{"finish_reason", nullptr},
+                         {"delta", {{"role", "assistant"}, {"content", ""}}}};
+          events += "data: " + dumpJson(response(choice, true)) + "\n\n";
+          r->roleSent = true;
+        } else {
+          r->cv.wait(lock, [&] { return r->done || r->text.size() > r->sent; });
+        }
+        // Read under the lock: the scheduler may finish the request
+        // between this chunk and the check below, and a stream that
+        // ended on a later reading of `done` lost its finish chunk and
+        // [DONE] (the intermittent failure serve.test once allowed a
+        // retry for).
+        const bool done = r->done;
+        if (r->text.size() > r->sent) {
+          events += event(r->text.substr(r->sent), nullptr);
+          r->sent = r->text.size();
+        }
+        if (done) {
+          if (!r->error.empty())
+            events +=
+                "data: " +
+                dumpJson(
+                    json{{"error",
+                          {{"message", r->error}, {"type", "server_error"}}}}) +
+                "\n\n";
+          else
+            events += event("", r->finishReason);
+          events += "data: [DONE]\n\n";
+        }
+        lock.unlock();
+        if (!sink.write(events.data(), events.size())) {
+          r->cancelled = true; // the client went away: stop generating
+          return false;
+        }
+        if (done)
+          sink.done();
+        return true;
+      });
 }
 
 std::atomic<httplib::Server *> gServer{nullptr};
@@ -452,7 +668,9 @@ void onSignal(int) {
 } // namespace
 
 int runServe(const ServeFlags &f) {
-  auto model = nf::Model::load(f.common.plan, modelParams(f.common));
+  nf::ModelParams params = modelParams(f.common);
+  params.chatTemplatePath = f.chatTemplate;
+  auto model = nf::Model::load(f.common.plan, params);
   if (!model)
     return fail(model.message());
   const std::string name = f.modelName.empty() ? model->name() : f.modelName;
@@ -483,78 +701,11 @@ int runServe(const ServeFlags &f) {
   });
   server.Post("/v1/completions", [&](const httplib::Request &req,
                                      httplib::Response &res) {
-    json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded())
-      return sendError(res, 400, "the body is not valid JSON");
-    auto parsed = parseCompletion(body, *model);
-    if (auto *err = std::get_if<std::string>(&parsed))
-      return sendError(res, 400, *err);
-    std::shared_ptr<Request> r = std::get<std::shared_ptr<Request>>(parsed);
-    const bool stream = r->stream;
-    const std::string id = "cmpl-" + std::to_string(nextId++);
-    const int64_t created = unixTime();
-    const size_t promptTokens = r->prompt.size();
-    scheduler.submit(r);
-    auto chunk = [&, id, created](const std::string &text, const json &finish) {
-      return json{{"id", id},
-                  {"object", "text_completion"},
-                  {"created", created},
-                  {"model", name},
-                  {"choices", json::array({{{"index", 0},
-                                            {"text", text},
-                                            {"logprobs", nullptr},
-                                            {"finish_reason", finish}}})}};
-    };
-    if (!stream) {
-      std::unique_lock<std::mutex> lock(r->mu);
-      r->cv.wait(lock, [&] { return r->done; });
-      if (!r->error.empty())
-        return sendError(res, 500, r->error, "server_error");
-      json out = chunk(r->text, r->finishReason);
-      out["usage"] = {{"prompt_tokens", promptTokens},
-                      {"completion_tokens", r->generated.size()},
-                      {"total_tokens", promptTokens + r->generated.size()}};
-      res.set_content(dumpJson(out), "application/json");
-      return;
-    }
-    res.set_chunked_content_provider(
-        "text/event-stream", [r, chunk](size_t, httplib::DataSink &sink) {
-          std::unique_lock<std::mutex> lock(r->mu);
-          r->cv.wait(lock, [&] { return r->done || r->text.size() > r->sent; });
-          std::string events;
-          // Read under the lock: the scheduler may finish the request
-          // between this chunk and the check below, and a stream that
-          // ended on a later reading of `done` lost its finish chunk and
-          // [DONE] (the intermittent failure serve.test once allowed a
-          // retry for).
-          const bool done = r->done;
-          if (r->text.size() > r->sent) {
-            events +=
-                "data: " + dumpJson(chunk(r->text.substr(r->sent), nullptr)) +
-                "\n\n";
-            r->sent = r->text.size();
-          }
-          if (done) {
-            if (!r->error.empty())
-              events +=
-                  "data: " +
-                  dumpJson(json{{"error",
-                                 {{"message", r->error},
-                                  {"type", "server_error"}}}}) +
-                  "\n\n";
-            else
-              events += "data: " + dumpJson(chunk("", r->finishReason)) + "\n\n";
-            events += "data: [DONE]\n\n";
-          }
-          lock.unlock();
-          if (!sink.write(events.data(), events.size())) {
-            r->cancelled = true; // the client went away: stop generating
-            return false;
-          }
-          if (done)
-            sink.done();
-          return true;
-        });
+    serveCompletion(req, res, false, *model, scheduler, name, nextId);
+  });
+  server.Post("/v1/chat/completions", [&](const httplib::Request &req,
+                                          httplib::Response &res) {
+    serveCompletion(req, res, true, *model, scheduler, name, nextId);
   });
   server.set_exception_handler([](const httplib::Request &,
                                   httplib::Response &res,
@@ -573,7 +724,9 @@ int runServe(const ServeFlags &f) {
         if (res.body.empty())
           sendError(res, res.status,
                     res.status == 404 ? "unknown endpoint (this server has "
-                                        "/v1/completions, /v1/models, /health)"
+                                        "/v1/completions, "
+                                        "/v1/chat/completions, /v1/models, "
+                                        "/health)"
                                       : "request failed");
       });
 

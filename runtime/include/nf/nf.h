@@ -16,9 +16,10 @@
  *    and then changed field by field; a NULL parameter pointer means the
  *    defaults.
  *  - Threads: an nf_model may be shared by threads for read-only calls
- *    (getters, nf_tokenize, nf_detokenize); calls that change it (nf_seq_*,
- *    nf_decode, nf_generate) must not run concurrently on one model. An
- *    nf_sampler belongs to one thread at a time.
+ *    (getters, nf_tokenize, nf_detokenize, nf_chat_apply_template); calls
+ *    that change it (nf_seq_*, nf_decode, nf_generate) must not run
+ *    concurrently on one model. An nf_sampler belongs to one thread at a
+ *    time.
  *
  * Minimal use (greedy generation, error checks omitted):
  *
@@ -122,6 +123,14 @@ typedef struct nf_model_params {
      checkpoint (benchmarks of model shapes whose weights are not at hand). */
   int32_t synthetic_weights;
   uint64_t synthetic_seed;
+  /* A Jinja chat template file to use (for checkpoints without one, or to
+     replace theirs); NULL or "": the tokenizer's, as transformers finds it:
+     chat_template.jinja in the tokenizer's directory (the weights directory,
+     or that of tokenizer_path), else the "chat_template" of
+     tokenizer_config.json there. A template that does not parse, or a
+     malformed tokenizer_config.json, fails the load (NF_ERR_LOAD, naming
+     the file); no template at all does not. */
+  const char *chat_template_path;
 } nf_model_params;
 
 NF_API nf_model_params nf_model_default_params(void);
@@ -163,6 +172,8 @@ NF_API int64_t nf_model_max_context(const nf_model *model);
 NF_API const char *nf_model_backend(const nf_model *model);
 /* Nonzero when a tokenizer was loaded with the model. */
 NF_API int nf_model_has_tokenizer(const nf_model *model);
+/* Nonzero when the model has a chat template (nf_chat_apply_template). */
+NF_API int nf_model_has_chat_template(const nf_model *model);
 /* A readable multi-line summary ("key: value" lines). Valid until the model
    is freed. */
 NF_API const char *nf_model_info(const nf_model *model);
@@ -192,6 +203,35 @@ enum {
 NF_API nf_status nf_detokenize(const nf_model *model, const int32_t *tokens,
                                size_t n, int flags, char *out, size_t cap,
                                size_t *n_out);
+
+/* ------------------------------------------------------------------------ */
+/* Chat templates (Hugging Face Jinja chat templates)                       */
+
+/* One message of a conversation: NUL-terminated UTF-8 strings. */
+typedef struct nf_chat_message {
+  const char *role; /* "system", "user", "assistant", ... */
+  const char *content;
+} nf_chat_message;
+
+/* The prompt text of messages[0..n_messages), rendered with the model's chat
+   template as transformers' apply_chat_template renders it: the messages as
+   a list of {"role", "content"}, add_generation_prompt, tools and documents
+   None, and the special tokens of tokenizer_config.json (bos_token,
+   eos_token, ...; without that file, bos_token and eos_token are the
+   tokenizer's texts of nf_model_bos and nf_model_eos when those are special
+   tokens). Templates write the BOS themselves: tokenize the text with
+   add_special 0. Writes the bytes to `out` and their count to *n_out, plus
+   a terminating NUL when cap > *n_out (a too small `cap`:
+   NF_ERR_BUFFER_TOO_SMALL with the size needed in *n_out). Errors:
+   NF_ERR_UNSUPPORTED without a chat template; NF_ERR_INVALID_ARGUMENT for
+   NULL pointers, text that is not UTF-8, or a template that fails on these
+   messages, e.g. by raise_exception("Conversation roles must alternate
+   ..."): nf_last_error() then holds the template's message and line. */
+NF_API nf_status nf_chat_apply_template(const nf_model *model,
+                                        const nf_chat_message *messages,
+                                        size_t n_messages,
+                                        int add_generation_prompt, char *out,
+                                        size_t cap, size_t *n_out);
 
 /* ------------------------------------------------------------------------ */
 /* Sequences and steps                                                      */

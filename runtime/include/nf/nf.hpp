@@ -35,6 +35,13 @@ struct ModelParams {
   int32_t maxSequences = 0;  // 0: the plan's state slots
   int32_t kvPages = 0;       // 0: the plan's default
   std::string backend;       // "auto" (also empty), "cpu" or "cuda"
+  std::string chatTemplatePath; // empty: the tokenizer's chat template
+};
+
+/// One message of a conversation (see nf_chat_message).
+struct ChatMessage {
+  std::string role;
+  std::string content;
 };
 
 struct SamplerParams {
@@ -118,6 +125,7 @@ public:
     p.max_sequences = params.maxSequences;
     p.kv_pages = params.kvPages;
     p.backend = params.backend.c_str();
+    p.chat_template_path = params.chatTemplatePath.c_str();
     nf_model *m = nullptr;
     if (nf_model_load(planPath.c_str(), &p, &m) != NF_OK)
       return lastError();
@@ -164,6 +172,7 @@ public:
   int32_t maxSequences() const { return nf_model_max_sequences(m_); }
   int64_t maxContext() const { return nf_model_max_context(m_); }
   bool hasTokenizer() const { return nf_model_has_tokenizer(m_) != 0; }
+  bool hasChatTemplate() const { return nf_model_has_chat_template(m_) != 0; }
   /// "cpu" or "cuda".
   std::string backend() const { return nf_model_backend(m_); }
   std::string info() const { return nf_model_info(m_); }
@@ -197,6 +206,31 @@ public:
       text.resize(n);
       s = nf_detokenize(m_, tokens.data(), tokens.size(), flags, text.data(),
                         text.size(), &n);
+    }
+    if (s != NF_OK)
+      return lastError();
+    text.resize(n);
+    return text;
+  }
+
+  /// The prompt text of a conversation (see nf_chat_apply_template);
+  /// tokenize it with addSpecial = false.
+  StatusOr<std::string>
+  applyChatTemplate(const std::vector<ChatMessage> &messages,
+                    bool addGenerationPrompt = true) const {
+    std::vector<nf_chat_message> msgs(messages.size());
+    for (size_t i = 0; i < messages.size(); ++i)
+      msgs[i] = {messages[i].role.c_str(), messages[i].content.c_str()};
+    std::string text(256, '\0');
+    size_t n = 0;
+    nf_status s = nf_chat_apply_template(m_, msgs.data(), msgs.size(),
+                                         addGenerationPrompt, text.data(),
+                                         text.size(), &n);
+    if (s == NF_ERR_BUFFER_TOO_SMALL) {
+      text.resize(n);
+      s = nf_chat_apply_template(m_, msgs.data(), msgs.size(),
+                                 addGenerationPrompt, text.data(), text.size(),
+                                 &n);
     }
     if (s != NF_OK)
       return lastError();

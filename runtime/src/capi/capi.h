@@ -2,6 +2,7 @@
 // exception barrier every entry point goes through.
 #pragma once
 
+#include "chat/chat_template.h"
 #include "engine/engine.h"
 #include "nf/nf.h"
 #include "nf/status.h"
@@ -21,6 +22,9 @@ struct nf_model {
   std::optional<nf::Tokenizer> tokenizer;
   /// Why there is no tokenizer (for NF_ERR_UNSUPPORTED messages).
   std::string noTokenizerReason;
+  /// The chat template (if any) and the special tokens it is rendered with.
+  nf::chat::ChatConfig chat;
+  std::string noChatTemplateReason;
   std::string planPath;
   std::string infoText;
   std::vector<int32_t> eos;

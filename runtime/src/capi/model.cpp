@@ -29,7 +29,8 @@ nf_status fail(nf_status code, const std::string &message) noexcept {
 
 namespace {
 
-std::string describe(const nf_model &m, const std::string &tokenizerLine) {
+std::string describe(const nf_model &m, const std::string &tokenizerLine,
+                     const std::string &chatTemplateLine) {
   const ModelInfo &info = m.engine->info();
   std::ostringstream os;
   os << "name: " << info.name << "\n";
@@ -62,6 +63,7 @@ std::string describe(const nf_model &m, const std::string &tokenizerLine) {
   os << "prefill tokens per step: " << info.maxPrefillTokens << "\n";
   os << "decode sequences per step: " << info.maxDecodeTokens << "\n";
   os << "tokenizer: " << tokenizerLine << "\n";
+  os << "chat template: " << chatTemplateLine << "\n";
   return os.str();
 }
 
@@ -176,6 +178,7 @@ nf_model_params nf_model_default_params(void) {
   p.backend = nullptr;
   p.synthetic_weights = 0;
   p.synthetic_seed = 0;
+  p.chat_template_path = nullptr;
   return p;
 }
 
@@ -247,7 +250,44 @@ nf_status nf_model_load(const char *plan_path, const nf_model_params *params,
     if (model->eos.empty() && model->tokenizer)
       if (auto e = model->tokenizer->eosId(); e && *e < info.vocabSize)
         model->eos.push_back(*e);
-    model->infoText = capi::describe(*model, tokenizerLine);
+
+    // The chat template lives with the tokenizer (whether or not there is
+    // a tokenizer.json).
+    const std::string chatDir =
+        std::filesystem::path(tokenizerPath).parent_path().string();
+    StatusOr<chat::ChatConfig> chatConfig = chat::loadChatConfig(
+        chatDir, p.chat_template_path ? p.chat_template_path : "");
+    if (!chatConfig)
+      return fail(NF_ERR_LOAD, chatConfig.status());
+    model->chat = std::move(*chatConfig);
+    // Without tokenizer_config.json, the model's own BOS and EOS (special
+    // tokens of tokenizer.json) stand in for bos_token and eos_token.
+    auto hasToken = [&](const char *name) {
+      for (const auto &t : model->chat.specialTokens)
+        if (t.first == name)
+          return true;
+      return false;
+    };
+    auto addToken = [&](const char *name, int32_t id) {
+      if (model->tokenizer && id >= 0 && !hasToken(name) &&
+          model->tokenizer->isSpecial(id))
+        model->chat.specialTokens.emplace_back(name,
+                                               model->tokenizer->tokenText(id));
+    };
+    addToken("bos_token", nf_model_bos(model.get()));
+    addToken("eos_token", model->eos.empty() ? -1 : model->eos.front());
+    std::string chatTemplateLine;
+    if (model->chat.chatTemplate) {
+      chatTemplateLine = model->chat.chatTemplate->sourceName();
+    } else {
+      chatTemplateLine = "none";
+      model->noChatTemplateReason =
+          "the model has no chat template (no chat_template.jinja, and no "
+          "chat_template in tokenizer_config.json, in " +
+          (chatDir.empty() ? std::string(".") : chatDir) +
+          "): give one with nf_model_params.chat_template_path";
+    }
+    model->infoText = capi::describe(*model, tokenizerLine, chatTemplateLine);
     *out = model.release();
     return NF_OK;
   });
@@ -351,6 +391,10 @@ int64_t nf_model_max_context(const nf_model *model) {
 
 int nf_model_has_tokenizer(const nf_model *model) {
   return model && model->tokenizer.has_value();
+}
+
+int nf_model_has_chat_template(const nf_model *model) {
+  return model && model->chat.chatTemplate.has_value();
 }
 
 const char *nf_model_info(const nf_model *model) {

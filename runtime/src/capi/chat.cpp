@@ -1,0 +1,49 @@
+// C API: chat templates (nf_chat_apply_template).
+#include "capi/capi.h"
+
+#include <cstring>
+
+using namespace nf;
+using nf::capi::fail;
+using nf::capi::guard;
+
+extern "C" {
+
+nf_status nf_chat_apply_template(const nf_model *model,
+                                 const nf_chat_message *messages,
+                                 size_t n_messages, int add_generation_prompt,
+                                 char *out, size_t cap, size_t *n_out) {
+  return guard([&]() -> nf_status {
+    if (!model || !n_out || (!messages && n_messages > 0) || (!out && cap > 0))
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_chat_apply_template: NULL model, messages, out or n_out");
+    if (!model->chat.chatTemplate)
+      return fail(NF_ERR_UNSUPPORTED, model->noChatTemplateReason);
+    std::vector<chat::Message> msgs(n_messages);
+    for (size_t i = 0; i < n_messages; ++i) {
+      if (!messages[i].role || !messages[i].content)
+        return fail(NF_ERR_INVALID_ARGUMENT,
+                    "nf_chat_apply_template: message " + std::to_string(i) +
+                        " has a NULL role or content");
+      msgs[i].role = messages[i].role;
+      msgs[i].content = messages[i].content;
+    }
+    StatusOr<std::string> text =
+        model->chat.apply(msgs, add_generation_prompt != 0);
+    if (!text)
+      return fail(NF_ERR_INVALID_ARGUMENT, text.status());
+    *n_out = text->size();
+    if (text->size() > cap)
+      return fail(NF_ERR_BUFFER_TOO_SMALL,
+                  "nf_chat_apply_template: " + std::to_string(text->size()) +
+                      " bytes do not fit in a buffer of " +
+                      std::to_string(cap));
+    if (!text->empty())
+      std::memcpy(out, text->data(), text->size());
+    if (cap > text->size())
+      out[text->size()] = '\0';
+    return NF_OK;
+  });
+}
+
+} // extern "C"

@@ -1,0 +1,269 @@
+"""Checks `nfrun serve`'s /v1/chat/completions over HTTP (standard library
+and Python's jinja2; the `openai` client too when it is installed).
+
+Usage: check_serve_chat.py NFRUN PLAN TEMPLATE_DIR
+
+Starts `nfrun serve PLAN --chat-template TEMPLATE_DIR/mistral.jinja` and
+checks that
+  - a greedy chat completion equals a greedy /v1/completions of the prompt
+    that Python's jinja2 renders from the same messages (the template with
+    add_generation_prompt, bos_token and eos_token as nf takes them from
+    the model's tokenizer: <s> and </s>): same text, finish reason and
+    prompt tokens (the template writes the BOS; nothing is added again);
+  - content given as text parts equals the same text as one string;
+  - max_completion_tokens bounds the completion;
+  - a streamed chat completion opens with the assistant role, its content
+    deltas concatenate to the non-streamed text, and it ends with an empty
+    delta carrying the finish reason, then [DONE];
+  - bad requests get HTTP 400 with an OpenAI error object, among them the
+    template's own raise_exception message (roles that do not alternate);
+and that a server without a chat template answers HTTP 400 saying so.
+Prints "ok: ..." on success; exits non-zero with a message otherwise.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+try:
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+except ImportError:
+    sys.exit("check_serve_chat: Python's jinja2 is needed (Debian: "
+             "python3-jinja2)")
+
+nfrun, plan, template_dir = sys.argv[1:4]
+template_path = os.path.join(template_dir, "mistral.jinja")
+servers = []
+
+
+def fail(msg):
+    for s in servers:
+        s.kill()
+    sys.exit("check_serve_chat: " + msg)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(options):
+    port = free_port()
+    server = subprocess.Popen([nfrun, "serve", plan, "--port", str(port)] +
+                              options, stderr=subprocess.PIPE, text=True)
+    servers.append(server)
+    base = "http://127.0.0.1:%d" % port
+    for _ in range(300):
+        try:
+            if request(base, "/health")[0] == 200:
+                return server, base
+        except OSError:
+            time.sleep(0.1)
+    fail("the server did not come up")
+
+
+def request(base, path, body=None, raw=None):
+    data = raw if raw is not None else (
+        None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(base + path, data=data)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def post(base, path, body):
+    status, text = request(base, path, body)
+    if status != 200:
+        fail("%s: HTTP %d: %s" % (path, status, text))
+    return json.loads(text)
+
+
+def stop(server):
+    server.send_signal(signal.SIGTERM)
+    try:
+        rc = server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        fail("the server did not stop on SIGTERM")
+    if rc != 0:
+        fail("exit status %d after SIGTERM: %s" % (rc, server.stderr.read()))
+
+
+# The prompt as transformers renders it.
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                    extensions=[jinja2.ext.loopcontrols])
+
+
+def raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+env.globals["raise_exception"] = raise_exception
+with open(template_path, encoding="utf-8") as f:
+    template = env.from_string(f.read())
+
+
+def rendered(messages):
+    return template.render(messages=messages, tools=None, documents=None,
+                           add_generation_prompt=True, bos_token="<s>",
+                           eos_token="</s>")
+
+
+server, base = start(["--chat-template", template_path])
+
+# 1. Chat == completion of the jinja2-rendered prompt.
+conversations = [
+    [{"role": "user", "content": "Write a function that sorts a list."}],
+    [{"role": "system", "content": "You write Python."},
+     {"role": "user", "content": "def fibonacci(n):"}],
+    [{"role": "user", "content": "import os"},
+     {"role": "assistant", "content": "import sys"},
+     {"role": "user", "content": "Now read a file. \u00e9\u00e8 \U0001F600"}],
+]
+for messages in conversations:
+    chat = post(base, "/v1/chat/completions", dict(
+        messages=messages, max_tokens=16, temperature=0))
+    plain = post(base, "/v1/completions", dict(
+        prompt=rendered(messages), max_tokens=16, temperature=0))
+    c, p = chat["choices"][0], plain["choices"][0]
+    if chat["object"] != "chat.completion" or c["message"]["role"] != \
+            "assistant" or not chat["id"].startswith("chatcmpl-"):
+        fail("unexpected chat response %s" % chat)
+    if c["message"]["content"] != p["text"] or \
+            c["finish_reason"] != p["finish_reason"] or \
+            chat["usage"] != plain["usage"]:
+        fail("chat %s differs from the completion of jinja2's prompt %r: %s"
+             % (chat, rendered(messages), plain))
+reference = post(base, "/v1/chat/completions", dict(
+    messages=conversations[0], max_tokens=16, temperature=0))
+text = reference["choices"][0]["message"]["content"]
+
+# 2. Text parts are concatenated.
+parts = post(base, "/v1/chat/completions", dict(messages=[{
+    "role": "user", "content": [
+        {"type": "text", "text": "Write a function that "},
+        {"type": "text", "text": "sorts a list."}]}], max_tokens=16,
+    temperature=0))
+if parts["choices"][0]["message"]["content"] != text:
+    fail("text parts %s != %r" % (parts, text))
+
+# 3. max_completion_tokens.
+short = post(base, "/v1/chat/completions", dict(
+    messages=conversations[0], max_completion_tokens=3, temperature=0))
+if short["usage"]["completion_tokens"] > 3 or \
+        not text.startswith(short["choices"][0]["message"]["content"]):
+    fail("max_completion_tokens 3: %s" % short)
+
+# 4. Streaming.
+req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(
+    dict(messages=conversations[0], max_tokens=16, temperature=0,
+         stream=True)).encode())
+chunks, done = [], False
+with urllib.request.urlopen(req, timeout=120) as r:
+    if not r.headers.get("Content-Type", "").startswith("text/event-stream"):
+        fail("stream content type %s" % r.headers.get("Content-Type"))
+    for line in r.read().decode().split("\n"):
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            done = True
+            continue
+        chunk = json.loads(line[6:])
+        if chunk.get("object") != "chat.completion.chunk":
+            fail("stream chunk %s" % chunk)
+        chunks.append(chunk["choices"][0])
+if not done or len(chunks) < 2:
+    fail("stream without [DONE] or chunks: %s" % chunks)
+first, last, middle = chunks[0], chunks[-1], chunks[1:-1]
+if first["delta"].get("role") != "assistant" or first["delta"].get(
+        "content", "") != "" or first["finish_reason"] is not None:
+    fail("first stream chunk %s" % first)
+if last["delta"] != {} or last["finish_reason"] != \
+        reference["choices"][0]["finish_reason"]:
+    fail("last stream chunk %s" % last)
+streamed = "".join(c["delta"]["content"] for c in middle)
+if streamed != text or any(c["finish_reason"] is not None for c in middle):
+    fail("stream %r != %r" % ([c["delta"] for c in middle], text))
+
+# 5. Bad requests.
+alternate = "conversation roles must alternate user/assistant"
+for raw, words in [
+        (b"{\"messages\":", "not valid JSON"),
+        (b"{\"max_tokens\": 3}", "'messages' is required"),
+        (b"{\"messages\": []}", "non-empty array"),
+        (b"{\"messages\": \"hi\"}", "non-empty array"),
+        (b"{\"messages\": [\"hi\"]}", "messages[0] must be an object"),
+        (b"{\"messages\": [{\"role\": 1, \"content\": \"x\"}]}",
+         "'role' must be a string"),
+        (b"{\"messages\": [{\"role\": \"user\"}]}", "'content' must be"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": 5}]}",
+         "'content' must be"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+         b"\"image_url\", \"image_url\": {\"url\": \"x\"}}]}]}",
+         "only text parts are supported"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, "
+         b"{\"role\": \"user\", \"content\": \"b\"}]}", alternate),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+         b"\"max_tokens\": 0}", "max_tokens"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+         b"\"max_completion_tokens\": -1}", "max_completion_tokens"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+         b"\"n\": 2}", "'n'"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+         b"\"stream\": \"yes\"}", "'stream'"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+         b"\"tools\": [{\"type\": \"function\"}]}", "'tools'")]:
+    status, body = request(base, "/v1/chat/completions", raw=raw)
+    try:
+        err = json.loads(body).get("error", {})
+    except ValueError:
+        err = {}
+    if status != 400 or words not in err.get("message", "") or \
+            err.get("type") != "invalid_request_error":
+        fail("%s: HTTP %d %s" % (raw, status, body))
+
+# 6. The openai client, when installed (never needed).
+clients = 0
+try:
+    import openai
+except ImportError:
+    openai = None
+if openai is not None:
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    out = client.chat.completions.create(model="pydoc", temperature=0,
+                                         max_tokens=16,
+                                         messages=conversations[0])
+    if out.choices[0].message.content != text:
+        fail("openai client: %r != %r" % (out.choices[0].message.content, text))
+    pieces = [c.choices[0].delta.content or "" for c in
+              client.chat.completions.create(model="pydoc", temperature=0,
+                                             max_tokens=16, stream=True,
+                                             messages=conversations[0])
+              if c.choices]
+    if "".join(pieces) != text:
+        fail("openai client stream: %r != %r" % (pieces, text))
+    clients = 1
+stop(server)
+
+# 7. No chat template: a clear 400.
+server, base = start([])
+status, body = request(base, "/v1/chat/completions", dict(
+    messages=conversations[0], max_tokens=4))
+message = json.loads(body).get("error", {}).get("message", "")
+if status != 400 or "no chat template" not in message or \
+        "--chat-template" not in message:
+    fail("without a template: HTTP %d %s" % (status, body))
+stop(server)
+
+print("ok: chat == completion of the jinja2 prompt (%d conversations), "
+      "parts, stream, errors, no template%s" % (
+          len(conversations), ", openai client" if clients else ""))
