@@ -1,6 +1,7 @@
 // The chat template C API (nf_chat_apply_template, nf_model_params.
 // chat_template_path) and its C++ wrapper on the pydoc-moe plan: loading
-// (the template next to the tokenizer, or given explicitly; load errors),
+// (the template next to the tokenizer, or given explicitly; a broken one
+// found next to the tokenizer is no load error, a broken explicit one is),
 // the buffer convention, template errors, and the BOS the template writes
 // itself. Expected prompts follow the templates' text (written out here),
 // rendered for pydoc-moe's special tokens <s> and </s>.
@@ -63,6 +64,8 @@ TEST(ChatCApi, NoTemplate) {
   EXPECT_THAT(nf_last_error(), HasSubstr("the model has no chat template"));
   EXPECT_THAT(nf_last_error(), HasSubstr("chat_template_path"));
   EXPECT_EQ(nf_model_has_chat_template(nullptr), 0);
+  EXPECT_STREQ(nf_model_chat_template_error(model.m), "");
+  EXPECT_STREQ(nf_model_chat_template_error(nullptr), "");
 }
 
 TEST(ChatCApi, ExplicitTemplate) {
@@ -184,13 +187,23 @@ TEST(ChatCApi, CppWrapper) {
   auto model = Model::load(planPath(), params);
   ASSERT_TRUE(model.ok()) << model.message();
   EXPECT_TRUE(model->hasChatTemplate());
+  EXPECT_EQ(model->chatTemplateError(), "");
   // Longer than the wrapper's first buffer: it asks again with the size.
-  const std::string longText(1000, 'z');
+  const std::string longText(10000, 'z');
   auto text = model->applyChatTemplate({{"user", longText}}, false);
   ASSERT_TRUE(text.ok()) << text.message();
   EXPECT_EQ(*text, "<|im_start|>system\nYou are a helpful assistant."
                    "<|im_end|>\n<|im_start|>user\n" +
                        longText + "<|im_end|>\n");
+  // Roles and contents go through C strings: a NUL would cut them short,
+  // so it is refused.
+  auto nul = model->applyChatTemplate(
+      {{"user", "ab"}, {"user", std::string("a\0b", 3)}}, false);
+  ASSERT_FALSE(nul.ok());
+  EXPECT_EQ(nul.message(),
+            "message 1: role and content must not contain NUL characters");
+  EXPECT_FALSE(
+      model->applyChatTemplate({{std::string("us\0er", 6), "x"}}).ok());
   auto plain = Model::load(planPath());
   ASSERT_TRUE(plain.ok()) << plain.message();
   EXPECT_FALSE(plain->hasChatTemplate());
@@ -227,15 +240,47 @@ TEST(ChatCApi, TemplateNextToTheTokenizer) {
     EXPECT_EQ(chatPrompt(model.m, {{"user", "x"}, {"assistant", "y"}}),
               "[2]<s>");
   }
-  // A template that does not parse fails the load, naming the file.
+  // A template there that does not parse does not fail the load: the
+  // model works, without a chat template, and says why (naming the file
+  // and line) in nf_model_chat_template_error, nf_model_info and the
+  // error of nf_chat_apply_template.
   test::writeFile(dir.file("chat_template.jinja"), "ok\n{% for %}");
   {
     Loaded model(p);
-    EXPECT_EQ(model.status, NF_ERR_LOAD);
-    EXPECT_EQ(model.m, nullptr);
-    EXPECT_THAT(nf_last_error(), HasSubstr(dir.file("chat_template.jinja") +
+    ASSERT_EQ(model.status, NF_OK) << nf_last_error();
+    EXPECT_EQ(nf_model_has_chat_template(model.m), 0);
+    const std::string why = nf_model_chat_template_error(model.m);
+    EXPECT_THAT(why, ::testing::StartsWith(dir.file("chat_template.jinja") +
                                            ": chat template line 2: "));
+    EXPECT_THAT(nf_model_info(model.m),
+                HasSubstr("chat template: none (" + why + ")\n"));
+    EXPECT_EQ(chatPrompt(model.m, {{"user", "x"}}),
+              "ERROR NF_ERR_UNSUPPORTED: the model's chat template cannot be "
+              "used: " +
+                  why + "; give one with nf_model_params.chat_template_path");
+    std::vector<int32_t> ids(16);
+    size_t n = 0;
+    EXPECT_EQ(nf_tokenize(model.m, "hello", 5, 0, ids.data(), ids.size(), &n),
+              NF_OK);
   }
+  // So does an unsupported tag, a tokenizer_config.json that is not JSON,
+  // and a template list without "default".
+  std::filesystem::remove(dir.file("chat_template.jinja"));
+  for (const auto &[config, reason] :
+       std::vector<std::pair<std::string, std::string>>{
+           {R"({"chat_template": "{% include 'x.jinja' %}"})",
+            ": chat template line 1: unsupported tag 'include'"},
+           {"{\"chat_template\": ", ": not a JSON object"},
+           {R"({"chat_template": [{"name": "tool_use", "template": "x"}]})",
+            ": 'chat_template' has no template named 'default'"}}) {
+    test::writeFile(dir.file("tokenizer_config.json"), config);
+    Loaded model(p);
+    ASSERT_EQ(model.status, NF_OK) << nf_last_error();
+    EXPECT_EQ(nf_model_has_chat_template(model.m), 0);
+    EXPECT_EQ(std::string(nf_model_chat_template_error(model.m)),
+              dir.file("tokenizer_config.json") + reason);
+  }
+  test::writeFile(dir.file("chat_template.jinja"), "ok\n{% for %}");
   // ... unless an explicit template replaces it.
   const std::string explicitPath = templatePath("chatml.jinja");
   p.chat_template_path = explicitPath.c_str();
@@ -245,7 +290,8 @@ TEST(ChatCApi, TemplateNextToTheTokenizer) {
     EXPECT_THAT(chatPrompt(model.m, {{"user", "x"}}),
                 HasSubstr("<|im_start|>"));
   }
-  // A malformed tokenizer_config.json fails the load.
+  // With an explicit template, a malformed tokenizer_config.json (where its
+  // special tokens come from) fails the load.
   test::writeFile(dir.file("tokenizer_config.json"), "{\"bos_token\": ");
   {
     Loaded model(p);
@@ -253,8 +299,23 @@ TEST(ChatCApi, TemplateNextToTheTokenizer) {
     EXPECT_EQ(std::string(nf_last_error()),
               dir.file("tokenizer_config.json") + ": not a JSON object");
   }
-  // A missing explicit template too.
+  // A missing explicit template too, and one that does not parse.
   std::filesystem::remove(dir.file("tokenizer_config.json"));
+  p.chat_template_path = nullptr;
+  {
+    // (the broken chat_template.jinja, found: not fatal)
+    Loaded model(p);
+    ASSERT_EQ(model.status, NF_OK) << nf_last_error();
+  }
+  const std::string broken = dir.file("chat_template.jinja");
+  p.chat_template_path = broken.c_str();
+  {
+    Loaded model(p);
+    EXPECT_EQ(model.status, NF_ERR_LOAD);
+    EXPECT_EQ(model.m, nullptr);
+    EXPECT_THAT(nf_last_error(),
+                HasSubstr(broken + ": chat template line 2: "));
+  }
   const std::string missing = dir.file("missing.jinja");
   p.chat_template_path = missing.c_str();
   {

@@ -468,7 +468,8 @@ Parsed parseCompletion(const json &body, const nf::Model &model) {
 }
 
 /// The messages of a /v1/chat/completions request: role and content (a
-/// string, or text parts, concatenated).
+/// string, or text parts, concatenated). Neither may hold a NUL character
+/// (JSON's "\u0000"): the C API takes them as C strings.
 std::variant<std::vector<nf::ChatMessage>, std::string>
 parseMessages(const json &body) {
   if (!body.contains("messages"))
@@ -489,6 +490,8 @@ parseMessages(const json &body) {
       return where + ": tool calls are not supported";
     nf::ChatMessage msg;
     msg.role = m["role"].get<std::string>();
+    if (msg.role.find('\0') != std::string::npos)
+      return where + ": role must not contain NUL characters";
     const json content = m.value("content", json());
     if (content.is_string()) {
       msg.content = content.get<std::string>();
@@ -509,6 +512,8 @@ parseMessages(const json &body) {
     } else {
       return where + ": 'content' must be a string or an array of text parts";
     }
+    if (msg.content.find('\0') != std::string::npos)
+      return where + ": content must not contain NUL characters";
     messages.push_back(std::move(msg));
   }
   return messages;
@@ -521,13 +526,18 @@ parseMessages(const json &body) {
 Parsed parseChat(const json &body, const nf::Model &model) {
   if (!body.is_object())
     return std::string("the body must be a JSON object");
-  if (!model.hasChatTemplate())
+  if (!model.hasChatTemplate()) {
+    if (std::string why = model.chatTemplateError(); !why.empty())
+      return "this model's chat template cannot be used (" + why +
+             "): start nfrun serve with --chat-template FILE (a Jinja chat "
+             "template), or fix it; /v1/completions takes plain prompts";
     return std::string(
         "this model has no chat template: start nfrun serve with "
         "--chat-template FILE (a Jinja chat template), or put "
         "chat_template.jinja (or tokenizer_config.json with a "
         "\"chat_template\") next to its tokenizer.json; /v1/completions "
         "takes plain prompts");
+  }
   if (!model.hasTokenizer())
     return std::string("this model has no tokenizer: chat completions need "
                        "one (use /v1/completions with token ids)");
@@ -673,6 +683,12 @@ int runServe(const ServeFlags &f) {
   auto model = nf::Model::load(f.common.plan, params);
   if (!model)
     return fail(model.message());
+  // The tokenizer's own template, when broken, only costs the chat
+  // endpoint: said once here (and in each refused chat request).
+  if (std::string why = model->chatTemplateError(); !why.empty())
+    std::fprintf(stderr,
+                 "nfrun: warning: %s; /v1/chat/completions is unavailable\n",
+                 why.c_str());
   const std::string name = f.modelName.empty() ? model->name() : f.modelName;
   const int maxBatch = f.maxBatch > 0
                            ? std::min(f.maxBatch, model->maxSequences())

@@ -127,9 +127,15 @@ typedef struct nf_model_params {
      replace theirs); NULL or "": the tokenizer's, as transformers finds it:
      chat_template.jinja in the tokenizer's directory (the weights directory,
      or that of tokenizer_path), else the "chat_template" of
-     tokenizer_config.json there. A template that does not parse, or a
-     malformed tokenizer_config.json, fails the load (NF_ERR_LOAD, naming
-     the file); no template at all does not. */
+     tokenizer_config.json there. A template given here that cannot be read
+     or does not parse fails the load (NF_ERR_LOAD, naming the file and
+     line), as does a malformed tokenizer_config.json next to the tokenizer
+     (the template's special tokens come from it). The tokenizer's own
+     template never fails the load: when it cannot be used (unreadable, not
+     parsing, a malformed tokenizer_config.json), or there is none, the model
+     loads without a chat template (nf_model_chat_template_error says why;
+     nf_chat_apply_template then fails with NF_ERR_UNSUPPORTED and that
+     reason). */
   const char *chat_template_path;
 } nf_model_params;
 
@@ -174,6 +180,11 @@ NF_API const char *nf_model_backend(const nf_model *model);
 NF_API int nf_model_has_tokenizer(const nf_model *model);
 /* Nonzero when the model has a chat template (nf_chat_apply_template). */
 NF_API int nf_model_has_chat_template(const nf_model *model);
+/* Why the chat template found next to the tokenizer cannot be used, one
+   line naming the file (and the template line): "<file>: chat template line
+   3: unexpected '}'"; "" when the model has a template, or none was found.
+   Valid until the model is freed. */
+NF_API const char *nf_model_chat_template_error(const nf_model *model);
 /* A readable multi-line summary ("key: value" lines). Valid until the model
    is freed. */
 NF_API const char *nf_model_info(const nf_model *model);
@@ -207,7 +218,9 @@ NF_API nf_status nf_detokenize(const nf_model *model, const int32_t *tokens,
 /* ------------------------------------------------------------------------ */
 /* Chat templates (Hugging Face Jinja chat templates)                       */
 
-/* One message of a conversation: NUL-terminated UTF-8 strings. */
+/* One message of a conversation: NUL-terminated UTF-8 strings (so neither
+   can hold a NUL character: callers with text from elsewhere, JSON's
+   "\u0000" for one, must refuse it or lose what follows). */
 typedef struct nf_chat_message {
   const char *role; /* "system", "user", "assistant", ... */
   const char *content;
@@ -222,11 +235,16 @@ typedef struct nf_chat_message {
    tokens). Templates write the BOS themselves: tokenize the text with
    add_special 0. Writes the bytes to `out` and their count to *n_out, plus
    a terminating NUL when cap > *n_out (a too small `cap`:
-   NF_ERR_BUFFER_TOO_SMALL with the size needed in *n_out). Errors:
-   NF_ERR_UNSUPPORTED without a chat template; NF_ERR_INVALID_ARGUMENT for
-   NULL pointers, text that is not UTF-8, or a template that fails on these
+   NF_ERR_BUFFER_TOO_SMALL with the size needed in *n_out). Each call renders
+   anew, and two renders of one conversation may differ (strftime_now()
+   writes the current time): after NF_ERR_BUFFER_TOO_SMALL, call again with
+   at least *n_out bytes until it fits. Errors: NF_ERR_UNSUPPORTED without a
+   usable chat template (nf_last_error() says why: none found, or the
+   reason of nf_model_chat_template_error); NF_ERR_INVALID_ARGUMENT for NULL
+   pointers, text that is not UTF-8, or a template that fails on these
    messages, e.g. by raise_exception("Conversation roles must alternate
-   ..."): nf_last_error() then holds the template's message and line. */
+   ..."), or passes the renderer's bounds on work and sizes: nf_last_error()
+   then holds the template's message and line. */
 NF_API nf_status nf_chat_apply_template(const nf_model *model,
                                         const nf_chat_message *messages,
                                         size_t n_messages,

@@ -173,6 +173,11 @@ public:
   int64_t maxContext() const { return nf_model_max_context(m_); }
   bool hasTokenizer() const { return nf_model_has_tokenizer(m_) != 0; }
   bool hasChatTemplate() const { return nf_model_has_chat_template(m_) != 0; }
+  /// Why the tokenizer's chat template cannot be used ("" when it can, or
+  /// there is none): see nf_model_chat_template_error.
+  std::string chatTemplateError() const {
+    return nf_model_chat_template_error(m_);
+  }
   /// "cpu" or "cuda".
   std::string backend() const { return nf_model_backend(m_); }
   std::string info() const { return nf_model_info(m_); }
@@ -214,26 +219,34 @@ public:
   }
 
   /// The prompt text of a conversation (see nf_chat_apply_template);
-  /// tokenize it with addSpecial = false.
+  /// tokenize it with addSpecial = false. Roles and contents are C strings
+  /// there: one holding a NUL character is refused (an error), not cut.
   StatusOr<std::string>
   applyChatTemplate(const std::vector<ChatMessage> &messages,
                     bool addGenerationPrompt = true) const {
     std::vector<nf_chat_message> msgs(messages.size());
-    for (size_t i = 0; i < messages.size(); ++i)
+    for (size_t i = 0; i < messages.size(); ++i) {
+      if (messages[i].role.find('\0') != std::string::npos ||
+          messages[i].content.find('\0') != std::string::npos)
+        return Status::error("message " + std::to_string(i) +
+                             ": role and content must not contain NUL "
+                             "characters");
       msgs[i] = {messages[i].role.c_str(), messages[i].content.c_str()};
-    std::string text(256, '\0');
-    size_t n = 0;
-    nf_status s = nf_chat_apply_template(m_, msgs.data(), msgs.size(),
-                                         addGenerationPrompt, text.data(),
-                                         text.size(), &n);
-    if (s == NF_ERR_BUFFER_TOO_SMALL) {
-      text.resize(n);
-      s = nf_chat_apply_template(m_, msgs.data(), msgs.size(),
-                                 addGenerationPrompt, text.data(), text.size(),
-                                 &n);
     }
-    if (s != NF_OK)
-      return lastError();
+    std::string text(4096, '\0');
+    size_t n = 0;
+    while (true) {
+      const nf_status s = nf_chat_apply_template(m_, msgs.data(), msgs.size(),
+                                                 addGenerationPrompt,
+                                                 text.data(), text.size(), &n);
+      if (s == NF_OK)
+        break;
+      // Each call renders anew (strftime_now may make this one longer
+      // than the last): again with the size it asked for.
+      if (s != NF_ERR_BUFFER_TOO_SMALL || n <= text.size())
+        return lastError();
+      text.resize(n);
+    }
     text.resize(n);
     return text;
   }

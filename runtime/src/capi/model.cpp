@@ -279,6 +279,13 @@ nf_status nf_model_load(const char *plan_path, const nf_model_params *params,
     std::string chatTemplateLine;
     if (model->chat.chatTemplate) {
       chatTemplateLine = model->chat.chatTemplate->sourceName();
+    } else if (!model->chat.templateError.empty()) {
+      // Found but unusable: the model works without it.
+      chatTemplateLine = "none (" + model->chat.templateError + ")";
+      model->noChatTemplateReason =
+          "the model's chat template cannot be used: " +
+          model->chat.templateError +
+          "; give one with nf_model_params.chat_template_path";
     } else {
       chatTemplateLine = "none";
       model->noChatTemplateReason =
@@ -395,6 +402,10 @@ int nf_model_has_tokenizer(const nf_model *model) {
 
 int nf_model_has_chat_template(const nf_model *model) {
   return model && model->chat.chatTemplate.has_value();
+}
+
+const char *nf_model_chat_template_error(const nf_model *model) {
+  return model ? model->chat.templateError.c_str() : "";
 }
 
 const char *nf_model_info(const nf_model *model) {

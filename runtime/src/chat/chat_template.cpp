@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <sstream>
 
 namespace nf::chat {
@@ -43,14 +44,20 @@ StatusOr<std::string> readFile(const std::string &path) {
 
 StatusOr<ChatTemplate> ChatTemplate::parse(std::string_view source,
                                            std::string sourceName) {
-  auto impl = std::make_shared<Impl>();
-  impl->sourceName = std::move(sourceName);
   try {
-    impl->program = jinja::parseTemplate(source);
-  } catch (const jinja::Error &e) {
-    return Status::error(describe(impl->sourceName, e));
+    auto impl = std::make_shared<Impl>();
+    impl->sourceName = sourceName;
+    try {
+      impl->program = jinja::parseTemplate(source);
+    } catch (const jinja::Error &e) {
+      return Status::error(describe(impl->sourceName, e));
+    }
+    return ChatTemplate(std::move(impl));
+  } catch (const std::bad_alloc &) {
+    return Status::error(sourceName + ": chat template: out of memory");
+  } catch (const std::exception &e) {
+    return Status::error(sourceName + ": chat template: " + e.what());
   }
-  return ChatTemplate(std::move(impl));
 }
 
 StatusOr<std::string>
@@ -65,6 +72,11 @@ ChatTemplate::render(const nlohmann::ordered_json &context) const {
     return interp.render(*impl_->program, vars.dictData());
   } catch (const jinja::Error &e) {
     return Status::error(describe(impl_->sourceName, e));
+  } catch (const std::bad_alloc &) {
+    return Status::error(impl_->sourceName +
+                         ": chat template: out of memory while rendering");
+  } catch (const std::exception &e) {
+    return Status::error(impl_->sourceName + ": chat template: " + e.what());
   }
 }
 
@@ -90,7 +102,10 @@ ojson ChatConfig::context(const std::vector<Message> &messages,
 StatusOr<std::string> ChatConfig::apply(const std::vector<Message> &messages,
                                         bool addGenerationPrompt) const {
   if (!chatTemplate)
-    return Status::error("the model has no chat template");
+    return Status::error(templateError.empty()
+                             ? "the model has no chat template"
+                             : "the chat template cannot be used: " +
+                                   templateError);
   for (size_t i = 0; i < messages.size(); ++i)
     if (!jinja::validUtf8(messages[i].role) ||
         !jinja::validUtf8(messages[i].content))
@@ -99,77 +114,114 @@ StatusOr<std::string> ChatConfig::apply(const std::vector<Message> &messages,
   return chatTemplate->render(context(messages, addGenerationPrompt));
 }
 
+namespace {
+
+/// Reads `dir`/tokenizer_config.json (when there is one) into `config`
+/// and its special tokens into `cfg`; an error for a file that cannot be
+/// read or is malformed.
+Status readTokenizerConfig(const std::string &configPath, ojson &config,
+                           ChatConfig &cfg) {
+  StatusOr<std::string> text = readFile(configPath);
+  if (!text)
+    return text.status();
+  config = ojson::parse(*text, nullptr, false);
+  if (config.is_discarded() || !config.is_object()) {
+    config = ojson();
+    return Status::error(configPath + ": not a JSON object");
+  }
+  // The special tokens transformers passes to templates.
+  for (const char *name : {"bos_token", "eos_token", "unk_token", "pad_token",
+                           "sep_token", "cls_token", "mask_token"}) {
+    if (!config.contains(name) || config[name].is_null())
+      continue;
+    const ojson &t = config[name];
+    if (t.is_string())
+      cfg.specialTokens.emplace_back(name, t.get<std::string>());
+    else if (t.is_object() && t.contains("content") && t["content"].is_string())
+      cfg.specialTokens.emplace_back(name, t["content"].get<std::string>());
+    else
+      return Status::error(configPath + ": '" + name +
+                           "' must be a string or an object with a "
+                           "string 'content'");
+  }
+  return Status::success();
+}
+
+/// The template source of tokenizer_config.json's "chat_template" (a
+/// string, or the "default" of a list of {"name", "template"}); nullopt
+/// when it has none.
+StatusOr<std::optional<std::string>>
+configTemplate(const std::string &configPath, const ojson &config) {
+  if (!config.is_object() || !config.contains("chat_template") ||
+      config["chat_template"].is_null())
+    return std::optional<std::string>();
+  const ojson &t = config["chat_template"];
+  if (t.is_string())
+    return std::optional<std::string>(t.get<std::string>());
+  if (t.is_array()) {
+    for (const ojson &entry : t)
+      if (entry.is_object() && entry.contains("name") &&
+          entry["name"].is_string() && entry["name"] == "default" &&
+          entry.contains("template") && entry["template"].is_string())
+        return std::optional<std::string>(entry["template"].get<std::string>());
+    return Status::error(configPath + ": 'chat_template' has no template named "
+                                      "'default'");
+  }
+  return Status::error(configPath +
+                       ": 'chat_template' must be a string or a list of "
+                       "{\"name\", \"template\"} objects");
+}
+
+} // namespace
+
 StatusOr<ChatConfig> loadChatConfig(const std::string &dir,
                                     const std::string &templatePath) {
   ChatConfig cfg;
-  const std::string configPath =
-      (fs::path(dir.empty() ? "." : dir) / "tokenizer_config.json").string();
+  const fs::path base(dir.empty() ? "." : dir);
+  const std::string configPath = (base / "tokenizer_config.json").string();
+  const std::string jinjaPath = (base / "chat_template.jinja").string();
+  const bool given = !templatePath.empty();
   std::error_code ec;
+
+  // A given template fails the load when it (or the tokenizer_config.json
+  // its special tokens come from) cannot be used: it was asked for. A
+  // template found next to the tokenizer that cannot be used is only noted
+  // (cfg.templateError): the model works without it.
+  auto unusable = [&](const Status &why) -> StatusOr<ChatConfig> {
+    if (given)
+      return why;
+    cfg.chatTemplate.reset();
+    cfg.templateError = why.message();
+    return cfg;
+  };
+
   ojson config;
-  if (fs::exists(configPath, ec)) {
-    StatusOr<std::string> text = readFile(configPath);
-    if (!text)
-      return text.status();
-    config = ojson::parse(*text, nullptr, false);
-    if (config.is_discarded() || !config.is_object())
-      return Status::error(configPath + ": not a JSON object");
-    // The special tokens transformers passes to templates.
-    for (const char *name : {"bos_token", "eos_token", "unk_token", "pad_token",
-                             "sep_token", "cls_token", "mask_token"}) {
-      if (!config.contains(name) || config[name].is_null())
-        continue;
-      const ojson &t = config[name];
-      if (t.is_string())
-        cfg.specialTokens.emplace_back(name, t.get<std::string>());
-      else if (t.is_object() && t.contains("content") &&
-               t["content"].is_string())
-        cfg.specialTokens.emplace_back(name, t["content"].get<std::string>());
-      else
-        return Status::error(configPath + ": '" + name +
-                             "' must be a string or an object with a "
-                             "string 'content'");
+  if (fs::exists(configPath, ec))
+    if (Status s = readTokenizerConfig(configPath, config, cfg); !s.ok()) {
+      cfg.specialTokens.clear();
+      return unusable(s);
     }
-  }
 
   std::string source, sourceName;
-  const std::string jinjaPath =
-      (fs::path(dir.empty() ? "." : dir) / "chat_template.jinja").string();
-  if (!templatePath.empty() || fs::exists(jinjaPath, ec)) {
-    sourceName = templatePath.empty() ? jinjaPath : templatePath;
+  if (given || fs::exists(jinjaPath, ec)) {
+    sourceName = given ? templatePath : jinjaPath;
     StatusOr<std::string> text = readFile(sourceName);
     if (!text)
-      return text.status();
+      return unusable(text.status());
     source = std::move(*text);
-  } else if (config.is_object() && config.contains("chat_template") &&
-             !config["chat_template"].is_null()) {
-    sourceName = configPath;
-    const ojson &t = config["chat_template"];
-    if (t.is_string()) {
-      source = t.get<std::string>();
-    } else if (t.is_array()) {
-      bool found = false;
-      for (const ojson &entry : t)
-        if (entry.is_object() && entry.value("name", "") == "default" &&
-            entry.contains("template") && entry["template"].is_string()) {
-          source = entry["template"].get<std::string>();
-          found = true;
-          break;
-        }
-      if (!found)
-        return Status::error(configPath +
-                             ": 'chat_template' has no template named "
-                             "'default'");
-    } else {
-      return Status::error(configPath +
-                           ": 'chat_template' must be a string or a list of "
-                           "{\"name\", \"template\"} objects");
-    }
   } else {
-    return cfg; // no template: not an error
+    StatusOr<std::optional<std::string>> fromConfig =
+        configTemplate(configPath, config);
+    if (!fromConfig)
+      return unusable(fromConfig.status());
+    if (!fromConfig->has_value())
+      return cfg; // no template: not an error
+    sourceName = configPath;
+    source = std::move(**fromConfig);
   }
   StatusOr<ChatTemplate> parsed = ChatTemplate::parse(source, sourceName);
   if (!parsed)
-    return parsed.status();
+    return unusable(parsed.status());
   cfg.chatTemplate = std::move(*parsed);
   return cfg;
 }

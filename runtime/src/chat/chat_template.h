@@ -15,9 +15,10 @@
 // *args in calls, printf-style `%` formatting, and the filters batch,
 // format, groupby, pprint, slice, truncate, wordcount, wordwrap, xmlattr,
 // urlize, .... Ints are 64-bit (overflow is an error); upper / lower case
-// mapping covers Latin, Greek, Cyrillic and Armenian letters. Rendering is
-// bounded (output size, loop steps, macro recursion) against hostile
-// templates.
+// mapping covers Latin, Greek, Cyrillic and Armenian letters. Parsing and
+// rendering are bounded against hostile templates (expression depth, string
+// and list sizes, work, recursion: see jinja::Limits), failing with an
+// error instead of exhausting the stack, memory or time.
 #pragma once
 
 #include "nf/status.h"
@@ -64,6 +65,11 @@ private:
 /// What a checkpoint says about formatting chats.
 struct ChatConfig {
   std::optional<ChatTemplate> chatTemplate;
+  /// Why the template found next to the tokenizer cannot be used (a file
+  /// that cannot be read, a malformed tokenizer_config.json, a template
+  /// that does not parse): "<file>: chat template line 3: ...". Empty when
+  /// there is a template, or none was found.
+  std::string templateError;
   /// bos_token, eos_token, ... as tokenizer_config.json names them: the
   /// template variables transformers passes (its special_tokens_map).
   std::vector<std::pair<std::string, std::string>> specialTokens;
@@ -84,8 +90,11 @@ struct ChatConfig {
 /// `dir`/tokenizer_config.json (a string, or a list of {"name",
 /// "template"} of which "default" is taken); the special tokens from
 /// tokenizer_config.json (strings or {"content": ...} objects). No template
-/// anywhere is not an error; an unreadable or malformed file, or a template
-/// that does not parse, is (naming the file).
+/// anywhere is not an error. A template found in `dir` that cannot be used
+/// (an unreadable or malformed file, a template that does not parse) is
+/// not an error either: the config has no template and says why in
+/// templateError. An error (naming the file) only when `templatePath` is
+/// given and it, or tokenizer_config.json, cannot be used.
 StatusOr<ChatConfig> loadChatConfig(const std::string &dir,
                                     const std::string &templatePath);
 

@@ -41,6 +41,9 @@ struct Expr {
   };
   Kind kind;
   int line = 0;
+  /// 1 for a leaf, else one more than the deepest operand: the parser keeps
+  /// it bounded, as eval, referencesName and the destructor recurse.
+  int depth = 1;
   std::string name;
   Value value;
   std::vector<ExprPtr> args;

@@ -7,13 +7,13 @@
 #include "chat/jinja_interp.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cfenv>
+#include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <initializer_list>
+#include <locale.h>
+#include <system_error>
 #include <unordered_map>
 
 namespace nf::jinja {
@@ -81,9 +81,19 @@ Value generator(std::vector<Value> items) {
 // ---------------------------------------------------------------------------
 // Text
 
+bool isAsciiDigit(char c) { return c >= '0' && c <= '9'; }
+
 std::string escapeHtml(const std::string &s) {
+  // The size first: escaping can make a string five times longer.
+  size_t size = s.size();
+  for (char c : s)
+    size += c == '&'                ? 4
+            : c == '<' || c == '>'  ? 3
+            : c == '\'' || c == '"' ? 4
+                                    : 0;
+  checkStringSize(size);
   std::string out;
-  out.reserve(s.size());
+  out.reserve(size);
   for (char c : s) {
     switch (c) {
     case '&':
@@ -180,6 +190,12 @@ std::string pyStrip(const std::string &s, const Value *chars, bool left,
   return encodeUtf8(u.substr(b, e - b));
 }
 
+/// Appends a part of a split, within the item limit.
+void addPart(std::vector<std::string> &parts, std::string part) {
+  checkItemCount(parts.size() + 1);
+  parts.push_back(std::move(part));
+}
+
 std::vector<Value> pySplit(const std::string &s, const Value &sep,
                            int64_t maxsplit, bool fromRight) {
   std::vector<std::string> parts;
@@ -194,14 +210,14 @@ std::vector<Value> pySplit(const std::string &s, const Value &sep,
         if (i >= n)
           break;
         if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) {
-          parts.push_back(encodeUtf8(u.substr(static_cast<size_t>(i))));
+          addPart(parts, encodeUtf8(u.substr(static_cast<size_t>(i))));
           break;
         }
         int64_t j = i;
         while (j < n && !isPySpace(u[static_cast<size_t>(j)]))
           ++j;
-        parts.push_back(encodeUtf8(
-            u.substr(static_cast<size_t>(i), static_cast<size_t>(j - i))));
+        addPart(parts, encodeUtf8(u.substr(static_cast<size_t>(i),
+                                           static_cast<size_t>(j - i))));
         i = j;
       }
     } else {
@@ -212,14 +228,14 @@ std::vector<Value> pySplit(const std::string &s, const Value &sep,
         if (i <= 0)
           break;
         if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) {
-          parts.push_back(encodeUtf8(u.substr(0, static_cast<size_t>(i))));
+          addPart(parts, encodeUtf8(u.substr(0, static_cast<size_t>(i))));
           break;
         }
         int64_t j = i;
         while (j > 0 && !isPySpace(u[static_cast<size_t>(j - 1)]))
           --j;
-        parts.push_back(encodeUtf8(
-            u.substr(static_cast<size_t>(j), static_cast<size_t>(i - j))));
+        addPart(parts, encodeUtf8(u.substr(static_cast<size_t>(j),
+                                           static_cast<size_t>(i - j))));
         i = j;
       }
       std::reverse(parts.begin(), parts.end());
@@ -234,10 +250,10 @@ std::vector<Value> pySplit(const std::string &s, const Value &sep,
         size_t at = s.find(d, i);
         if (at == std::string::npos ||
             (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit)) {
-          parts.push_back(s.substr(i));
+          addPart(parts, s.substr(i));
           break;
         }
-        parts.push_back(s.substr(i, at - i));
+        addPart(parts, s.substr(i, at - i));
         i = at + d.size();
       }
     } else {
@@ -247,16 +263,17 @@ std::vector<Value> pySplit(const std::string &s, const Value &sep,
             end >= d.size() ? s.rfind(d, end - d.size()) : std::string::npos;
         if (at == std::string::npos ||
             (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit)) {
-          parts.push_back(s.substr(0, end));
+          addPart(parts, s.substr(0, end));
           break;
         }
-        parts.push_back(s.substr(at + d.size(), end - at - d.size()));
+        addPart(parts, s.substr(at + d.size(), end - at - d.size()));
         end = at;
       }
       std::reverse(parts.begin(), parts.end());
     }
   }
   std::vector<Value> out;
+  out.reserve(parts.size());
   for (std::string &p : parts)
     out.push_back(str(std::move(p)));
   return out;
@@ -281,6 +298,7 @@ std::vector<std::string> pySplitlines(const std::string &s, bool keepends) {
       if (u[j] == '\r' && j + 1 < u.size() && u[j + 1] == '\n')
         eol = j + 2;
     }
+    checkItemCount(lines.size() + 1);
     lines.push_back(encodeUtf8(u.substr(i, (keepends ? eol : j) - i)));
     i = eol;
   }
@@ -305,18 +323,19 @@ std::string pyReplace(Interp &in, const std::string &s, const std::string &old,
     return out;
   }
   size_t i = 0;
+  in.checkString(s.size());
   while (true) {
     size_t at = s.find(old, i);
     if (at == std::string::npos || (count >= 0 && done >= count))
       break;
+    in.checkString(out.size() + (at - i) + with.size() + (s.size() - at));
     out.append(s, i, at - i);
     out += with;
-    in.checkString(out.size());
     ++done;
     i = at + old.size();
   }
+  chargeBytes(s.size());
   out.append(s, i, std::string::npos);
-  in.checkString(out.size());
   return out;
 }
 
@@ -374,9 +393,8 @@ std::optional<double> parsePyFloat(const std::string &text) {
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '_') {
       // Only between digits.
-      if (i == 0 || i + 1 >= s.size() ||
-          !std::isdigit((unsigned char)s[i - 1]) ||
-          !std::isdigit((unsigned char)s[i + 1]))
+      if (i == 0 || i + 1 >= s.size() || !isAsciiDigit(s[i - 1]) ||
+          !isAsciiDigit(s[i + 1]))
         return std::nullopt;
       continue;
     }
@@ -392,11 +410,11 @@ std::optional<double> parsePyFloat(const std::string &text) {
   }
   // digits[.digits][e[+-]digits] or .digits[...]
   size_t i = 0, digits = 0;
-  while (i < body.size() && std::isdigit((unsigned char)body[i]))
+  while (i < body.size() && isAsciiDigit(body[i]))
     ++i, ++digits;
   if (i < body.size() && body[i] == '.') {
     ++i;
-    while (i < body.size() && std::isdigit((unsigned char)body[i]))
+    while (i < body.size() && isAsciiDigit(body[i]))
       ++i, ++digits;
   }
   if (digits == 0)
@@ -406,14 +424,15 @@ std::optional<double> parsePyFloat(const std::string &text) {
     if (i < body.size() && (body[i] == '+' || body[i] == '-'))
       ++i;
     size_t expDigits = 0;
-    while (i < body.size() && std::isdigit((unsigned char)body[i]))
+    while (i < body.size() && isAsciiDigit(body[i]))
       ++i, ++expDigits;
     if (expDigits == 0)
       return std::nullopt;
   }
   if (i != body.size())
     return std::nullopt;
-  return std::strtod(t.c_str(), nullptr);
+  const double d = parseDouble(body);
+  return !t.empty() && t[0] == '-' ? -d : d;
 }
 
 std::optional<int64_t> parsePyInt(const std::string &text, int64_t base) {
@@ -443,9 +462,9 @@ std::optional<int64_t> parsePyInt(const std::string &text, int64_t base) {
     if (s[i] == '_' && digits > 0 && i + 1 < s.size() && s[i + 1] != '_')
       continue;
     const char c = static_cast<char>(s[i] | 0x20);
-    const int d = std::isdigit((unsigned char)s[i]) ? s[i] - '0'
-                  : (c >= 'a' && c <= 'z')          ? c - 'a' + 10
-                                                    : 99;
+    const int d = isAsciiDigit(s[i])       ? s[i] - '0'
+                  : (c >= 'a' && c <= 'z') ? c - 'a' + 10
+                                           : 99;
     if (d >= base)
       return std::nullopt;
     if (__builtin_mul_overflow(v, base, &v) || __builtin_add_overflow(v, d, &v))
@@ -458,21 +477,52 @@ std::optional<int64_t> parsePyInt(const std::string &text, int64_t base) {
 }
 
 /// Python's round(x, ndigits) of a float: to nearest, ties to even, on the
-/// exact binary value (as printf does).
+/// exact binary value (as CPython's double_round does, with its bounds).
 double pyRound(double x, int64_t digits) {
   if (!std::isfinite(x))
     return x;
   if (digits == 0)
     return std::nearbyint(x);
   if (digits > 0) {
-    if (digits > 300)
+    if (digits > 323) // past the digits any double has
       return x;
-    char buf[512];
-    std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(digits), x);
-    return std::strtod(buf, nullptr);
+    // Exactly rounded decimal digits, then read back (to_chars and
+    // parseDouble: no C locale).
+    char buf[1024];
+    const auto r =
+        std::to_chars(buf, buf + sizeof buf, x, std::chars_format::fixed,
+                      static_cast<int>(digits));
+    if (r.ec != std::errc())
+      return x;
+    return parseDouble(std::string_view(buf, static_cast<size_t>(r.ptr - buf)));
   }
+  if (digits < -308) // 10**-digits is no double: every x rounds to 0
+    return std::copysign(0.0, x);
   const double p = std::pow(10.0, static_cast<double>(-digits));
-  return std::nearbyint(x / p) * p;
+  const double r = std::nearbyint(x / p) * p;
+  return std::isfinite(r) ? r : std::copysign(0.0, x);
+}
+
+/// Python's round(i, ndigits) of an int with ndigits < 0: exact, to the
+/// nearest multiple of 10**-ndigits, ties to even.
+int64_t pyRoundInt(int64_t x, int64_t digits) {
+  if (digits <= -19) // 10**19 > every int64: all round to 0
+    return 0;
+  int64_t p = 1;
+  for (int64_t k = 0; k < -digits; ++k)
+    p *= 10;
+  int64_t q = x / p, r = x % p; // truncated
+  if (r < 0) {                  // floored
+    q -= 1;
+    r += p;
+  }
+  // r in [0, p): up when past half, or at half with q odd.
+  if (r > p - r || (r == p - r && (q & 1)))
+    q += 1;
+  int64_t out;
+  if (__builtin_mul_overflow(q, p, &out))
+    throw Error("integer overflow");
+  return out;
 }
 
 // Python's float floor division and modulo (floatobject.c's divmod).
@@ -514,8 +564,13 @@ attrGetter(Interp &in, const Value &attribute, bool ignoreCase,
           !part.empty() && std::all_of(part.begin(), part.end(), [](char c) {
             return c >= '0' && c <= '9';
           });
-      parts.push_back(digits ? Value::integer(std::stoll(part))
-                             : str(std::move(part)));
+      int64_t index = 0;
+      const bool isIndex =
+          digits &&
+          std::from_chars(part.data(), part.data() + part.size(), index).ec ==
+              std::errc();
+      // (Python's int of more digits than an int64 holds indexes nothing.)
+      parts.push_back(isIndex ? Value::integer(index) : str(std::move(part)));
       if (dot == std::string::npos)
         break;
       i = dot + 1;
@@ -668,8 +723,35 @@ FILTER(fEscape) {
   return Value::string(escapeHtml(toStr(v)), true);
 }
 
+/// The first / last character of a string (without one string per
+/// character, as iterate makes).
+Value endChar(const std::string &s, bool last) {
+  if (s.empty())
+    return Value::undefined(std::string("No ") + (last ? "last" : "first") +
+                            " item, sequence was empty.");
+  size_t begin = 0, end = s.size();
+  if (last) {
+    begin = end - 1;
+    while (begin > 0 && (static_cast<unsigned char>(s[begin]) & 0xc0) == 0x80)
+      --begin;
+  } else {
+    end = 1;
+    while (end < s.size() &&
+           (static_cast<unsigned char>(s[end]) & 0xc0) == 0x80)
+      ++end;
+  }
+  return str(s.substr(begin, end - begin));
+}
+
 FILTER(fFirst) {
   bind(args, {}, "filter 'first'");
+  if (v.isString())
+    return endChar(v.str(), false);
+  if (v.kind() == Kind::Seq) {
+    if (v.items().empty())
+      return Value::undefined("No first item, sequence was empty.");
+    return v.items().front();
+  }
   std::vector<Value> items = iterate(v);
   if (items.empty())
     return Value::undefined("No first item, sequence was empty.");
@@ -684,6 +766,13 @@ FILTER(fLast) {
   if (v.kind() != Kind::Seq && v.kind() != Kind::String &&
       v.kind() != Kind::Dict && !v.isUndefined())
     throw Error("'" + typeName(v) + "' object is not reversible");
+  if (v.isString())
+    return endChar(v.str(), true);
+  if (v.kind() == Kind::Seq) {
+    if (v.items().empty())
+      return Value::undefined("No last item, sequence was empty.");
+    return v.items().back();
+  }
   std::vector<Value> items = iterate(v);
   if (items.empty())
     return Value::undefined("No last item, sequence was empty.");
@@ -713,12 +802,14 @@ FILTER(fFloat) {
 FILTER(fIndent) {
   Bound b = bind(args, {"width", "first", "blank"}, "filter 'indent'");
   std::string indention;
-  if (b.has(0) && b.v[0]->isString())
+  if (b.has(0) && b.v[0]->isString()) {
     indention = b.v[0]->str();
-  else
-    indention = std::string(static_cast<size_t>(std::max<int64_t>(
-                                b.has(0) ? toInt(*b.v[0]) : 4, 0)),
-                            ' ');
+  } else {
+    const int64_t width = b.has(0) ? toInt(*b.v[0]) : 4;
+    in.checkString(static_cast<size_t>(std::max<int64_t>(width, 0)));
+    indention =
+        std::string(static_cast<size_t>(std::max<int64_t>(width, 0)), ' ');
+  }
   const bool first = b.has(1) && truthy(*b.v[1]);
   const bool blank = b.has(2) && truthy(*b.v[2]);
   // jinja2 appends "\n" and splits lines: strings only.
@@ -729,15 +820,19 @@ FILTER(fIndent) {
   std::vector<std::string> lines = pySplitlines(v.str() + "\n", false);
   std::string rv;
   for (size_t i = 0; i < lines.size(); ++i) {
+    const bool indented = i > 0 && (blank || !lines[i].empty());
+    in.checkString(rv.size() + 1 + (indented ? indention.size() : 0) +
+                   lines[i].size());
     if (i > 0)
       rv += "\n";
-    if (i > 0 && (blank || !lines[i].empty()))
+    if (indented)
       rv += indention;
     rv += lines[i];
-    in.checkString(rv.size());
   }
-  if (first)
+  if (first) {
+    in.checkString(indention.size() + rv.size());
     rv = indention + rv;
+  }
   return str(std::move(rv));
 }
 
@@ -794,12 +889,16 @@ FILTER(fJoin) {
     get = attrGetter(in, *b.v[1], false);
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) {
+    in.tick();
+    const Value item = get ? get(items[i]) : items[i];
+    const std::string text =
+        item.isString() ? std::string() : toStr(item); // (strings: no copy)
+    const std::string &piece = item.isString() ? item.str() : text;
+    in.checkString(out.size() + (i ? sep.size() : 0) + piece.size());
     if (i)
       out += sep;
-    out += toStr(get ? get(items[i]) : items[i]);
-    in.checkString(out.size());
+    out += piece;
   }
-  in.tick(static_cast<int64_t>(items.size()));
   return str(std::move(out));
 }
 
@@ -950,16 +1049,26 @@ FILTER(fRound) {
   if (!v.isNumber())
     throw Error("type " + typeName(v) + " doesn't define __round__ method");
   if (method == "common") {
+    // Python's round(): an int stays an int (rounded exactly), a float a
+    // float.
     if (v.kind() != Kind::Float) {
       if (precision >= 0)
         return Value::integer(v.asInt());
-      return Value::integer(static_cast<int64_t>(
-          pyRound(static_cast<double>(v.asInt()), precision)));
+      return Value::integer(pyRoundInt(v.asInt(), precision));
     }
     return Value::real(pyRound(v.asFloat(), precision));
   }
+  // jinja2: math.ceil / math.floor of value * 10**precision, divided by
+  // 10**precision; Python fails where that is no finite float.
   const double scale = std::pow(10.0, static_cast<double>(precision));
+  if (!std::isfinite(scale))
+    throw Error("int too large to convert to float");
+  if (scale == 0.0)
+    throw Error("float division by zero");
   const double x = v.asFloat() * scale;
+  if (!std::isfinite(x))
+    throw Error(std::isnan(x) ? "cannot convert float NaN to integer"
+                              : "cannot convert float infinity to integer");
   return Value::real((method == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
 }
 
@@ -1394,7 +1503,9 @@ std::string pyFormat(Interp &in, const std::string &fmt, const Args &args) {
           throw Error("cannot switch from automatic field numbering to "
                       "manual field specification");
         manual = true;
-        index = std::stoul(field);
+        if (std::from_chars(field.data(), field.data() + field.size(), index)
+                .ec != std::errc())
+          throw Error("Too many decimal digits in format string");
       }
       if (index >= args.pos.size())
         throw Error("Replacement index " + std::to_string(index) +
@@ -1407,8 +1518,9 @@ std::string pyFormat(Interp &in, const std::string &fmt, const Args &args) {
         throw Error("'" + field + "'");
       v = it->second;
     }
-    out += conversion == 'r' ? repr(v) : toStr(v);
-    in.checkString(out.size());
+    const std::string text = conversion == 'r' ? repr(v) : toStr(v);
+    in.checkString(out.size() + text.size());
+    out += text;
   }
   return out;
 }
@@ -1536,10 +1648,11 @@ Value strMethod(Interp &in, const std::string &self, const std::string &name,
         throw Error("sequence item " + std::to_string(i) +
                     ": expected str instance, " + typeName(items[i]) +
                     " found");
+      in.checkString(out.size() + (i ? self.size() : 0) +
+                     items[i].str().size());
       if (i)
         out += self;
       out += items[i].str();
-      in.checkString(out.size());
     }
     return str(std::move(out));
   }
@@ -1663,9 +1776,9 @@ std::optional<Value> pythonAttribute(const Value &obj,
     if (std::find(std::begin(kStrMethods), std::end(kStrMethods), name) ==
         std::end(kStrMethods))
       return std::nullopt;
-    const std::string self = obj.str();
-    return method("str." + name, [self, name](Interp &in, const Args &args) {
-      return strMethod(in, self, name, args);
+    // The string itself, shared (not a copy per attribute lookup).
+    return method("str." + name, [obj, name](Interp &in, const Args &args) {
+      return strMethod(in, obj.str(), name, args);
     });
   }
   case Kind::Dict: {
@@ -1779,9 +1892,14 @@ Value binaryOp(Interp &in, std::string_view op, const Value &a,
     if (a.isString() && b.isString()) {
       // markupsafe.Markup escapes the plain str it is added to.
       const bool markup = a.markup() || b.markup();
-      std::string s = (markup && !a.markup()) ? escapeHtml(a.str()) : a.str();
-      s += (markup && !b.markup()) ? escapeHtml(b.str()) : b.str();
-      in.checkString(s.size());
+      if (!markup) {
+        in.checkString(a.str().size() + b.str().size());
+        return Value::string(a.str() + b.str());
+      }
+      std::string s = !a.markup() ? escapeHtml(a.str()) : a.str();
+      const std::string right = !b.markup() ? escapeHtml(b.str()) : b.str();
+      in.checkString(s.size() + right.size());
+      s += right;
       return Value::string(std::move(s), markup);
     }
     if (a.kind() == Kind::Seq && b.kind() == Kind::Seq &&
@@ -1909,6 +2027,7 @@ bool contains(const Value &container, const Value &item) {
     if (!item.isString())
       throw Error("'in <string>' requires string as left operand, not " +
                   typeName(item));
+    chargeBytes(container.str().size());
     return container.str().find(item.str()) != std::string::npos;
   case Kind::Seq:
     return std::any_of(container.items().begin(), container.items().end(),
@@ -2016,7 +2135,7 @@ void addGlobals(Scope &scope) {
         if (n > 100000)
           throw Error("Range too big. The sandbox blocks ranges larger than "
                       "MAX_RANGE (100000).");
-        in.tick(n > 0 ? static_cast<int64_t>(n) : 0);
+        (void)in; // Value::range charges the items
         return Value::range(start, stop, step);
       }));
   scope.set("dict", Value::callable("dict", [](Interp &, const Args &args) {
@@ -2048,13 +2167,19 @@ void addGlobals(Scope &scope) {
               const std::time_t now = std::time(nullptr);
               std::tm local{};
               localtime_r(&now, &local);
+              // Python formats in the C locale (it never sets LC_TIME):
+              // English names whatever the host's locale.
+              static const locale_t cLocale =
+                  newlocale(LC_ALL_MASK, "C", static_cast<locale_t>(nullptr));
               // A non-empty suffix tells an empty result from a too small
               // buffer.
               const std::string f = fmt + "\x01";
               for (size_t cap = 128; cap <= (size_t{1} << 20); cap *= 4) {
                 std::string buf(cap, '\0');
                 const size_t n =
-                    std::strftime(buf.data(), cap, f.c_str(), &local);
+                    cLocale ? strftime_l(buf.data(), cap, f.c_str(), &local,
+                                         cLocale)
+                            : std::strftime(buf.data(), cap, f.c_str(), &local);
                 if (n > 0) {
                   buf.resize(n - 1);
                   return Value::string(std::move(buf));

@@ -16,15 +16,6 @@
 
 namespace nf::jinja {
 
-/// Bounds on one render, so that a hostile template fails cleanly instead of
-/// exhausting memory, time or the stack. Generous for real chat templates.
-struct Limits {
-  size_t maxStringBytes = size_t{16} << 20; // the output, and any string
-  size_t maxItems = size_t{1} << 20;        // elements of one list or dict
-  int64_t maxIterations = 5'000'000;        // loop and filter steps in all
-  int maxCallDepth = 100;                   // nested macro calls
-};
-
 /// Objects of a render that may end up in a reference cycle (a namespace
 /// holding itself, loop.changed() remembering its own loop): emptied when
 /// the render ends, so that no cycle outlives it. Held weakly, so that the
@@ -67,9 +58,14 @@ struct Scope {
 };
 using ScopePtr = std::shared_ptr<Scope>;
 
+/// Renders one template once. Every render is bounded by its Limits (see
+/// Budget in jinja_value.h): the work it does, the strings and sequences
+/// it makes, and how deeply it recurses (the parser bounds each
+/// expression's depth; eval and execStmt count the nesting of the whole
+/// render, macro calls included).
 class Interp {
 public:
-  explicit Interp(const Limits &limits) : limits_(limits) {}
+  explicit Interp(const Limits &limits) : limits_(limits), budget_(limits) {}
   ~Interp();
   Interp(const Interp &) = delete;
   Interp &operator=(const Interp &) = delete;
@@ -88,10 +84,10 @@ public:
   Value getAttr(const Value &obj, const std::string &name);
   Value getItem(const Value &obj, const Value &key);
   /// Errors out when a string of `bytes` or a sequence of `items` would
-  /// pass the limits; counts `steps` against the iteration budget.
-  void checkString(size_t bytes) const;
-  void checkItems(size_t items) const;
-  void tick(int64_t steps = 1);
+  /// pass the limits; charges `steps` of work to the budget.
+  void checkString(size_t bytes) const { budget_.checkString(bytes); }
+  void checkItems(size_t items) const { budget_.checkItems(items); }
+  void tick(int64_t steps = 1) { budget_.steps(steps); }
   /// A namespace() of this render (it may come to hold itself).
   void track(const std::shared_ptr<ObjectData> &ns) { namespaces_.add(ns); }
 
@@ -111,8 +107,22 @@ private:
   Args evalArgs(const Expr &e, size_t first, const ScopePtr &scope);
   void append(std::string &out, std::string_view text) const;
 
+  /// Counts one level of nesting for its lifetime (an Error past
+  /// Limits::maxEvalDepth).
+  class Nesting {
+  public:
+    explicit Nesting(Interp &in);
+    ~Nesting() { --in_.depth_; }
+    Nesting(const Nesting &) = delete;
+    Nesting &operator=(const Nesting &) = delete;
+
+  private:
+    Interp &in_;
+  };
+
   const Limits &limits_;
-  int64_t steps_ = 0;
+  mutable Budget budget_; // charged by const helpers too (append)
+  int depth_ = 0;
   int callDepth_ = 0;
   CycleBreaker<ObjectData> namespaces_;
   CycleBreaker<std::optional<Value>> changedMemories_;

@@ -11,21 +11,33 @@
 // ({%+ keeps them, +%} keeps the newline). The parser is a recursive
 // descent with jinja2's precedence; tags nf cannot render (include,
 // extends, call, ...) are errors here, not at render time.
+//
+// Recursion is bounded: the parser's by kMaxNesting (it recurses only into
+// parentheses, brackets, arguments, `not`, unary signs, conditional
+// expressions and blocks), and the depth of every expression tree it
+// builds by kMaxExprDepth (chains of binary operators, filters, tests,
+// attributes, subscripts and calls are parsed in loops, but the trees they
+// make are evaluated, searched and freed recursively).
 #include "chat/jinja_ast.h"
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <cstdlib>
+#include <charconv>
+#include <system_error>
 
 namespace nf::jinja {
 
 namespace {
 
 // Deeper nesting than this (parentheses, not, unary minus, blocks) is an
-// error: it bounds the recursion of the parser and the renderer. Python
-// itself gives up near 100 levels of parentheses.
+// error: it bounds the recursion of the parser. Python itself gives up near
+// 100 levels of parentheses.
 constexpr int kMaxNesting = 100;
+
+// Expression trees deeper than this are an error. jinja2 itself fails
+// sooner: it compiles an expression into nested Python parentheses, of
+// which Python allows 200.
+constexpr int kMaxExprDepth = 256;
 
 struct Token {
   enum class Type {
@@ -294,7 +306,7 @@ private:
         for (size_t i = pos_; i < end; ++i)
           if (s[i] != '_')
             digits += s[i];
-        t.f = std::strtod(digits.c_str(), nullptr);
+        t.f = parseDouble(digits);
         tokens_.push_back(t);
         pos_ = end;
       } else if (isDigit(c)) {
@@ -422,10 +434,10 @@ private:
     for (size_t i = pos_ + (base == 10 ? 0 : 2); i < end; ++i)
       if (s[i] != '_')
         text += s[i];
-    errno = 0;
-    char *stop = nullptr;
-    const long long v = std::strtoll(text.c_str(), &stop, base);
-    if (errno == ERANGE)
+    int64_t v = 0;
+    const auto [ptr, ec] =
+        std::from_chars(text.data(), text.data() + text.size(), v, base);
+    if (ec != std::errc() || ptr != text.data() + text.size())
       fail("integer literal " + std::string(s.substr(pos_, end - pos_)) +
            " is too large");
     Token t{Token::Type::Integer, line_, ""};
@@ -941,6 +953,25 @@ private:
     return std::make_unique<Expr>(kind, line);
   }
 
+  /// `n` with its operands in place: records its depth and refuses trees
+  /// deeper than kMaxExprDepth. Every node with operands passes here.
+  ExprPtr sealed(ExprPtr n) {
+    int deepest = 0;
+    for (const ExprPtr &a : n->args)
+      if (a)
+        deepest = std::max(deepest, a->depth);
+    for (const auto &kw : n->kwargs)
+      deepest = std::max(deepest, kw.second->depth);
+    n->depth = deepest + 1;
+    if (n->depth > kMaxExprDepth)
+      fail("expression nested too deeply (more than " +
+               std::to_string(kMaxExprDepth) +
+               " levels of operators, filters, tests, attributes, subscripts "
+               "and calls)",
+           n->line);
+    return n;
+  }
+
   bool isTupleEnd(const Names &extraEnd) const {
     const Token &t = cur();
     if (t.type == Token::Type::VarEnd || t.type == Token::Type::BlockEnd ||
@@ -964,7 +995,7 @@ private:
       n->args.push_back(std::move(expr2));
       n->args.push_back(std::move(expr1));
       n->args.push_back(std::move(expr3));
-      expr1 = std::move(n);
+      expr1 = sealed(std::move(n));
       line = this->line();
     }
     return expr1;
@@ -976,7 +1007,7 @@ private:
     n->name = std::move(name);
     n->args.push_back(std::move(a));
     n->args.push_back(std::move(b));
-    return n;
+    return sealed(std::move(n));
   }
 
   ExprPtr parseOr() {
@@ -1004,7 +1035,7 @@ private:
       Nesting nesting(*this);
       ExprPtr n = node(Expr::Kind::Not, next().line);
       n->args.push_back(parseNot());
-      return n;
+      return sealed(std::move(n));
     }
     return parseCompare();
   }
@@ -1038,9 +1069,10 @@ private:
       cmp->args.push_back(parseMath1());
       line = this->line();
     }
-    if (cmp)
-      cmp->line = line;
-    return cmp ? std::move(cmp) : std::move(expr);
+    if (!cmp)
+      return expr;
+    cmp->line = line;
+    return sealed(std::move(cmp));
   }
 
   ExprPtr parseMath1() {
@@ -1064,7 +1096,7 @@ private:
     n->args.push_back(std::move(first));
     while (skipOp("~"))
       n->args.push_back(parseMath2());
-    return n;
+    return sealed(std::move(n));
   }
 
   ExprPtr parseMath2() {
@@ -1098,6 +1130,7 @@ private:
       const bool neg = next().text == "-";
       n = node(neg ? Expr::Kind::Neg : Expr::Kind::Pos, line);
       n->args.push_back(parseUnary(false));
+      n = sealed(std::move(n));
     } else {
       n = parsePrimary();
     }
@@ -1183,7 +1216,7 @@ private:
     }
     ExprPtr n = node(Expr::Kind::Tuple, line);
     n->args = std::move(args);
-    return n;
+    return sealed(std::move(n));
   }
 
   ExprPtr parseList() {
@@ -1196,7 +1229,7 @@ private:
       n->args.push_back(parseExpression(true));
     }
     expectOp("]");
-    return n;
+    return sealed(std::move(n));
   }
 
   ExprPtr parseDict() {
@@ -1211,7 +1244,7 @@ private:
       n->args.push_back(parseExpression(true));
     }
     expectOp("}");
-    return n;
+    return sealed(std::move(n));
   }
 
   ExprPtr parsePostfix(ExprPtr n) {
@@ -1247,7 +1280,7 @@ private:
         ExprPtr n = node(Expr::Kind::GetAttr, t.line);
         n->name = attr.text;
         n->args.push_back(std::move(subject));
-        return n;
+        return sealed(std::move(n));
       }
       if (attr.type != Token::Type::Integer)
         fail("expected name or number");
@@ -1255,7 +1288,7 @@ private:
       ExprPtr n = node(Expr::Kind::GetItem, t.line);
       n->args.push_back(std::move(subject));
       n->args.push_back(constant(Value::integer(attr.i), attr.line));
-      return n;
+      return sealed(std::move(n));
     }
     std::vector<ExprPtr> args;
     while (!isOp(cur(), "]")) {
@@ -1271,9 +1304,9 @@ private:
     } else {
       ExprPtr tuple = node(Expr::Kind::Tuple, t.line);
       tuple->args = std::move(args);
-      n->args.push_back(std::move(tuple));
+      n->args.push_back(sealed(std::move(tuple)));
     }
-    return n;
+    return sealed(std::move(n));
   }
 
   ExprPtr parseSubscribed() {
@@ -1296,7 +1329,7 @@ private:
       n->args.push_back(parseExpression(true));
     else
       n->args.push_back(nullptr);
-    return n;
+    return sealed(std::move(n));
   }
 
   /// `(args, key=value, ...)` into n->args (after what is already there)
@@ -1330,7 +1363,7 @@ private:
     ExprPtr n = node(Expr::Kind::Call, line());
     n->args.push_back(std::move(callee));
     parseCallArgs(*n);
-    return n;
+    return sealed(std::move(n));
   }
 
   ExprPtr parseFilter(ExprPtr subject, bool startInline) {
@@ -1345,7 +1378,7 @@ private:
       n->args.push_back(std::move(subject));
       if (isOp(cur(), "("))
         parseCallArgs(*n);
-      subject = std::move(n);
+      subject = sealed(std::move(n));
       startInline = false;
     }
     return subject;
@@ -1371,11 +1404,12 @@ private:
         fail("You cannot chain multiple tests with is");
       n->args.push_back(parsePostfix(parsePrimary()));
     }
+    n = sealed(std::move(n));
     if (!negated)
       return n;
     ExprPtr notNode = node(Expr::Kind::Not, line);
     notNode->args.push_back(std::move(n));
-    return notNode;
+    return sealed(std::move(notNode));
   }
 
   std::vector<Token> t_;

@@ -35,6 +35,7 @@ Interp::~Interp() {
 }
 
 std::string Interp::render(const Program &program, const DictData &vars) {
+  BudgetScope budget(budget_);
   auto globals = std::make_shared<Scope>();
   addGlobals(*globals);
   auto top = std::make_shared<Scope>(globals);
@@ -45,29 +46,20 @@ std::string Interp::render(const Program &program, const DictData &vars) {
   return out;
 }
 
-void Interp::checkString(size_t bytes) const {
-  if (bytes > limits_.maxStringBytes)
-    throw Error("the template makes a string longer than " +
-                std::to_string(limits_.maxStringBytes) + " bytes");
-}
-
-void Interp::checkItems(size_t items) const {
-  if (items > limits_.maxItems)
-    throw Error("the template makes a sequence of more than " +
-                std::to_string(limits_.maxItems) + " items");
-}
-
-void Interp::tick(int64_t steps) {
-  steps_ += steps;
-  if (steps_ > limits_.maxIterations)
-    throw Error("the template runs more than " +
-                std::to_string(limits_.maxIterations) +
-                " loop iterations and filter steps");
+Interp::Nesting::Nesting(Interp &in) : in_(in) {
+  if (++in_.depth_ > in_.limits_.maxEvalDepth) {
+    --in_.depth_;
+    throw Error("the template nests more than " +
+                std::to_string(in_.limits_.maxEvalDepth) +
+                " levels deep when rendered (statements, expressions and "
+                "macro calls)");
+  }
 }
 
 void Interp::append(std::string &out, std::string_view text) const {
   checkString(out.size() + text.size());
   out += text;
+  budget_.bytes(text.size());
 }
 
 Interp::Flow Interp::exec(const Body &body, const ScopePtr &scope,
@@ -81,6 +73,7 @@ Interp::Flow Interp::exec(const Body &body, const ScopePtr &scope,
 Interp::Flow Interp::execStmt(const Stmt &s, const ScopePtr &scope,
                               std::string &out) {
   try {
+    Nesting nesting(*this);
     switch (s.kind) {
     case Stmt::Kind::Text:
       append(out, s.text);
@@ -435,6 +428,7 @@ Args Interp::evalArgs(const Expr &e, size_t first, const ScopePtr &scope) {
 
 Value Interp::eval(const Expr &e, const ScopePtr &scope) {
   try {
+    Nesting nesting(*this);
     return evalImpl(e, scope);
   } catch (Error &err) {
     if (!err.line)
@@ -556,8 +550,9 @@ Value Interp::evalImpl(const Expr &e, const ScopePtr &scope) {
   case Expr::Kind::Concat: {
     std::string s;
     for (const ExprPtr &a : e.args) {
-      s += toStr(eval(*a, scope));
-      checkString(s.size());
+      const std::string piece = toStr(eval(*a, scope));
+      checkString(s.size() + piece.size());
+      s += piece;
     }
     return Value::string(std::move(s));
   }

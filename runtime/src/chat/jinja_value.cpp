@@ -5,15 +5,122 @@
 
 #include <algorithm>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 
 namespace nf::jinja {
+
+// ---------------------------------------------------------------------------
+// Budgets
+
+namespace {
+thread_local Budget *tBudget = nullptr;
+} // namespace
+
+Budget *currentBudget() { return tBudget; }
+
+BudgetScope::BudgetScope(Budget &budget) : previous_(tBudget) {
+  tBudget = &budget;
+}
+BudgetScope::~BudgetScope() { tBudget = previous_; }
+
+void Budget::failString() const {
+  throw Error("the template makes a string longer than " +
+              std::to_string(limits_.maxStringBytes) + " bytes");
+}
+
+void Budget::failItems() const {
+  throw Error("the template makes a sequence of more than " +
+              std::to_string(limits_.maxItems) + " items");
+}
+
+void Budget::failSteps() const {
+  throw Error("the template does too much work: more than " +
+              std::to_string(limits_.maxSteps) +
+              " steps (a loop iteration, filter step, comparison or string "
+              "made is a step, an item made " +
+              std::to_string(kStepsPerItem) + ", and " +
+              std::to_string(kBytesPerStep) +
+              " bytes of text made or scanned one)");
+}
 
 namespace {
 
 const std::string kEmpty;
+
+/// The most bytes a string may have in the current render.
+size_t stringCap() {
+  const Budget *b = tBudget;
+  return b ? b->limits().maxStringBytes : SIZE_MAX;
+}
+
+/// Errors once `out` has grown past the string limit (checked while
+/// appending, so that nothing much larger is ever built).
+inline void checkGrowth(const std::string &out) {
+  if (out.size() > stringCap())
+    tBudget->checkString(out.size()); // throws
+}
+
+// The walkers of nested values (repr, tojson, ==, <) stop at
+// kMaxValueDepth levels instead of overflowing the stack.
+thread_local int tValueDepth = 0;
+
+class ValueDepth {
+public:
+  explicit ValueDepth(const char *what) {
+    if (++tValueDepth > kMaxValueDepth) {
+      --tValueDepth;
+      throw Error(std::string(what) +
+                  ": the value is nested too deeply (more than " +
+                  std::to_string(kMaxValueDepth) + " levels)");
+    }
+  }
+  ~ValueDepth() { --tValueDepth; }
+  ValueDepth(const ValueDepth &) = delete;
+  ValueDepth &operator=(const ValueDepth &) = delete;
+};
+
+// Freeing values without recursion: the values a list, dict or namespace
+// held are destroyed one at a time by the outermost payload destructor of
+// the thread (values nested a million deep would otherwise take a million
+// nested destructor calls); the inner ones only hand theirs over.
+struct Reaper {
+  std::vector<Value> pending;
+  bool active = false;
+};
+thread_local Reaper tReaper;
+
+/// Takes the values of `v` that may free other values; true when taken.
+bool defer(Reaper &r, Value &v) noexcept {
+  if (!v.ownsValues())
+    return false;
+  try {
+    r.pending.push_back(std::move(v));
+    return true;
+  } catch (...) {
+    return false; // out of memory: freed in place (recursively) instead
+  }
+}
+
+template <typename Hand> void disposeValues(Hand handOver) noexcept {
+  Reaper &r = tReaper;
+  if (r.active) {
+    handOver(r);
+    return;
+  }
+  r.active = true;
+  handOver(r);
+  while (!r.pending.empty()) {
+    Value v = std::move(r.pending.back());
+    r.pending.pop_back();
+  } // v's payload, destroyed here, hands its own values over
+  if (r.pending.capacity() > 4096)
+    std::vector<Value>().swap(r.pending);
+  r.active = false;
+}
 
 std::shared_ptr<void> strPayload(std::string s) {
   return std::make_shared<std::string>(std::move(s));
@@ -50,87 +157,142 @@ void appendStrRepr(std::string &out, const std::string &s) {
     } else {
       appendUtf8(out, c);
     }
+    checkGrowth(out);
   }
   out += quote;
 }
 
-void appendRepr(std::string &out, const Value &v);
+/// repr() of nested values, as Python writes it: a list, dict or namespace
+/// met again inside itself (only a namespace can make such a cycle) is
+/// written as Python's Py_ReprEnter does, [...] or {...}.
+class Repr {
+public:
+  explicit Repr(std::string &out) : out_(out) {}
 
-void appendItems(std::string &out, const std::vector<Value> &items) {
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i)
-      out += ", ";
-    appendRepr(out, items[i]);
-  }
-}
-
-void appendDictRepr(std::string &out, const DictData &d) {
-  out += '{';
-  for (size_t i = 0; i < d.items.size(); ++i) {
-    if (i)
-      out += ", ";
-    appendRepr(out, d.items[i].first);
-    out += ": ";
-    appendRepr(out, d.items[i].second);
-  }
-  out += '}';
-}
-
-void appendRepr(std::string &out, const Value &v) {
-  switch (v.kind()) {
-  case Kind::Undefined:
-    out += "Undefined";
-    return;
-  case Kind::String:
-    if (v.markup()) {
-      out += "Markup(";
-      appendStrRepr(out, v.str());
-      out += ")";
-    } else {
-      appendStrRepr(out, v.str());
+  void value(const Value &v) {
+    switch (v.kind()) {
+    case Kind::Undefined:
+      out_ += "Undefined";
+      return;
+    case Kind::String:
+      if (v.markup()) {
+        out_ += "Markup(";
+        appendStrRepr(out_, v.str());
+        out_ += ")";
+      } else {
+        appendStrRepr(out_, v.str());
+      }
+      return;
+    case Kind::Seq:
+      seq(v);
+      return;
+    case Kind::Dict:
+      dict(v.dictData());
+      return;
+    case Kind::Object:
+      object(v);
+      return;
+    default:
+      out_ += toStr(v);
+      checkGrowth(out_);
     }
-    return;
-  case Kind::Seq: {
+  }
+
+  void object(const Value &v) {
+    const ObjectData &o = v.objectData();
+    if (o.type == "LoopContext") {
+      const Value *index = o.attrs.find(Value::string("index"));
+      const Value *len = o.attrs.find(Value::string("length"));
+      out_ += "<LoopContext " + (index ? toStr(*index) : "?") + "/" +
+              (len ? toStr(*len) : "?") + ">";
+      return;
+    }
+    // jinja2's Namespace.__repr__: f"<Namespace {self.__attrs!r}>".
+    out_ += "<" + o.type + " ";
+    ++objects_;
+    dict(o.attrs);
+    --objects_;
+    out_ += ">";
+  }
+
+private:
+  /// Enters a container; false (and its [...] / {...} written) when it is
+  /// already being written.
+  bool enter(const void *id, const char *recurring) {
+    // A container can only recur inside itself through a namespace (lists
+    // and dicts do not change): with none open, no search.
+    if (objects_ > 0 &&
+        std::find(open_.begin(), open_.end(), id) != open_.end()) {
+      out_ += recurring;
+      return false;
+    }
+    open_.push_back(id);
+    return true;
+  }
+
+  void items(const std::vector<Value> &items) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i)
+        out_ += ", ";
+      value(items[i]);
+      checkGrowth(out_);
+    }
+  }
+
+  void seq(const Value &v) {
     const SeqData &s = v.seqData();
-    switch (s.type) {
-    case SeqType::List:
-      out += '[';
-      appendItems(out, s.items);
-      out += ']';
-      return;
-    case SeqType::Tuple:
-      out += '(';
-      appendItems(out, s.items);
-      out += s.items.size() == 1 ? ",)" : ")";
-      return;
-    case SeqType::Range:
-      out += "range(" + std::to_string(s.range[0]) + ", " +
-             std::to_string(s.range[1]);
+    if (s.type == SeqType::Generator || s.type == SeqType::ReverseIterator)
+      throw Error("cannot print a " + typeName(v) +
+                  " (Python prints its address): convert it with |list");
+    if (s.type == SeqType::Range) {
+      out_ += "range(" + std::to_string(s.range[0]) + ", " +
+              std::to_string(s.range[1]);
       if (s.range[2] != 1)
-        out += ", " + std::to_string(s.range[2]);
-      out += ')';
+        out_ += ", " + std::to_string(s.range[2]);
+      out_ += ')';
       return;
-    case SeqType::DictKeys:
-    case SeqType::DictValues:
-    case SeqType::DictItems:
-      out += typeName(v) + "([";
-      appendItems(out, s.items);
-      out += "])";
-      return;
-    case SeqType::Generator:
-    case SeqType::ReverseIterator:
-      break;
     }
-    throw Error("cannot print a " + typeName(v) +
-                " (Python prints its address): convert it with |list");
+    ValueDepth depth("repr");
+    const bool view = s.type == SeqType::DictKeys ||
+                      s.type == SeqType::DictValues ||
+                      s.type == SeqType::DictItems;
+    if (view)
+      out_ += typeName(v) + "(";
+    if (!enter(&s, s.type == SeqType::Tuple ? "(...)" : "[...]")) {
+      if (view)
+        out_ += ")";
+      return;
+    }
+    const bool tuple = s.type == SeqType::Tuple;
+    out_ += tuple ? '(' : '[';
+    items(s.items);
+    out_ += tuple ? (s.items.size() == 1 ? ",)" : ")") : "]";
+    if (view)
+      out_ += ")";
+    open_.pop_back();
   }
-  case Kind::Dict:
-    appendDictRepr(out, v.dictData());
-    return;
-  default:
-    out += toStr(v);
+
+  void dict(const DictData &d) {
+    ValueDepth depth("repr");
+    if (!enter(&d, "{...}"))
+      return;
+    out_ += '{';
+    for (size_t i = 0; i < d.items.size(); ++i) {
+      if (i)
+        out_ += ", ";
+      value(d.items[i].first);
+      out_ += ": ";
+      value(d.items[i].second);
+      checkGrowth(out_);
+    }
+    out_ += '}';
+    open_.pop_back();
   }
-}
+
+  std::string &out_;
+  std::vector<const void *> open_; // the containers being written
+  int objects_ = 0;                // namespaces among them
+};
 
 // Python json.dumps's string escaping.
 void appendJsonString(std::string &out, const std::string &s,
@@ -176,6 +338,7 @@ void appendJsonString(std::string &out, const std::string &s,
     } else {
       appendUtf8(out, c);
     }
+    checkGrowth(out);
   }
   out += '"';
 }
@@ -209,14 +372,16 @@ std::string jsonKey(const Value &k) {
 
 void appendJson(std::string &out, const Value &v, const JsonOptions &o,
                 int depth) {
-  if (depth > 512)
-    throw Error("tojson: the value is nested too deeply");
   const std::string itemSep =
       o.separators ? o.separators->first : (o.indent ? "," : ", ");
   const std::string keySep = o.separators ? o.separators->second : ": ";
   auto newline = [&](int level) {
     if (!o.indent)
       return;
+    // The size first: deep values with a wide indent grow quadratically.
+    const size_t more = 1 + static_cast<size_t>(level) * o.indent->size();
+    if (out.size() + more > stringCap())
+      tBudget->checkString(out.size() + more); // throws
     out += '\n';
     for (int i = 0; i < level; ++i)
       out += *o.indent;
@@ -244,12 +409,14 @@ void appendJson(std::string &out, const Value &v, const JsonOptions &o,
         out += "[]";
         return;
       }
+      ValueDepth guard("tojson");
       out += '[';
       for (size_t i = 0; i < items.size(); ++i) {
         if (i)
           out += itemSep;
         newline(depth + 1);
         appendJson(out, items[i], o, depth + 1);
+        checkGrowth(out);
       }
       newline(depth);
       out += ']';
@@ -262,6 +429,7 @@ void appendJson(std::string &out, const Value &v, const JsonOptions &o,
       out += "{}";
       return;
     }
+    ValueDepth guard("tojson");
     std::vector<std::pair<std::string, const Value *>> entries;
     for (const auto &[k, val] : items)
       entries.emplace_back(jsonKey(k), &val);
@@ -270,9 +438,11 @@ void appendJson(std::string &out, const Value &v, const JsonOptions &o,
         if (!k.isString())
           throw Error("tojson: sort_keys needs string keys, not " +
                       typeName(k));
-      std::stable_sort(
-          entries.begin(), entries.end(),
-          [](const auto &a, const auto &b) { return a.first < b.first; });
+      std::stable_sort(entries.begin(), entries.end(),
+                       [](const auto &a, const auto &b) {
+                         chargeSteps(1);
+                         return a.first < b.first;
+                       });
     }
     out += '{';
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -282,6 +452,7 @@ void appendJson(std::string &out, const Value &v, const JsonOptions &o,
       appendJsonString(out, entries[i].first, o.ensureAscii);
       out += keySep;
       appendJson(out, *entries[i].second, o, depth + 1);
+      checkGrowth(out);
     }
     newline(depth);
     out += '}';
@@ -296,6 +467,7 @@ void appendJson(std::string &out, const Value &v, const JsonOptions &o,
 bool seqEquals(const std::vector<Value> &a, const std::vector<Value> &b) {
   if (a.size() != b.size())
     return false;
+  ValueDepth guard("==");
   for (size_t i = 0; i < a.size(); ++i)
     if (!equals(a[i], b[i]))
       return false;
@@ -306,6 +478,22 @@ bool seqEquals(const std::vector<Value> &a, const std::vector<Value> &b) {
 
 // ---------------------------------------------------------------------------
 // Value
+
+SeqData::~SeqData() {
+  disposeValues([this](Reaper &r) {
+    for (Value &v : items)
+      defer(r, v);
+  });
+}
+
+DictData::~DictData() {
+  disposeValues([this](Reaper &r) {
+    for (auto &[k, v] : items) {
+      defer(r, k);
+      defer(r, v);
+    }
+  });
+}
 
 const Value *DictData::find(const Value &key) const {
   for (const auto &[k, v] : items)
@@ -358,6 +546,10 @@ Value Value::real(double d) {
 }
 
 Value Value::string(std::string s, bool markup) {
+  if (Budget *b = tBudget) {
+    b->checkString(s.size());
+    b->bytes(s.size() + kBytesPerStep); // the text, and a step to hold it
+  }
   Value v;
   v.kind_ = Kind::String;
   v.b_ = markup;
@@ -366,6 +558,10 @@ Value Value::string(std::string s, bool markup) {
 }
 
 Value Value::seq(std::vector<Value> items, SeqType type) {
+  if (Budget *b = tBudget) {
+    b->checkItems(items.size());
+    b->steps(static_cast<int64_t>(items.size()) * kStepsPerItem);
+  }
   auto d = std::make_shared<SeqData>();
   d->type = type;
   d->items = std::move(items);
@@ -381,8 +577,18 @@ Value Value::range(int64_t start, int64_t stop, int64_t step) {
   d->range[0] = start;
   d->range[1] = stop;
   d->range[2] = step;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
-    d->items.push_back(Value::integer(i));
+  // The item count without overflow (range() bounds it).
+  const __int128 span = static_cast<__int128>(stop) - start;
+  const __int128 n = step > 0 ? (span > 0 ? (span + step - 1) / step : 0)
+                              : (span < 0 ? (-span - step - 1) / -step : 0);
+  if (Budget *b = tBudget) {
+    b->checkItems(n > static_cast<__int128>(SIZE_MAX) ? SIZE_MAX
+                                                      : static_cast<size_t>(n));
+    b->steps(static_cast<int64_t>(n) * kStepsPerItem);
+  }
+  d->items.reserve(static_cast<size_t>(n));
+  for (__int128 i = 0; i < n; ++i)
+    d->items.push_back(Value::integer(static_cast<int64_t>(start + i * step)));
   Value v;
   v.kind_ = Kind::Seq;
   v.ptr_ = std::move(d);
@@ -390,6 +596,10 @@ Value Value::range(int64_t start, int64_t stop, int64_t step) {
 }
 
 Value Value::dict(DictData d) {
+  if (Budget *b = tBudget) {
+    b->checkItems(d.items.size());
+    b->steps(static_cast<int64_t>(d.items.size()) * kStepsPerItem);
+  }
   Value v;
   v.kind_ = Kind::Dict;
   v.ptr_ = std::make_shared<DictData>(std::move(d));
@@ -397,6 +607,7 @@ Value Value::dict(DictData d) {
 }
 
 Value Value::callable(std::string name, Function fn, bool macro) {
+  chargeSteps(kStepsPerItem);
   auto d = std::make_shared<CallableData>();
   d->name = std::move(name);
   d->fn = std::move(fn);
@@ -408,6 +619,8 @@ Value Value::callable(std::string name, Function fn, bool macro) {
 }
 
 Value Value::object(std::shared_ptr<ObjectData> o) {
+  chargeSteps(kStepsPerItem *
+              (1 + static_cast<int64_t>(o->attrs.items.size())));
   Value v;
   v.kind_ = Kind::Object;
   v.ptr_ = std::move(o);
@@ -554,32 +767,25 @@ std::string toStr(const Value &v) {
     throw Error("cannot print the function '" + v.callableData().name +
                 "' (Python prints its address): call it");
   case Kind::Object: {
-    const ObjectData &o = v.objectData();
-    if (o.type == "LoopContext") {
-      const Value *index = o.attrs.find(Value::string("index"));
-      const Value *len = o.attrs.find(Value::string("length"));
-      return "<LoopContext " + (index ? toStr(*index) : "?") + "/" +
-             (len ? toStr(*len) : "?") + ">";
-    }
-    std::string out = "<" + o.type + " ";
-    appendDictRepr(out, o.attrs);
-    return out + ">";
-  }
-  default: {
     std::string out;
-    appendRepr(out, v);
+    Repr(out).object(v);
+    chargeBytes(out.size());
     return out;
   }
+  default:
+    return repr(v);
   }
 }
 
 std::string repr(const Value &v) {
   std::string out;
-  appendRepr(out, v);
+  Repr(out).value(v);
+  chargeBytes(out.size());
   return out;
 }
 
 bool equals(const Value &a, const Value &b) {
+  chargeSteps(1);
   if (a.isNumber() && b.isNumber()) {
     if (a.kind() == Kind::Float || b.kind() == Kind::Float)
       return a.asFloat() == b.asFloat();
@@ -592,12 +798,16 @@ bool equals(const Value &a, const Value &b) {
   case Kind::None:
     return true;
   case Kind::String:
+    if (a.str().size() != b.str().size())
+      return false;
+    chargeBytes(a.str().size());
     return a.str() == b.str();
   case Kind::Seq: {
     const SeqType ta = a.seqType(), tb = b.seqType();
     if (ta == SeqType::DictKeys && tb == SeqType::DictKeys) {
       if (a.items().size() != b.items().size())
         return false;
+      ValueDepth guard("==");
       for (const Value &k : a.items())
         if (std::none_of(b.items().begin(), b.items().end(),
                          [&](const Value &x) { return equals(k, x); }))
@@ -614,6 +824,7 @@ bool equals(const Value &a, const Value &b) {
     const DictData &da = a.dictData(), &db = b.dictData();
     if (da.items.size() != db.items.size())
       return false;
+    ValueDepth guard("==");
     for (const auto &[k, v] : da.items) {
       const Value *other = db.find(k);
       if (!other || !equals(v, *other))
@@ -640,16 +851,20 @@ bool lessCompare(const Value &a, const Value &b, std::string_view op) {
     failUndefined(a);
   if (b.isUndefined())
     failUndefined(b);
+  chargeSteps(1);
   if (a.isNumber() && b.isNumber()) {
     if (a.kind() == Kind::Float || b.kind() == Kind::Float)
       return apply(a.asFloat(), b.asFloat());
     return apply(a.asInt(), b.asInt());
   }
-  if (a.isString() && b.isString())
+  if (a.isString() && b.isString()) {
+    chargeBytes(std::min(a.str().size(), b.str().size()));
     return apply(a.str().compare(b.str()), 0);
+  }
   if (a.kind() == Kind::Seq && b.kind() == Kind::Seq &&
       a.seqType() == b.seqType() &&
       (a.seqType() == SeqType::List || a.seqType() == SeqType::Tuple)) {
+    ValueDepth guard("comparison");
     const auto &x = a.items(), &y = b.items();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i)
       if (!equals(x[i], y[i]))
@@ -689,19 +904,30 @@ std::vector<Value> iterate(const Value &v) {
   case Kind::Undefined:
     return {};
   case Kind::String: {
+    // One string per character: counted before any is made.
+    const size_t n = codePoints(v.str());
+    checkItemCount(n);
+    chargeSteps(static_cast<int64_t>(n) * kStepsPerItem);
     std::vector<Value> out;
-    std::string ch;
-    for (char32_t c : decodeUtf8(v.str())) {
-      ch.clear();
-      appendUtf8(ch, c);
-      out.push_back(Value::string(ch));
+    out.reserve(n);
+    const std::string &s = v.str();
+    for (size_t i = 0; i < s.size();) {
+      size_t len = 1;
+      while (i + len < s.size() &&
+             (static_cast<unsigned char>(s[i + len]) & 0xc0) == 0x80)
+        ++len;
+      out.push_back(Value::string(s.substr(i, len)));
+      i += len;
     }
     return out;
   }
   case Kind::Seq:
+    chargeSteps(static_cast<int64_t>(v.items().size()));
     return v.items();
   case Kind::Dict: {
+    chargeSteps(static_cast<int64_t>(v.dictData().items.size()));
     std::vector<Value> keys;
+    keys.reserve(v.dictData().items.size());
     for (const auto &kv : v.dictData().items)
       keys.push_back(kv.first);
     return keys;
@@ -750,9 +976,57 @@ std::string floatRepr(double d) {
   return out + digits.substr(0, intDigits) + "." + digits.substr(intDigits);
 }
 
+double parseDouble(std::string_view text) {
+  double d = 0;
+  const char *begin = text.data(), *end = begin + text.size();
+  const auto [ptr, ec] =
+      std::from_chars(begin, end, d, std::chars_format::general);
+  if (ec != std::errc::result_out_of_range)
+    return d;
+  // Out of range: inf or 0 by the decimal exponent of the first non-zero
+  // digit (only the far ends of the exponent range get here).
+  size_t i = 0;
+  const bool negative = i < text.size() && text[i] == '-';
+  i += negative;
+  auto digit = [&](size_t k) {
+    return k < text.size() && text[k] >= '0' && text[k] <= '9';
+  };
+  int64_t intDigits = 0, leadingZeros = 0;
+  bool nonZero = false;
+  for (; digit(i); ++i)
+    if (nonZero || text[i] != '0') {
+      nonZero = true;
+      ++intDigits;
+    }
+  if (i < text.size() && text[i] == '.')
+    for (++i; digit(i); ++i)
+      if (!nonZero) {
+        if (text[i] == '0')
+          ++leadingZeros;
+        else
+          nonZero = true;
+      }
+  int64_t exponent = 0;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    const bool negExp = i < text.size() && text[i] == '-';
+    if (i < text.size() && (text[i] == '-' || text[i] == '+'))
+      ++i;
+    for (; digit(i); ++i)
+      exponent = std::min<int64_t>(exponent * 10 + (text[i] - '0'), 1 << 30);
+    if (negExp)
+      exponent = -exponent;
+  }
+  const int64_t magnitude =
+      (intDigits > 0 ? intDigits : -leadingZeros) + exponent;
+  const double r = magnitude > 0 ? HUGE_VAL : 0.0;
+  return negative ? -r : r;
+}
+
 std::string toJson(const Value &v, const JsonOptions &options) {
   std::string out;
   appendJson(out, v, options, 0);
+  chargeBytes(out.size());
   return out;
 }
 
@@ -835,6 +1109,7 @@ bool validUtf8(std::string_view s) {
 }
 
 std::u32string decodeUtf8(std::string_view s) {
+  chargeBytes(s.size());
   std::u32string out;
   out.reserve(s.size());
   size_t i = 0;
@@ -860,6 +1135,7 @@ std::u32string decodeUtf8(std::string_view s) {
 }
 
 std::string encodeUtf8(std::u32string_view s) {
+  chargeBytes(s.size());
   std::string out;
   out.reserve(s.size());
   for (char32_t c : s)
@@ -868,6 +1144,7 @@ std::string encodeUtf8(std::u32string_view s) {
 }
 
 size_t codePoints(std::string_view s) {
+  chargeBytes(s.size());
   size_t n = 0;
   for (char c : s)
     n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;

@@ -42,6 +42,99 @@ public:
 class Value;
 class Interp;
 
+/// Bounds on one render, so that a hostile template fails cleanly instead of
+/// exhausting memory, time or the stack. Generous for real chat templates.
+struct Limits {
+  size_t maxStringBytes = size_t{16} << 20; // the output, and any string
+  size_t maxItems = size_t{1} << 20;        // elements of one list or dict
+  /// Work in all, in steps: a loop iteration, a filter step, a comparison
+  /// or a string made is one, an item made (of a list, dict or namespace,
+  /// or a function) kStepsPerItem, and text made, copied or scanned one per
+  /// kBytesPerStep bytes. At most about a second of CPU, and what a render
+  /// can make (so hold) bounded to a few hundred MB.
+  int64_t maxSteps = 5'000'000;
+  int maxCallDepth = 100; // nested macro calls
+  /// Nested statements, expressions and macro calls while rendering (the
+  /// parser bounds one expression's depth, this their sum through macros).
+  int maxEvalDepth = 1000;
+};
+inline constexpr int64_t kBytesPerStep = 32;
+inline constexpr int64_t kStepsPerItem = 2;
+/// Values nested deeper than this (lists in lists, ...) cannot be printed,
+/// compared or converted: an error, as Python's RecursionError.
+inline constexpr int kMaxValueDepth = 512;
+
+/// What one render has used of its Limits. Interp::render makes it its
+/// thread's budget (BudgetScope) while it runs, so that the functions of
+/// this header (Value::string, Value::seq, toStr, repr, toJson, iterate,
+/// equals, decodeUtf8, ...) charge their work to it and check the sizes of
+/// what they make as they go, before a runaway result exists. Outside a
+/// render nothing is charged or limited.
+class Budget {
+public:
+  explicit Budget(const Limits &limits) : limits_(limits) {}
+  const Limits &limits() const { return limits_; }
+  /// Charges work; an Error past maxSteps.
+  void steps(int64_t n) { charge(static_cast<uint64_t>(n) * kBytesPerStep); }
+  void bytes(uint64_t n) { charge(n); }
+  /// Errors when a string of `bytes` / a sequence of `items` would pass
+  /// the limits.
+  void checkString(size_t bytes) const {
+    if (bytes > limits_.maxStringBytes)
+      failString();
+  }
+  void checkItems(size_t items) const {
+    if (items > limits_.maxItems)
+      failItems();
+  }
+
+private:
+  void charge(uint64_t units) {
+    used_ += units;
+    if (used_ > static_cast<uint64_t>(limits_.maxSteps) * kBytesPerStep)
+      failSteps();
+  }
+  [[noreturn]] void failString() const;
+  [[noreturn]] void failItems() const;
+  [[noreturn]] void failSteps() const;
+
+  const Limits &limits_;
+  uint64_t used_ = 0; // in bytes (a step is kBytesPerStep)
+};
+
+/// The budget of the render running on this thread; nullptr when none.
+Budget *currentBudget();
+
+/// Makes `budget` this thread's budget for its lifetime.
+class BudgetScope {
+public:
+  explicit BudgetScope(Budget &budget);
+  ~BudgetScope();
+  BudgetScope(const BudgetScope &) = delete;
+  BudgetScope &operator=(const BudgetScope &) = delete;
+
+private:
+  Budget *previous_;
+};
+
+/// The current budget's operations; nothing without one.
+inline void chargeSteps(int64_t n) {
+  if (Budget *b = currentBudget())
+    b->steps(n);
+}
+inline void chargeBytes(uint64_t n) {
+  if (Budget *b = currentBudget())
+    b->bytes(n);
+}
+inline void checkStringSize(size_t bytes) {
+  if (Budget *b = currentBudget())
+    b->checkString(bytes);
+}
+inline void checkItemCount(size_t items) {
+  if (Budget *b = currentBudget())
+    b->checkItems(items);
+}
+
 /// Positional and keyword arguments of a call, filter or test.
 struct Args {
   std::vector<Value> pos;
@@ -75,7 +168,17 @@ enum class SeqType : uint8_t {
   DictItems
 };
 
+// The payloads of lists, dicts and namespaces free what they hold without
+// recursion (values nested a million deep would overflow the stack): see
+// disposeValues in jinja_value.cpp.
 struct SeqData {
+  SeqData() = default;
+  SeqData(const SeqData &) = default;
+  SeqData(SeqData &&) noexcept = default;
+  SeqData &operator=(const SeqData &) = default;
+  SeqData &operator=(SeqData &&) noexcept = default;
+  ~SeqData();
+
   SeqType type = SeqType::List;
   std::vector<Value> items;
   int64_t range[3] = {0, 0, 1}; // start, stop, step of a Range (for repr)
@@ -84,6 +187,13 @@ struct SeqData {
 /// An insertion-ordered dict (Python 3.7+ order; JSON objects keep theirs).
 /// Lookups are linear: chat template dicts are small.
 struct DictData {
+  DictData() = default;
+  DictData(const DictData &) = default;
+  DictData(DictData &&) noexcept = default;
+  DictData &operator=(const DictData &) = default;
+  DictData &operator=(DictData &&) noexcept = default;
+  ~DictData();
+
   std::vector<std::pair<Value, Value>> items;
   const Value *find(const Value &key) const;
   /// Sets `key` (replacing an equal key in place, as Python does).
@@ -143,6 +253,13 @@ public:
   ObjectData &objectData() const;
   /// Identity of shared payloads (the `sameas` test).
   const void *identity() const { return ptr_.get(); }
+  /// Whether destroying this value may destroy other values (a list, dict,
+  /// namespace or function that nothing else holds).
+  bool ownsValues() const {
+    return (kind_ == Kind::Seq || kind_ == Kind::Dict ||
+            kind_ == Kind::Object || kind_ == Kind::Callable) &&
+           ptr_.use_count() == 1;
+  }
 
 private:
   Kind kind_ = Kind::Undefined;
@@ -166,6 +283,8 @@ std::string objectTypeRepr(const Value &v);
 bool truthy(const Value &v);
 /// str(v) as jinja2 prints it ({{ v }}, ~, |string, |join). Undefined: "".
 /// Generators and functions print their address in Python: an error here.
+/// A list, dict or namespace that holds itself prints as Python prints it
+/// ([...], {...} where it recurs).
 std::string toStr(const Value &v);
 std::string repr(const Value &v);
 /// Python ==.
@@ -181,6 +300,11 @@ std::vector<Value> iterate(const Value &v);
 
 /// repr() of a float as Python 3 writes it (shortest round trip).
 std::string floatRepr(double d);
+/// A decimal number (an optional '-', digits with an optional '.', an
+/// optional exponent) as Python's float() reads it: correctly rounded, too
+/// large is inf and too small 0. Like floatRepr, independent of the C
+/// locale (a host with a comma as its decimal point renders alike).
+double parseDouble(std::string_view text);
 
 /// json.dumps(v, ensure_ascii, indent, separators, sort_keys) as Python
 /// writes it; `indent` is nullopt for None, else the indent string.

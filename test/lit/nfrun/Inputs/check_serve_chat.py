@@ -1,7 +1,7 @@
 """Checks `nfrun serve`'s /v1/chat/completions over HTTP (standard library
 and Python's jinja2; the `openai` client too when it is installed).
 
-Usage: check_serve_chat.py NFRUN PLAN TEMPLATE_DIR
+Usage: check_serve_chat.py NFRUN PLAN TEMPLATE_DIR [BROKEN_WEIGHTS_DIR]
 
 Starts `nfrun serve PLAN --chat-template TEMPLATE_DIR/mistral.jinja` and
 checks that
@@ -18,6 +18,11 @@ checks that
   - bad requests get HTTP 400 with an OpenAI error object, among them the
     template's own raise_exception message (roles that do not alternate);
 and that a server without a chat template answers HTTP 400 saying so.
+With BROKEN_WEIGHTS_DIR (the model's weights and tokenizer beside a
+chat_template.jinja that does not parse), also that a server started with
+--weights there comes up, says once on stderr why its chat endpoint is
+unavailable, serves /v1/completions, and answers chat requests with HTTP 400
+giving the template's error.
 Prints "ok: ..." on success; exits non-zero with a message otherwise.
 """
 import json
@@ -39,6 +44,7 @@ except ImportError:
              "python3-jinja2)")
 
 nfrun, plan, template_dir = sys.argv[1:4]
+broken_dir = sys.argv[4] if len(sys.argv) > 4 else None
 template_path = os.path.join(template_dir, "mistral.jinja")
 servers = []
 
@@ -221,7 +227,16 @@ for raw, words in [
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"stream\": \"yes\"}", "'stream'"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
-         b"\"tools\": [{\"type\": \"function\"}]}", "'tools'")]:
+         b"\"tools\": [{\"type\": \"function\"}]}", "'tools'"),
+        # A NUL would cut the C strings of the chat API short.
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, "
+         b"{\"role\": \"assistant\", \"content\": \"b\\u0000c\"}]}",
+         "messages[1]: content must not contain NUL characters"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+         b"\"text\", \"text\": \"x\\u0000\"}]}]}",
+         "messages[0]: content must not contain NUL characters"),
+        (b"{\"messages\": [{\"role\": \"us\\u0000er\", \"content\": "
+         b"\"a\"}]}", "messages[0]: role must not contain NUL characters")]:
     status, body = request(base, "/v1/chat/completions", raw=raw)
     try:
         err = json.loads(body).get("error", {})
@@ -264,6 +279,28 @@ if status != 400 or "no chat template" not in message or \
     fail("without a template: HTTP %d %s" % (status, body))
 stop(server)
 
+# 8. A broken template next to the tokenizer: no chat, but the server runs.
+broken = ""
+if broken_dir is not None:
+    server, base = start(["--weights", broken_dir])
+    post(base, "/v1/completions", dict(prompt="def f():", max_tokens=4,
+                                       temperature=0))
+    status, body = request(base, "/v1/chat/completions", dict(
+        messages=conversations[0], max_tokens=4))
+    message = json.loads(body).get("error", {}).get("message", "")
+    reason = os.path.join(broken_dir, "chat_template.jinja") + \
+        ": chat template line 3: unexpected '}'"
+    if status != 400 or reason not in message or \
+            "--chat-template" not in message:
+        fail("broken template: HTTP %d %s" % (status, body))
+    stop(server)
+    warnings = [line for line in server.stderr.read().splitlines()
+                if "warning" in line]
+    if warnings != ["nfrun: warning: " + reason +
+                    "; /v1/chat/completions is unavailable"]:
+        fail("broken template: stderr warnings %s" % warnings)
+    broken = ", broken template"
+
 print("ok: chat == completion of the jinja2 prompt (%d conversations), "
-      "parts, stream, errors, no template%s" % (
-          len(conversations), ", openai client" if clients else ""))
+      "parts, stream, errors, no template%s%s" % (
+          len(conversations), broken, ", openai client" if clients else ""))
