@@ -16,55 +16,29 @@ Starts the server on a free port, then checks that
 Prints "ok: ..." on success; exits non-zero with a message otherwise.
 """
 import json
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
+
+import serve_client
 
 nfrun, plan = sys.argv[1:3]
 serve_options = sys.argv[3:]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-port = free_port()
-base = "http://127.0.0.1:%d" % port
-server = subprocess.Popen([nfrun, "serve", plan, "--port", str(port)] +
-                          serve_options, stderr=subprocess.PIPE, text=True)
+servers = []
 
 
 def fail(msg):
-    server.kill()
+    for s in servers:
+        s.kill()
     sys.exit("check_serve: " + msg)
 
 
+server, base = serve_client.start(nfrun, plan, serve_options, fail, servers)
+
+
 def request(path, body=None, raw=None):
-    data = raw if raw is not None else (
-        None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(base + path, data=data)
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-for _ in range(300):
-    try:
-        if request("/health")[0] == 200:
-            break
-    except OSError:
-        time.sleep(0.1)
-else:
-    fail("the server did not come up")
+    return serve_client.request(base, path, body, raw)
 
 
 def complete(prompt, max_tokens=16, **kw):
@@ -128,21 +102,13 @@ if health["peak_batch"] < want or health["running"] != 0:
     fail("24 clients: %s (want a batch of %d)" % (health, want))
 
 # 3. Streaming.
-req = urllib.request.Request(base + "/v1/completions", data=json.dumps(dict(
-    prompt=prompt, max_tokens=16, temperature=0, stream=True)).encode())
-pieces, finish, done = [], None, False
-with urllib.request.urlopen(req, timeout=120) as r:
-    if not r.headers.get("Content-Type", "").startswith("text/event-stream"):
-        fail("stream content type %s" % r.headers.get("Content-Type"))
-    for line in r.read().decode().split("\n"):
-        if not line.startswith("data: "):
-            continue
-        if line == "data: [DONE]":
-            done = True
-            continue
-        c = json.loads(line[6:])["choices"][0]
-        pieces.append(c["text"])
-        finish = c["finish_reason"] or finish
+events, done = serve_client.stream(base, "/v1/completions", dict(
+    prompt=prompt, max_tokens=16, temperature=0, stream=True), fail)
+pieces, finish = [], None
+for e in events:
+    c = e["choices"][0]
+    pieces.append(c["text"])
+    finish = c["finish_reason"] or finish
 if "".join(pieces) != choice["text"] or finish != choice["finish_reason"] \
         or not done:
     fail("stream %r (%s, done %s) != %r" % (pieces, finish, done,
@@ -192,12 +158,6 @@ models = json.loads(request("/v1/models")[1])
 if models["data"][0]["object"] != "model":
     fail("models %s" % models)
 
-server.send_signal(signal.SIGTERM)
-try:
-    rc = server.wait(timeout=30)
-except subprocess.TimeoutExpired:
-    fail("the server did not stop on SIGTERM")
-if rc != 0:
-    fail("exit status %d after SIGTERM: %s" % (rc, server.stderr.read()))
+serve_client.stop(server, fail)
 print("ok: generate-equal, %d concurrent == sequential, stream, stop, errors"
       % len(prompts))

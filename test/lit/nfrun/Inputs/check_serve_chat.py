@@ -27,13 +27,10 @@ Prints "ok: ..." on success; exits non-zero with a message otherwise.
 """
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
+
+import serve_client
+from serve_client import request
 
 try:
     import jinja2
@@ -55,36 +52,8 @@ def fail(msg):
     sys.exit("check_serve_chat: " + msg)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(options):
-    port = free_port()
-    server = subprocess.Popen([nfrun, "serve", plan, "--port", str(port)] +
-                              options, stderr=subprocess.PIPE, text=True)
-    servers.append(server)
-    base = "http://127.0.0.1:%d" % port
-    for _ in range(300):
-        try:
-            if request(base, "/health")[0] == 200:
-                return server, base
-        except OSError:
-            time.sleep(0.1)
-    fail("the server did not come up")
-
-
-def request(base, path, body=None, raw=None):
-    data = raw if raw is not None else (
-        None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(base + path, data=data)
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    return serve_client.start(nfrun, plan, options, fail, servers)
 
 
 def post(base, path, body):
@@ -95,13 +64,7 @@ def post(base, path, body):
 
 
 def stop(server):
-    server.send_signal(signal.SIGTERM)
-    try:
-        rc = server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        fail("the server did not stop on SIGTERM")
-    if rc != 0:
-        fail("exit status %d after SIGTERM: %s" % (rc, server.stderr.read()))
+    serve_client.stop(server, fail)
 
 
 # The prompt as transformers renders it.
@@ -170,23 +133,14 @@ if short["usage"]["completion_tokens"] > 3 or \
     fail("max_completion_tokens 3: %s" % short)
 
 # 4. Streaming.
-req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(
-    dict(messages=conversations[0], max_tokens=16, temperature=0,
-         stream=True)).encode())
-chunks, done = [], False
-with urllib.request.urlopen(req, timeout=120) as r:
-    if not r.headers.get("Content-Type", "").startswith("text/event-stream"):
-        fail("stream content type %s" % r.headers.get("Content-Type"))
-    for line in r.read().decode().split("\n"):
-        if not line.startswith("data: "):
-            continue
-        if line == "data: [DONE]":
-            done = True
-            continue
-        chunk = json.loads(line[6:])
-        if chunk.get("object") != "chat.completion.chunk":
-            fail("stream chunk %s" % chunk)
-        chunks.append(chunk["choices"][0])
+events, done = serve_client.stream(base, "/v1/chat/completions", dict(
+    messages=conversations[0], max_tokens=16, temperature=0, stream=True),
+    fail)
+chunks = []
+for chunk in events:
+    if chunk.get("object") != "chat.completion.chunk":
+        fail("stream chunk %s" % chunk)
+    chunks.append(chunk["choices"][0])
 if not done or len(chunks) < 2:
     fail("stream without [DONE] or chunks: %s" % chunks)
 first, last, middle = chunks[0], chunks[-1], chunks[1:-1]
