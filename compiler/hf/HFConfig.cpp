@@ -6,6 +6,7 @@
 // weight of a block kind present in the model is required. nlohmann::json
 // exceptions never escape: type checks happen before every get<>().
 #include "hf/HFConfig.h"
+#include "nf/file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -15,7 +16,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <initializer_list>
 #include <limits>
 #include <sstream>
@@ -950,21 +950,10 @@ StatusOr<ModelConfig> parseConfigText(const std::string &text,
 
 StatusOr<ModelConfig> parseConfigFile(const std::string &path) {
   try {
-    // ifstream "opens" a directory on Linux; say what is wrong instead.
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec))
-      return Status::error(path + ": cannot open: Is a directory");
-    errno = 0;
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      int err = errno ? errno : ENOENT;
-      return Status::error(path + ": cannot open: " + std::strerror(err));
-    }
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad())
-      return Status::error(path + ": read error");
-    return parseConfigText(ss.str(), path);
+    StatusOr<std::string> text = readWholeFile(path);
+    if (!text)
+      return text.status();
+    return parseConfigText(*text, path);
   } catch (const std::exception &e) {
     return Status::error(path + ": cannot read config: " + e.what());
   }

@@ -4,6 +4,7 @@
 // arithmetic is overflow-checked, and nlohmann::json exceptions are caught so
 // that callers only ever see a Status.
 #include "nf/safetensors.h"
+#include "nf/file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -14,7 +15,6 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
-#include <set>
 
 namespace nf {
 
@@ -27,11 +27,6 @@ namespace fs = std::filesystem;
 // thousands of tensors stay below a few MB); refusing it avoids a huge
 // allocation driven by 8 untrusted bytes.
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
-
-struct FileCloser {
-  void operator()(std::FILE *f) const { std::fclose(f); }
-};
-using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
 std::string shapeString(const std::vector<int64_t> &shape) {
   std::string s = "[";
@@ -61,34 +56,6 @@ std::string printable(const std::string &s) {
 
 Status fail(const std::string &path, const std::string &what) {
   return Status::error(path + ": " + what);
-}
-
-// Opens a regular file for reading and reports its size. Directories are
-// rejected explicitly because fopen() succeeds on them on Linux.
-Status openRegularFile(const std::string &path, FilePtr &file, uint64_t &size) {
-  std::error_code ec;
-  fs::file_status st = fs::status(path, ec);
-  if (!ec && fs::is_directory(st))
-    return fail(path, "cannot open: Is a directory");
-  errno = 0;
-  file.reset(std::fopen(path.c_str(), "rb"));
-  if (!file) {
-    int err = errno ? errno : ENOENT;
-    return fail(path, std::string("cannot open: ") + std::strerror(err));
-  }
-  uintmax_t sz = fs::file_size(path, ec);
-  if (ec)
-    return fail(path, "cannot determine file size: " + ec.message());
-  size = static_cast<uint64_t>(sz);
-  return Status::success();
-}
-
-Status readExactly(std::FILE *f, const std::string &path, void *dst, size_t n) {
-  if (n && std::fread(dst, 1, n, f) != n)
-    return fail(path, std::string("read error: ") +
-                          (std::ferror(f) ? std::strerror(errno)
-                                          : "unexpected end of file"));
-  return Status::success();
 }
 
 // Reads a non-negative JSON integer (JSON parsers store those as unsigned).
@@ -168,16 +135,17 @@ Status parseTensorEntry(const std::string &path, const std::string &name,
 }
 
 StatusOr<SafetensorsFile> readHeaderImpl(const std::string &path) {
-  FilePtr file;
+  StatusOr<InputFile> file = InputFile::open(path);
+  if (!file)
+    return file.status();
   SafetensorsFile out;
   out.path = path;
-  if (Status s = openRegularFile(path, file, out.fileSize); !s)
-    return s;
+  out.fileSize = file->size();
   if (out.fileSize < 8)
     return fail(path, "truncated file (shorter than the 8-byte header length)");
 
   unsigned char lenBytes[8];
-  if (Status s = readExactly(file.get(), path, lenBytes, 8); !s)
+  if (Status s = file->read(lenBytes, 8); !s)
     return s;
   // Little-endian regardless of the host.
   uint64_t headerLen = 0;
@@ -194,7 +162,7 @@ StatusOr<SafetensorsFile> readHeaderImpl(const std::string &path) {
   uint64_t dataSize = out.fileSize - out.dataOffset;
 
   std::string text(headerLen, '\0');
-  if (Status s = readExactly(file.get(), path, text.data(), text.size()); !s)
+  if (Status s = file->read(text.data(), text.size()); !s)
     return s;
 
   json header;
@@ -252,19 +220,6 @@ StatusOr<SafetensorsFile> readHeaderImpl(const std::string &path) {
   return out;
 }
 
-StatusOr<std::string> readTextFile(const std::string &path) {
-  FilePtr file;
-  uint64_t size = 0;
-  if (Status s = openRegularFile(path, file, size); !s)
-    return s;
-  if (size > kMaxHeaderBytes)
-    return fail(path, "file is too large (" + std::to_string(size) + " bytes)");
-  std::string text(size, '\0');
-  if (Status s = readExactly(file.get(), path, text.data(), text.size()); !s)
-    return s;
-  return text;
-}
-
 Status addTensors(Checkpoint &ckpt, SafetensorsFile &file) {
   for (auto &[name, info] : file.tensors) {
     auto [it, inserted] = ckpt.tensors.emplace(name, info);
@@ -278,7 +233,7 @@ Status addTensors(Checkpoint &ckpt, SafetensorsFile &file) {
 
 StatusOr<Checkpoint> openShardedCheckpoint(const std::string &dir,
                                            const std::string &indexPath) {
-  StatusOr<std::string> text = readTextFile(indexPath);
+  StatusOr<std::string> text = readWholeFile(indexPath);
   if (!text)
     return text.status();
   json index;
@@ -297,19 +252,25 @@ StatusOr<Checkpoint> openShardedCheckpoint(const std::string &dir,
     return fail(indexPath, "'weight_map' is empty");
 
   // Distinct shard names, sorted so that model-00001-of-0000N comes first.
-  std::set<std::string> shardNames;
+  // Each is checked to stay inside `dir` before any shard is opened.
+  std::map<std::string, std::string> shardPaths;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it->is_string() || it->get<std::string>().empty())
       return fail(indexPath, "weight_map entry for tensor '" +
                                  printable(it.key()) + "' is not a file name");
-    shardNames.insert(it->get<std::string>());
+    const std::string &shard = it->get_ref<const std::string &>();
+    if (shardPaths.count(shard))
+      continue;
+    StatusOr<std::string> path = pathInside(dir, shard, indexPath, "shard");
+    if (!path)
+      return path.status();
+    shardPaths.emplace(shard, std::move(*path));
   }
 
   Checkpoint ckpt;
   ckpt.dir = dir;
   std::map<std::string, SafetensorsFile> shards;
-  for (const std::string &shard : shardNames) {
-    std::string shardPath = (fs::path(dir) / shard).string();
+  for (const auto &[shard, shardPath] : shardPaths) {
     StatusOr<SafetensorsFile> f = readHeaderImpl(shardPath);
     if (!f)
       return f.status();

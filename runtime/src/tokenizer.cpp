@@ -8,6 +8,7 @@
 // untrusted: errors are Status values naming the file; nlohmann::json
 // exceptions are caught at the public boundary.
 #include "nf/tokenizer.h"
+#include "nf/file.h"
 #include "utf8.h"
 
 #include <nlohmann/json.hpp>
@@ -18,11 +19,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <iterator>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 #include <utility>
 
@@ -2874,23 +2873,10 @@ StatusOr<Tokenizer> Tokenizer::fromJson(std::string_view jsonText,
 }
 
 StatusOr<Tokenizer> Tokenizer::fromFile(const std::string &path) {
-  std::string text;
-  try {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      int err = errno;
-      return fail(path, std::string("cannot open tokenizer file: ") +
-                            (err ? std::strerror(err) : "unknown error"));
-    }
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad())
-      return fail(path, "cannot read tokenizer file");
-    text = std::move(ss).str();
-  } catch (const std::exception &e) {
-    return fail(path, std::string("cannot read tokenizer file: ") + e.what());
-  }
-  return fromJson(text, path);
+  StatusOr<std::string> text = readWholeFile(path);
+  if (!text)
+    return text.status();
+  return fromJson(*text, path);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text,

@@ -1,4 +1,5 @@
 #include "weights.h"
+#include "nf/file.h"
 
 #include <cerrno>
 #include <fcntl.h>
@@ -77,29 +78,22 @@ static std::string errnoText(int err) {
 }
 
 StatusOr<MappedFile> MappedFile::open(const std::string &path) {
+  // InputFile refuses FIFOs and devices: mapping /dev/zero would "succeed",
+  // and opening a FIFO would wait for a writer.
+  StatusOr<InputFile> file = InputFile::open(path);
+  if (!file)
+    return file.status();
   MappedFile m;
   m.path_ = path;
-  m.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (m.fd_ < 0)
-    return Status::error(path + ": cannot open: " + errnoText(errno));
-  struct stat st;
-  if (::fstat(m.fd_, &st) != 0)
-    return Status::error(path + ": fstat failed: " + errnoText(errno));
-  if (!S_ISREG(st.st_mode))
-    return Status::error(path + ": not a regular file");
-  m.size_ = static_cast<size_t>(st.st_size);
+  m.size_ = static_cast<size_t>(file->size());
   if (m.size_ == 0)
     return Status::error(path + ": file is empty");
-  void *addr = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, m.fd_, 0);
+  void *addr = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, file->fd(), 0);
   if (addr == MAP_FAILED)
     return Status::error(path + ": mmap of " + std::to_string(m.size_) +
                          " bytes failed: " + errnoText(errno));
+  // The mapping keeps the file alive; the descriptor closes with `file`.
   m.addr_ = addr;
-  // The mapping keeps the file alive; the descriptor is no longer needed.
-  int fd = m.fd_;
-  m.fd_ = -1;
-  if (::close(fd) != 0)
-    return Status::error(path + ": close failed: " + errnoText(errno));
   return m;
 }
 

@@ -321,7 +321,8 @@ TEST(ChatCApi, TemplateNextToTheTokenizer) {
   {
     Loaded model(p);
     EXPECT_EQ(model.status, NF_ERR_LOAD);
-    EXPECT_EQ(std::string(nf_last_error()), missing + ": cannot open");
+    EXPECT_EQ(std::string(nf_last_error()),
+              missing + ": cannot open: No such file or directory");
   }
 }
 

@@ -709,7 +709,8 @@ TEST(ChatConfig, ExplicitTemplatePath) {
 
   cfg = chat::loadChatConfig(dir.path(), dir.file("missing.jinja"));
   ASSERT_FALSE(cfg.ok());
-  EXPECT_EQ(cfg.message(), dir.file("missing.jinja") + ": cannot open");
+  EXPECT_EQ(cfg.message(), dir.file("missing.jinja") +
+                               ": cannot open: No such file or directory");
 }
 
 TEST(ChatConfig, MessagesMustBeUtf8) {

@@ -425,6 +425,35 @@ TEST(Checkpoint, IndexNamesMissingShard) {
                              ": cannot open: No such file or directory");
 }
 
+TEST(Checkpoint, IndexNamesFileOutsideTheDirectory) {
+  TempDir outer;
+  fs::create_directory(outer.file("ckpt"));
+  std::string dir = outer.file("ckpt");
+  // A valid shard outside the checkpoint directory: following the index to it
+  // would read any file the user can read.
+  writeFile(outer.file("outside.safetensors"),
+            buildSafetensors({{"a", "F32", {2}}}));
+  std::string index = dir + "/model.safetensors.index.json";
+  for (const std::string &shard : std::vector<std::string>{
+           "../outside.safetensors", outer.file("outside.safetensors"),
+           "sub/../../outside.safetensors"}) {
+    SCOPED_TRACE(shard);
+    writeFile(index, json{{"weight_map", {{"a", shard}}}}.dump());
+    StatusOr<Checkpoint> c = openCheckpoint(dir);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.message(), index + ": shard '" + shard +
+                               "' is not a file name inside the checkpoint "
+                               "directory");
+  }
+  // Subdirectories of the checkpoint are inside it.
+  fs::create_directory(dir + "/sub");
+  writeFile(dir + "/sub/s.safetensors", buildSafetensors({{"a", "F32", {2}}}));
+  writeFile(index, R"({"weight_map": {"a": "sub/s.safetensors"}})");
+  StatusOr<Checkpoint> c = openCheckpoint(dir);
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_EQ(c->find("a")->file, dir + "/sub/s.safetensors");
+}
+
 TEST(Checkpoint, MalformedIndex) {
   TempDir dir;
   std::string index = dir.file("model.safetensors.index.json");

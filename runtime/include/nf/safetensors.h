@@ -68,7 +68,8 @@ StatusOr<SafetensorsFile> readSafetensorsHeader(const std::string &path);
 
 /// All tensors of a checkpoint directory: `model.safetensors`, or the shards
 /// listed in `model.safetensors.index.json` (every listed tensor must exist in
-/// the shard the index names).
+/// the shard the index names). Shard names must stay inside `dir`
+/// (nf/file.h, pathInside).
 struct Checkpoint {
   std::string dir;
   std::vector<std::string> files; // absolute-or-as-given paths, in order

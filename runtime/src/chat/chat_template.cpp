@@ -3,13 +3,12 @@
 #include "chat/chat_template.h"
 
 #include "chat/jinja_interp.h"
+#include "nf/file.h"
 
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <fstream>
 #include <new>
-#include <sstream>
 
 namespace nf::chat {
 
@@ -27,17 +26,6 @@ std::string describe(const std::string &source, const jinja::Error &e) {
   return source + ": chat template" +
          (e.line > 0 ? " line " + std::to_string(e.line) : std::string()) +
          ": " + e.what();
-}
-
-StatusOr<std::string> readFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return Status::error(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad())
-    return Status::error(path + ": read error");
-  return ss.str();
 }
 
 } // namespace
@@ -121,7 +109,7 @@ namespace {
 /// read or is malformed.
 Status readTokenizerConfig(const std::string &configPath, ojson &config,
                            ChatConfig &cfg) {
-  StatusOr<std::string> text = readFile(configPath);
+  StatusOr<std::string> text = readWholeFile(configPath);
   if (!text)
     return text.status();
   config = ojson::parse(*text, nullptr, false);
@@ -205,7 +193,7 @@ StatusOr<ChatConfig> loadChatConfig(const std::string &dir,
   std::string source, sourceName;
   if (given || fs::exists(jinjaPath, ec)) {
     sourceName = given ? templatePath : jinjaPath;
-    StatusOr<std::string> text = readFile(sourceName);
+    StatusOr<std::string> text = readWholeFile(sourceName);
     if (!text)
       return unusable(text.status());
     source = std::move(*text);

@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "nf/file.h"
 #include "nf/plan_version.h"
 
 #include <flatbuffers/flatbuffers.h>
@@ -266,7 +267,11 @@ bindWeights(const PlanFile &pf, const std::string &weightsDir) {
   try {
     for (const fb::String *f : *cfg.weight_files()) {
       const std::string rel = f->str();
-      const std::string full = (fs::path(bw->dir) / rel).string();
+      StatusOr<std::string> inside =
+          pathInside(bw->dir, rel, pf.path, "weight file");
+      if (!inside)
+        return inside.status();
+      const std::string &full = *inside;
       std::error_code ec;
       if (!fs::is_regular_file(full, ec))
         return Status::error(bw->dir + ": missing weights file " + rel);
