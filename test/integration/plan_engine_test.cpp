@@ -461,6 +461,23 @@ TEST(PlanThreads, ResultsIndependentOfThreadCount) {
   EXPECT_EQ(maxAbsDiff(out[0].data(), out[1].data(), out[0].size()), 0.0);
 }
 
+// OpenMP crashes when asked for more threads than it can create: absurd
+// counts are refused at load, naming the value and the limit.
+TEST(PlanThreads, AbsurdCountsAreRefused) {
+  const std::string plan = planPath("tiny-hybrid");
+  for (int n : {kMaxThreads + 1, 100000, -1}) {
+    EngineOptions o = testOptions();
+    o.numThreads = n;
+    StatusOr<std::unique_ptr<Engine>> e = Engine::load(plan, o);
+    ASSERT_FALSE(e.ok()) << n;
+    EXPECT_EQ(e.message(), plan + ": CPU threads must be in [0, 1024], got " +
+                               std::to_string(n));
+  }
+  EngineOptions o = testOptions();
+  o.numThreads = kMaxThreads;
+  EXPECT_TRUE(Engine::load(plan, o).ok());
+}
+
 // ---------------------------------------------------------------------------
 // pydoc-moe: the trained demo model (bf16 weights)
 

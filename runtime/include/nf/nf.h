@@ -104,7 +104,7 @@ typedef struct nf_model_params {
   /* tokenizer.json to use; NULL or "": <weights dir>/tokenizer.json when it
      exists (a model without one can still run on token ids). */
   const char *tokenizer_path;
-  /* CPU threads for one step; 0: the OpenMP default. */
+  /* CPU threads for one step, at most 1024; 0: the OpenMP default. */
   int32_t n_threads;
   /* Sequences that may be alive at once; 0: the plan's state slots. */
   int32_t max_sequences;

@@ -195,6 +195,11 @@ nf_status nf_model_load(const char *plan_path, const nf_model_params *params,
       return fail(NF_ERR_INVALID_ARGUMENT,
                   std::string(plan_path) +
                       ": n_threads, max_sequences and kv_pages must be >= 0");
+    if (p.n_threads > kMaxThreads)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  std::string(plan_path) + ": n_threads must be at most " +
+                      std::to_string(kMaxThreads) + ", got " +
+                      std::to_string(p.n_threads));
     EngineOptions options;
     options.weightsDir = p.weights_dir ? p.weights_dir : "";
     options.numThreads = p.n_threads;

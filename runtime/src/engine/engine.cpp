@@ -34,6 +34,12 @@ loadOnCpu(std::unique_ptr<engine::PlanFile> plan,
 
 StatusOr<std::unique_ptr<Engine>> Engine::load(const std::string &planPath,
                                                const EngineOptions &options) {
+  // OpenMP crashes (SIGSEGV) when it cannot create the threads it is asked
+  // for; refuse absurd counts before any parallel region runs.
+  if (options.numThreads < 0 || options.numThreads > kMaxThreads)
+    return Status::error(planPath + ": CPU threads must be in [0, " +
+                         std::to_string(kMaxThreads) + "], got " +
+                         std::to_string(options.numThreads));
   const std::string &backend = options.backend;
   if (backend != "auto" && backend != "cpu" && backend != "cuda")
     return Status::error("unknown backend '" + backend +

@@ -17,10 +17,13 @@
 
 namespace nf {
 
+/// The most CPU threads Engine::load accepts (EngineOptions::numThreads).
+inline constexpr int kMaxThreads = 1024;
+
 struct EngineOptions {
   /// Directory holding the safetensors files; empty: the plan's checkpoint.
   std::string weightsDir;
-  /// CPU threads for one step; 0: OpenMP default.
+  /// CPU threads for one step; 0: OpenMP default. At most kMaxThreads.
   int numThreads = 0;
   /// Sequences that may be alive at once; 0: the plan's state slots. May
   /// exceed the plan's decode batch: larger decode steps run in several
