@@ -1,6 +1,8 @@
 # ctest driver (cmake -P) of the embedding example: installs the nf build
 # into a fresh prefix, configures and builds examples/embed against the
 # installed package with find_package(nf CONFIG), and runs it on a plan.
+# When nfc is installed too (a build with the compiler), the installed nfc
+# must start and compile MODEL_DIR, and the example runs that plan as well.
 #
 # Variables (-D):
 #   NF_BUILD_DIR   the nf build tree to install (required)
@@ -86,14 +88,32 @@ if(NOT EXISTS "${PLAN}")
 endif()
 
 # 4. Run it.
-set(args "${PLAN}")
-if(MODEL_DIR)
-  list(APPEND args "${MODEL_DIR}")
+function(run_example plan)
+  set(args "${plan}")
+  if(MODEL_DIR)
+    list(APPEND args "${MODEL_DIR}")
+  endif()
+  run("${embed}" ${args})
+  message(STATUS "${run_output}")
+  if(NOT run_output MATCHES "generated [1-9][0-9]* tokens")
+    message(FATAL_ERROR "the example generated nothing")
+  endif()
+  run("${WORK_DIR}/build/embed_c" ${args})
+  message(STATUS "${run_output}")
+endfunction()
+run_example("${PLAN}")
+
+# 5. The installed nfc: it must find its shared libraries (MLIR, LLVM) from
+# the prefix, without the build tree's RUNPATH.
+set(installed_nfc "${prefix}/bin/nfc")
+if(EXISTS "${installed_nfc}" AND MODEL_DIR)
+  run("${installed_nfc}" --version)
+  if(NOT run_output MATCHES "^nfc [0-9]+\\.[0-9]+")
+    message(FATAL_ERROR "installed nfc --version printed: ${run_output}")
+  endif()
+  run("${installed_nfc}" import "${MODEL_DIR}" -o "${WORK_DIR}/installed.mlir")
+  run("${installed_nfc}" compile "${WORK_DIR}/installed.mlir"
+      -o "${WORK_DIR}/installed.nfb" --max-tokens 256 --max-sequences 4
+      --kv-pages 64)
+  run_example("${WORK_DIR}/installed.nfb")
 endif()
-run("${embed}" ${args})
-message(STATUS "${run_output}")
-if(NOT run_output MATCHES "generated [1-9][0-9]* tokens")
-  message(FATAL_ERROR "the example generated nothing")
-endif()
-run("${WORK_DIR}/build/embed_c" ${args})
-message(STATUS "${run_output}")
