@@ -174,6 +174,16 @@ NF_API nf_status nf_model_reset_expert_utilization(nf_model *model);
 NF_API int32_t nf_model_max_sequences(const nf_model *model);
 /* Tokens one sequence may hold; -1: unlimited (attention-free models). */
 NF_API int64_t nf_model_max_context(const nf_model *model);
+/* What the live sequences hold now: sequences alive (state slots in use),
+   and the KV-cache pages of each attention layer in all, free, and their
+   size in tokens (page ids are shared by the layers; a sequence of n tokens
+   holds ceil(n / page size) pages). The KV counts are 0 for models without
+   attention. A server reads them between steps to admit requests and to
+   preempt before the cache runs out. */
+NF_API int32_t nf_model_live_sequences(const nf_model *model);
+NF_API int64_t nf_model_kv_pages(const nf_model *model);
+NF_API int64_t nf_model_kv_free_pages(const nf_model *model);
+NF_API int32_t nf_model_kv_page_size(const nf_model *model);
 /* The backend running the model: "cpu" or "cuda". */
 NF_API const char *nf_model_backend(const nf_model *model);
 /* Nonzero when a tokenizer was loaded with the model. */
@@ -351,8 +361,10 @@ NF_API int32_t nf_sample(nf_sampler *sampler, const float *logits,
    sampler's draw) at any size. A sampler may serve several entries (drawn
    in entry order). A sequence whose sampler finds no logit above -inf gets
    -1 and the call still returns NF_OK (the step has run; nf_last_error()
-   then names the entry). Other failures, including the device's, return
-   an error status. */
+   then names the entry). samplers[i] may be NULL: entry i runs in the step
+   but nothing is drawn for it (tokens_out[i] = -1; a prompt fed in chunks,
+   whose last-token logits are not wanted before its last chunk). Other
+   failures, including the device's, return an error status. */
 NF_API nf_status nf_decode_sample(nf_model *model, const nf_batch *batch,
                                   nf_sampler *const *samplers,
                                   int32_t *tokens_out);

@@ -36,6 +36,10 @@ struct ModelParams {
   int32_t kvPages = 0;       // 0: the plan's default
   std::string backend;       // "auto" (also empty), "cpu" or "cuda"
   std::string chatTemplatePath; // empty: the tokenizer's chat template
+  /// Seeded random weights of the plan's shapes (benchmarks, soak tests of
+  /// model shapes whose weights are not at hand).
+  bool syntheticWeights = false;
+  uint64_t syntheticSeed = 0;
 };
 
 /// One message of a conversation (see nf_chat_message).
@@ -126,6 +130,8 @@ public:
     p.kv_pages = params.kvPages;
     p.backend = params.backend.c_str();
     p.chat_template_path = params.chatTemplatePath.c_str();
+    p.synthetic_weights = params.syntheticWeights ? 1 : 0;
+    p.synthetic_seed = params.syntheticSeed;
     nf_model *m = nullptr;
     if (nf_model_load(planPath.c_str(), &p, &m) != NF_OK)
       return lastError();
@@ -171,6 +177,11 @@ public:
   }
   int32_t maxSequences() const { return nf_model_max_sequences(m_); }
   int64_t maxContext() const { return nf_model_max_context(m_); }
+  /// Storage in use now (see nf_model_live_sequences).
+  int32_t liveSequences() const { return nf_model_live_sequences(m_); }
+  int64_t kvPages() const { return nf_model_kv_pages(m_); }
+  int64_t kvFreePages() const { return nf_model_kv_free_pages(m_); }
+  int32_t kvPageSize() const { return nf_model_kv_page_size(m_); }
   bool hasTokenizer() const { return nf_model_has_tokenizer(m_) != 0; }
   bool hasChatTemplate() const { return nf_model_has_chat_template(m_) != 0; }
   /// Why the tokenizer's chat template cannot be used ("" when it can, or
@@ -282,7 +293,7 @@ public:
 
   /// One step and each sequence's next token drawn by samplers[i] (see
   /// nf_decode_sample): tokens[i], -1 where sampler i found no logit above
-  /// -inf.
+  /// -inf or is null (nothing drawn: a prompt chunk before its last).
   Status decodeSample(const std::vector<SeqInput> &batch,
                       const std::vector<Sampler *> &samplers,
                       std::vector<int32_t> &tokens,

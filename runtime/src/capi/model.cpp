@@ -401,6 +401,22 @@ int64_t nf_model_max_context(const nf_model *model) {
   return model ? model->engine->info().maxContext : 0;
 }
 
+int32_t nf_model_live_sequences(const nf_model *model) {
+  return model ? model->engine->cacheUsage().sequences : 0;
+}
+
+int64_t nf_model_kv_pages(const nf_model *model) {
+  return model ? model->engine->cacheUsage().kvPages : 0;
+}
+
+int64_t nf_model_kv_free_pages(const nf_model *model) {
+  return model ? model->engine->cacheUsage().kvFreePages : 0;
+}
+
+int32_t nf_model_kv_page_size(const nf_model *model) {
+  return model ? model->engine->cacheUsage().kvPageSize : 0;
+}
+
 int nf_model_has_tokenizer(const nf_model *model) {
   return model && model->tokenizer.has_value();
 }

@@ -123,13 +123,18 @@ LogitsFor logitsForSamplers(nf_model *model,
   model->top.noise.clear();
   const ModelInfo &info = model->engine->info();
   const int32_t k = info.topLogits;
-  bool noisy = false, totals = false;
+  bool noisy = false, totals = false, any = false;
   for (const sampling::Sampler *x : s) {
+    if (!x)
+      continue;
+    any = true;
     if (!x->samplesFromTop(k, info.topLogitsNoise, info.topLogitsTotals))
       return LogitsFor::LastTokenPerSequence;
     noisy = noisy || (info.topLogitsNoise && x->noiseDraw());
     totals = totals || x->needsRowTotal();
   }
+  if (!any) // a step of prompt chunks only
+    return LogitsFor::None;
   const char *env = std::getenv("NF_CUDA_TOP_LOGITS");
   if (info.vocabSize * static_cast<int64_t>(s.size()) <
           kTopLogitsMinRowLogits &&
@@ -138,7 +143,9 @@ LogitsFor logitsForSamplers(nf_model *model,
   if (noisy || totals)
     for (const sampling::Sampler *x : s) {
       TopNoise z;
-      if (const auto d = x->noiseDraw()) {
+      if (!x) {
+        // nothing drawn from this entry's list
+      } else if (const auto d = x->noiseDraw()) {
         z = {d->temperature, d->seed, d->draw, /*keys=*/true, /*total=*/false};
       } else if (x->needsRowTotal()) {
         z.temperature = x->params().temperature;
@@ -162,20 +169,20 @@ nf_status nf_decode_sample(nf_model *model, const nf_batch *batch,
     if (batch->n_seqs <= 0 || !batch->seqs)
       return fail(NF_ERR_INVALID_ARGUMENT,
                   "nf_decode_sample: the batch needs at least one sequence");
+    // NULL entries draw nothing (prompt chunks before their last).
     std::vector<const sampling::Sampler *> s;
-    for (int32_t i = 0; i < batch->n_seqs; ++i) {
-      if (!samplers[i])
-        return fail(NF_ERR_INVALID_ARGUMENT, "nf_decode_sample: sampler " +
-                                                 std::to_string(i) +
-                                                 " is NULL");
-      s.push_back(&samplers[i]->sampler);
-    }
+    for (int32_t i = 0; i < batch->n_seqs; ++i)
+      s.push_back(samplers[i] ? &samplers[i]->sampler : nullptr);
     if (nf_status st =
             capi::runStep(model, batch->seqs, batch->n_seqs,
                           logitsForSamplers(model, s), batch->expert_calls);
         st != NF_OK)
       return st;
     for (int32_t i = 0; i < batch->n_seqs; ++i) {
+      if (!samplers[i]) {
+        tokens_out[i] = -1;
+        continue;
+      }
       Status fatal = Status::success();
       StatusOr<int32_t> t = sampleInput(model, static_cast<size_t>(i),
                                         samplers[i]->sampler, fatal);

@@ -205,6 +205,8 @@ public:
 
   StateCache &state() { return state_; }
   KvCache &kv() { return kv_; }
+  const StateCache &state() const { return state_; }
+  const KvCache &kv() const { return kv_; }
 
 private:
   friend class Executor;

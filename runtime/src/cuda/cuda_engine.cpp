@@ -269,6 +269,9 @@ public:
   Status removeSequence(int32_t sequence) override;
   Status clearState(int32_t slot);
   int64_t sequenceLength(int32_t sequence) const override;
+  CacheUsage cacheUsage() const override {
+    return sequences_.usage(storage_.hasAttention);
+  }
   const std::vector<std::vector<int64_t>> &expertUtilization() const override {
     return utilization_;
   }

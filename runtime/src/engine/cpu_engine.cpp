@@ -189,6 +189,9 @@ public:
   StatusOr<int32_t> addSequence() override;
   Status removeSequence(int32_t sequence) override;
   int64_t sequenceLength(int32_t sequence) const override;
+  CacheUsage cacheUsage() const override {
+    return sequences_.usage(hasAttention_);
+  }
   const std::vector<std::vector<int64_t>> &expertUtilization() const override {
     return utilization_;
   }

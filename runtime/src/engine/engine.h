@@ -157,6 +157,17 @@ struct StepStats {
   std::vector<double> budgetSpent;
 };
 
+/// What the sequences hold of the engine's storage now: state slots and KV
+/// pages (page ids are shared by every attention layer). A sequence of
+/// length n holds ceil(n / kvPageSize) pages.
+struct CacheUsage {
+  int32_t sequences = 0;    // sequences alive (state slots in use)
+  int32_t maxSequences = 0; // state slots
+  int64_t kvPages = 0;      // pages of each attention layer; 0: no attention
+  int64_t kvFreePages = 0;
+  int32_t kvPageSize = 0; // tokens per page; 0: no attention
+};
+
 class Engine {
 public:
   virtual ~Engine() = default;
@@ -178,6 +189,9 @@ public:
   virtual Status removeSequence(int32_t sequence) = 0;
   /// Tokens the sequence holds (processed so far); -1 for an unknown id.
   virtual int64_t sequenceLength(int32_t sequence) const = 0;
+  /// Slots and KV pages in use (a server's admission and preemption read
+  /// it between steps).
+  virtual CacheUsage cacheUsage() const = 0;
 
   /// Runs one step over the given sequences (each appears at most once,
   /// with at least one token). Uses the decode program when every sequence

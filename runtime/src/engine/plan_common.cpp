@@ -325,6 +325,18 @@ int64_t SequenceTable::length(int32_t id) const {
   return it == slotOf_.end() ? -1 : caches_.length(it->second);
 }
 
+CacheUsage SequenceTable::usage(bool hasAttention) const {
+  CacheUsage u;
+  u.sequences = static_cast<int32_t>(slotOf_.size());
+  u.maxSequences = caches_.state().numSlots();
+  if (hasAttention) {
+    u.kvPages = caches_.kv().numPages();
+    u.kvFreePages = caches_.kv().numFreePages();
+    u.kvPageSize = caches_.kv().pageSize();
+  }
+  return u;
+}
+
 std::optional<int32_t> SequenceTable::slot(int32_t id) const {
   auto it = slotOf_.find(id);
   if (it == slotOf_.end())

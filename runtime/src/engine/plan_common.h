@@ -121,6 +121,8 @@ public:
   int64_t length(int32_t id) const;
   /// The slot of `id`; nullopt for an unknown id.
   std::optional<int32_t> slot(int32_t id) const;
+  /// Slots and KV pages in use (KV fields 0 without attention).
+  CacheUsage usage(bool hasAttention) const;
 
 private:
   cpu::Caches &caches_;
