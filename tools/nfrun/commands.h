@@ -74,6 +74,14 @@ struct ServeFlags {
   int maxBatch = 0;      // sequences decoded together; 0: the plan's slots
   std::string modelName; // the id reported by /v1/models; default: the plan's
   std::string chatTemplate; // Jinja chat template file; default: the model's
+  int kvPages = 0;          // KV pages per attention layer; 0: the plan's
+  bool syntheticWeights = false; // --random-weights (soak tests of shapes)
+  uint64_t seed = 0;
+  int maxQueue = 256; // requests waiting to be admitted (429 beyond)
+  int64_t maxBatchedTokens = 2048; // tokens a step: decodes + prompt chunks
+  int64_t maxBodyBytes = 8 << 20;  // largest request body (413 beyond)
+  double readTimeout = 30;   // seconds to send one request's headers and body
+  double shutdownGrace = 10; // seconds running requests get after SIGTERM
 };
 
 int runGenerate(const GenerateFlags &flags);

@@ -239,6 +239,48 @@ int main(int argc, char **argv) {
                        "Jinja chat template for /v1/chat/completions "
                        "(default: the tokenizer's chat_template.jinja or "
                        "tokenizer_config.json)");
+  serveCmd->add_flag("--random-weights", serve.syntheticWeights,
+                     "Seeded random weights of the plan's shapes instead of "
+                     "the checkpoint (load and soak tests of model shapes; "
+                     "prompts as token ids when there is no tokenizer)");
+  serveCmd->add_option("--seed", serve.seed, "Seed of --random-weights")
+      ->capture_default_str();
+  serveCmd
+      ->add_option("--kv-pages", serve.kvPages,
+                   "KV-cache pages per attention layer, shared by the "
+                   "sequences (0: the plan's; nfrun inspect shows their "
+                   "size)")
+      ->capture_default_str()
+      ->check(nf::cli::Between("0", "1000000000"));
+  serveCmd
+      ->add_option("--max-queue", serve.maxQueue,
+                   "Requests that may wait for a sequence slot; more get "
+                   "HTTP 429")
+      ->capture_default_str()
+      ->check(nf::cli::Between("1", "100000"));
+  serveCmd
+      ->add_option("--max-num-batched-tokens", serve.maxBatchedTokens,
+                   "Tokens of one step: running requests' next tokens, then "
+                   "prompt chunks (a longer prompt is split across steps)")
+      ->capture_default_str()
+      ->check(nf::cli::Between("1", "1000000000"));
+  serveCmd
+      ->add_option("--max-body-bytes", serve.maxBodyBytes,
+                   "Largest request body; larger ones get HTTP 413")
+      ->capture_default_str()
+      ->check(nf::cli::Between("1024", "1000000000000"));
+  serveCmd
+      ->add_option("--read-timeout", serve.readTimeout,
+                   "Seconds a client has to send a request's headers and "
+                   "body")
+      ->capture_default_str()
+      ->check(nf::cli::Between("0.1", "86400"));
+  serveCmd
+      ->add_option("--shutdown-grace", serve.shutdownGrace,
+                   "Seconds running requests may finish after SIGTERM or "
+                   "SIGINT before they are ended")
+      ->capture_default_str()
+      ->check(nf::cli::Between("0", "86400"));
 
   try {
     app.parse(argc, argv);
@@ -247,7 +289,9 @@ int main(int argc, char **argv) {
   } catch (const CLI::CallForAllHelp &e) {
     return app.exit(e);
   } catch (const CLI::CallForVersion &e) {
-    return app.exit(e);
+    // CLI11 2.1 prints the version without a line end.
+    std::cout << e.what() << "\n";
+    return 0;
   } catch (const CLI::ParseError &e) {
     return nfrun::fail(e.what());
   }

@@ -1,0 +1,258 @@
+// nfrun serve's request parsing: the JSON bodies of /v1/completions and
+// /v1/chat/completions, validated into a Request (prompt tokens, limits, a
+// sampler, stop strings) or a one-line error for a 400 answer. Runs on the
+// HTTP threads: it only reads the model (tokenizer, chat template, sizes),
+// which is immutable after loading.
+#include "serve_request.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+namespace nfrun {
+namespace {
+
+using json = nlohmann::json;
+
+/// A seed of its own for an unseeded request.
+uint64_t randomSeed() {
+  thread_local std::mt19937_64 gen{std::random_device{}()};
+  return gen();
+}
+
+/// The sampling and length fields of a request, shared by both endpoints:
+/// max_tokens (chat: also max_completion_tokens, and by default the rest
+/// of the context), temperature, top_p, top_k, min_p, seed, n, stream and
+/// stop. `r.prompt` is set. An error message, or nullopt.
+std::optional<std::string> parseSampling(const json &body,
+                                         const nf::Model &model, Request &r) {
+  if (r.prompt.empty())
+    return std::string("the prompt has no tokens");
+  // A number in [lo, hi] ((lo, hi] when `openLow`).
+  auto number = [&](const char *key, double lo, double hi, double &out,
+                    bool openLow = false) -> std::optional<std::string> {
+    if (!body.contains(key) || body[key].is_null())
+      return std::nullopt;
+    if (!body[key].is_number())
+      return "'" + std::string(key) + "' must be a number";
+    out = body[key].get<double>();
+    if (!((openLow ? out > lo : out >= lo) && out <= hi)) {
+      char range[64];
+      std::snprintf(range, sizeof range, "%c%.10g, %.10g]", openLow ? '(' : '[',
+                    lo, hi);
+      return "'" + std::string(key) + "' must be in " + range;
+    }
+    return std::nullopt;
+  };
+  // -1: no limit of the request's own (chat's default: the context).
+  double maxTokens = r.chat ? -1 : 16, temperature = 1.0, topP = 1.0, n = 1,
+         seed = 0, topK = 0, minP = 0;
+  for (auto err :
+       {number("max_tokens", 1, 1 << 30, maxTokens),
+        r.chat ? number("max_completion_tokens", 1, 1 << 30, maxTokens)
+               : std::nullopt,
+        number("temperature", 0, 100, temperature),
+        number("top_p", 0, 1, topP, true), number("n", 1, 1, n),
+        number("seed", 0, 9.0e15, seed), number("top_k", 0, 1 << 30, topK),
+        number("min_p", 0, 1, minP)})
+    if (err)
+      return *err;
+  // Context left after the prompt; a model without attention has no limit.
+  int64_t room = int64_t{1} << 30;
+  if (model.maxContext() >= 0) {
+    room = model.maxContext() - static_cast<int64_t>(r.prompt.size());
+    if (room < 1)
+      return "the prompt has " + std::to_string(r.prompt.size()) +
+             " tokens; this model's context is " +
+             std::to_string(model.maxContext());
+  }
+  r.maxTokens = static_cast<int32_t>(
+      maxTokens < 0 ? room : std::min<double>(maxTokens, room));
+  nf::SamplerParams sampling;
+  sampling.temperature = static_cast<float>(temperature);
+  sampling.topP = static_cast<float>(topP);
+  sampling.topK = static_cast<int32_t>(topK);
+  sampling.minP = static_cast<float>(minP);
+  // Unseeded requests draw from their own stream, as OpenAI's and vLLM's
+  // do: equal requests give different samples.
+  const bool seeded = body.contains("seed") && !body["seed"].is_null();
+  sampling.seed = seeded ? static_cast<uint64_t>(seed) : randomSeed();
+  auto sampler = nf::Sampler::create(sampling);
+  if (!sampler)
+    return sampler.message();
+  r.sampler.emplace(std::move(*sampler));
+  if (body.contains("stream") && !body["stream"].is_null()) {
+    if (!body["stream"].is_boolean())
+      return std::string("'stream' must be true or false");
+    r.stream = body["stream"].get<bool>();
+  }
+  if (body.contains("return_token_ids") &&
+      !body["return_token_ids"].is_null()) {
+    if (!body["return_token_ids"].is_boolean())
+      return std::string("'return_token_ids' must be true or false");
+    r.returnTokenIds = body["return_token_ids"].get<bool>();
+  }
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const json &s = body["stop"];
+    if (s.is_string())
+      r.stops.push_back(s.get<std::string>());
+    else if (s.is_array() && std::all_of(s.begin(), s.end(), [](const json &v) {
+               return v.is_string();
+             }))
+      for (const json &v : s)
+        r.stops.push_back(v.get<std::string>());
+    else
+      return std::string("'stop' must be a string or an array of strings");
+    for (const std::string &s : r.stops)
+      if (s.empty())
+        return std::string("'stop' strings must not be empty");
+  }
+  return std::nullopt;
+}
+
+/// A template's error without the server's file path that starts it
+/// ("/srv/t.jinja: chat template line 3: ..." -> "chat template line 3:
+/// ...").
+std::string withoutTemplatePath(const std::string &message) {
+  const size_t at = message.find(": chat template line ");
+  return at == std::string::npos ? message : message.substr(at + 2);
+}
+
+} // namespace
+
+/// A validated /v1/completions request from its JSON body, or an error
+/// message. Runs on the HTTP threads: it only reads the model (tokenizer,
+/// sizes), which is immutable after loading, while the scheduler thread
+/// runs it.
+Parsed parseCompletion(const json &body, const nf::Model &model) {
+  auto r = std::make_shared<Request>();
+  if (!body.is_object())
+    return std::string("the body must be a JSON object");
+  if (!body.contains("prompt"))
+    return std::string("'prompt' is required");
+  const json &p = body["prompt"];
+  if (p.is_string()) {
+    if (!model.hasTokenizer())
+      return std::string("this model has no tokenizer: send 'prompt' as an "
+                         "array of token ids");
+    auto ids = model.tokenize(p.get<std::string>());
+    if (!ids)
+      return "prompt: " + ids.message();
+    r->prompt = std::move(*ids);
+  } else if (p.is_array() && !p.empty() &&
+             std::all_of(p.begin(), p.end(),
+                         [](const json &v) { return v.is_number_integer(); })) {
+    for (const json &v : p) {
+      const int64_t id = v.get<int64_t>();
+      if (id < 0 || id >= model.vocabSize())
+        return "prompt: token id " + std::to_string(id) + " is not in [0, " +
+               std::to_string(model.vocabSize()) + ")";
+      r->prompt.push_back(static_cast<int32_t>(id));
+    }
+  } else {
+    return std::string("'prompt' must be a string or a non-empty array of "
+                       "token ids (one prompt per request)");
+  }
+  if (auto err = parseSampling(body, model, *r))
+    return *err;
+  return r;
+}
+
+/// The messages of a /v1/chat/completions request: role and content (a
+/// string, or text parts, concatenated). Neither may hold a NUL character
+/// (JSON's "\u0000"): the C API takes them as C strings.
+static std::variant<std::vector<nf::ChatMessage>, std::string>
+parseMessages(const json &body) {
+  if (!body.contains("messages"))
+    return std::string("'messages' is required");
+  const json &list = body["messages"];
+  if (!list.is_array() || list.empty())
+    return std::string("'messages' must be a non-empty array");
+  std::vector<nf::ChatMessage> messages;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json &m = list[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object())
+      return where + " must be an object";
+    if (!m.contains("role") || !m["role"].is_string())
+      return where + ": 'role' must be a string";
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null() &&
+        !m["tool_calls"].empty())
+      return where + ": tool calls are not supported";
+    nf::ChatMessage msg;
+    msg.role = m["role"].get<std::string>();
+    if (msg.role.find('\0') != std::string::npos)
+      return where + ": role must not contain NUL characters";
+    const json content = m.value("content", json());
+    if (content.is_string()) {
+      msg.content = content.get<std::string>();
+    } else if (content.is_array()) {
+      for (size_t k = 0; k < content.size(); ++k) {
+        const json &part = content[k];
+        const std::string at = where + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object() || !part.contains("type") ||
+            !part["type"].is_string())
+          return at + " must be an object with a 'type'";
+        if (part["type"] != "text")
+          return at + ": only text parts are supported, not '" +
+                 part["type"].get<std::string>() + "'";
+        if (!part.contains("text") || !part["text"].is_string())
+          return at + ": 'text' must be a string";
+        msg.content += part["text"].get<std::string>();
+      }
+    } else {
+      return where + ": 'content' must be a string or an array of text parts";
+    }
+    if (msg.content.find('\0') != std::string::npos)
+      return where + ": content must not contain NUL characters";
+    messages.push_back(std::move(msg));
+  }
+  return messages;
+}
+
+/// A validated /v1/chat/completions request: the messages rendered with the
+/// model's chat template (and the generation prompt), tokenized without
+/// special tokens (the template writes them, BOS included), then the same
+/// fields as /v1/completions.
+Parsed parseChat(const json &body, const nf::Model &model) {
+  if (!body.is_object())
+    return std::string("the body must be a JSON object");
+  if (!model.hasChatTemplate()) {
+    // Why, with the file's path, is in the server's log only.
+    if (!model.chatTemplateError().empty())
+      return std::string(
+          "this model's chat template cannot be used (the server's log "
+          "says why): start nfrun serve with --chat-template FILE (a Jinja "
+          "chat template), or fix it; /v1/completions takes plain prompts");
+    return std::string(
+        "this model has no chat template: start nfrun serve with "
+        "--chat-template FILE (a Jinja chat template), or put "
+        "chat_template.jinja (or tokenizer_config.json with a "
+        "\"chat_template\") next to its tokenizer.json; /v1/completions "
+        "takes plain prompts");
+  }
+  if (!model.hasTokenizer())
+    return std::string("this model has no tokenizer: chat completions need "
+                       "one (use /v1/completions with token ids)");
+  if (body.contains("tools") && !body["tools"].is_null() &&
+      !body["tools"].empty())
+    return std::string("'tools' are not supported");
+  auto messages = parseMessages(body);
+  if (auto *err = std::get_if<std::string>(&messages))
+    return *err;
+  auto text = model.applyChatTemplate(
+      std::get<std::vector<nf::ChatMessage>>(messages), true);
+  if (!text)
+    return withoutTemplatePath(text.message());
+  auto r = std::make_shared<Request>();
+  r->chat = true;
+  auto ids = model.tokenize(*text, false);
+  if (!ids)
+    return "prompt: " + ids.message();
+  r->prompt = std::move(*ids);
+  if (auto err = parseSampling(body, model, *r))
+    return *err;
+  return r;
+}
+
+} // namespace nfrun
