@@ -66,7 +66,7 @@ void sendError(httplib::Response &res, int status, const std::string &message,
 /// Answers a completion (`chat` false) or chat completion request: queues
 /// it and waits for the whole text, or streams it as server-sent events.
 void serveCompletion(const httplib::Request &req, httplib::Response &res,
-                     bool chat, const nf::Model &model, Scheduler &scheduler,
+                     bool chat, const RequestModel &model, Scheduler &scheduler,
                      const std::string &name, std::atomic<int64_t> &nextId) {
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded())
@@ -295,6 +295,7 @@ int runServe(const ServeFlags &f) {
       std::chrono::milliseconds(static_cast<int64_t>(f.readTimeout * 1000));
   HttpServer server(limits);
   std::atomic<int64_t> nextId{0};
+  const LoadedRequestModel requestModel(*model);
   server.Get("/health", [&](const httplib::Request &, httplib::Response &res) {
     const SchedulerStats s = scheduler.stats();
     res.status = s.draining ? 503 : 200;
@@ -322,11 +323,11 @@ int runServe(const ServeFlags &f) {
       });
   server.Post("/v1/completions", [&](const httplib::Request &req,
                                      httplib::Response &res) {
-    serveCompletion(req, res, false, *model, scheduler, name, nextId);
+    serveCompletion(req, res, false, requestModel, scheduler, name, nextId);
   });
   server.Post("/v1/chat/completions", [&](const httplib::Request &req,
                                           httplib::Response &res) {
-    serveCompletion(req, res, true, *model, scheduler, name, nextId);
+    serveCompletion(req, res, true, requestModel, scheduler, name, nextId);
   });
   server.set_exception_handler([](const httplib::Request &,
                                   httplib::Response &res,

@@ -24,8 +24,8 @@ uint64_t randomSeed() {
 /// max_tokens (chat: also max_completion_tokens, and by default the rest
 /// of the context), temperature, top_p, top_k, min_p, seed, n, stream and
 /// stop. `r.prompt` is set. An error message, or nullopt.
-std::optional<std::string> parseSampling(const json &body,
-                                         const nf::Model &model, Request &r) {
+std::optional<std::string>
+parseSampling(const json &body, const RequestModel &model, Request &r) {
   if (r.prompt.empty())
     return std::string("the prompt has no tokens");
   // A number in [lo, hi] ((lo, hi] when `openLow`).
@@ -124,7 +124,7 @@ std::string withoutTemplatePath(const std::string &message) {
 /// message. Runs on the HTTP threads: it only reads the model (tokenizer,
 /// sizes), which is immutable after loading, while the scheduler thread
 /// runs it.
-Parsed parseCompletion(const json &body, const nf::Model &model) {
+Parsed parseCompletion(const json &body, const RequestModel &model) {
   auto r = std::make_shared<Request>();
   if (!body.is_object())
     return std::string("the body must be a JSON object");
@@ -135,7 +135,7 @@ Parsed parseCompletion(const json &body, const nf::Model &model) {
     if (!model.hasTokenizer())
       return std::string("this model has no tokenizer: send 'prompt' as an "
                          "array of token ids");
-    auto ids = model.tokenize(p.get<std::string>());
+    auto ids = model.tokenize(p.get<std::string>(), false);
     if (!ids)
       return "prompt: " + ids.message();
     r->prompt = std::move(*ids);
@@ -214,7 +214,7 @@ parseMessages(const json &body) {
 /// model's chat template (and the generation prompt), tokenized without
 /// special tokens (the template writes them, BOS included), then the same
 /// fields as /v1/completions.
-Parsed parseChat(const json &body, const nf::Model &model) {
+Parsed parseChat(const json &body, const RequestModel &model) {
   if (!body.is_object())
     return std::string("the body must be a JSON object");
   if (!model.hasChatTemplate()) {
@@ -240,8 +240,8 @@ Parsed parseChat(const json &body, const nf::Model &model) {
   auto messages = parseMessages(body);
   if (auto *err = std::get_if<std::string>(&messages))
     return *err;
-  auto text = model.applyChatTemplate(
-      std::get<std::vector<nf::ChatMessage>>(messages), true);
+  auto text =
+      model.applyChatTemplate(std::get<std::vector<nf::ChatMessage>>(messages));
   if (!text)
     return withoutTemplatePath(text.message());
   auto r = std::make_shared<Request>();

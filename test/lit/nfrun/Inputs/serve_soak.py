@@ -119,10 +119,15 @@ for p in prompts:
         fail("a check prompt alone: HTTP %d %s" % (status, out))
     expected.append(out["choices"][0]["token_ids"])
     if args.reference == "generate":
+        # The server's --weights and --backend apply to generate too.
+        same = []
+        for i, o in enumerate(serve_options[:-1]):
+            if o in ("--weights", "--backend"):
+                same += [o, serve_options[i + 1]]
         gen = subprocess.run(
             [args.nfrun, "generate", args.plan, "--prompt-tokens",
-             ",".join(map(str, p)), "--max-tokens", str(args.max_tokens)],
-            capture_output=True, text=True)
+             ",".join(map(str, p)), "--max-tokens", str(args.max_tokens)] +
+            same, capture_output=True, text=True)
         text = gen.stdout[:-1] if gen.stdout.endswith("\n") else gen.stdout
         if gen.returncode != 0 or text != out["choices"][0]["text"]:
             fail("a check prompt alone differs from nfrun generate")
