@@ -148,9 +148,10 @@ Status readStepValues(const PlanFile &pf, const pl::Step *step,
     vi.weight = v.weight();
     vi.numExperts = v.num_experts();
     vi.maxPerToken = v.max_per_token();
+    // offset + bytes may overflow: compare with what is left of the arena.
     auto inArena = [&]() {
       return vi.offset >= 0 && vi.bytes >= 0 && vi.offset % 4 == 0 &&
-             vi.offset + vi.bytes <= total;
+             vi.offset <= total && vi.bytes <= total - vi.offset;
     };
     switch (vi.kind) {
     case pl::ValueKind::Tensor: {
@@ -165,8 +166,11 @@ Status readStepValues(const PlanFile &pf, const pl::Step *step,
             ctx + ": leading dimension " + std::to_string(vi.shape[0]) +
             " does not match its row kind " + pl::EnumNameRows(vi.rows));
       vi.cols = 1;
+      // Each row must fit in the arena (at most 2^46 bytes), which also
+      // keeps the products below from overflowing.
       for (size_t d = dynamic ? 1 : 0; d < vi.shape.size(); ++d) {
-        if (vi.shape[d] <= 0 || vi.shape[d] > (int64_t{1} << 32))
+        if (vi.shape[d] <= 0 || vi.shape[d] > (int64_t{1} << 32) ||
+            vi.cols > (int64_t{1} << 46) / vi.shape[d])
           return Status::error(ctx + ": bad shape " + shapeString(vi.shape));
         vi.cols *= vi.shape[d];
       }
@@ -174,10 +178,17 @@ Status readStepValues(const PlanFile &pf, const pl::Step *step,
         return Status::error(ctx + ": bytes [" + std::to_string(vi.offset) +
                              ", +" + std::to_string(vi.bytes) +
                              ") outside the arena of " + std::to_string(total));
-      const int64_t need = vi.rows == pl::Rows::Tokens
-                               ? prog.maxTokens * vi.cols * 4
-                           : vi.rows == pl::Rows::None ? vi.cols * 4
-                                                       : 0;
+      // maxTokens <= 2^31 and cols <= 2^46: a product beyond the arena
+      // (2^46) is refused before it could overflow.
+      const int64_t rowsNeeded = vi.rows == pl::Rows::Tokens ? prog.maxTokens
+                                 : vi.rows == pl::Rows::None ? 1
+                                                             : 0;
+      if (rowsNeeded > 0 && vi.cols > total / 4 / rowsNeeded)
+        return Status::error(ctx + ": " + std::to_string(rowsNeeded) +
+                             " rows of " + std::to_string(vi.cols) +
+                             " elements do not fit in the arena of " +
+                             std::to_string(total));
+      const int64_t need = rowsNeeded * vi.cols * 4;
       if (vi.bytes < need)
         return Status::error(ctx + ": " + std::to_string(vi.bytes) +
                              " bytes reserved, " + std::to_string(need) +
@@ -193,8 +204,14 @@ Status readStepValues(const PlanFile &pf, const pl::Step *step,
     case pl::ValueKind::Dispatch: {
       if (vi.numExperts <= 0 || vi.maxPerToken <= 0)
         return Status::error(ctx + ": dispatch without experts");
-      const int64_t need =
-          4 * (vi.numExperts + 1 + 2 * prog.maxTokens * vi.maxPerToken);
+      // Two ids per (token, choice): refused beyond the arena before the
+      // product could overflow.
+      const int64_t perToken = 2 * static_cast<int64_t>(vi.maxPerToken);
+      if (perToken > total / 4 / prog.maxTokens)
+        return Status::error(ctx + ": dispatch of " +
+                             std::to_string(vi.maxPerToken) +
+                             " experts per token does not fit in the arena");
+      const int64_t need = 4 * (vi.numExperts + 1 + prog.maxTokens * perToken);
       if (!inArena() || vi.bytes < need)
         return Status::error(ctx + ": dispatch needs " + std::to_string(need) +
                              " bytes in the arena");
