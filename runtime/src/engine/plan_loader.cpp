@@ -43,6 +43,46 @@ nf::DType toDType(pl::DType t) {
 // ---------------------------------------------------------------------------
 // The plan file
 
+namespace {
+
+// flatbuffers 2.0's verifier checks the alignment of a vector's length but
+// not of its elements: a [long] starting 4 bytes off an 8-byte boundary
+// passes verification, and reading it is undefined behaviour. The vectors of
+// 8-byte scalars of the schema are checked here; nfc writes them aligned.
+bool aligned(const fb::Vector<int64_t> *v, const uint8_t *buf) {
+  return !v || (reinterpret_cast<const uint8_t *>(v->data()) - buf) %
+                       alignof(int64_t) ==
+                   0;
+}
+
+std::string misalignedVector(const pl::Plan &p, const uint8_t *buf) {
+  if (!aligned(p.config()->eos_token_ids(), buf))
+    return "config.eos_token_ids";
+  for (fb::uoffset_t i = 0; i < p.weights()->size(); ++i) {
+    const pl::Weight *w = p.weights()->Get(i);
+    if (!aligned(w->shape(), buf) || !aligned(w->concat_rows(), buf))
+      return "weight " + std::to_string(i);
+  }
+  for (const pl::Step *step : {p.prefill(), p.decode()}) {
+    const std::string phase = step == p.prefill() ? "prefill" : "decode";
+    if (step->values())
+      for (fb::uoffset_t i = 0; i < step->values()->size(); ++i)
+        if (!aligned(step->values()->Get(i)->shape(), buf))
+          return phase + " value " + std::to_string(i);
+    if (step->kernels())
+      for (const pl::Kernel *k : *step->kernels())
+        if (k->ops())
+          for (const pl::Op *op : *k->ops())
+            if (op->int_lists())
+              for (const pl::IntListAttr *a : *op->int_lists())
+                if (!aligned(a->values(), buf))
+                  return phase + " op attribute";
+  }
+  return "";
+}
+
+} // namespace
+
 StatusOr<std::unique_ptr<PlanFile>> openPlan(const std::string &path) {
   StatusOr<MappedFile> mf = MappedFile::open(path);
   if (!mf)
@@ -116,6 +156,9 @@ StatusOr<std::unique_ptr<PlanFile>> openPlan(const std::string &path) {
                                 "step");
   if (!p->weights())
     return Status::error(path + ": plan has no weights table");
+  if (std::string where = misalignedVector(*p, buf); !where.empty())
+    return Status::error(path + ": corrupted plan (misaligned [long] in " +
+                         where + ")");
   return pf;
 }
 
