@@ -122,18 +122,23 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
       choice["text"] = r->text;
     if (r->returnTokenIds) { // as vLLM's return_token_ids
       choice["prompt_token_ids"] = r->prompt;
-      choice["token_ids"] = r->generated;
+      choice["token_ids"] = r->tokens;
     }
     json out = response(choice, false);
     out["usage"] = {{"prompt_tokens", promptTokens},
-                    {"completion_tokens", r->generated.size()},
-                    {"total_tokens", promptTokens + r->generated.size()}};
+                    {"completion_tokens", r->tokens.size()},
+                    {"total_tokens", promptTokens + r->tokens.size()}};
     res.set_content(dumpJson(out), "application/json");
     return;
   }
   // One event: a piece of text (finish null) or the end (text empty).
-  auto event = [response, chat](const std::string &text, const json &finish) {
+  // With return_token_ids each event also lists its new token ids (so a
+  // model without a tokenizer streams a chunk per token).
+  auto event = [response, chat](const std::string &text, const json &finish,
+                                const json &ids = nullptr) {
     json choice = {{"finish_reason", finish}};
+    if (!ids.is_null())
+      choice["token_ids"] = ids;
     if (!chat)
       choice["text"] = text;
     else if (finish.is_null())
@@ -155,7 +160,8 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
           r->roleSent = true;
         } else {
           while (!r->cv.wait_for(lock, kClientCheck, [&] {
-            return r->done || r->text.size() > r->sent;
+            return r->done || r->text.size() > r->sent ||
+                   (r->returnTokenIds && r->tokens.size() > r->tokensSent);
           }))
             if (HttpServer::clientGone()) {
               r->cancelled = true; // the client went away: stop generating
@@ -168,9 +174,16 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
         // [DONE] (the intermittent failure serve.test once allowed a
         // retry for).
         const bool done = r->done;
-        if (r->text.size() > r->sent) {
-          events += event(r->text.substr(r->sent), nullptr);
+        const bool newIds =
+            r->returnTokenIds && r->tokens.size() > r->tokensSent;
+        if (r->text.size() > r->sent || newIds) {
+          json ids = nullptr;
+          if (r->returnTokenIds)
+            ids = std::vector<int32_t>(r->tokens.begin() + r->tokensSent,
+                                       r->tokens.end());
+          events += event(r->text.substr(r->sent), nullptr, ids);
           r->sent = r->text.size();
+          r->tokensSent = r->tokens.size();
         }
         if (done) {
           if (!r->error.empty())

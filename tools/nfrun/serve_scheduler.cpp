@@ -393,6 +393,7 @@ bool Scheduler::accept(Request &r, int32_t token) {
   }
   {
     std::lock_guard<std::mutex> lock(r.mu);
+    r.tokens.push_back(token);
     if (visible >= r.text.size())
       r.text.append(decoded, r.text.size(), visible - r.text.size());
     else

@@ -52,8 +52,10 @@ struct Request {
   // Guarded by mu: text ready for the client, and the end of the request.
   std::mutex mu;
   std::condition_variable cv;
-  std::string text; // everything the client may see so far
-  size_t sent = 0;  // bytes of `text` already streamed
+  std::string text;            // everything the client may see so far
+  size_t sent = 0;             // bytes of `text` already streamed
+  std::vector<int32_t> tokens; // generated tokens (for return_token_ids)
+  size_t tokensSent = 0;       // of `tokens`, already streamed
   bool done = false;
   std::string finishReason; // "stop", "length" or "cancelled"
   std::string error;        // non-empty: the request failed
