@@ -255,9 +255,9 @@ int main(int argc, char **argv) {
   serveCmd
       ->add_option("--max-queue", serve.maxQueue,
                    "Requests that may wait for a sequence slot; more get "
-                   "HTTP 429")
+                   "HTTP 429 (each waiting request holds an HTTP thread)")
       ->capture_default_str()
-      ->check(nf::cli::Between("1", "100000"));
+      ->check(nf::cli::Between("1", "4096"));
   serveCmd
       ->add_option("--max-num-batched-tokens", serve.maxBatchedTokens,
                    "Tokens of one step: running requests' next tokens, then "

@@ -391,7 +391,14 @@ int runServe(const ServeFlags &f) {
                "%lld tokens a step) on http://%s:%d\n",
                name.c_str(), model->backend().c_str(), maxBatch,
                static_cast<long long>(so.stepTokens), f.host.c_str(), f.port);
-  const bool ok = server.listen_after_bind();
+  bool ok = false;
+  try { // httplib starts its worker threads here
+    ok = server.listen_after_bind();
+  } catch (const std::exception &e) {
+    scheduler.shutdown(std::chrono::steady_clock::now());
+    return fail(std::string("cannot start the HTTP worker threads: ") +
+                e.what());
+  }
   std::fprintf(stderr, "nfrun serve: stopped\n");
   return ok ? 0 : fail("the server stopped with an error");
 }
