@@ -81,6 +81,85 @@ std::string misalignedVector(const pl::Plan &p, const uint8_t *buf) {
   return "";
 }
 
+// Names in a plan (tensors, files, ops, kernels, storages, attributes)
+// end up in error messages, which must stay one line: a control character
+// in one is refused at load. The PTX text, never quoted, may have any.
+bool printable(const fb::String *s) {
+  if (s)
+    for (char c : s->string_view())
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+        return false;
+  return true;
+}
+
+bool printable(const fb::Vector<fb::Offset<fb::String>> *v) {
+  if (v)
+    for (const fb::String *s : *v)
+      if (!printable(s))
+        return false;
+  return true;
+}
+
+std::string unprintableString(const pl::Plan &p) {
+  const pl::ModelConfig &c = *p.config();
+  if (!printable(p.generator()) || !printable(p.expert_policy()) ||
+      !printable(c.name()) || !printable(c.layer_kinds()) ||
+      !printable(c.checkpoint()) || !printable(c.weight_files()))
+    return "the model config";
+  if (p.target() &&
+      (!printable(p.target()->backend()) || !printable(p.target()->archs())))
+    return "the target";
+  for (fb::uoffset_t i = 0; i < p.weights()->size(); ++i)
+    if (!printable(p.weights()->Get(i)->tensors()))
+      return "weight " + std::to_string(i);
+  if (p.storage())
+    for (fb::uoffset_t i = 0; i < p.storage()->size(); ++i)
+      if (!printable(p.storage()->Get(i)->name()))
+        return "storage " + std::to_string(i);
+  for (const pl::Step *step : {p.prefill(), p.decode()}) {
+    const std::string phase = step == p.prefill() ? "prefill" : "decode";
+    if (!printable(step->phase()))
+      return phase + " step";
+    if (!step->kernels())
+      continue;
+    for (fb::uoffset_t k = 0; k < step->kernels()->size(); ++k) {
+      const pl::Kernel *kernel = step->kernels()->Get(k);
+      const std::string where = phase + " kernel " + std::to_string(k);
+      if (!printable(kernel->name()) || !printable(kernel->cubin_archs()) ||
+          !printable(kernel->source_hash()))
+        return where;
+      if (kernel->launches())
+        for (const pl::Launch *l : *kernel->launches())
+          if (!printable(l->function()))
+            return where;
+      if (!kernel->ops())
+        continue;
+      for (const pl::Op *op : *kernel->ops()) {
+        bool ok = printable(op->name());
+        if (op->ints())
+          for (const pl::IntAttr *a : *op->ints())
+            ok = ok && printable(a->name());
+        if (op->floats())
+          for (const pl::FloatAttr *a : *op->floats())
+            ok = ok && printable(a->name());
+        if (op->strings())
+          for (const pl::StringAttr *a : *op->strings())
+            ok = ok && printable(a->name()) && printable(a->value());
+        if (op->int_lists())
+          for (const pl::IntListAttr *a : *op->int_lists())
+            ok = ok && printable(a->name());
+        if (!ok)
+          return where + " op";
+      }
+    }
+    if (step->top_logits() && step->top_logits()->launches())
+      for (const pl::Launch *l : *step->top_logits()->launches())
+        if (!printable(l->function()))
+          return phase + " top logits";
+  }
+  return "";
+}
+
 } // namespace
 
 StatusOr<std::unique_ptr<PlanFile>> openPlan(const std::string &path) {
@@ -158,6 +237,11 @@ StatusOr<std::unique_ptr<PlanFile>> openPlan(const std::string &path) {
     return Status::error(path + ": plan has no weights table");
   if (std::string where = misalignedVector(*p, buf); !where.empty())
     return Status::error(path + ": corrupted plan (misaligned [long] in " +
+                         where + ")");
+  if (std::string where = unprintableString(*p); !where.empty())
+    return Status::error(path +
+                         ": corrupted plan (a control character in a "
+                         "name of " +
                          where + ")");
   return pf;
 }
