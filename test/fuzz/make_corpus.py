@@ -166,6 +166,38 @@ def chat_seeds():
         write("chat_template", "snippet%03d" % i, s["template"] + "\0" + ctx)
 
 
+# --- serve requests ----------------------------------------------------------
+
+def serve_request_seeds():
+    # One option byte (bit 0: chat) and the JSON body of a request.
+    completions = [
+        dict(prompt="def f():", max_tokens=8, temperature=0),
+        dict(prompt=[1, 412, 95], max_tokens=4, temperature=0.7, top_p=0.9,
+             top_k=40, min_p=0.05, seed=3, stop=["\n\n", "def"],
+             stream=True, return_token_ids=True, n=1),
+        dict(prompt="x", stop="y", top_p=0, max_tokens=0),
+        dict(prompt=[4095, -1], temperature=-1, seed=1e16),
+    ]
+    chats = [
+        dict(messages=[{"role": "system", "content": "be brief"},
+                       {"role": "user", "content": "hello"}],
+             max_completion_tokens=5, temperature=0),
+        dict(messages=[{"role": "user",
+                        "content": [{"type": "text", "text": "a"},
+                                    {"type": "text", "text": "b"}]}],
+             stream=True, stop=None),
+        dict(messages=[{"role": "user", "content": [{"type": "image_url"}]},
+                       {"role": "assistant", "tool_calls": [{"id": 1}]}],
+             tools=[{"type": "function"}]),
+    ]
+    for i, body in enumerate(completions):
+        write("serve_request", "completion%d" % i,
+              b"\x00" + json.dumps(body).encode())
+    for i, body in enumerate(chats):
+        write("serve_request", "chat%d" % i,
+              b"\x01" + json.dumps(body).encode())
+
+
 # --- plans -------------------------------------------------------------------
 
 def plan_seeds(nfc):
@@ -190,6 +222,7 @@ def main():
     config_seeds()
     tokenizer_seeds()
     chat_seeds()
+    serve_request_seeds()
     if args.nfc:
         plan_seeds(args.nfc)
 

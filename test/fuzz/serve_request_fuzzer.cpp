@@ -1,0 +1,91 @@
+// Fuzz target: nfrun serve's request parsing (tools/nfrun/serve_request.cpp),
+// every JSON field of /v1/completions and /v1/chat/completions, over
+// pydoc-moe's tokenizer and the ChatML template (no plan: a RequestModel of
+// the tokenizer and the template).
+//
+// The input is one option byte and the body: byte & 1 picks the endpoint
+// (completions, chat). A body is answered with a request or with one line
+// of error (a 400); a request has prompt tokens in the vocabulary and within
+// the context, max_tokens >= 1 and a sampler.
+#include "fuzz_util.h"
+#include "nf/tokenizer.h"
+
+#include "chat/chat_template.h"
+#include "nfrun/serve_request.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace {
+
+constexpr int64_t kContext = 4096;
+
+/// pydoc-moe's tokenizer and ChatML, as a loaded model would give them.
+class FuzzModel final : public nfrun::RequestModel {
+public:
+  FuzzModel() {
+    auto t = nf::Tokenizer::fromFile(NF_SOURCE_DIR
+                                     "/examples/pydoc-moe/tokenizer.json");
+    auto c = nf::chat::loadChatConfig(
+        NF_SOURCE_DIR "/examples/pydoc-moe",
+        NF_SOURCE_DIR "/test/data/chat_templates/chatml.jinja");
+    if (!t || !c) {
+      std::fprintf(stderr, "nf fuzz: %s\n",
+                   (t ? c.message() : t.message()).c_str());
+      std::abort();
+    }
+    tokenizer_.emplace(std::move(*t));
+    chat_ = std::move(*c);
+  }
+  bool hasTokenizer() const override { return true; }
+  nf::StatusOr<std::vector<int32_t>>
+  tokenize(const std::string &text, bool addSpecial) const override {
+    return tokenizer_->encode(text, addSpecial);
+  }
+  int64_t vocabSize() const override { return tokenizer_->vocabSize(); }
+  int64_t maxContext() const override { return kContext; }
+  bool hasChatTemplate() const override { return true; }
+  std::string chatTemplateError() const override { return ""; }
+  nf::StatusOr<std::string> applyChatTemplate(
+      const std::vector<nf::ChatMessage> &messages) const override {
+    std::vector<nf::chat::Message> m;
+    for (const nf::ChatMessage &x : messages)
+      m.push_back({x.role, x.content});
+    return chat_.apply(m, true);
+  }
+
+private:
+  std::optional<nf::Tokenizer> tokenizer_;
+  nf::chat::ChatConfig chat_;
+};
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  static const FuzzModel model;
+  if (size == 0)
+    return 0;
+  const bool chat = data[0] & 1;
+  const nlohmann::json body = nlohmann::json::parse(
+      data + 1, data + size, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded())
+    return 0; // the server answers "the body is not valid JSON"
+  nfrun::Parsed parsed = chat ? nfrun::parseChat(body, model)
+                              : nfrun::parseCompletion(body, model);
+  if (const auto *err = std::get_if<std::string>(&parsed)) {
+    nf::fuzz::checkError(*err, "");
+    return 0;
+  }
+  const nfrun::Request &r = *std::get<std::shared_ptr<nfrun::Request>>(parsed);
+  if (r.prompt.empty() ||
+      static_cast<int64_t>(r.prompt.size()) >= kContext || r.maxTokens < 1 ||
+      !r.sampler)
+    nf::fuzz::violated("an accepted request without a prompt in the "
+                       "context, max_tokens or a sampler");
+  for (int32_t id : r.prompt)
+    if (id < 0 || id >= model.vocabSize())
+      nf::fuzz::violated("a prompt token outside the vocabulary");
+  return 0;
+}
