@@ -255,7 +255,10 @@ StatusOr<Checkpoint> openShardedCheckpoint(const std::string &dir,
   // Each is checked to stay inside `dir` before any shard is opened.
   std::map<std::string, std::string> shardPaths;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
-    if (!it->is_string() || it->get<std::string>().empty())
+    // A control character in a shard name would reach the one-line errors
+    // that quote the shard's path.
+    if (!it->is_string() || it->get<std::string>().empty() ||
+        printable(it->get<std::string>()) != it->get<std::string>())
       return fail(indexPath, "weight_map entry for tensor '" +
                                  printable(it.key()) + "' is not a file name");
     const std::string &shard = it->get_ref<const std::string &>();
