@@ -266,6 +266,16 @@ TEST(ChatTemplateRender, RaiseException) {
   EXPECT_EQ(render(source, {{"messages", {{{"role", "user"}}}}}), "");
 }
 
+// Errors quote strings computed while rendering: control characters in them
+// are escaped, so an error stays one line (found by the chat_template fuzz
+// target: a test name with newlines in select()).
+TEST(ChatTemplateRender, ErrorsStayOneLine) {
+  EXPECT_EQ(render("{{ [1] | select('no\\ntest') | list }}"),
+            "ERROR: t: chat template line 1: no test named 'no\\ntest'");
+  EXPECT_EQ(render("{{ raise_exception('a\\nb\\tc') }}"),
+            "ERROR: t: chat template line 1: a\\nb\\x09c");
+}
+
 TEST(ChatTemplateRender, StrftimeNowIsLocalTime) {
   auto year = [] {
     std::time_t now = std::time(nullptr);

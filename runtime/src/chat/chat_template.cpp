@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <new>
 
@@ -22,10 +23,31 @@ struct ChatTemplate::Impl {
 
 namespace {
 
+// Error details quote template text and values (a test name computed at
+// render time, raise_exception's message): control characters are escaped
+// so that the error stays one line.
+std::string oneLine(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 std::string describe(const std::string &source, const jinja::Error &e) {
   return source + ": chat template" +
          (e.line > 0 ? " line " + std::to_string(e.line) : std::string()) +
-         ": " + e.what();
+         ": " + oneLine(e.what());
 }
 
 } // namespace
@@ -44,7 +66,7 @@ StatusOr<ChatTemplate> ChatTemplate::parse(std::string_view source,
   } catch (const std::bad_alloc &) {
     return Status::error(sourceName + ": chat template: out of memory");
   } catch (const std::exception &e) {
-    return Status::error(sourceName + ": chat template: " + e.what());
+    return Status::error(sourceName + ": chat template: " + oneLine(e.what()));
   }
 }
 
@@ -64,7 +86,8 @@ ChatTemplate::render(const nlohmann::ordered_json &context) const {
     return Status::error(impl_->sourceName +
                          ": chat template: out of memory while rendering");
   } catch (const std::exception &e) {
-    return Status::error(impl_->sourceName + ": chat template: " + e.what());
+    return Status::error(impl_->sourceName +
+                         ": chat template: " + oneLine(e.what()));
   }
 }
 
