@@ -2569,11 +2569,14 @@ Status parsePostProcessor(const std::string &src, const json &j,
                            "\"" +
                                name + "\" has no \"ids\"");
         for (const json &id : *idsIt) {
-          if (!id.is_number_integer())
+          // Range-checked before narrowing: -1 marks the sequence in
+          // `tmpl`, and a wider id must not wrap into another token's.
+          if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+              id.get<int64_t>() > INT32_MAX - 1)
             return fail(src, "post_processor TemplateProcessing: bad id for "
                              "\"" +
                                  name + "\"");
-          tmpl.push_back(id.get<int32_t>());
+          tmpl.push_back(static_cast<int32_t>(id.get<int64_t>()));
         }
       } else {
         return fail(src, "post_processor TemplateProcessing: unknown template "
@@ -2813,12 +2816,20 @@ StatusOr<std::shared_ptr<Tokenizer::Impl>> load(std::string_view text,
     if (Status s = parseDecoder(src, *d, *impl); !s)
       return s;
 
-  // Id tables: the model vocabulary, then added tokens (which win).
+  // Id tables: the model vocabulary, then added tokens (which win). They
+  // have one entry per id up to the largest, so an id far beyond any real
+  // vocabulary (the largest have about 262K tokens) is refused instead of
+  // allocating gigabytes.
+  constexpr int32_t kMaxTokenId = (1 << 22) - 1;
   int32_t size = 0;
   for (const auto &[tok, id] : impl->bpe.vocab)
     size = std::max(size, id + 1);
   for (const AddedToken &a : impl->added)
     size = std::max(size, a.id + 1);
+  if (size - 1 > kMaxTokenId)
+    return fail(src, "token id " + std::to_string(size - 1) +
+                         " is too large (ids up to " +
+                         std::to_string(kMaxTokenId) + " are supported)");
   impl->idToToken.resize(static_cast<size_t>(size));
   impl->known.assign(static_cast<size_t>(size), 0);
   impl->special.assign(static_cast<size_t>(size), 0);

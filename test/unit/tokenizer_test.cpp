@@ -387,3 +387,52 @@ TEST(TokenizerErrors, InconsistentModel) {
     EXPECT_THAT(t.message(), StartsWith("inline.json: "));
   }
 }
+
+// Ids index tables as large as the largest id: one far beyond any real
+// vocabulary is refused, not gigabytes allocated (found by the tokenizer
+// fuzz target).
+TEST(TokenizerErrors, HugeIdsAreRefused) {
+  TempDir dir;
+  {
+    json j = modelJson();
+    j["model"]["vocab"]["x"] = 2147483646;
+    std::string path = writeTokenizer(dir, j);
+    StatusOr<Tokenizer> t = Tokenizer::fromFile(path);
+    ASSERT_FALSE(t.ok());
+    EXPECT_THAT(t.message(), StartsWith(path + ": "));
+    EXPECT_THAT(t.message(), HasSubstr("token id 2147483646 is too large"));
+  }
+  {
+    json j = modelJson();
+    j["added_tokens"][0]["id"] = 1 << 22;
+    std::string path = writeTokenizer(dir, j);
+    StatusOr<Tokenizer> t = Tokenizer::fromFile(path);
+    ASSERT_FALSE(t.ok());
+    EXPECT_THAT(t.message(), HasSubstr("token id 4194304 is too large"));
+  }
+  {
+    json j = modelJson();
+    j["added_tokens"][0]["id"] = (1 << 22) - 1;
+    StatusOr<Tokenizer> t = Tokenizer::fromJson(j.dump(), "ok.json");
+    ASSERT_TRUE(t.ok()) << t.message();
+    EXPECT_EQ(t->vocabSize(), 1 << 22);
+  }
+}
+
+// TemplateProcessing ids are range-checked before narrowing to int32: -1
+// (the template's mark for the sequence) and ids that would wrap are
+// refused instead of emitted.
+TEST(TokenizerErrors, TemplateIdsAreRangeChecked) {
+  json j = json::parse(
+      readFile(referencePath("variants/split-llama3.tokenizer.json")));
+  json &ids = j["post_processor"]["special_tokens"]["<|begin_of_text|>"]["ids"];
+  ASSERT_EQ(ids, json::array({0}));
+  for (int64_t bad : {int64_t{-1}, int64_t{-7}, (int64_t{1} << 32) + 5}) {
+    SCOPED_TRACE(bad);
+    ids = json::array({bad});
+    StatusOr<Tokenizer> t = Tokenizer::fromJson(j.dump(), "t.json");
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.message(), "t.json: post_processor TemplateProcessing: bad id "
+                           "for \"<|begin_of_text|>\"");
+  }
+}
