@@ -10,6 +10,8 @@
 // --matmul-rate. Speed is reported, never asserted.
 #include "commands.h"
 
+#include "nf/file.h"
+
 #include "nf/nf.h"
 #include "nf/plan_generated.h"
 
@@ -63,8 +65,12 @@ struct Shape {
 };
 
 bool readShape(const std::string &path, Shape &s, std::string &error) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
+  nf::StatusOr<std::string> data = nf::readWholeFile(path, uint64_t{4} << 30);
+  if (!data) {
+    error = data.message();
+    return false;
+  }
+  const std::vector<uint8_t> bytes(data->begin(), data->end());
   flatbuffers::Verifier v(bytes.data(), bytes.size(), 64, 10'000'000);
   if (bytes.size() < 8 || !pl::VerifyPlanBuffer(v)) {
     error = path + ": not a valid plan";

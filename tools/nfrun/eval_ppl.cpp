@@ -6,6 +6,8 @@
 // several windows run as separate sequences of one step (--batch).
 #include "commands.h"
 
+#include "nf/file.h"
+
 #include "nf/nf.hpp"
 
 #include <algorithm>
@@ -28,17 +30,11 @@ constexpr size_t kProtocolWindows = 128;
 } // namespace
 
 int runEvalPpl(const EvalPplFlags &f) {
-  std::string text;
-  {
-    std::ifstream in(f.text, std::ios::binary);
-    if (!in)
-      return fail(f.text + ": cannot open");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad())
-      return fail(f.text + ": read failed");
-    text = ss.str();
-  }
+  // A regular file of bounded size (a FIFO or /dev/zero is refused).
+  nf::StatusOr<std::string> read = nf::readWholeFile(f.text);
+  if (!read)
+    return fail(read.message());
+  std::string text = std::move(*read);
 
   nf::ModelParams mp = modelParams(f.common);
   mp.maxSequences = f.batch;

@@ -2,6 +2,8 @@
 // flatbuffers schema (runtime/schema/plan.fbs) after verification.
 #include "commands.h"
 
+#include "nf/file.h"
+
 #include "nf/plan_generated.h"
 #include "nf/plan_version.h"
 
@@ -230,15 +232,11 @@ void printLaunches(const char *label, const pl::Step *step) {
 int runInspect(const std::string &path, bool launches) {
   std::vector<uint8_t> buf;
   {
-    std::ifstream in(path, std::ios::binary);
-    if (!in)
-      return fail(path + ": cannot open");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad())
-      return fail(path + ": read failed");
-    std::string data = ss.str();
-    buf.assign(data.begin(), data.end());
+    // A regular file (a FIFO or /dev/zero is refused), at most 4 GiB.
+    nf::StatusOr<std::string> data = nf::readWholeFile(path, uint64_t{4} << 30);
+    if (!data)
+      return fail(data.message());
+    buf.assign(data->begin(), data->end());
   }
   const size_t header =
       sizeof(flatbuffers::uoffset_t) + flatbuffers::kFileIdentifierLength;

@@ -56,7 +56,7 @@ void addCommon(CLI::App *cmd, nfrun::CommonFlags &c) {
                   "checkpoint recorded in the plan)");
   cmd->add_option("--threads", c.threads, "CPU threads (0: OpenMP default)")
       ->capture_default_str()
-      ->check(nf::cli::NonNegative);
+      ->check(nf::cli::Between("0", "1024")); // libnf's limit too
   cmd->add_option("--backend", c.backend,
                   "auto: CUDA when the plan has binaries for this GPU and the "
                   "driver loads, else CPU; cpu; cuda (an error without CUDA)")
