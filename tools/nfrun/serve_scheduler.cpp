@@ -159,10 +159,16 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
   }
 
   const bool paged = pageSize_ > 0;
-  int64_t reserved = 0; // pages this step's entries take
-  auto freePages = [&] {
-    return paged ? model_.kvFreePages() - reserved
-                 : std::numeric_limits<int64_t>::max();
+  // Free pages, read once (preemption frees some: read again then), less
+  // those this step's entries take.
+  int64_t free =
+      paged ? model_.kvFreePages() : std::numeric_limits<int64_t>::max() / 2;
+  int64_t reserved = 0;
+  auto freePages = [&] { return free - reserved; };
+  auto preemptLatest = [&](const std::shared_ptr<Request> &r) {
+    preempt(r);
+    if (paged)
+      free = model_.kvFreePages();
   };
   int64_t budget = options_.stepTokens;
   std::vector<Entry> step;
@@ -176,9 +182,9 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
     const int64_t need = pagesFor(static_cast<int64_t>(r->fed) + 1) -
                          pagesFor(static_cast<int64_t>(r->fed));
     while (need > freePages() && running_.back() != r)
-      preempt(running_.back());
+      preemptLatest(running_.back());
     if (need > freePages()) {
-      preempt(r);
+      preemptLatest(r);
       break;
     }
     reserved += need;

@@ -321,6 +321,7 @@ StatusOr<int32_t> KvCache::allocatePage() {
   for (int32_t p = 0; p < numPages(); ++p)
     if (!used_[p]) {
       used_[p] = true;
+      ++numUsed_;
       return p;
     }
   return Status::error("kv cache: all " + std::to_string(numPages()) +
@@ -332,11 +333,12 @@ Status KvCache::freePage(int32_t page) {
     return Status::error("kv cache: page " + std::to_string(page) +
                          " is not in use");
   used_[page] = false;
+  --numUsed_;
   return Status::success();
 }
 
 int32_t KvCache::numFreePages() const {
-  return static_cast<int32_t>(std::count(used_.begin(), used_.end(), false));
+  return numPages() - numUsed_;
 }
 
 Status KvCache::reserve(std::vector<int32_t> &pageTable, int64_t numTokens) {

@@ -166,6 +166,7 @@ private:
   };
   std::vector<Storage> layers_;
   std::vector<bool> used_;
+  int32_t numUsed_ = 0; // pages in use (a server reads the count per step)
   int32_t pageSize_ = 0;
 };
 
