@@ -109,7 +109,7 @@ prepare() {
   # LD_LIBRARY_PATH also reaches python there.
   local lib
   for lib in $(ldd "$build/bin/nfrun" |
-    awk '/libgomp|libcpp-httplib|libbrotli/ {print $3}'); do
+    awk '/libgomp|libcpp-httplib|libbrotli|libprometheus/ {print $3}'); do
     cp -L "$lib" "$CARRY/lib/"
   done
   {

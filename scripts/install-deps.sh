@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs every build and test dependency of nf from Debian 12 packages.
 # Idempotent: packages already present are left alone. The CUDA 13 toolkit is
-# expected at /usr/local/cuda (it is not a Debian package).
+# expected at /usr/local/cuda (it is not a Debian package). clang, its
+# sanitizer/libFuzzer runtimes and its OpenMP build the fuzz targets
+# (scripts/fuzz.sh).
 set -euo pipefail
 
 packages=(
@@ -9,7 +11,9 @@ packages=(
   llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools
   libflatbuffers-dev flatbuffers-compiler
   libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev libcpp-httplib-dev
-  python3-jinja2
+  prometheus-cpp-dev
+  python3-jinja2 python3-pip
+  clang libclang-rt-14-dev libomp-14-dev
 )
 
 missing=()
@@ -19,15 +23,23 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all packages present"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
   SUDO="sudo"
 fi
-echo "install-deps: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Test tooling from PyPI: the official OpenAI client and Prometheus's text
+# parser (the serve tests use them and fail without them).
+python_modules=(openai prometheus_client)
+if ! python3 -c "import $(IFS=,; echo "${python_modules[*]}")" 2>/dev/null; then
+  echo "install-deps: pip installing ${python_modules[*]}"
+  python3 -m pip install -q "${python_modules[@]}" ||
+    python3 -m pip install -q --break-system-packages "${python_modules[@]}"
+fi

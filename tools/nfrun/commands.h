@@ -82,6 +82,7 @@ struct ServeFlags {
   int64_t maxBodyBytes = 8 << 20;  // largest request body (413 beyond)
   double readTimeout = 30;   // seconds to send one request's headers and body
   double shutdownGrace = 10; // seconds running requests get after SIGTERM
+  std::string apiKey; // non-empty: /v1/* need "Authorization: Bearer <key>"
 };
 
 int runGenerate(const GenerateFlags &flags);

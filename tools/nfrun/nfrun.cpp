@@ -246,6 +246,11 @@ int main(int argc, char **argv) {
   serveCmd->add_option("--seed", serve.seed, "Seed of --random-weights")
       ->capture_default_str();
   serveCmd
+      ->add_option("--api-key", serve.apiKey,
+                   "Require 'Authorization: Bearer KEY' on /v1/* (401 "
+                   "otherwise; /health and /metrics stay open)")
+      ->envname("NF_API_KEY");
+  serveCmd
       ->add_option("--kv-pages", serve.kvPages,
                    "KV-cache pages per attention layer, shared by the "
                    "sequences (0: the plan's; nfrun inspect shows their "

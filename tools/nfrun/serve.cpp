@@ -14,6 +14,7 @@
 // process exits within the grace period and a few seconds.
 #include "commands.h"
 #include "http_server.h"
+#include "serve_metrics.h"
 #include "serve_request.h"
 #include "serve_scheduler.h"
 
@@ -61,6 +62,16 @@ void sendError(httplib::Response &res, int status, const std::string &message,
   res.set_content(
       dumpJson(json{{"error", {{"message", message}, {"type", type}}}}),
       "application/json");
+}
+
+/// Whether a and b are equal, in a time that does not depend on where
+/// they differ (an API key must not be guessable byte by byte).
+bool constantTimeEqual(const std::string &a, const std::string &b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i)
+    diff |=
+        static_cast<unsigned char>(a[i] ^ b[i % std::max<size_t>(b.size(), 1)]);
+  return diff == 0 && !b.empty();
 }
 
 /// Answers a completion (`chat` false) or chat completion request: queues
@@ -296,7 +307,9 @@ int runServe(const ServeFlags &f) {
   const int maxBatch =
       std::max(1, f.maxBatch > 0 ? std::min(f.maxBatch, model->maxSequences())
                                  : model->maxSequences());
+  ServeMetrics metrics(name);
   SchedulerOptions so;
+  so.metrics = &metrics;
   so.maxBatch = maxBatch;
   so.maxQueue = f.maxQueue;
   so.stepTokens = std::max<int64_t>(f.maxBatchedTokens, maxBatch);
@@ -324,8 +337,32 @@ int runServe(const ServeFlags &f) {
                                   {"peak_batch", s.peakBatch}}),
                     "application/json");
   });
+  server.Get("/metrics", [&](const httplib::Request &, httplib::Response &res) {
+    res.set_content(metrics.text(), "text/plain; version=0.0.4");
+  });
+  server.set_logger(
+      [&](const httplib::Request &, const httplib::Response &res) {
+        if (res.status >= 400)
+          metrics.httpError(res.status);
+      });
+  // --api-key: /v1/* need "Authorization: Bearer KEY"; /health and
+  // /metrics stay open, as vLLM's. Checked in the handlers, after httplib
+  // has read the body (refused before, the body's bytes would be read as
+  // the connection's next request).
+  auto authorized = [key = f.apiKey](const httplib::Request &req,
+                                     httplib::Response &res) {
+    if (key.empty() || constantTimeEqual(req.get_header_value("Authorization"),
+                                         "Bearer " + key))
+      return true;
+    sendError(res, 401,
+              "a valid API key is required: Authorization: Bearer <key>",
+              "authentication_error");
+    return false;
+  };
   server.Get(
-      "/v1/models", [&](const httplib::Request &, httplib::Response &res) {
+      "/v1/models", [&](const httplib::Request &req, httplib::Response &res) {
+        if (!authorized(req, res))
+          return;
         json m = {{"id", name},
                   {"object", "model"},
                   {"created", unixTime()},
@@ -336,11 +373,13 @@ int runServe(const ServeFlags &f) {
       });
   server.Post("/v1/completions", [&](const httplib::Request &req,
                                      httplib::Response &res) {
-    serveCompletion(req, res, false, requestModel, scheduler, name, nextId);
+    if (authorized(req, res))
+      serveCompletion(req, res, false, requestModel, scheduler, name, nextId);
   });
   server.Post("/v1/chat/completions", [&](const httplib::Request &req,
                                           httplib::Response &res) {
-    serveCompletion(req, res, true, requestModel, scheduler, name, nextId);
+    if (authorized(req, res))
+      serveCompletion(req, res, true, requestModel, scheduler, name, nextId);
   });
   server.set_exception_handler([](const httplib::Request &,
                                   httplib::Response &res,

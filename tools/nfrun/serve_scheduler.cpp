@@ -67,6 +67,7 @@ Scheduler::Submit Scheduler::submit(std::shared_ptr<Request> r) {
       return Submit::ShuttingDown;
     if (static_cast<int>(pending_.size()) >= options_.maxQueue)
       return Submit::QueueFull;
+    r->arrival = std::chrono::steady_clock::now();
     pending_.push_back(std::move(r));
   }
   cv_.notify_all();
@@ -112,6 +113,14 @@ void Scheduler::finish(Request &r, const std::string &reason,
   std::lock_guard<std::mutex> lock(r.mu);
   if (r.done)
     return;
+  if (options_.metrics)
+    options_.metrics->finished(error.empty() && reason != "cancelled" ? reason
+                                                                      : "abort",
+                               std::chrono::duration<double>(
+                                   std::chrono::steady_clock::now() - r.arrival)
+                                   .count(),
+                               static_cast<int64_t>(r.prompt.size()),
+                               static_cast<int64_t>(r.generated.size()));
   r.done = true;
   r.finishReason = reason;
   r.error = error;
@@ -128,6 +137,8 @@ void Scheduler::preempt(const std::shared_ptr<Request> &r) {
   r->fed = 0;
   running_.erase(std::find(running_.begin(), running_.end(), r));
   resumed_.push_front(r);
+  if (options_.metrics)
+    options_.metrics->preempted();
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.preemptions;
 }
@@ -363,6 +374,16 @@ nf::StatusOr<std::string> Scheduler::newBytes(const Request &r) {
 /// Adds the sampled token to r; returns true when r is finished.
 bool Scheduler::accept(Request &r, int32_t token) {
   r.generated.push_back(token);
+  if (options_.metrics) {
+    const auto now = std::chrono::steady_clock::now();
+    if (r.generated.size() == 1)
+      options_.metrics->firstToken(
+          std::chrono::duration<double>(now - r.arrival).count());
+    else
+      options_.metrics->nextToken(
+          std::chrono::duration<double>(now - r.lastToken).count());
+    r.lastToken = now;
+  }
   const bool eos = model_.isEos(token);
   const size_t searched = r.decoded.size();
   if (!eos) {
@@ -428,6 +449,13 @@ void Scheduler::updateStats(int stepSize) {
   stats_.kvPages = pages;
   stats_.kvFreePages = freePages;
   stats_.steps += stepSize > 0 ? 1 : 0;
+  if (options_.metrics) {
+    if (stepSize > 0)
+      options_.metrics->step();
+    options_.metrics->setLoad(
+        stats_.running, stats_.queued + static_cast<int>(pending_.size()),
+        pages > 0 ? 1.0 - static_cast<double>(freePages) / pages : 0.0);
+  }
 }
 
 void Scheduler::loop() {

@@ -14,6 +14,8 @@
 // until a deadline and ends the rest.
 #pragma once
 
+#include "serve_metrics.h"
+
 #include "nf/nf.hpp"
 
 #include <atomic>
@@ -44,6 +46,7 @@ struct Request {
   bool roleSent = false;       // a chat stream's first chunk (HTTP thread only)
 
   // Scheduler side.
+  std::chrono::steady_clock::time_point arrival, lastToken;
   int32_t seq = -1; // the model's sequence, -1 while waiting
   size_t fed = 0;   // tokens of prompt + generated in the sequence
   std::vector<int32_t> generated;
@@ -77,6 +80,7 @@ struct SchedulerOptions {
   int maxBatch = 1;          // sequences alive at once
   int maxQueue = 256;        // requests waiting to be admitted
   int64_t stepTokens = 2048; // tokens of one step (decodes + prompt chunks)
+  ServeMetrics *metrics = nullptr; // recorded into when given
 };
 
 /// Counters for GET /health (and tests).
