@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# Builds nf and runs every test: GoogleTest unit tests and the lit suite.
+# Builds nf and runs every test: GoogleTest unit tests and the lit suite;
+# then every fuzz target for a bounded time (docs/reliability.md).
+# NF_FUZZ_SECONDS: seconds per fuzz target (default 20; 0 replays the seed
+# corpora only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+jobs=${NF_JOBS:-$(nproc)}
 bash scripts/install-deps.sh
 bash scripts/build.sh
-ctest --test-dir build --output-on-failure -j "${NF_JOBS:-$(nproc)}"
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+# The fuzz targets (clang, libFuzzer, ASan + UBSan): each fuzzed for
+# NF_FUZZ_SECONDS, then every seed corpus replayed as ctest tests.
+NF_JOBS=$jobs bash scripts/fuzz.sh "${NF_FUZZ_SECONDS:-20}"
+ctest --test-dir build-fuzz --output-on-failure -j "$jobs"
