@@ -1,0 +1,116 @@
+// What a server reads and does between steps through the C API, on the
+// pydoc-moe plan (CPU backend): the storage counts (live sequences, KV
+// pages) follow the sequences, and a prompt fed in chunks whose first
+// chunk has no sampler draws what the same chunks run with nf_decode then
+// nf_sample draw (a NULL sampler consumes no draw).
+#include "nf/nf.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+std::string planPath() { return std::string(NF_PLAN_DIR) + "/pydoc-moe.nfb"; }
+
+/// A model loaded through the C API, freed at scope end.
+struct Loaded {
+  nf_model *m = nullptr;
+  explicit Loaded(int32_t kvPages) {
+    nf_model_params p = nf_model_default_params();
+    p.backend = "cpu";
+    p.kv_pages = kvPages;
+    EXPECT_EQ(nf_model_load(planPath().c_str(), &p, &m), NF_OK)
+        << nf_last_error();
+  }
+  ~Loaded() { nf_model_free(m); }
+};
+
+nf_seq_input input(int32_t seq, const std::vector<int32_t> &tokens) {
+  nf_seq_input in = {};
+  in.seq_id = seq;
+  in.tokens = tokens.data();
+  in.n_tokens = static_cast<int32_t>(tokens.size());
+  return in;
+}
+
+TEST(ServingCApi, StorageCountsFollowTheSequences) {
+  Loaded a(16);
+  ASSERT_NE(a.m, nullptr);
+  const int32_t page = nf_model_kv_page_size(a.m);
+  ASSERT_GT(page, 0); // pydoc-moe has attention layers
+  EXPECT_EQ(nf_model_kv_pages(a.m), 16);
+  EXPECT_EQ(nf_model_kv_free_pages(a.m), 16);
+  EXPECT_EQ(nf_model_live_sequences(a.m), 0);
+  EXPECT_EQ(nf_model_max_context(a.m), 16 * page);
+
+  int32_t s1 = -1, s2 = -1;
+  ASSERT_EQ(nf_seq_add(a.m, &s1), NF_OK);
+  ASSERT_EQ(nf_seq_add(a.m, &s2), NF_OK);
+  EXPECT_EQ(nf_model_live_sequences(a.m), 2);
+  // A new sequence holds no page until it has tokens.
+  EXPECT_EQ(nf_model_kv_free_pages(a.m), 16);
+  const std::vector<int32_t> t1(page + 1, 7), t2(3, 9);
+  const nf_seq_input in[2] = {input(s1, t1), input(s2, t2)};
+  const nf_batch b = {in, 2, nullptr};
+  ASSERT_EQ(nf_decode(a.m, &b, nullptr, 0, 0), NF_OK) << nf_last_error();
+  EXPECT_EQ(nf_model_kv_free_pages(a.m), 16 - 2 - 1);
+  ASSERT_EQ(nf_seq_remove(a.m, s1), NF_OK);
+  EXPECT_EQ(nf_model_kv_free_pages(a.m), 16 - 1);
+  EXPECT_EQ(nf_model_live_sequences(a.m), 1);
+  ASSERT_EQ(nf_seq_remove(a.m, s2), NF_OK);
+  EXPECT_EQ(nf_model_kv_free_pages(a.m), 16);
+  EXPECT_EQ(nf_model_live_sequences(a.m), 0);
+  EXPECT_EQ(nf_model_kv_pages(nullptr), 0);
+}
+
+TEST(ServingCApi, NullSamplerDrawsNothing) {
+  Loaded a(0), b(0);
+  ASSERT_NE(a.m, nullptr);
+  ASSERT_NE(b.m, nullptr);
+  const int32_t V = nf_model_vocab_size(a.m);
+  nf_sampler_params sp = nf_sampler_default_params();
+  sp.temperature = 1.0f;
+  sp.seed = 9;
+  nf_sampler *sa = nullptr, *sb = nullptr;
+  ASSERT_EQ(nf_sampler_create(&sp, &sa), NF_OK);
+  ASSERT_EQ(nf_sampler_create(&sp, &sb), NF_OK);
+  int32_t qa = -1, qb = -1;
+  ASSERT_EQ(nf_seq_add(a.m, &qa), NF_OK);
+  ASSERT_EQ(nf_seq_add(b.m, &qb), NF_OK);
+
+  // The prompt's first chunk draws nothing: token -1.
+  const std::vector<int32_t> first = {1, 412, 95, 1033, 7, 18, 220};
+  nf_seq_input ia = input(qa, first);
+  const nf_batch ba = {&ia, 1, nullptr};
+  nf_sampler *none[1] = {nullptr};
+  int32_t got = 0;
+  ASSERT_EQ(nf_decode_sample(a.m, &ba, none, &got), NF_OK) << nf_last_error();
+  EXPECT_EQ(got, -1);
+  nf_seq_input ib = input(qb, first);
+  const nf_batch bb = {&ib, 1, nullptr};
+  std::vector<float> logits(V);
+  ASSERT_EQ(nf_decode(b.m, &bb, logits.data(), logits.size(), 0), NF_OK);
+
+  // Then the last chunk and eight decode steps draw the same tokens as
+  // nf_decode + nf_sample with a sampler that drew nothing for the first.
+  std::vector<int32_t> ta = {31, 1800, 5}, tb = ta;
+  for (int step = 0; step < 9; ++step) {
+    nf_sampler *one[1] = {sa};
+    ia = input(qa, ta);
+    ASSERT_EQ(nf_decode_sample(a.m, &ba, one, &got), NF_OK)
+        << nf_last_error();
+    ib = input(qb, tb);
+    ASSERT_EQ(nf_decode(b.m, &bb, logits.data(), logits.size(), 0), NF_OK);
+    const int32_t want = nf_sample(sb, logits.data(), V);
+    ASSERT_GE(want, 0) << nf_last_error();
+    ASSERT_EQ(got, want) << "step " << step;
+    ta = {got};
+    tb = {want};
+  }
+  nf_sampler_free(sa);
+  nf_sampler_free(sb);
+}
+
+} // namespace
