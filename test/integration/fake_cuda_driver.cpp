@@ -208,9 +208,14 @@ const std::map<std::string, Kernel> &kernels() {
 /// A loaded module: its image and the device memory of its PTX globals
 /// (`.global .align A .b8 name[n]`, with an optional `= {bytes}`), freed
 /// with the module.
+struct Function;
+
 struct Module {
   std::string image;
   std::map<std::string, std::pair<CUdeviceptr, size_t>> globals;
+  /// Handles of cuModuleGetFunction: the module owns them, as the real
+  /// driver's does (freed by cuModuleUnload).
+  std::vector<std::unique_ptr<Function>> functions;
   ~Module();
 };
 
@@ -243,6 +248,12 @@ void loadGlobals(Module &m) {
     m.globals[name] = {reinterpret_cast<uintptr_t>(mem), n};
   }
 }
+
+struct Function {
+  std::string name;
+  Kernel kernel = nullptr;
+};
+
 Module::~Module() {
   for (const auto &[name, g] : globals) {
     {
@@ -252,11 +263,6 @@ Module::~Module() {
     std::free(reinterpret_cast<void *>(g.first));
   }
 }
-
-struct Function {
-  std::string name;
-  Kernel kernel = nullptr;
-};
 
 struct LaunchAttribute {
   int id;
@@ -549,9 +555,10 @@ CUresult cuModuleGetFunction(Function **f, Module *m, const char *name) {
       m->image.find(std::string(n.c_str(), n.size() + 1)) != std::string::npos;
   if (!found)
     return kNotFound;
-  // Functions live as long as the process (a small leak per load).
   auto it = kernels().find(n);
-  *f = new Function{n, it == kernels().end() ? nullptr : it->second};
+  m->functions.push_back(std::make_unique<Function>(
+      Function{n, it == kernels().end() ? nullptr : it->second}));
+  *f = m->functions.back().get();
   return kSuccess;
 }
 CUresult cuFuncSetAttribute(Function *, int, int) { return kSuccess; }
