@@ -9,12 +9,14 @@ benchmark, not a test (standard library only).
 
 join:    --streams greedy streams of --max-tokens tokens start together;
          once they run, --joins prompts of --join-tokens tokens arrive one
-         a second (max_tokens 1). Reported: the streams' inter-token latency
-         p50 / p99 / max over the whole run and while a join prompt is
-         being fed, the joins' time to first token, throughput.
+         a second (max_tokens 1). Reported: the streams' time per output token
+         (mean), the gaps between their events (p50 / p99 / max, over the
+         run and while a join prompt is fed: a step that stalls shows
+         there), the joins' time to first token, throughput.
 poisson: requests arrive at --rate a second for --seconds (prompts of 16 to
          --join-tokens tokens, log-uniform; --max-tokens 16..max), streamed.
-         Reported: throughput, TTFT and inter-token latency p50 / p99.
+         Reported: throughput, TTFT p50 / p99, time per output token and
+         the gaps between events p50 / p99.
 Both: requests sent, completed and failed, HTTP 429s, and the server's
 preemptions (/health). Prompts are token ids and streams ask for
 return_token_ids, so models without a tokenizer (a shape with
@@ -111,8 +113,10 @@ def stream(prompt, max_tokens, record):
                 if "error" in ev:
                     raise RuntimeError(ev["error"]["message"])
                 now = time.perf_counter()
-                for _ in ev["choices"][0].get("token_ids", []):
+                n = len(ev["choices"][0].get("token_ids", []))
+                if n:
                     record["times"].append(now)
+                    record["tokens"] = record.get("tokens", 0) + n
         with lock:
             stats["completed"] += 1
     except urllib.error.HTTPError as e:
@@ -177,14 +181,18 @@ if args.mode == "join":
     all_gaps = [g for r in recs for g in gaps(r)]
     join_gaps = [g for r in recs for g in gaps(r, windows)]
     ttft = [j["times"][0] - j["start"] for j in joins if j.get("times")]
-    tokens = sum(len(r.get("times", [])) for r in recs)
+    tokens = sum(r.get("tokens", 0) for r in recs)
+    tpot = [(r["times"][-1] - r["times"][0]) / (r["tokens"] - 1)
+            for r in recs if r.get("tokens", 0) > 1]
     h = health()
-    print("| %s | %d streams, %d joins of %d | %.0f tok/s | ITL p50 %.1f / "
-          "p99 %.1f / max %.1f ms | during joins p50 %.1f / p99 %.1f ms | "
+    print("| %s | %d streams, %d joins of %d | %.0f tok/s | TPOT mean %.2f ms | "
+          "gap p50 %.1f / p99 %.1f / max %.1f ms | during joins p50 %.1f / "
+          "p99 %.1f ms | "
           "join TTFT p50 %.2f s | sent %d, completed %d, failed %d, 429 %d, "
           "preemptions %d |" % (
               label, args.streams, args.joins, args.join_tokens,
-              tokens / wall, 1e3 * pct(all_gaps, 50), 1e3 * pct(all_gaps, 99),
+              tokens / wall, 1e3 * sum(tpot) / max(len(tpot), 1),
+              1e3 * pct(all_gaps, 50), 1e3 * pct(all_gaps, 99),
               1e3 * max(all_gaps or [float("nan")]),
               1e3 * pct(join_gaps, 50), 1e3 * pct(join_gaps, 99),
               pct(ttft, 50), stats["sent"] - 1, stats["completed"] - 1,
@@ -213,13 +221,17 @@ else:
     wall = time.perf_counter() - t_begin
     ttft = [r["times"][0] - r["start"] for r in recs if r.get("times")]
     itl = [g for r in recs for g in gaps(r)]
-    tokens = sum(len(r.get("times", [])) for r in recs)
+    tokens = sum(r.get("tokens", 0) for r in recs)
+    tpot = [(r["times"][-1] - r["times"][0]) / (r["tokens"] - 1)
+            for r in recs if r.get("tokens", 0) > 1]
     h = health()
     print("| %s | Poisson %.1f/s for %.0f s | %.0f tok/s | TTFT p50 %.2f / "
-          "p99 %.2f s | ITL p50 %.1f / p99 %.1f ms | sent %d, completed %d, "
+          "p99 %.2f s | TPOT mean %.2f ms | gap p50 %.1f / p99 %.1f ms | "
+          "sent %d, completed %d, "
           "failed %d, 429 %d, preemptions %d |" % (
               label, args.rate, args.seconds, tokens / wall, pct(ttft, 50),
-              pct(ttft, 99), 1e3 * pct(itl, 50), 1e3 * pct(itl, 99),
+              pct(ttft, 99), 1e3 * sum(tpot) / max(len(tpot), 1),
+              1e3 * pct(itl, 50), 1e3 * pct(itl, 99),
               stats["sent"] - 1, stats["completed"] - 1, stats["failed"],
               stats["429"], h["preemptions"]))
 server.terminate()

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# nfrun serve on the GPU machine, from a carry made by
+# bench/prepare_gpu_bench.sh:
+#   throughput  bench/serve_bench.py on pydoc-moe (concurrency 1, 8, 32),
+#               for this carry's nfrun, then for each other build in
+#               CARRY/ab/<name>/{bin,lib} (an A/B in one call);
+#   join        bench/serve_load.py: 32 streams while 8K-token prompts join,
+#               with chunked prefill (the default 2048 tokens a step) and
+#               without (65536), on pydoc-moe and on the Nano-shape plan
+#               (bf16 inputs when the carry has it, random weights).
+#
+#   OUT=<dir> bash bench/run_serve_bench.sh CARRY [throughput,join]
+set -uo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+CARRY="${1:-build-gpu-carry}"
+case "$CARRY" in /*) ;; *) CARRY="$REPO/$CARRY" ;; esac
+PARTS="${2:-throughput,join}"
+OUT="${OUT:?set OUT to the results directory}"
+mkdir -p "$OUT"
+bash "$REPO/scripts/gpu_check.sh" unpack "$CARRY" || exit 1
+lib="$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+pydoc="$REPO/examples/pydoc-moe"
+
+if [[ ",$PARTS," == *,throughput,* ]]; then
+  for dir in "$CARRY" "$CARRY"/ab/*/; do
+    dir="${dir%/}"
+    name="this carry"
+    [ "$dir" = "$CARRY" ] || name="${dir##*/}"
+    echo "nfrun: $name" | tee -a "$OUT/serve-throughput.md"
+    LD_LIBRARY_PATH="$dir/lib:$lib" timeout 120 python3 \
+      "$REPO/bench/serve_bench.py" "$dir/bin/nfrun" \
+      "$CARRY/plans/pydoc-moe.nfb" --weights "$pydoc" --backend cuda \
+      >> "$OUT/serve-throughput.md" 2>&1
+  done
+fi
+
+if [[ ",$PARTS," == *,join,* ]]; then
+  export LD_LIBRARY_PATH="$lib"
+  for tokens in 2048 65536; do
+    timeout 100 python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
+      "$CARRY/plans/pydoc-moe.nfb" --streams 32 --joins 4 \
+      --join-tokens 8000 --max-tokens 512 --label "pydoc-moe, $tokens" -- \
+      --backend cuda --weights "$pydoc" --max-num-batched-tokens "$tokens" \
+      >> "$OUT/serve-join.md" 2>&1
+  done
+  nano=nano-bf16
+  [ -f "$CARRY/plans/$nano.nfb" ] || nano=nano
+  for tokens in 2048 65536; do
+    [ -f "$CARRY/plans/$nano.nfb" ] || continue
+    timeout 200 python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
+      "$CARRY/plans/$nano.nfb" --streams 32 --joins 4 \
+      --join-tokens 8000 --max-tokens 256 --label "$nano, $tokens" -- \
+      --backend cuda --random-weights --max-num-batched-tokens "$tokens" \
+      >> "$OUT/serve-join.md" 2>&1
+  done
+fi
+cat "$OUT"/serve-*.md
