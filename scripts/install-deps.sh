@@ -36,10 +36,13 @@ else
 fi
 
 # Test tooling from PyPI: the official OpenAI client and Prometheus's text
-# parser (the serve tests use them and fail without them).
+# parser (the serve tests use them and fail without them), for the Python
+# that lit runs the tests with (Debian's, /usr/bin/python3).
 python_modules=(openai prometheus_client)
-if ! python3 -c "import $(IFS=,; echo "${python_modules[*]}")" 2>/dev/null; then
-  echo "install-deps: pip installing ${python_modules[*]}"
-  python3 -m pip install -q "${python_modules[@]}" ||
-    python3 -m pip install -q --break-system-packages "${python_modules[@]}"
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+if ! "$py" -c "import $(IFS=,; echo "${python_modules[*]}")" 2>/dev/null; then
+  echo "install-deps: pip installing ${python_modules[*]} for $py"
+  $SUDO "$py" -m pip install -q "${python_modules[@]}" 2>/dev/null ||
+    $SUDO "$py" -m pip install -q --break-system-packages "${python_modules[@]}"
 fi
