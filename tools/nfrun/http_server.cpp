@@ -70,7 +70,13 @@ public:
   DeadlineStream(int fd, const HttpLimits &limits) : fd_(fd), limits_(limits) {}
 
   /// A new request starts: its headers and body must arrive in time.
-  void startRequest() { deadline_ = Clock::now() + limits_.requestReadTimeout; }
+  /// A new request starts: its headers and body must arrive in time, and
+  /// be at most the body limit and kHeaderBytes in all (httplib bounds only
+  /// a Content-Length body: not a chunked one, nor the headers' number).
+  void startRequest() {
+    deadline_ = Clock::now() + limits_.requestReadTimeout;
+    read_ = 0;
+  }
   bool hasBuffered() const { return off_ < size_; }
 
   bool is_readable() const override { return hasBuffered() || waitRead() > 0; }
@@ -93,8 +99,11 @@ public:
       size_ = static_cast<size_t>(n);
     }
     const size_t n = std::min(size, size_ - off_);
+    if (read_ + n > limits_.maxBodyBytes + kHeaderBytes)
+      return -1;
     std::memcpy(ptr, buf_ + off_, n);
     off_ += n;
+    read_ += n;
     return static_cast<ssize_t>(n);
   }
 
@@ -130,8 +139,10 @@ private:
   int fd_;
   const HttpLimits &limits_;
   Clock::time_point deadline_ = Clock::now();
+  static constexpr size_t kHeaderBytes = 64 << 10;
   char buf_[4096];
   size_t off_ = 0, size_ = 0;
+  size_t read_ = 0; // bytes of the current request
 };
 
 /// Every body is read as JSON: curl -d and Python's urllib label theirs
@@ -148,6 +159,11 @@ void acceptAnyBody(httplib::Request &req) {
 
 HttpServer::HttpServer(const HttpLimits &limits) : limits_(limits) {
   set_payload_max_length(limits.maxBodyBytes);
+  // The Keep-Alive header httplib writes says this timeout.
+  set_keep_alive_timeout(std::max<time_t>(
+      1,
+      std::chrono::duration_cast<std::chrono::seconds>(limits.keepAliveTimeout)
+          .count()));
 }
 
 bool HttpServer::bind(const std::string &host, int port) {

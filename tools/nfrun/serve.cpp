@@ -28,10 +28,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace nfrun {
@@ -216,46 +218,84 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
         if (done)
           sink.done();
         return true;
+      },
+      // However the response ends (httplib may end it without asking the
+      // provider: stop(), a client that stopped reading), a request that
+      // is still running has nobody to run for.
+      [r](bool) {
+        std::lock_guard<std::mutex> lock(r->mu);
+        if (!r->done)
+          r->cancelled = true;
       });
 }
 
+/// Exits the process at a deadline unless disarmed: the bound on a stop
+/// whose step does not end. Constructed before everything it guards, so
+/// that it is destroyed (disarmed) last.
+class ExitWatchdog {
+public:
+  ExitWatchdog()
+      : thread_([this] {
+          std::unique_lock<std::mutex> lock(mu_);
+          for (;;) {
+            if (quit_)
+              return;
+            if (!deadline_) {
+              cv_.wait(lock);
+            } else if (cv_.wait_until(lock, *deadline_) ==
+                           std::cv_status::timeout &&
+                       !quit_ &&
+                       std::chrono::steady_clock::now() >= *deadline_) {
+              std::fprintf(stderr,
+                           "nfrun serve: still running %lld s after "
+                           "the grace period: exiting\n",
+                           static_cast<long long>(kForceAfter.count()));
+              std::_Exit(1);
+            }
+          }
+        }) {}
+  ~ExitWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  /// Exits at `graceEnd` + kForceAfter.
+  void arm(std::chrono::steady_clock::time_point graceEnd) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      deadline_ = graceEnd + kForceAfter;
+    }
+    cv_.notify_all();
+  }
+
+private:
+  static constexpr std::chrono::seconds kForceAfter{5};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
+  bool quit_ = false;
+  std::thread thread_; // last: starts after the members it uses
+};
+
 /// Stops the server on SIGINT or SIGTERM: a thread that waits for them
-/// (they are blocked in every thread), so that the stop runs outside a
-/// signal handler. After the grace period and kForceAfter more, a process
-/// still running (a step that does not end) exits at once.
+/// (blocked in every thread from the start of runServe), so that the stop
+/// runs outside a signal handler. Before serve() is called (the model is
+/// loading) a signal ends the process at once. Then: the scheduler stops
+/// admitting and gives running requests the grace period, the server stops
+/// once they are done (streams end with their last events) or the grace
+/// period is over, and the watchdog bounds the rest. A second signal exits
+/// at once.
 class SignalStop {
 public:
-  SignalStop(HttpServer &server, Scheduler &scheduler,
-             std::chrono::milliseconds grace)
-      : server_(server), scheduler_(scheduler), grace_(grace) {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
-    thread_ = std::thread([this, set] {
-      int sig = 0;
-      sigwait(&set, &sig);
-      if (quit_.load())
-        return;
-      std::fprintf(stderr,
-                   "nfrun serve: %s: stopping (running requests have %.3g s "
-                   "to finish)\n",
-                   sig == SIGINT ? "SIGINT" : "SIGTERM",
-                   grace_.count() / 1000.0);
-      const auto deadline = std::chrono::steady_clock::now() + grace_;
-      scheduler_.shutdown(deadline);
-      server_.stop();
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!cv_.wait_until(lock, deadline + kForceAfter,
-                          [&] { return quit_.load(); })) {
-        std::fprintf(stderr,
-                     "nfrun serve: a step did not end %lld s after "
-                     "the grace period: exiting\n",
-                     static_cast<long long>(kForceAfter.count()));
-        std::_Exit(1);
-      }
-    });
+  SignalStop(ExitWatchdog &watchdog, std::chrono::milliseconds grace)
+      : watchdog_(watchdog), grace_(grace) {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    thread_ = std::thread([this] { run(); });
   }
   ~SignalStop() {
     {
@@ -266,15 +306,72 @@ public:
     pthread_kill(thread_.native_handle(), SIGTERM); // ends a waiting sigwait
     thread_.join();
   }
+  /// The server has stopped: a signal from now on does nothing here (the
+  /// watchdog still bounds the exit).
+  void finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+  }
+  /// From now on a signal stops `server` and drains `scheduler`.
+  void serve(HttpServer &server, Scheduler &scheduler) {
+    std::lock_guard<std::mutex> lock(mu_);
+    server_ = &server;
+    scheduler_ = &scheduler;
+  }
 
 private:
-  static constexpr std::chrono::seconds kForceAfter{5};
-  HttpServer &server_;
-  Scheduler &scheduler_;
+  void run() {
+    int sig = 0;
+    sigwait(&set_, &sig);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (quit_)
+      return;
+    if (!server_) {
+      std::fprintf(stderr, "nfrun serve: %s before serving: exiting\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      std::_Exit(0);
+    }
+    std::fprintf(stderr,
+                 "nfrun serve: %s: stopping (running requests have %.3g s "
+                 "to finish)\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", grace_.count() / 1000.0);
+    const auto deadline = std::chrono::steady_clock::now() + grace_;
+    watchdog_.arm(deadline);
+    scheduler_->shutdown(deadline);
+    // A second signal: exit now.
+    std::thread([set = set_] {
+      int again = 0;
+      sigwait(&set, &again);
+      std::_Exit(1);
+    }).detach();
+    // The streams still running end with their last events before the
+    // server stops writing.
+    while (!quit_ && !scheduler_->drained() &&
+           std::chrono::steady_clock::now() < deadline + kLastEvents)
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+    // The handlers write their requests' last events.
+    if (!quit_)
+      cv_.wait_for(lock, kLastEvents);
+    // listen_after_bind may not have started yet: stop() is then lost.
+    while (!quit_ && !server_->is_running())
+      cv_.wait_for(lock, std::chrono::milliseconds(10));
+    if (!quit_)
+      server_->stop();
+  }
+
+  /// Time for the handlers to write their requests' last events.
+  static constexpr std::chrono::milliseconds kLastEvents{500};
+  ExitWatchdog &watchdog_;
   std::chrono::milliseconds grace_;
+  sigset_t set_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::atomic<bool> quit_{false};
+  bool quit_ = false;
+  HttpServer *server_ = nullptr;
+  Scheduler *scheduler_ = nullptr;
   std::thread thread_;
 };
 
@@ -288,6 +385,9 @@ int runServe(const ServeFlags &f) {
   sigaddset(&stopSignals, SIGINT);
   sigaddset(&stopSignals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stopSignals, nullptr);
+  ExitWatchdog watchdog; // first: destroyed (disarmed) last
+  SignalStop stop(watchdog, std::chrono::milliseconds(
+                                static_cast<int64_t>(f.shutdownGrace * 1000)));
 
   nf::ModelParams params = modelParams(f.common);
   params.chatTemplatePath = f.chatTemplate;
@@ -422,9 +522,7 @@ int runServe(const ServeFlags &f) {
   if (!server.bind(f.host, f.port))
     return fail(f.host + ":" + std::to_string(f.port) +
                 ": cannot listen (address in use or not available)");
-  SignalStop stop(
-      server, scheduler,
-      std::chrono::milliseconds(static_cast<int64_t>(f.shutdownGrace * 1000)));
+  stop.serve(server, scheduler);
   std::fprintf(stderr,
                "nfrun serve: %s (%s backend, up to %d sequences at once, "
                "%lld tokens a step) on http://%s:%d\n",
@@ -434,10 +532,12 @@ int runServe(const ServeFlags &f) {
   try { // httplib starts its worker threads here
     ok = server.listen_after_bind();
   } catch (const std::exception &e) {
+    stop.finish();
     scheduler.shutdown(std::chrono::steady_clock::now());
     return fail(std::string("cannot start the HTTP worker threads: ") +
                 e.what());
   }
+  stop.finish(); // before the server and the scheduler go
   std::fprintf(stderr, "nfrun serve: stopped\n");
   return ok ? 0 : fail("the server stopped with an error");
 }

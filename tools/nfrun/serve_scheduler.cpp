@@ -228,7 +228,11 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
     if (fromResumed) {
       resumed_.pop_front();
     } else {
+      // shutdown() may have taken the queue (and ended r) since it was
+      // read: admit r only if it is still at the front.
       std::lock_guard<std::mutex> lock(mu_);
+      if (pending_.empty() || pending_.front() != r)
+        break;
       pending_.pop_front();
     }
     nf::StatusOr<int32_t> seq = model_.addSequence();
@@ -303,19 +307,39 @@ void Scheduler::runStep(std::vector<Entry> &step) {
   std::vector<int32_t> tokens;
   std::string error;
   std::vector<std::pair<Entry, int32_t>> done; // entries run, their tokens
+  // A step that fails in its checks leaves the sequences as they were; one
+  // that fails later (a device error, memory) leaves them unspecified.
+  auto unchanged = [&](const std::vector<Entry> &entries) {
+    for (const Entry &e : entries)
+      if (model_.sequenceLength(e.r->seq) != static_cast<int64_t>(e.r->fed))
+        return false;
+    return true;
+  };
+  // A sequence whose state may be wrong is recomputed (its request is
+  // preempted), once; a request that fails again ends with the error.
+  auto recompute = [&](const Entry &e, const std::string &why) {
+    if (e.r->failures++ > 0)
+      finish(*e.r, "", why);
+    else
+      preempt(e.r);
+  };
   if (runBatch(step, tokens, error)) {
     for (size_t i = 0; i < step.size(); ++i)
       done.push_back({step[i], tokens[i]});
+  } else if (!unchanged(step)) {
+    for (Entry &e : step)
+      recompute(e, error);
   } else if (step.size() == 1) {
     finish(*step[0].r, "", error);
   } else {
-    // The step's checks run before anything does, so the sequences are as
-    // they were: each request alone, and only those that fail alone fail.
+    // Each request alone: only those that fail alone fail.
     for (Entry &e : step) {
       std::vector<Entry> one{e};
       std::string why;
       if (runBatch(one, tokens, why))
         done.push_back({e, tokens[0]});
+      else if (!unchanged(one))
+        recompute(e, why);
       else
         finish(*e.r, "", why);
     }

@@ -50,6 +50,7 @@ struct Request {
   int32_t seq = -1; // the model's sequence, -1 while waiting
   size_t fed = 0;   // tokens of prompt + generated in the sequence
   std::vector<int32_t> generated;
+  int failures = 0;    // steps that failed after changing its sequence
   std::string decoded; // text of `generated` (raw bytes)
 
   // Guarded by mu: text ready for the client, and the end of the request.

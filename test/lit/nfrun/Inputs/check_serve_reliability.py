@@ -204,6 +204,31 @@ def check_limits():
     status, body = complete(base, dict(prompt="x" * 5000))
     if status != 413 or "--max-body-bytes" not in body:
         fail("limits: a 5,000-byte body: HTTP %d %s" % (status, body))
+    # A chunked body (no Content-Length, which httplib's limit reads) of
+    # 200,000 bytes is cut off too: never parsed (its top_p would be
+    # refused).
+    chunked = socket.create_connection(("127.0.0.1", port))
+    chunked.settimeout(10)
+    answer = b""
+    body = b'{"top_p": 0, "prompt": "' + b"x" * 200000 + b'"}'
+    try:
+        chunked.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n")
+        for i in range(0, len(body), 4000):
+            piece = body[i:i + 4000]
+            chunked.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+        chunked.sendall(b"0\r\n\r\n")
+        chunked.settimeout(2)
+        while len(answer) < 65536:
+            got = chunked.recv(4096)
+            if not got:
+                break
+            answer += got
+    except OSError:
+        pass
+    chunked.close()
+    if b"top_p" in answer:
+        fail("limits: a 200,000-byte chunked body was read: %r" % answer[:200])
     # A client sending its headers a byte every 0.2 s is cut off.
     slow = socket.create_connection(("127.0.0.1", port))
     slow.settimeout(10)
@@ -247,6 +272,14 @@ def check_stop():
     waiting = threading.Thread(target=lambda: complete(
         base, dict(prompt=tokens(3000, 5), max_tokens=1000), results, "long"))
     waiting.start()
+
+    def streamed():
+        events, done = serve_client.stream(base, "/v1/completions", dict(
+            prompt="def f():", max_tokens=100000, stream=True), fail)
+        results["stream"] = (events, done)
+
+    streaming = threading.Thread(target=streamed)
+    streaming.start()
     time.sleep(0.5)
     began = time.monotonic()
     server.send_signal(signal.SIGTERM)
@@ -255,8 +288,15 @@ def check_stop():
     except subprocess.TimeoutExpired:
         fail("stop: the server still runs 15 s after SIGTERM")
     waiting.join(timeout=5)
+    streaming.join(timeout=5)
     if rc != 0 or "long" not in results or results["long"][0] != 503:
         fail("stop: exit status %d, client answer %s" % (rc, results.get("long")))
+    # A stream running through the grace period ends with an error event
+    # and [DONE], not cut off.
+    events, done = results.get("stream", ([], False))
+    if not done or not any("error" in e for e in events):
+        fail("stop: the stream ended without its last events (%d events, "
+             "[DONE] %s)" % (len(events), done))
 
 
 # NF_CHECKS=pages,stop runs some of the checks (each one alone fails against
