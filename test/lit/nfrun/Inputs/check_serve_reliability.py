@@ -152,14 +152,17 @@ def check_pages():
 
 
 def check_chunks():
-    # Chunks: a 1,500-token prompt fed 64 tokens a step; a short request
-    # sent 0.3 s later ends first.
+    # Chunks: a 6,000-token prompt fed 64 tokens a step (94 steps); a short
+    # request sent once the prompt is being fed ends first.
     server, base = start(["--max-num-batched-tokens", "64"])
     results = {}
     long_call = threading.Thread(target=lambda: complete(
-        base, dict(prompt=tokens(1500, 4), max_tokens=1), results, "long"))
+        base, dict(prompt=tokens(6000, 4), max_tokens=1), results, "long"))
     long_call.start()
-    time.sleep(0.3)
+    for _ in range(200):
+        if health(base)["running"] == 1 or "long" in results:
+            break
+        time.sleep(0.02)
     complete(base, dict(prompt="def f():", max_tokens=2, temperature=0), results,
              "short")
     long_call.join()
@@ -254,7 +257,7 @@ def check_limits():
     # One slot, one queue place: of four requests at once, one is refused.
     results = {}
     for t in in_threads([lambda i=i: complete(
-            base, dict(prompt="def f():", max_tokens=64, temperature=0),
+            base, dict(prompt="def f():", max_tokens=1000, temperature=0),
             results, i) for i in range(4)]):
         t.join()
     codes = sorted(r[0] for r in results.values())
@@ -270,7 +273,7 @@ def check_stop():
                           "--shutdown-grace", "1"])
     results = {}
     waiting = threading.Thread(target=lambda: complete(
-        base, dict(prompt=tokens(3000, 5), max_tokens=1000), results, "long"))
+        base, dict(prompt=tokens(3000, 5), max_tokens=20000), results, "long"))
     waiting.start()
 
     def streamed():
