@@ -148,6 +148,14 @@ def gaps(rec, within=None):
     return out
 
 
+def throughput(recs):
+    """Tokens received, and each request's time per output token."""
+    tokens = sum(r.get("tokens", 0) for r in recs)
+    tpot = [(r["times"][-1] - r["times"][0]) / (r["tokens"] - 1)
+            for r in recs if r.get("tokens", 0) > 1]
+    return tokens, tpot
+
+
 rng = random.Random(1)
 warm = {}
 stream([rng.randrange(3, args.vocab) for _ in range(8)], 4, warm)
@@ -181,9 +189,7 @@ if args.mode == "join":
     all_gaps = [g for r in recs for g in gaps(r)]
     join_gaps = [g for r in recs for g in gaps(r, windows)]
     ttft = [j["times"][0] - j["start"] for j in joins if j.get("times")]
-    tokens = sum(r.get("tokens", 0) for r in recs)
-    tpot = [(r["times"][-1] - r["times"][0]) / (r["tokens"] - 1)
-            for r in recs if r.get("tokens", 0) > 1]
+    tokens, tpot = throughput(recs)
     h = health()
     print("| %s | %d streams, %d joins of %d | %.0f tok/s | TPOT mean %.2f ms | "
           "gap p50 %.1f / p99 %.1f / max %.1f ms | during joins p50 %.1f / "
@@ -221,9 +227,7 @@ else:
     wall = time.perf_counter() - t_begin
     ttft = [r["times"][0] - r["start"] for r in recs if r.get("times")]
     itl = [g for r in recs for g in gaps(r)]
-    tokens = sum(r.get("tokens", 0) for r in recs)
-    tpot = [(r["times"][-1] - r["times"][0]) / (r["tokens"] - 1)
-            for r in recs if r.get("tokens", 0) > 1]
+    tokens, tpot = throughput(recs)
     h = health()
     print("| %s | Poisson %.1f/s for %.0f s | %.0f tok/s | TTFT p50 %.2f / "
           "p99 %.2f s | TPOT mean %.2f ms | gap p50 %.1f / p99 %.1f ms | "
