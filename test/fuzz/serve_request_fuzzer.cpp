@@ -6,7 +6,8 @@
 // The input is one option byte and the body: byte & 1 picks the endpoint
 // (completions, chat). A body is answered with a request or with one line
 // of error (a 400); a request has prompt tokens in the vocabulary and within
-// the context, max_tokens >= 1 and a sampler.
+// the context, max_tokens >= 1 (or 0, chat's "no limit of its own") and
+// valid sampler parameters.
 #include "fuzz_util.h"
 #include "nf/tokenizer.h"
 
@@ -28,9 +29,9 @@ public:
   FuzzModel() {
     auto t = nf::Tokenizer::fromFile(NF_SOURCE_DIR
                                      "/examples/pydoc-moe/tokenizer.json");
-    auto c = nf::chat::loadChatConfig(
-        NF_SOURCE_DIR "/examples/pydoc-moe",
-        NF_SOURCE_DIR "/test/data/chat_templates/chatml.jinja");
+    auto c = nf::chat::loadChatConfig(NF_SOURCE_DIR "/examples/pydoc-moe",
+                                      NF_SOURCE_DIR
+                                      "/test/data/chat_templates/chatml.jinja");
     if (!t || !c) {
       std::fprintf(stderr, "nf fuzz: %s\n",
                    (t ? c.message() : t.message()).c_str());
@@ -40,8 +41,8 @@ public:
     chat_ = std::move(*c);
   }
   bool hasTokenizer() const override { return true; }
-  nf::StatusOr<std::vector<int32_t>>
-  tokenize(const std::string &text, bool addSpecial) const override {
+  nf::StatusOr<std::vector<int32_t>> tokenize(const std::string &text,
+                                              bool addSpecial) const override {
     return tokenizer_->encode(text, addSpecial);
   }
   int64_t vocabSize() const override { return tokenizer_->vocabSize(); }
@@ -78,12 +79,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     nf::fuzz::checkError(*err, "");
     return 0;
   }
-  const nfrun::Request &r = *std::get<std::shared_ptr<nfrun::Request>>(parsed);
-  if (r.prompt.empty() ||
-      static_cast<int64_t>(r.prompt.size()) >= kContext || r.maxTokens < 1 ||
-      !r.sampler)
+  const nf::RequestParams &r = std::get<nfrun::ParsedRequest>(parsed).params;
+  if (r.prompt.empty() || static_cast<int64_t>(r.prompt.size()) >= kContext ||
+      r.maxTokens < 0 || (r.maxTokens == 0 && !chat) ||
+      !nf::Sampler::create(r.sampler))
     nf::fuzz::violated("an accepted request without a prompt in the "
-                       "context, max_tokens or a sampler");
+                       "context, max_tokens or valid sampler parameters");
   for (int32_t id : r.prompt)
     if (id < 0 || id >= model.vocabSize())
       nf::fuzz::violated("a prompt token outside the vocabulary");

@@ -35,6 +35,7 @@ struct GenerateFlags {
   float minP = 0.0f;
   uint64_t seed = 0;
   std::vector<int32_t> stopTokens;
+  std::vector<std::string> stopStrings;
   bool ignoreEos = false;
   float expertBudget = 0.0f; // <= 0: the plan's default
   std::string dumpLogits;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 namespace nfrun {
@@ -97,43 +98,6 @@ nf::Status writeSafetensors(const std::string &path,
   return nf::Status::success();
 }
 
-/// Streams generated text: prints the bytes each token adds (decoding a
-/// short tail with and without it, so merging decoders work).
-class TextStream {
-public:
-  explicit TextStream(const nf::Model &model) : model_(model) {}
-
-  nf::Status add(int32_t token) {
-    constexpr size_t kTail = 8;
-    std::vector<int32_t> tail(history_.end() - std::min(history_.size(), kTail),
-                              history_.end());
-    const int flags = NF_DETOKENIZE_SKIP_SPECIAL | NF_DETOKENIZE_RAW_BYTES;
-    auto before = model_.detokenize(tail, flags);
-    tail.push_back(token);
-    auto after = model_.detokenize(tail, flags);
-    if (!before)
-      return before.status();
-    if (!after)
-      return after.status();
-    std::string piece;
-    if (after->compare(0, before->size(), *before) == 0)
-      piece = after->substr(before->size());
-    else if (auto one = model_.detokenize({token}, flags); one)
-      piece = *one;
-    history_.push_back(token);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-    endsWithNewline_ = piece.empty() ? endsWithNewline_ : piece.back() == '\n';
-    return nf::Status::success();
-  }
-  bool endsWithNewline() const { return endsWithNewline_; }
-
-private:
-  const nf::Model &model_;
-  std::vector<int32_t> history_;
-  bool endsWithNewline_ = true;
-};
-
 } // namespace
 
 int runGenerate(const GenerateFlags &f) {
@@ -217,20 +181,42 @@ int runGenerate(const GenerateFlags &f) {
     prefillLogits = logits;
 
   std::vector<int32_t> stops = f.stopTokens;
-  TextStream text(model);
+  // The text as the serving engine streams it (libnf's text stream): each
+  // token's bytes in context, cut before a stop string.
   const bool haveText = model.hasTokenizer();
+  if (!haveText && !f.stopStrings.empty())
+    return fail(f.common.plan + ": --stop needs the model's tokenizer");
+  std::optional<nf::TextStream> text;
+  if (haveText) {
+    auto t = nf::TextStream::create(model, f.stopStrings);
+    if (!t)
+      return fail(t.message());
+    text.emplace(std::move(*t));
+  }
+  bool endsWithNewline = true;
+  auto print = [&](const std::string &piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    if (!piece.empty())
+      endsWithNewline = piece.back() == '\n';
+  };
   int64_t decodeSteps = 0;
   while (static_cast<int>(generated.size()) < f.maxTokens) {
     generated.push_back(*token);
-    if (haveText) {
-      if (auto st = text.add(*token); !st)
-        return fail(st.message());
-    } else {
+    bool stopString = false;
+    const bool stopToken =
+        (!f.ignoreEos && model.isEos(*token)) ||
+        std::find(stops.begin(), stops.end(), *token) != stops.end();
+    if (haveText && !stopToken) {
+      auto piece = text->add(*token, false, &stopString);
+      if (!piece)
+        return fail(piece.message());
+      print(*piece);
+    } else if (!haveText) {
       std::printf("%s%d", generated.size() > 1 ? " " : "", *token);
       std::fflush(stdout);
     }
-    bool stop = (!f.ignoreEos && model.isEos(*token)) ||
-                std::find(stops.begin(), stops.end(), *token) != stops.end();
+    bool stop = stopToken || stopString;
     bool last_ = stop || static_cast<int>(generated.size()) >= f.maxTokens;
     if (last_ && !dump)
       break;
@@ -247,7 +233,13 @@ int runGenerate(const GenerateFlags &f) {
       break;
   }
   auto t2 = Clock::now();
-  if (!haveText || !text.endsWithNewline() || generated.empty())
+  if (haveText) { // what was held back
+    auto rest = text->finish();
+    if (!rest)
+      return fail(rest.message());
+    print(*rest);
+  }
+  if (!haveText || !endsWithNewline || generated.empty())
     std::printf("\n");
   std::fflush(stdout);
 

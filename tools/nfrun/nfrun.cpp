@@ -118,6 +118,16 @@ int main(int argc, char **argv) {
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->check(nf::cli::NonNegative);
+  generate
+      ->add_option("--stop", gen.stopStrings,
+                   "End the text before this string (repeatable; needs the "
+                   "tokenizer)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check([](const std::string &s) {
+        return s.empty() ? std::string("a stop string must not be empty")
+                         : std::string();
+      });
   generate->add_flag("--ignore-eos", gen.ignoreEos,
                      "Do not stop at the model's EOS token");
   generate

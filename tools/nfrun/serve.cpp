@@ -4,10 +4,10 @@
 // HTTP threads (HttpServer: cpp-httplib with per-request read deadlines and
 // a body limit) parse and validate requests (serve_request.cpp: a chat
 // request's messages become a prompt through the model's chat template)
-// and hand them to the Scheduler (serve_scheduler.h), whose one thread owns
-// the model and runs every admitted request in shared steps: running
-// requests' next tokens, then prompt chunks within a token budget. Text is
-// produced incrementally from the generated tokens and streamed
+// and submit them to libnf's serving engine (nf_engine), whose thread has
+// the model's steps and runs every admitted request in shared steps:
+// running requests' next tokens, then prompt chunks within a token budget.
+// The engine's text (stop strings and UTF-8 held back) is streamed
 // (server-sent events) or returned at the end. A request whose client goes
 // away is cancelled. SIGINT / SIGTERM stop listening, end waiting requests,
 // let running ones finish for a grace period, then end the rest; the
@@ -16,7 +16,6 @@
 #include "http_server.h"
 #include "serve_metrics.h"
 #include "serve_request.h"
-#include "serve_scheduler.h"
 
 #include "nf/nf.hpp"
 
@@ -76,35 +75,47 @@ bool constantTimeEqual(const std::string &a, const std::string &b) {
   return diff == 0 && !b.empty();
 }
 
-/// Answers a completion (`chat` false) or chat completion request: queues
-/// it and waits for the whole text, or streams it as server-sent events.
+/// The finish_reason of an OpenAI response.
+const char *finishReason(nf_finish_reason reason) {
+  return reason == NF_FINISH_LENGTH ? "length" : "stop";
+}
+
+/// Answers a completion (`chat` false) or chat completion request: submits
+/// it to the engine and waits for the whole text, or streams it as
+/// server-sent events.
 void serveCompletion(const httplib::Request &req, httplib::Response &res,
-                     bool chat, const RequestModel &model, Scheduler &scheduler,
-                     const std::string &name, std::atomic<int64_t> &nextId) {
+                     bool chat, const RequestModel &model,
+                     nf::ServingEngine &engine, const std::string &name,
+                     std::atomic<int64_t> &nextId) {
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded())
     return sendError(res, 400, "the body is not valid JSON");
   Parsed parsed = chat ? parseChat(body, model) : parseCompletion(body, model);
   if (auto *err = std::get_if<std::string>(&parsed))
     return sendError(res, 400, *err);
-  std::shared_ptr<Request> r = std::get<std::shared_ptr<Request>>(parsed);
-  const bool stream = r->stream;
+  const ParsedRequest &p = std::get<ParsedRequest>(parsed);
   const std::string id =
       (chat ? "chatcmpl-" : "cmpl-") + std::to_string(nextId++);
   const int64_t created = unixTime();
-  const size_t promptTokens = r->prompt.size();
-  switch (scheduler.submit(r)) {
-  case Scheduler::Submit::Queued:
-    break;
-  case Scheduler::Submit::QueueFull:
-    res.set_header("Retry-After", "1");
-    return sendError(res, 429,
-                     "the server is busy: its queue of waiting requests is "
-                     "full (--max-queue); retry later",
-                     "rate_limit_error");
-  case Scheduler::Submit::ShuttingDown:
-    return sendError(res, 503, "the server is shutting down", "server_error");
+  nf_status code = NF_OK;
+  auto submitted = engine.submit(p.params, &code);
+  if (!submitted) {
+    switch (code) {
+    case NF_ERR_CAPACITY:
+      res.set_header("Retry-After", "1");
+      return sendError(res, 429,
+                       "the server is busy: its queue of waiting requests is "
+                       "full (--max-queue); retry later",
+                       "rate_limit_error");
+    case NF_ERR_UNAVAILABLE:
+      return sendError(res, 503, "the server is shutting down", "server_error");
+    case NF_ERR_INVALID_ARGUMENT:
+      return sendError(res, 400, submitted.message());
+    default:
+      return sendError(res, 500, submitted.message(), "server_error");
+    }
   }
+  auto request = std::make_shared<nf::ServingRequest>(std::move(*submitted));
   // The response object (streamed: a chunk) around its one choice.
   auto response = [id, created, name, chat](const json &choice, bool chunk) {
     json c = choice;
@@ -118,29 +129,52 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
                 {"model", name},
                 {"choices", json::array({c})}};
   };
-  if (!stream) {
+  auto errorText = [](const nf::RequestOutput &o) {
+    return o.finishReason == NF_FINISH_CANCELLED
+               ? std::string("the request was cancelled")
+               : o.error;
+  };
+  if (!p.stream) {
     // Waits for the end, and stops the request when its client goes away.
-    std::unique_lock<std::mutex> lock(r->mu);
-    while (!r->done)
-      if (!r->cv.wait_for(lock, kClientCheck, [&] { return r->done; }) &&
-          HttpServer::clientGone())
-        r->cancelled = true;
-    if (!r->error.empty())
-      return sendError(res, r->unavailable ? 503 : 500, r->error,
-                       "server_error");
-    json choice = {{"finish_reason", r->finishReason}};
+    nf::RequestOutput all;
+    auto checked = std::chrono::steady_clock::now();
+    for (;;) {
+      auto o = request->read(kClientCheck);
+      if (!o)
+        return sendError(res, 500, o.message(), "server_error");
+      all.tokens.insert(all.tokens.end(), o->tokens.begin(), o->tokens.end());
+      all.text += o->text;
+      if (o->finished()) {
+        o->tokens = std::move(all.tokens);
+        o->text = std::move(all.text);
+        all = std::move(*o);
+        break;
+      }
+      if (std::chrono::steady_clock::now() - checked >= kClientCheck) {
+        checked = std::chrono::steady_clock::now();
+        if (HttpServer::clientGone())
+          request->cancel();
+      }
+    }
+    if (all.finishReason != NF_FINISH_STOP &&
+        all.finishReason != NF_FINISH_LENGTH)
+      return sendError(res,
+                       all.finishReason == NF_FINISH_UNAVAILABLE ? 503 : 500,
+                       errorText(all), "server_error");
+    json choice = {{"finish_reason", finishReason(all.finishReason)}};
     if (chat)
-      choice["message"] = {{"role", "assistant"}, {"content", r->text}};
+      choice["message"] = {{"role", "assistant"}, {"content", all.text}};
     else
-      choice["text"] = r->text;
-    if (r->returnTokenIds) { // as vLLM's return_token_ids
-      choice["prompt_token_ids"] = r->prompt;
-      choice["token_ids"] = r->tokens;
+      choice["text"] = all.text;
+    if (p.returnTokenIds) { // as vLLM's return_token_ids
+      choice["prompt_token_ids"] = p.params.prompt;
+      choice["token_ids"] = all.tokens;
     }
     json out = response(choice, false);
-    out["usage"] = {{"prompt_tokens", promptTokens},
-                    {"completion_tokens", r->tokens.size()},
-                    {"total_tokens", promptTokens + r->tokens.size()}};
+    out["usage"] = {{"prompt_tokens", all.promptTokens},
+                    {"completion_tokens", all.completionTokens},
+                    {"total_tokens", all.promptTokens + all.completionTokens}};
+    res.set_header("X-Actual-New-Tokens", std::to_string(all.completionTokens));
     res.set_content(dumpJson(out), "application/json");
     return;
   }
@@ -160,59 +194,60 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
       choice["delta"] = json::object();
     return "data: " + dumpJson(response(choice, true)) + "\n\n";
   };
+  auto roleSent = std::make_shared<bool>(!chat);
+  const bool returnTokenIds = p.returnTokenIds;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [r, event, response](size_t, httplib::DataSink &sink) {
-        std::unique_lock<std::mutex> lock(r->mu);
+      [request, roleSent, returnTokenIds, event, response,
+       errorText](size_t, httplib::DataSink &sink) {
         std::string events;
-        if (r->chat && !r->roleSent) {
+        nf::RequestOutput o;
+        if (!*roleSent) {
           // A chat stream opens with the role, before any text.
           json choice = {{"finish_reason", nullptr},
                          {"delta", {{"role", "assistant"}, {"content", ""}}}};
           events += "data: " + dumpJson(response(choice, true)) + "\n\n";
-          r->roleSent = true;
+          *roleSent = true;
         } else {
-          while (!r->cv.wait_for(lock, kClientCheck, [&] {
-            return r->done || r->text.size() > r->sent ||
-                   (r->returnTokenIds && r->tokens.size() > r->tokensSent);
-          }))
-            if (HttpServer::clientGone()) {
-              r->cancelled = true; // the client went away: stop generating
+          auto checked = std::chrono::steady_clock::now();
+          for (;;) {
+            auto read = request->read(kClientCheck);
+            if (!read) {
+              request->cancel();
               return false;
             }
+            o = std::move(*read);
+            if (o.finished() || !o.text.empty() ||
+                (returnTokenIds && !o.tokens.empty()))
+              break;
+            // Nothing new, or tokens whose text is held back.
+            if (std::chrono::steady_clock::now() - checked >= kClientCheck) {
+              checked = std::chrono::steady_clock::now();
+              if (HttpServer::clientGone()) {
+                request->cancel(); // the client went away: stop generating
+                return false;
+              }
+            }
+          }
         }
-        // Read under the lock: the scheduler may finish the request
-        // between this chunk and the check below, and a stream that
-        // ended on a later reading of `done` lost its finish chunk and
-        // [DONE] (the intermittent failure serve.test once allowed a
-        // retry for).
-        const bool done = r->done;
-        const bool newIds =
-            r->returnTokenIds && r->tokens.size() > r->tokensSent;
-        if (r->text.size() > r->sent || newIds) {
-          json ids = nullptr;
-          if (r->returnTokenIds)
-            ids = std::vector<int32_t>(r->tokens.begin() + r->tokensSent,
-                                       r->tokens.end());
-          events += event(r->text.substr(r->sent), nullptr, ids);
-          r->sent = r->text.size();
-          r->tokensSent = r->tokens.size();
-        }
+        if (!o.text.empty() || (returnTokenIds && !o.tokens.empty()))
+          events += event(o.text, nullptr,
+                          returnTokenIds ? json(o.tokens) : json(nullptr));
+        const bool done = o.finished();
         if (done) {
-          if (!r->error.empty())
-            events +=
-                "data: " +
-                dumpJson(
-                    json{{"error",
-                          {{"message", r->error}, {"type", "server_error"}}}}) +
-                "\n\n";
+          if (o.finishReason != NF_FINISH_STOP &&
+              o.finishReason != NF_FINISH_LENGTH)
+            events += "data: " +
+                      dumpJson(json{{"error",
+                                     {{"message", errorText(o)},
+                                      {"type", "server_error"}}}}) +
+                      "\n\n";
           else
-            events += event("", r->finishReason);
+            events += event("", finishReason(o.finishReason));
           events += "data: [DONE]\n\n";
         }
-        lock.unlock();
         if (!sink.write(events.data(), events.size())) {
-          r->cancelled = true; // the client went away: stop generating
+          request->cancel(); // the client went away: stop generating
           return false;
         }
         if (done)
@@ -222,11 +257,33 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
       // However the response ends (httplib may end it without asking the
       // provider: stop(), a client that stopped reading), a request that
       // is still running has nobody to run for.
-      [r](bool) {
-        std::lock_guard<std::mutex> lock(r->mu);
-        if (!r->done)
-          r->cancelled = true;
-      });
+      [request](bool) { request->cancel(); });
+}
+
+/// Records the engine's events into the server's metrics (on the engine's
+/// thread).
+void recordEvent(const nf_engine_event *e, void *data) {
+  auto &metrics = *static_cast<ServeMetrics *>(data);
+  switch (e->kind) {
+  case NF_EVENT_STEP:
+    metrics.step();
+    break;
+  case NF_EVENT_FIRST_TOKEN:
+    metrics.firstToken(e->seconds);
+    break;
+  case NF_EVENT_TOKEN:
+    metrics.nextToken(e->seconds);
+    break;
+  case NF_EVENT_FINISHED:
+    metrics.finished(e->finish_reason == NF_FINISH_STOP     ? "stop"
+                     : e->finish_reason == NF_FINISH_LENGTH ? "length"
+                                                            : "abort",
+                     e->seconds, e->prompt_tokens, e->completion_tokens);
+    break;
+  case NF_EVENT_PREEMPTED:
+    metrics.preempted();
+    break;
+  }
 }
 
 /// Exits the process at a deadline unless disarmed: the bound on a stop
@@ -283,7 +340,7 @@ private:
 /// Stops the server on SIGINT or SIGTERM: a thread that waits for them
 /// (blocked in every thread from the start of runServe), so that the stop
 /// runs outside a signal handler. Before serve() is called (the model is
-/// loading) a signal ends the process at once. Then: the scheduler stops
+/// loading) a signal ends the process at once. Then: the engine stops
 /// admitting and gives running requests the grace period, the server stops
 /// once they are done (streams end with their last events) or the grace
 /// period is over, and the watchdog bounds the rest. A second signal exits
@@ -315,11 +372,11 @@ public:
     }
     cv_.notify_all();
   }
-  /// From now on a signal stops `server` and drains `scheduler`.
-  void serve(HttpServer &server, Scheduler &scheduler) {
+  /// From now on a signal stops `server` and drains `engine`.
+  void serve(HttpServer &server, nf::ServingEngine &engine) {
     std::lock_guard<std::mutex> lock(mu_);
     server_ = &server;
-    scheduler_ = &scheduler;
+    engine_ = &engine;
   }
 
 private:
@@ -340,7 +397,7 @@ private:
                  sig == SIGINT ? "SIGINT" : "SIGTERM", grace_.count() / 1000.0);
     const auto deadline = std::chrono::steady_clock::now() + grace_;
     watchdog_.arm(deadline);
-    scheduler_->shutdown(deadline);
+    engine_->shutdown(grace_);
     // A second signal: exit now.
     std::thread([set = set_] {
       int again = 0;
@@ -349,7 +406,7 @@ private:
     }).detach();
     // The streams still running end with their last events before the
     // server stops writing.
-    while (!quit_ && !scheduler_->drained() &&
+    while (!quit_ && !engine_->stats().drained &&
            std::chrono::steady_clock::now() < deadline + kLastEvents)
       cv_.wait_for(lock, std::chrono::milliseconds(50));
     // The handlers write their requests' last events.
@@ -371,7 +428,7 @@ private:
   std::condition_variable cv_;
   bool quit_ = false;
   HttpServer *server_ = nullptr;
-  Scheduler *scheduler_ = nullptr;
+  nf::ServingEngine *engine_ = nullptr;
   std::thread thread_;
 };
 
@@ -408,12 +465,15 @@ int runServe(const ServeFlags &f) {
       std::max(1, f.maxBatch > 0 ? std::min(f.maxBatch, model->maxSequences())
                                  : model->maxSequences());
   ServeMetrics metrics(name);
-  SchedulerOptions so;
-  so.metrics = &metrics;
-  so.maxBatch = maxBatch;
-  so.maxQueue = f.maxQueue;
-  so.stepTokens = std::max<int64_t>(f.maxBatchedTokens, maxBatch);
-  Scheduler scheduler(*model, so);
+  nf::EngineParams ep;
+  ep.maxBatch = maxBatch;
+  ep.maxQueue = f.maxQueue;
+  ep.maxBatchedTokens = std::max<int64_t>(f.maxBatchedTokens, maxBatch);
+  ep.observer = recordEvent;
+  ep.observerData = &metrics;
+  auto engine = nf::ServingEngine::create(*model, ep);
+  if (!engine)
+    return fail(engine.message());
 
   HttpLimits limits;
   limits.maxBodyBytes = static_cast<size_t>(f.maxBodyBytes);
@@ -423,21 +483,26 @@ int runServe(const ServeFlags &f) {
   std::atomic<int64_t> nextId{0};
   const LoadedRequestModel requestModel(*model);
   server.Get("/health", [&](const httplib::Request &, httplib::Response &res) {
-    const SchedulerStats s = scheduler.stats();
+    const nf_engine_stats s = engine->stats();
     res.status = s.draining ? 503 : 200;
     res.set_content(dumpJson(json{{"status", s.draining ? "stopping" : "ok"},
-                                  {"queued", s.queued},
+                                  {"queued", s.waiting},
                                   {"running", s.running},
-                                  {"sequences", s.liveSequences},
+                                  {"sequences", s.live_sequences},
                                   {"max_batch", maxBatch},
-                                  {"kv_pages", s.kvPages},
-                                  {"kv_pages_free", s.kvFreePages},
+                                  {"kv_pages", s.kv_pages},
+                                  {"kv_pages_free", s.kv_free_pages},
                                   {"preemptions", s.preemptions},
                                   {"steps", s.steps},
-                                  {"peak_batch", s.peakBatch}}),
+                                  {"peak_batch", s.peak_batch}}),
                     "application/json");
   });
   server.Get("/metrics", [&](const httplib::Request &, httplib::Response &res) {
+    const nf_engine_stats s = engine->stats();
+    metrics.setLoad(
+        s.running, s.waiting,
+        s.kv_pages > 0 ? 1.0 - static_cast<double>(s.kv_free_pages) / s.kv_pages
+                       : 0.0);
     res.set_content(metrics.text(), "text/plain; version=0.0.4");
   });
   server.set_logger(
@@ -474,12 +539,12 @@ int runServe(const ServeFlags &f) {
   server.Post("/v1/completions", [&](const httplib::Request &req,
                                      httplib::Response &res) {
     if (authorized(req, res))
-      serveCompletion(req, res, false, requestModel, scheduler, name, nextId);
+      serveCompletion(req, res, false, requestModel, *engine, name, nextId);
   });
   server.Post("/v1/chat/completions", [&](const httplib::Request &req,
                                           httplib::Response &res) {
     if (authorized(req, res))
-      serveCompletion(req, res, true, requestModel, scheduler, name, nextId);
+      serveCompletion(req, res, true, requestModel, *engine, name, nextId);
   });
   server.set_exception_handler([](const httplib::Request &,
                                   httplib::Response &res,
@@ -522,22 +587,23 @@ int runServe(const ServeFlags &f) {
   if (!server.bind(f.host, f.port))
     return fail(f.host + ":" + std::to_string(f.port) +
                 ": cannot listen (address in use or not available)");
-  stop.serve(server, scheduler);
+  stop.serve(server, *engine);
   std::fprintf(stderr,
                "nfrun serve: %s (%s backend, up to %d sequences at once, "
                "%lld tokens a step) on http://%s:%d\n",
                name.c_str(), model->backend().c_str(), maxBatch,
-               static_cast<long long>(so.stepTokens), f.host.c_str(), f.port);
+               static_cast<long long>(ep.maxBatchedTokens), f.host.c_str(),
+               f.port);
   bool ok = false;
   try { // httplib starts its worker threads here
     ok = server.listen_after_bind();
   } catch (const std::exception &e) {
     stop.finish();
-    scheduler.shutdown(std::chrono::steady_clock::now());
+    engine->shutdown(std::chrono::milliseconds(0));
     return fail(std::string("cannot start the HTTP worker threads: ") +
                 e.what());
   }
-  stop.finish(); // before the server and the scheduler go
+  stop.finish(); // before the server and the engine go
   std::fprintf(stderr, "nfrun serve: stopped\n");
   return ok ? 0 : fail("the server stopped with an error");
 }

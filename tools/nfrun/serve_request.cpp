@@ -1,6 +1,7 @@
 // nfrun serve's request parsing: the JSON bodies of /v1/completions and
-// /v1/chat/completions, validated into a Request (prompt tokens, limits, a
-// sampler, stop strings) or a one-line error for a 400 answer. Runs on the
+// /v1/chat/completions, validated into the serving engine's request
+// parameters (prompt tokens, limits, sampling, stop strings) or a one-line
+// error for a 400 answer. Runs on the
 // HTTP threads: it only reads the model (tokenizer, chat template, sizes),
 // which is immutable after loading.
 #include "serve_request.h"
@@ -23,10 +24,11 @@ uint64_t randomSeed() {
 /// The sampling and length fields of a request, shared by both endpoints:
 /// max_tokens (chat: also max_completion_tokens, and by default the rest
 /// of the context), temperature, top_p, top_k, min_p, seed, n, stream and
-/// stop. `r.prompt` is set. An error message, or nullopt.
+/// stop. `r.params.prompt` is set. An error message, or nullopt.
 std::optional<std::string>
-parseSampling(const json &body, const RequestModel &model, Request &r) {
-  if (r.prompt.empty())
+parseSampling(const json &body, const RequestModel &model, ParsedRequest &r) {
+  const std::vector<int32_t> &prompt = r.params.prompt;
+  if (prompt.empty())
     return std::string("the prompt has no tokens");
   // A number in [lo, hi] ((lo, hi] when `openLow`).
   auto number = [&](const char *key, double lo, double hi, double &out,
@@ -60,14 +62,16 @@ parseSampling(const json &body, const RequestModel &model, Request &r) {
   // Context left after the prompt; a model without attention has no limit.
   int64_t room = int64_t{1} << 30;
   if (model.maxContext() >= 0) {
-    room = model.maxContext() - static_cast<int64_t>(r.prompt.size());
+    room = model.maxContext() - static_cast<int64_t>(prompt.size());
     if (room < 1)
-      return "the prompt has " + std::to_string(r.prompt.size()) +
+      return "the prompt has " + std::to_string(prompt.size()) +
              " tokens; this model's context is " +
              std::to_string(model.maxContext());
   }
-  r.maxTokens = static_cast<int32_t>(
-      maxTokens < 0 ? room : std::min<double>(maxTokens, room));
+  // No limit of its own (0): the server's --max-new-tokens, else the
+  // context. One above the server's limit is refused by the engine.
+  r.params.maxTokens = static_cast<int32_t>(
+      maxTokens < 0 ? 0 : std::min<double>(maxTokens, room));
   nf::SamplerParams sampling;
   sampling.temperature = static_cast<float>(temperature);
   sampling.topP = static_cast<float>(topP);
@@ -77,10 +81,9 @@ parseSampling(const json &body, const RequestModel &model, Request &r) {
   // do: equal requests give different samples.
   const bool seeded = body.contains("seed") && !body["seed"].is_null();
   sampling.seed = seeded ? static_cast<uint64_t>(seed) : randomSeed();
-  auto sampler = nf::Sampler::create(sampling);
-  if (!sampler)
+  if (auto sampler = nf::Sampler::create(sampling); !sampler)
     return sampler.message();
-  r.sampler.emplace(std::move(*sampler));
+  r.params.sampler = sampling;
   if (body.contains("stream") && !body["stream"].is_null()) {
     if (!body["stream"].is_boolean())
       return std::string("'stream' must be true or false");
@@ -95,15 +98,15 @@ parseSampling(const json &body, const RequestModel &model, Request &r) {
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json &s = body["stop"];
     if (s.is_string())
-      r.stops.push_back(s.get<std::string>());
+      r.params.stopStrings.push_back(s.get<std::string>());
     else if (s.is_array() && std::all_of(s.begin(), s.end(), [](const json &v) {
                return v.is_string();
              }))
       for (const json &v : s)
-        r.stops.push_back(v.get<std::string>());
+        r.params.stopStrings.push_back(v.get<std::string>());
     else
       return std::string("'stop' must be a string or an array of strings");
-    for (const std::string &s : r.stops)
+    for (const std::string &s : r.params.stopStrings)
       if (s.empty())
         return std::string("'stop' strings must not be empty");
   }
@@ -125,7 +128,7 @@ std::string withoutTemplatePath(const std::string &message) {
 /// sizes), which is immutable after loading, while the scheduler thread
 /// runs it.
 Parsed parseCompletion(const json &body, const RequestModel &model) {
-  auto r = std::make_shared<Request>();
+  ParsedRequest r;
   if (!body.is_object())
     return std::string("the body must be a JSON object");
   if (!body.contains("prompt"))
@@ -138,7 +141,7 @@ Parsed parseCompletion(const json &body, const RequestModel &model) {
     auto ids = model.tokenize(p.get<std::string>(), false);
     if (!ids)
       return "prompt: " + ids.message();
-    r->prompt = std::move(*ids);
+    r.params.prompt = std::move(*ids);
   } else if (p.is_array() && !p.empty() &&
              std::all_of(p.begin(), p.end(),
                          [](const json &v) { return v.is_number_integer(); })) {
@@ -147,13 +150,13 @@ Parsed parseCompletion(const json &body, const RequestModel &model) {
       if (id < 0 || id >= model.vocabSize())
         return "prompt: token id " + std::to_string(id) + " is not in [0, " +
                std::to_string(model.vocabSize()) + ")";
-      r->prompt.push_back(static_cast<int32_t>(id));
+      r.params.prompt.push_back(static_cast<int32_t>(id));
     }
   } else {
     return std::string("'prompt' must be a string or a non-empty array of "
                        "token ids (one prompt per request)");
   }
-  if (auto err = parseSampling(body, model, *r))
+  if (auto err = parseSampling(body, model, r))
     return *err;
   return r;
 }
@@ -244,13 +247,13 @@ Parsed parseChat(const json &body, const RequestModel &model) {
       model.applyChatTemplate(std::get<std::vector<nf::ChatMessage>>(messages));
   if (!text)
     return withoutTemplatePath(text.message());
-  auto r = std::make_shared<Request>();
-  r->chat = true;
+  ParsedRequest r;
+  r.chat = true;
   auto ids = model.tokenize(*text, false);
   if (!ids)
     return "prompt: " + ids.message();
-  r->prompt = std::move(*ids);
-  if (auto err = parseSampling(body, model, *r))
+  r.params.prompt = std::move(*ids);
+  if (auto err = parseSampling(body, model, r))
     return *err;
   return r;
 }

@@ -1,7 +1,7 @@
 // nfrun serve's request parsing (see serve_request.cpp).
 #pragma once
 
-#include "serve_scheduler.h"
+#include "nf/nf.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -53,8 +53,16 @@ private:
   const nf::Model &model_;
 };
 
+/// A validated request: what the serving engine runs, and how to answer.
+struct ParsedRequest {
+  nf::RequestParams params;
+  bool stream = false;
+  bool returnTokenIds = false; // the response lists the token ids
+  bool chat = false;           // /v1/chat/completions
+};
+
 /// A validated request, or the one-line message of a 400 answer.
-using Parsed = std::variant<std::shared_ptr<Request>, std::string>;
+using Parsed = std::variant<ParsedRequest, std::string>;
 
 /// A /v1/completions body: prompt (text or token ids), max_tokens,
 /// temperature, top_p, top_k, min_p, seed, n, stream, stop,

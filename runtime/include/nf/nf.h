@@ -77,7 +77,9 @@ typedef enum nf_status {
   NF_ERR_RUNTIME = 6,
   NF_ERR_OUT_OF_MEMORY = 7,
   /* A bug in nf: please report the message. */
-  NF_ERR_INTERNAL = 8
+  NF_ERR_INTERNAL = 8,
+  /* The serving engine is shutting down and takes no new requests. */
+  NF_ERR_UNAVAILABLE = 9
 } nf_status;
 
 /* A constant name for a status code, e.g. "NF_ERR_LOAD". */
@@ -404,6 +406,233 @@ NF_API nf_status nf_generate(nf_model *model, const int32_t *prompt,
                              size_t n_prompt, const nf_generate_params *params,
                              nf_token_callback callback, void *user_data,
                              int32_t *out, size_t cap, size_t *n_out);
+
+/* ------------------------------------------------------------------------ */
+/* Text streams                                                             */
+
+/* Generated tokens as the text a client may see, piece by piece: each
+   token's bytes decoded in context (as one decode of the whole text would
+   write them, special tokens skipped), cut before the first stop string,
+   and held back while the text ends with what may begin a stop string or
+   with part of a UTF-8 character. The serving engine's requests use it;
+   so can any front end that samples tokens itself. */
+typedef struct nf_text_stream nf_text_stream;
+
+/* A stream of `model`'s tokenizer (which must outlive it) with stop strings
+   stops[0..n_stops) (NUL-terminated, not empty). NF_ERR_UNSUPPORTED when the
+   model has no tokenizer. */
+NF_API nf_status nf_text_stream_create(const nf_model *model,
+                                       const char *const *stops,
+                                       size_t n_stops, nf_text_stream **out);
+NF_API void nf_text_stream_free(nf_text_stream *stream);
+/* Adds a generated token, then points *text at the bytes that became
+   visible (*len of them; valid until the next call on the stream). With
+   `final` nonzero (the last token, or 0 tokens: pass token -1) nothing is
+   held back. *stopped (may be NULL) becomes nonzero when a stop string now
+   ends the text: add no more tokens. */
+NF_API nf_status nf_text_stream_add(nf_text_stream *stream, int32_t token,
+                                    int final, const char **text, size_t *len,
+                                    int *stopped);
+
+/* ------------------------------------------------------------------------ */
+/* Serving engine                                                           */
+
+/* Runs many requests over one model in shared steps (continuous batching)
+   on a thread of its own: each step holds the running requests' next
+   tokens, then prompt chunks up to a token budget (chunked prefill), so a
+   long prompt never stalls the streams already running. Waiting requests
+   are admitted by priority, then arrival, when a sequence slot is free and
+   the KV cache can hold the request's whole context; when the running
+   requests need more KV pages than are free, the running request of the
+   lowest priority admitted last is preempted (its pages freed, its prompt
+   and generated tokens recomputed when it is admitted again): no accepted
+   request fails for lack of memory. Each request yields its tokens and its
+   text (nf_text_stream's) as they come, then how it finished, its usage
+   and timings.
+
+   The engine has the model's steps to itself: while it exists, do not call
+   nf_seq_*, nf_decode, nf_decode_sample or nf_generate on the model
+   (read-only calls such as nf_tokenize and the getters stay allowed).
+   Engine and request calls are thread-safe. */
+typedef struct nf_engine nf_engine;
+typedef struct nf_request nf_request;
+
+typedef enum nf_finish_reason {
+  NF_FINISH_NONE = 0, /* still running */
+  /* An EOS token (unless ignored), a stop token or a stop string. */
+  NF_FINISH_STOP = 1,
+  /* max_tokens (or the soft limit granted), or the model's context. */
+  NF_FINISH_LENGTH = 2,
+  NF_FINISH_CANCELLED = 3, /* nf_request_cancel */
+  NF_FINISH_ERROR = 4,     /* the request failed: the output's error */
+  /* The engine shut down (or was freed) before the request finished. */
+  NF_FINISH_UNAVAILABLE = 5
+} nf_finish_reason;
+
+/* "stop", "length", "cancelled", "error" or "unavailable"; NULL for
+   NF_FINISH_NONE. */
+NF_API const char *nf_finish_reason_string(nf_finish_reason reason);
+
+typedef enum nf_engine_event_kind {
+  NF_EVENT_STEP = 0,        /* a step ran */
+  NF_EVENT_FIRST_TOKEN = 1, /* a request's first token */
+  NF_EVENT_TOKEN = 2,       /* a request's later tokens, one by one */
+  NF_EVENT_FINISHED = 3,    /* a request ended */
+  NF_EVENT_PREEMPTED = 4    /* a request gave its sequence up */
+} nf_engine_event_kind;
+
+/* What the engine reports to its observer (for metrics). */
+typedef struct nf_engine_event {
+  nf_engine_event_kind kind;
+  /* The request's user_data (NULL for steps). */
+  void *request_user_data;
+  /* FIRST_TOKEN: seconds since submission; TOKEN: since the request's
+     previous token; FINISHED: since submission; STEP: the step's. */
+  double seconds;
+  /* FINISHED: how, and the request's tokens. */
+  nf_finish_reason finish_reason;
+  int64_t prompt_tokens;
+  int64_t completion_tokens;
+  /* STEP: sequences and tokens in it; STEP and FINISHED: routed-expert
+     calls (of the step; of the request), 0 where the backend cannot count
+     them. */
+  int32_t step_sequences;
+  int64_t step_tokens;
+  int64_t expert_calls;
+} nf_engine_event;
+
+/* Called on the engine's thread: it must return quickly and must not call
+   the engine. */
+typedef void (*nf_engine_observer)(const nf_engine_event *event,
+                                   void *user_data);
+
+typedef struct nf_engine_params {
+  /* Requests running at once; 0: the model's nf_model_max_sequences(). */
+  int32_t max_batch;
+  /* Requests waiting to be admitted; a submission beyond gets
+     NF_ERR_CAPACITY. Default 256. */
+  int32_t max_queue;
+  /* Tokens of one step: running requests' next tokens, then prompt chunks
+     (vLLM's max_num_batched_tokens). Default 2048; at least max_batch. */
+  int64_t max_batched_tokens;
+  /* A hard limit on every request's max_tokens (a request asking for more
+     is refused); 0: none. */
+  int32_t max_new_tokens;
+  /* > 0: a request waiting this long is admitted before any other waiting
+     request of better priority (so low priority cannot starve); 0: off. */
+  int64_t max_wait_ms;
+  nf_engine_observer observer; /* may be NULL */
+  void *observer_data;
+} nf_engine_params;
+
+NF_API nf_engine_params nf_engine_default_params(void);
+/* Starts an engine over `model`, which must outlive it. */
+NF_API nf_status nf_engine_create(nf_model *model,
+                                  const nf_engine_params *params,
+                                  nf_engine **out);
+/* Stops the engine's thread; requests still running or waiting end with
+   NF_FINISH_UNAVAILABLE (their handles stay readable until freed). */
+NF_API void nf_engine_free(nf_engine *engine);
+
+typedef struct nf_request_params {
+  const int32_t *prompt; /* n_prompt >= 1 token ids of the vocabulary */
+  size_t n_prompt;
+  /* Most tokens to generate; <= 0: up to max_new_tokens, else the
+     context. Always cut to the context left after the prompt. */
+  int32_t max_tokens;
+  /* > 0: a soft limit: at admission the engine grants min(max_tokens_soft,
+     the tokens the free KV cache holds for this request beside those
+     admitted before it), at least 1 (the output's max_tokens says what it
+     granted). 0: off. */
+  int32_t max_tokens_soft;
+  nf_sampler_params sampler;
+  /* Stop strings (NUL-terminated, not empty): the text ends before the
+     first one (NF_FINISH_STOP). */
+  const char *const *stop_strings;
+  size_t n_stop_strings;
+  /* Stop tokens: generation ends after one (it is in the tokens, not the
+     text). */
+  const int32_t *stop_tokens;
+  size_t n_stop_tokens;
+  int ignore_eos;
+  /* Lower values are admitted first and preempted last (vLLM's priority);
+     default 0. */
+  int32_t priority;
+  /* As nf_seq_input.expert_budget; <= 0: the plan's default. */
+  float expert_budget;
+  /* Handed to the engine's observer with this request's events. */
+  void *user_data;
+} nf_request_params;
+
+/* max_tokens 16, greedy, no stops, priority 0. */
+NF_API nf_request_params nf_request_default_params(void);
+
+/* Queues a request; everything in `params` is copied. Errors:
+   NF_ERR_INVALID_ARGUMENT (an empty prompt, a token outside the vocabulary,
+   a prompt that fills the context, max_tokens above max_new_tokens, bad
+   sampler parameters, an empty stop string), NF_ERR_CAPACITY (the queue is
+   full: retry later), NF_ERR_UNAVAILABLE (the engine is shutting down). */
+NF_API nf_status nf_engine_submit(nf_engine *engine,
+                                  const nf_request_params *params,
+                                  nf_request **out);
+
+/* What a request produced since the last read, and, once finished, how it
+   ended. The pointers stay valid until the next read of the request or
+   its free. */
+typedef struct nf_request_output {
+  const int32_t *tokens; /* new generated token ids */
+  size_t n_tokens;
+  const char *text; /* new visible text (raw UTF-8 bytes) */
+  size_t text_len;
+  nf_finish_reason finish_reason; /* NF_FINISH_NONE while running */
+  const char *error;              /* "" unless ERROR or UNAVAILABLE */
+  /* Usage so far. */
+  int64_t prompt_tokens;
+  int64_t completion_tokens;
+  /* The limit the request runs under (the soft limit granted); 0 until it
+     is admitted. */
+  int32_t max_tokens;
+  int32_t preemptions;
+  /* Routed-expert calls of the request's tokens, summed over MoE layers
+     (0 where the backend cannot count them). */
+  int64_t expert_calls;
+  /* Seconds from submission to its first step, from then to its first
+     token, and from then to its end (final once finished). */
+  double queued_s;
+  double prefill_s;
+  double decode_s;
+} nf_request_output;
+
+/* Waits up to timeout_ms (0: does not wait; < 0: without limit) for new
+   tokens or the end, then fills *out (with nothing new after a timeout).
+   One reader at a time. */
+NF_API nf_status nf_request_read(nf_request *request, int32_t timeout_ms,
+                                 nf_request_output *out);
+/* Ends the request (NF_FINISH_CANCELLED) at the engine's next step; its
+   sequence is freed. Callable from any thread. */
+NF_API void nf_request_cancel(nf_request *request);
+/* Cancels the request if it is still running and frees the handle. */
+NF_API void nf_request_free(nf_request *request);
+
+/* Stops admitting: waiting requests end NF_FINISH_UNAVAILABLE at once,
+   submissions get NF_ERR_UNAVAILABLE, running requests may finish for
+   grace_ms, then end NF_FINISH_UNAVAILABLE. */
+NF_API void nf_engine_shutdown(nf_engine *engine, int64_t grace_ms);
+
+typedef struct nf_engine_stats {
+  int32_t waiting;  /* queued and preempted requests */
+  int32_t running;  /* requests holding a sequence */
+  int32_t peak_batch;
+  int32_t live_sequences;  /* nf_model_live_sequences */
+  int64_t kv_pages;        /* 0 without attention */
+  int64_t kv_free_pages;
+  int64_t preemptions;     /* since the start */
+  int64_t steps;
+  int32_t draining;        /* nonzero after nf_engine_shutdown */
+  int32_t drained;         /* ... and every request has ended */
+} nf_engine_stats;
+
+NF_API nf_status nf_engine_get_stats(nf_engine *engine, nf_engine_stats *out);
 
 #ifdef __cplusplus
 } /* extern "C" */

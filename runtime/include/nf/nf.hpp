@@ -16,6 +16,7 @@
 #include "nf/nf.h"
 #include "nf/status.h"
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -370,6 +371,226 @@ private:
 
   explicit Model(nf_model *m) : m_(m) {}
   nf_model *m_ = nullptr;
+};
+
+/// Generated tokens as visible text, piece by piece (see nf_text_stream).
+class TextStream {
+public:
+  static StatusOr<TextStream>
+  create(const Model &model, const std::vector<std::string> &stops = {}) {
+    std::vector<const char *> s;
+    for (const std::string &stop : stops)
+      s.push_back(stop.c_str());
+    nf_text_stream *t = nullptr;
+    if (nf_text_stream_create(model.get(), s.data(), s.size(), &t) != NF_OK)
+      return lastError();
+    return TextStream(t);
+  }
+  TextStream(TextStream &&o) noexcept : t_(std::exchange(o.t_, nullptr)) {}
+  TextStream &operator=(TextStream &&o) noexcept {
+    std::swap(t_, o.t_);
+    return *this;
+  }
+  TextStream(const TextStream &) = delete;
+  TextStream &operator=(const TextStream &) = delete;
+  ~TextStream() { nf_text_stream_free(t_); }
+
+  /// The bytes `token` makes visible (all that is left with `final`);
+  /// `stopped`, when given, says whether a stop string now ends the text.
+  StatusOr<std::string> add(int32_t token, bool final = false,
+                            bool *stopped = nullptr) {
+    const char *text = nullptr;
+    size_t len = 0;
+    int stop = 0;
+    if (nf_text_stream_add(t_, token, final ? 1 : 0, &text, &len, &stop) !=
+        NF_OK)
+      return lastError();
+    if (stopped)
+      *stopped = stop != 0;
+    return std::string(text, len);
+  }
+  /// What was held back, at the end.
+  StatusOr<std::string> finish() { return add(-1, true); }
+
+private:
+  explicit TextStream(nf_text_stream *t) : t_(t) {}
+  nf_text_stream *t_ = nullptr;
+};
+
+/// Serving engine parameters (see nf_engine_params).
+struct EngineParams {
+  int32_t maxBatch = 0; // 0: the model's sequences
+  int32_t maxQueue = 256;
+  int64_t maxBatchedTokens = 2048;
+  int32_t maxNewTokens = 0; // 0: no hard limit
+  int64_t maxWaitMs = 0;    // 0: no promotion
+  nf_engine_observer observer = nullptr;
+  void *observerData = nullptr;
+};
+
+/// One request to a serving engine (see nf_request_params).
+struct RequestParams {
+  std::vector<int32_t> prompt;
+  int32_t maxTokens = 16; // <= 0: the engine's limit, else the context
+  int32_t maxTokensSoft = 0;
+  SamplerParams sampler;
+  std::vector<std::string> stopStrings;
+  std::vector<int32_t> stopTokens;
+  bool ignoreEos = false;
+  int32_t priority = 0;      // lower first
+  float expertBudget = 0.0f; // <= 0: the plan's default
+  void *userData = nullptr;  // for the engine's observer
+};
+
+/// What a request produced since the last read (see nf_request_output).
+struct RequestOutput {
+  std::vector<int32_t> tokens;
+  std::string text;
+  nf_finish_reason finishReason = NF_FINISH_NONE;
+  std::string error;
+  int64_t promptTokens = 0, completionTokens = 0;
+  int32_t maxTokens = 0, preemptions = 0;
+  int64_t expertCalls = 0;
+  double queuedS = 0, prefillS = 0, decodeS = 0;
+  bool finished() const { return finishReason != NF_FINISH_NONE; }
+};
+
+/// A submitted request: read its output as it comes. Destroying it cancels
+/// the request if it is still running.
+class ServingRequest {
+public:
+  ServingRequest(ServingRequest &&o) noexcept
+      : r_(std::exchange(o.r_, nullptr)) {}
+  ServingRequest &operator=(ServingRequest &&o) noexcept {
+    std::swap(r_, o.r_);
+    return *this;
+  }
+  ServingRequest(const ServingRequest &) = delete;
+  ServingRequest &operator=(const ServingRequest &) = delete;
+  ~ServingRequest() { nf_request_free(r_); }
+
+  /// Waits up to `timeout` (negative: without limit) for news.
+  StatusOr<RequestOutput>
+  read(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+    nf_request_output o;
+    const auto ms = timeout.count() < 0 ? -1
+                    : timeout.count() > INT32_MAX
+                        ? INT32_MAX
+                        : static_cast<int32_t>(timeout.count());
+    if (nf_request_read(r_, ms, &o) != NF_OK)
+      return lastError();
+    RequestOutput out;
+    out.tokens.assign(o.tokens, o.tokens + o.n_tokens);
+    out.text.assign(o.text, o.text_len);
+    out.finishReason = o.finish_reason;
+    out.error = o.error;
+    out.promptTokens = o.prompt_tokens;
+    out.completionTokens = o.completion_tokens;
+    out.maxTokens = o.max_tokens;
+    out.preemptions = o.preemptions;
+    out.expertCalls = o.expert_calls;
+    out.queuedS = o.queued_s;
+    out.prefillS = o.prefill_s;
+    out.decodeS = o.decode_s;
+    return out;
+  }
+  /// Reads until the end: every token and the whole text.
+  StatusOr<RequestOutput> wait() {
+    RequestOutput all;
+    for (;;) {
+      auto o = read();
+      if (!o)
+        return o;
+      all.tokens.insert(all.tokens.end(), o->tokens.begin(), o->tokens.end());
+      all.text += o->text;
+      if (o->finished()) {
+        o->tokens = std::move(all.tokens);
+        o->text = std::move(all.text);
+        return o;
+      }
+    }
+  }
+  void cancel() { nf_request_cancel(r_); }
+
+private:
+  friend class ServingEngine;
+  explicit ServingRequest(nf_request *r) : r_(r) {}
+  nf_request *r_ = nullptr;
+};
+
+/// A serving engine over a model (see nf_engine): the model must outlive
+/// it, and its steps are the engine's while it exists.
+class ServingEngine {
+public:
+  static StatusOr<ServingEngine> create(Model &model,
+                                        const EngineParams &params = {}) {
+    nf_engine_params p = nf_engine_default_params();
+    p.max_batch = params.maxBatch;
+    p.max_queue = params.maxQueue;
+    p.max_batched_tokens = params.maxBatchedTokens;
+    p.max_new_tokens = params.maxNewTokens;
+    p.max_wait_ms = params.maxWaitMs;
+    p.observer = params.observer;
+    p.observer_data = params.observerData;
+    nf_engine *e = nullptr;
+    if (nf_engine_create(model.get(), &p, &e) != NF_OK)
+      return lastError();
+    return ServingEngine(e);
+  }
+  ServingEngine(ServingEngine &&o) noexcept
+      : e_(std::exchange(o.e_, nullptr)) {}
+  ServingEngine &operator=(ServingEngine &&o) noexcept {
+    std::swap(e_, o.e_);
+    return *this;
+  }
+  ServingEngine(const ServingEngine &) = delete;
+  ServingEngine &operator=(const ServingEngine &) = delete;
+  ~ServingEngine() { nf_engine_free(e_); }
+
+  /// Queues a request; `code`, when given, receives the status (to tell a
+  /// full queue, NF_ERR_CAPACITY, and shutdown, NF_ERR_UNAVAILABLE, from
+  /// bad parameters).
+  StatusOr<ServingRequest> submit(const RequestParams &params,
+                                  nf_status *code = nullptr) {
+    std::vector<const char *> stops;
+    for (const std::string &s : params.stopStrings)
+      stops.push_back(s.c_str());
+    nf_request_params p = nf_request_default_params();
+    p.prompt = params.prompt.data();
+    p.n_prompt = params.prompt.size();
+    p.max_tokens = params.maxTokens;
+    p.max_tokens_soft = params.maxTokensSoft;
+    p.sampler = params.sampler.c();
+    p.stop_strings = stops.data();
+    p.n_stop_strings = stops.size();
+    p.stop_tokens = params.stopTokens.data();
+    p.n_stop_tokens = params.stopTokens.size();
+    p.ignore_eos = params.ignoreEos ? 1 : 0;
+    p.priority = params.priority;
+    p.expert_budget = params.expertBudget;
+    p.user_data = params.userData;
+    nf_request *r = nullptr;
+    const nf_status st = nf_engine_submit(e_, &p, &r);
+    if (code)
+      *code = st;
+    if (st != NF_OK)
+      return lastError();
+    return ServingRequest(r);
+  }
+  /// See nf_engine_shutdown.
+  void shutdown(std::chrono::milliseconds grace) {
+    nf_engine_shutdown(e_, grace.count());
+  }
+  nf_engine_stats stats() const {
+    nf_engine_stats s = {};
+    (void)nf_engine_get_stats(e_, &s);
+    return s;
+  }
+  nf_engine *get() const { return e_; }
+
+private:
+  explicit ServingEngine(nf_engine *e) : e_(e) {}
+  nf_engine *e_ = nullptr;
 };
 
 } // namespace nf

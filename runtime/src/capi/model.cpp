@@ -160,6 +160,8 @@ const char *nf_status_string(nf_status status) {
     return "NF_ERR_OUT_OF_MEMORY";
   case NF_ERR_INTERNAL:
     return "NF_ERR_INTERNAL";
+  case NF_ERR_UNAVAILABLE:
+    return "NF_ERR_UNAVAILABLE";
   }
   return "NF_ERR_UNKNOWN";
 }

@@ -1,0 +1,322 @@
+// The C API of text streams and the serving engine (nf.h): handles over
+// serving/text_stream.h and serving/scheduler.h.
+#include "capi/capi.h"
+#include "serving/scheduler.h"
+#include "serving/text_stream.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+struct nf_text_stream {
+  nf::serving::TextStream stream;
+  std::string piece; // the last call's visible bytes
+};
+
+struct nf_engine {
+  nf_model *model = nullptr;
+  int32_t maxNewTokens = 0;
+  std::unique_ptr<nf::serving::Scheduler> scheduler;
+};
+
+struct nf_request {
+  std::shared_ptr<nf::serving::Request> r;
+  // What the last read handed out.
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::string error;
+};
+
+using nf::capi::fail;
+using nf::capi::guard;
+
+namespace {
+
+/// Copies stop strings, refusing NULL or empty ones.
+nf_status stopStrings(const char *const *stops, size_t n, const char *what,
+                      std::vector<std::string> &out) {
+  if (n > 0 && !stops)
+    return fail(NF_ERR_INVALID_ARGUMENT,
+                std::string(what) + ": NULL stop strings");
+  for (size_t i = 0; i < n; ++i) {
+    if (!stops[i] || !*stops[i])
+      return fail(NF_ERR_INVALID_ARGUMENT, std::string(what) +
+                                               ": stop string " +
+                                               std::to_string(i) + " is empty");
+    out.emplace_back(stops[i]);
+  }
+  return NF_OK;
+}
+
+} // namespace
+
+extern "C" {
+
+nf_status nf_text_stream_create(const nf_model *model, const char *const *stops,
+                                size_t n_stops, nf_text_stream **out) {
+  return guard([&]() -> nf_status {
+    if (out)
+      *out = nullptr;
+    if (!model || !out)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_text_stream_create: NULL model or out");
+    if (!model->tokenizer)
+      return fail(NF_ERR_UNSUPPORTED, model->noTokenizerReason);
+    std::vector<std::string> s;
+    if (nf_status st = stopStrings(stops, n_stops, "nf_text_stream_create", s);
+        st != NF_OK)
+      return st;
+    *out = new nf_text_stream{
+        nf::serving::TextStream(&*model->tokenizer, std::move(s)), {}};
+    return NF_OK;
+  });
+}
+
+void nf_text_stream_free(nf_text_stream *stream) { delete stream; }
+
+nf_status nf_text_stream_add(nf_text_stream *stream, int32_t token, int final,
+                             const char **text, size_t *len, int *stopped) {
+  return guard([&]() -> nf_status {
+    if (!stream || !text || !len)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_text_stream_add: NULL stream, text or len");
+    stream->piece.clear();
+    *text = stream->piece.c_str();
+    *len = 0;
+    if (token >= 0 && !stream->stream.stopped()) {
+      auto s = stream->stream.add(token);
+      if (!s)
+        return fail(NF_ERR_INVALID_ARGUMENT, s.status());
+    }
+    stream->piece = stream->stream.take(final != 0);
+    *text = stream->piece.c_str();
+    *len = stream->piece.size();
+    if (stopped)
+      *stopped = stream->stream.stopped() ? 1 : 0;
+    return NF_OK;
+  });
+}
+
+const char *nf_finish_reason_string(nf_finish_reason reason) {
+  switch (reason) {
+  case NF_FINISH_NONE:
+    return nullptr;
+  case NF_FINISH_STOP:
+    return "stop";
+  case NF_FINISH_LENGTH:
+    return "length";
+  case NF_FINISH_CANCELLED:
+    return "cancelled";
+  case NF_FINISH_ERROR:
+    return "error";
+  case NF_FINISH_UNAVAILABLE:
+    return "unavailable";
+  }
+  return nullptr;
+}
+
+nf_engine_params nf_engine_default_params(void) {
+  nf_engine_params p = {};
+  p.max_batch = 0;
+  p.max_queue = 256;
+  p.max_batched_tokens = 2048;
+  p.max_new_tokens = 0;
+  p.max_wait_ms = 0;
+  return p;
+}
+
+nf_status nf_engine_create(nf_model *model, const nf_engine_params *params,
+                           nf_engine **out) {
+  return guard([&]() -> nf_status {
+    if (out)
+      *out = nullptr;
+    if (!model || !out)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_engine_create: NULL model or out");
+    const nf_engine_params p = params ? *params : nf_engine_default_params();
+    const int32_t slots = nf_model_max_sequences(model);
+    if (p.max_batch < 0 || p.max_queue < 0 || p.max_batched_tokens < 0 ||
+        p.max_new_tokens < 0 || p.max_wait_ms < 0)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_engine_create: negative max_batch, max_queue, "
+                  "max_batched_tokens, max_new_tokens or max_wait_ms");
+    if (p.max_batch > slots)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_engine_create: max_batch " + std::to_string(p.max_batch) +
+                      " exceeds the model's " + std::to_string(slots) +
+                      " sequences (nf_model_max_sequences)");
+    if (!model->liveSequences.empty())
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_engine_create: the model has live sequences; an engine "
+                  "needs the model's steps to itself");
+    nf::serving::SchedulerOptions o;
+    o.maxBatch = std::max(1, p.max_batch > 0 ? p.max_batch : slots);
+    o.maxQueue = p.max_queue;
+    o.stepTokens = std::max<int64_t>(
+        p.max_batched_tokens > 0 ? p.max_batched_tokens : 2048, o.maxBatch);
+    o.maxWaitMs = p.max_wait_ms;
+    o.observer = p.observer;
+    o.observerData = p.observer_data;
+    auto e = std::make_unique<nf_engine>();
+    e->model = model;
+    e->maxNewTokens = p.max_new_tokens;
+    e->scheduler = std::make_unique<nf::serving::Scheduler>(model, o);
+    *out = e.release();
+    return NF_OK;
+  });
+}
+
+void nf_engine_free(nf_engine *engine) { delete engine; }
+
+nf_request_params nf_request_default_params(void) {
+  nf_request_params p = {};
+  p.max_tokens = 16;
+  p.sampler = nf_sampler_default_params();
+  return p;
+}
+
+nf_status nf_engine_submit(nf_engine *engine, const nf_request_params *params,
+                           nf_request **out) {
+  return guard([&]() -> nf_status {
+    if (out)
+      *out = nullptr;
+    if (!engine || !params || !out)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_engine_submit: NULL engine, params or out");
+    const nf_model *model = engine->model;
+    const nf_request_params &p = *params;
+    if (!p.prompt || p.n_prompt == 0)
+      return fail(NF_ERR_INVALID_ARGUMENT, "the prompt has no tokens");
+    const int32_t vocab = nf_model_vocab_size(model);
+    for (size_t i = 0; i < p.n_prompt; ++i)
+      if (p.prompt[i] < 0 || p.prompt[i] >= vocab)
+        return fail(NF_ERR_INVALID_ARGUMENT,
+                    "prompt: token id " + std::to_string(p.prompt[i]) +
+                        " is not in [0, " + std::to_string(vocab) + ")");
+    // Context left after the prompt; a model without attention has none.
+    int64_t room = std::numeric_limits<int32_t>::max();
+    if (const int64_t context = nf_model_max_context(model); context >= 0) {
+      room = context - static_cast<int64_t>(p.n_prompt);
+      if (room < 1)
+        return fail(NF_ERR_INVALID_ARGUMENT,
+                    "the prompt has " + std::to_string(p.n_prompt) +
+                        " tokens; this model's context is " +
+                        std::to_string(context));
+    }
+    if (engine->maxNewTokens > 0 && p.max_tokens > engine->maxNewTokens)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "max_tokens " + std::to_string(p.max_tokens) +
+                      " is above this server's limit of " +
+                      std::to_string(engine->maxNewTokens) +
+                      " new tokens a request");
+    if (p.max_tokens_soft < 0)
+      return fail(NF_ERR_INVALID_ARGUMENT, "max_tokens_soft is negative");
+    if (p.n_stop_tokens > 0 && !p.stop_tokens)
+      return fail(NF_ERR_INVALID_ARGUMENT, "NULL stop tokens");
+    auto r = std::make_shared<nf::serving::Request>();
+    std::vector<std::string> stops;
+    if (nf_status st =
+            stopStrings(p.stop_strings, p.n_stop_strings, "stop", stops);
+        st != NF_OK)
+      return st;
+    nf_sampler *sampler = nullptr;
+    if (nf_status st = nf_sampler_create(&p.sampler, &sampler); st != NF_OK)
+      return st;
+    r->sampler.reset(sampler);
+    r->prompt.assign(p.prompt, p.prompt + p.n_prompt);
+    int64_t limit = p.max_tokens > 0 ? p.max_tokens
+                    : engine->maxNewTokens > 0
+                        ? engine->maxNewTokens
+                        : std::numeric_limits<int32_t>::max();
+    r->maxTokens = static_cast<int32_t>(std::min(limit, room));
+    r->maxTokensSoft = p.max_tokens_soft;
+    r->stopTokens.assign(p.stop_tokens, p.stop_tokens + p.n_stop_tokens);
+    r->ignoreEos = p.ignore_eos != 0;
+    r->priority = p.priority;
+    r->expertBudget = p.expert_budget;
+    r->userData = p.user_data;
+    r->text = nf::serving::TextStream(
+        model->tokenizer ? &*model->tokenizer : nullptr, std::move(stops));
+    auto handle = std::make_unique<nf_request>();
+    handle->r = r;
+    switch (nf_status st = engine->scheduler->submit(r)) {
+    case NF_OK:
+      break;
+    case NF_ERR_CAPACITY:
+      return fail(st, "the engine's queue of waiting requests is full");
+    default:
+      return fail(st, "the engine is shutting down");
+    }
+    *out = handle.release();
+    return NF_OK;
+  });
+}
+
+nf_status nf_request_read(nf_request *request, int32_t timeout_ms,
+                          nf_request_output *out) {
+  return guard([&]() -> nf_status {
+    if (!request || !out)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_request_read: NULL request or out");
+    nf::serving::Request &r = *request->r;
+    std::unique_lock<std::mutex> lock(r.mu);
+    auto news = [&] {
+      return r.finish != NF_FINISH_NONE || !r.pendingText.empty() ||
+             !r.pendingTokens.empty();
+    };
+    if (timeout_ms < 0)
+      r.cv.wait(lock, news);
+    else if (timeout_ms > 0)
+      r.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), news);
+    request->text.clear();
+    request->tokens.clear();
+    request->text.swap(r.pendingText);
+    request->tokens.swap(r.pendingTokens);
+    request->error = r.error;
+    *out = {};
+    out->tokens = request->tokens.data();
+    out->n_tokens = request->tokens.size();
+    out->text = request->text.c_str();
+    out->text_len = request->text.size();
+    out->finish_reason = r.finish;
+    out->error = request->error.c_str();
+    out->prompt_tokens = static_cast<int64_t>(r.prompt.size());
+    out->completion_tokens = r.completionTokens;
+    out->max_tokens = r.grantedMaxTokens;
+    out->preemptions = r.preemptions;
+    out->expert_calls = r.expertCalls;
+    out->queued_s = r.queuedS;
+    out->prefill_s = r.prefillS;
+    out->decode_s = r.decodeS;
+    return NF_OK;
+  });
+}
+
+void nf_request_cancel(nf_request *request) {
+  if (request)
+    request->r->cancelled = true;
+}
+
+void nf_request_free(nf_request *request) {
+  nf_request_cancel(request);
+  delete request;
+}
+
+void nf_engine_shutdown(nf_engine *engine, int64_t grace_ms) {
+  if (engine)
+    engine->scheduler->shutdown(
+        nf::serving::Clock::now() +
+        std::chrono::milliseconds(std::max<int64_t>(grace_ms, 0)));
+}
+
+nf_status nf_engine_get_stats(nf_engine *engine, nf_engine_stats *out) {
+  return guard([&]() -> nf_status {
+    if (!engine || !out)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_engine_get_stats: NULL engine or out");
+    *out = engine->scheduler->stats();
+    return NF_OK;
+  });
+}
+
+} // extern "C"

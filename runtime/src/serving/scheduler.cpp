@@ -1,0 +1,528 @@
+// The serving engine's scheduler (see scheduler.h).
+#include "serving/scheduler.h"
+
+#include <algorithm>
+#include <limits>
+#include <tuple>
+
+namespace nf::serving {
+namespace {
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+/// Running requests in the order they keep their sequences: better
+/// priority first, then earlier admission (the back is preempted first).
+bool keepsBefore(const std::shared_ptr<Request> &x,
+                 const std::shared_ptr<Request> &y) {
+  return x->priority < y->priority;
+}
+
+} // namespace
+
+Scheduler::Scheduler(nf_model *model, const SchedulerOptions &options)
+    : model_(model), options_(options), pageSize_(nf_model_kv_page_size(model)),
+      worker_([this] { loop(); }) {}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+  const std::string why = "the engine is shutting down";
+  for (auto &r : running_)
+    finish(*r, NF_FINISH_UNAVAILABLE, why);
+  for (auto &r : waiting_)
+    finish(*r, NF_FINISH_UNAVAILABLE, why);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto &r : inbox_)
+    finish(*r, NF_FINISH_UNAVAILABLE, why);
+  inbox_.clear();
+}
+
+nf_status Scheduler::submit(std::shared_ptr<Request> r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_ || stopping_)
+      return NF_ERR_UNAVAILABLE;
+    if (static_cast<int64_t>(inbox_.size()) + stats_.waiting >=
+        options_.maxQueue)
+      return NF_ERR_CAPACITY;
+    r->arrival = Clock::now();
+    r->order = arrivals_++;
+    inbox_.push_back(std::move(r));
+  }
+  cv_.notify_all();
+  return NF_OK;
+}
+
+void Scheduler::shutdown(Clock::time_point deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!draining_)
+      deadline_ = deadline;
+    draining_ = true;
+    stats_.draining = 1;
+  }
+  cv_.notify_all();
+}
+
+bool Scheduler::drained() { return stats().drained != 0; }
+
+nf_engine_stats Scheduler::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  nf_engine_stats s = stats_;
+  s.waiting += static_cast<int32_t>(inbox_.size());
+  s.drained = draining_ && s.waiting == 0 && s.running == 0;
+  return s;
+}
+
+void Scheduler::syncWaiting() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.waiting = static_cast<int32_t>(waiting_.size());
+}
+
+int64_t Scheduler::pagesFor(int64_t tokens) const {
+  return pageSize_ > 0 ? (tokens + pageSize_ - 1) / pageSize_ : 0;
+}
+
+void Scheduler::notify(const nf_engine_event &event) const {
+  if (options_.observer)
+    options_.observer(&event, options_.observerData);
+}
+
+void Scheduler::finish(Request &r, nf_finish_reason reason,
+                       const std::string &error) {
+  if (r.seq >= 0)
+    (void)nf_seq_remove(model_, r.seq);
+  r.seq = -1;
+  const Clock::time_point now = Clock::now();
+  std::unique_lock<std::mutex> lock(r.mu);
+  if (r.finish != NF_FINISH_NONE)
+    return;
+  // The observer hears of the end before the reader can see it.
+  nf_engine_event e = {};
+  e.kind = NF_EVENT_FINISHED;
+  e.request_user_data = r.userData;
+  e.seconds = seconds(r.arrival, now);
+  e.finish_reason = reason;
+  e.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  e.completion_tokens = static_cast<int64_t>(r.generated.size());
+  e.expert_calls = r.expertCalls;
+  notify(e);
+  if (reason == NF_FINISH_STOP || reason == NF_FINISH_LENGTH)
+    r.pendingText += r.text.take(true);
+  r.finish = reason;
+  r.error = error;
+  if (r.admittedOnce) {
+    r.queuedS = seconds(r.arrival, r.scheduled);
+    if (r.generated.empty()) {
+      r.prefillS = seconds(r.scheduled, now);
+    } else {
+      r.prefillS = seconds(r.scheduled, r.firstToken);
+      r.decodeS = seconds(r.firstToken, now);
+    }
+  } else {
+    r.queuedS = seconds(r.arrival, now);
+  }
+  lock.unlock();
+  r.cv.notify_all();
+}
+
+void Scheduler::preempt(const std::shared_ptr<Request> &r) {
+  // Recompute preemption: the sequence and its pages are freed; the request
+  // keeps its sampler and generated tokens and refeeds prompt + generated
+  // when it is admitted again (in its place by priority and arrival).
+  (void)nf_seq_remove(model_, r->seq);
+  r->seq = -1;
+  r->fed = 0;
+  running_.erase(std::find(running_.begin(), running_.end(), r));
+  waiting_.push_back(r);
+  syncWaiting();
+  {
+    std::lock_guard<std::mutex> lock(r->mu);
+    ++r->preemptions;
+  }
+  nf_engine_event e = {};
+  e.kind = NF_EVENT_PREEMPTED;
+  e.request_user_data = r->userData;
+  notify(e);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.preemptions;
+}
+
+std::deque<std::shared_ptr<Request>>::iterator Scheduler::nextWaiting() {
+  // Promoted requests (waiting longer than max_wait_ms) first, then better
+  // priority; earlier arrival among equals.
+  const Clock::time_point now = Clock::now();
+  const auto maxWait = std::chrono::milliseconds(options_.maxWaitMs);
+  auto key = [&](const std::shared_ptr<Request> &r) {
+    const bool promoted = options_.maxWaitMs > 0 && now - r->arrival >= maxWait;
+    return std::make_tuple(promoted ? 0 : 1,
+                           promoted ? 0 : static_cast<int64_t>(r->priority),
+                           r->order);
+  };
+  return std::min_element(
+      waiting_.begin(), waiting_.end(),
+      [&](const auto &x, const auto &y) { return key(x) < key(y); });
+}
+
+std::vector<Scheduler::Entry> Scheduler::plan() {
+  // New submissions join the waiting requests.
+  bool draining;
+  Clock::time_point deadline;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto &r : inbox_)
+      waiting_.push_back(std::move(r));
+    inbox_.clear();
+    stats_.waiting = static_cast<int32_t>(waiting_.size());
+    draining = draining_;
+    deadline = deadline_;
+  }
+  // Requests whose readers gave up free their sequence first.
+  auto cancelled = [&](const std::shared_ptr<Request> &r) {
+    if (!r->cancelled.load())
+      return false;
+    finish(*r, NF_FINISH_CANCELLED, "");
+    return true;
+  };
+  std::erase_if(running_, cancelled);
+  std::erase_if(waiting_, cancelled);
+  const std::string why = "the engine is shutting down";
+  if (draining) {
+    for (auto &r : waiting_)
+      finish(*r, NF_FINISH_UNAVAILABLE, why);
+    waiting_.clear();
+  }
+  syncWaiting();
+  if (draining) {
+    if (Clock::now() >= deadline) {
+      for (auto &r : running_)
+        finish(*r, NF_FINISH_UNAVAILABLE, why);
+      running_.clear();
+      return {};
+    }
+  }
+  std::stable_sort(running_.begin(), running_.end(), keepsBefore);
+
+  const bool paged = pageSize_ > 0;
+  // Free pages, read once (preemption frees some: read again then), less
+  // those this step's entries take.
+  int64_t free = paged ? nf_model_kv_free_pages(model_)
+                       : std::numeric_limits<int64_t>::max() / 4;
+  int64_t reserved = 0;
+  auto freePages = [&] { return free - reserved; };
+  auto preemptLast = [&](const std::shared_ptr<Request> &r) {
+    preempt(r);
+    if (paged)
+      free = nf_model_kv_free_pages(model_);
+  };
+  int64_t budget = options_.stepTokens;
+  std::vector<Entry> step;
+
+  // Running requests' next tokens first, in the order they keep their
+  // sequences; when the cache cannot take one, the last in that order
+  // gives its pages up.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    std::shared_ptr<Request> r = running_[i];
+    if (r->contextLength() - r->fed != 1)
+      continue;
+    const int64_t need = pagesFor(static_cast<int64_t>(r->fed) + 1) -
+                         pagesFor(static_cast<int64_t>(r->fed));
+    while (need > freePages() && running_.back() != r)
+      preemptLast(running_.back());
+    if (need > freePages()) {
+      preemptLast(r);
+      break;
+    }
+    reserved += need;
+    --budget;
+    step.push_back({r, 1});
+  }
+  // Then waiting requests, while a sequence is free and the cache can hold
+  // the whole context next to what the prompts being fed still need
+  // (`committed`).
+  int64_t committed = 0;
+  for (auto &r : running_)
+    if (r->contextLength() - r->fed > 1)
+      committed += pagesFor(static_cast<int64_t>(r->contextLength())) -
+                   pagesFor(static_cast<int64_t>(r->fed));
+  std::vector<std::shared_ptr<Request>> admitted;
+  while (static_cast<int32_t>(running_.size()) < options_.maxBatch &&
+         !waiting_.empty() && !draining) {
+    auto at = nextWaiting();
+    std::shared_ptr<Request> r = *at;
+    const int64_t context = pagesFor(static_cast<int64_t>(r->contextLength()));
+    if (paged && context > freePages() - committed)
+      break;
+    int32_t seq = -1;
+    const bool added = nf_seq_add(model_, &seq) == NF_OK;
+    waiting_.erase(at);
+    syncWaiting();
+    if (!added) {
+      finish(*r, NF_FINISH_ERROR, nf_last_error());
+      continue;
+    }
+    if (!r->admittedOnce) {
+      // The soft limit: what the free cache holds for it beside what the
+      // requests admitted before it still need.
+      if (r->maxTokensSoft > 0) {
+        int64_t room = std::numeric_limits<int32_t>::max();
+        if (paged)
+          room = (freePages() - committed) * pageSize_ -
+                 static_cast<int64_t>(r->contextLength());
+        r->maxTokens = static_cast<int32_t>(std::clamp<int64_t>(
+            std::min<int64_t>(r->maxTokensSoft, room), 1, r->maxTokens));
+      }
+      r->admittedOnce = true;
+      r->scheduled = Clock::now();
+      std::lock_guard<std::mutex> lock(r->mu);
+      r->grantedMaxTokens = r->maxTokens;
+    }
+    r->seq = seq;
+    r->fed = 0;
+    running_.push_back(r);
+    admitted.push_back(r);
+    committed += context;
+  }
+  // Then the prompts, in chunks within the step's token budget and the free
+  // pages; the fewest tokens left first, so that a short prompt is not held
+  // behind a long one (which takes what the others leave of every step).
+  std::vector<std::shared_ptr<Request>> prompts;
+  for (auto &r : running_)
+    if (r->contextLength() - r->fed > 1)
+      prompts.push_back(r);
+  for (auto &r : admitted) // a one-token prompt: not a decode of this step
+    if (r->contextLength() == 1)
+      prompts.push_back(r);
+  std::stable_sort(
+      prompts.begin(), prompts.end(), [](const auto &x, const auto &y) {
+        return x->contextLength() - x->fed < y->contextLength() - y->fed;
+      });
+  for (auto &r : prompts) {
+    if (budget <= 0)
+      break;
+    const int64_t fed = static_cast<int64_t>(r->fed);
+    int64_t count = std::min<int64_t>(
+        static_cast<int64_t>(r->contextLength()) - fed, budget);
+    if (paged)
+      count = std::min(count, (pagesFor(fed) + freePages()) * pageSize_ - fed);
+    if (count <= 0)
+      continue;
+    reserved += pagesFor(fed + count) - pagesFor(fed);
+    budget -= count;
+    step.push_back({r, static_cast<size_t>(count)});
+  }
+  // Nothing fits (prompts holding pages wait on each other): the last
+  // request makes room, and the next plan runs the others.
+  if (step.empty() && running_.size() > 1)
+    preempt(running_.back());
+  return step;
+}
+
+bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<int32_t> &tokens,
+                         std::string &error) {
+  std::vector<nf_seq_input> inputs(step.size());
+  std::vector<std::vector<int32_t>> ids(step.size());
+  std::vector<nf_sampler *> samplers(step.size());
+  for (size_t i = 0; i < step.size(); ++i) {
+    Request &r = *step[i].r;
+    for (size_t t = r.fed; t < r.fed + step[i].count; ++t)
+      ids[i].push_back(r.contextToken(t));
+    inputs[i] = {};
+    inputs[i].seq_id = r.seq;
+    inputs[i].tokens = ids[i].data();
+    inputs[i].n_tokens = static_cast<int32_t>(ids[i].size());
+    inputs[i].expert_budget = r.expertBudget;
+    // Only a context's last chunk draws a token.
+    samplers[i] =
+        r.fed + step[i].count == r.contextLength() ? r.sampler.get() : nullptr;
+  }
+  stepExpertCalls_.assign(step.size(), 0);
+  const nf_batch batch = {inputs.data(), static_cast<int32_t>(inputs.size()),
+                          stepExpertCalls_.data()};
+  tokens.assign(step.size(), -1);
+  if (nf_decode_sample(model_, &batch, samplers.data(), tokens.data()) !=
+      NF_OK) {
+    error = nf_last_error();
+    return false;
+  }
+  for (size_t i = 0; i < step.size(); ++i) {
+    std::lock_guard<std::mutex> lock(step[i].r->mu);
+    step[i].r->expertCalls += stepExpertCalls_[i];
+  }
+  return true;
+}
+
+void Scheduler::runStep(std::vector<Entry> &step) {
+  std::vector<int32_t> tokens;
+  std::string error;
+  std::vector<std::pair<Entry, int32_t>> done; // entries run, their tokens
+  const Clock::time_point start = Clock::now();
+  int64_t expertCalls = 0;
+  // A step that fails in its checks leaves the sequences as they were; one
+  // that fails later (a device error, memory) leaves them unspecified.
+  auto unchanged = [&](const std::vector<Entry> &entries) {
+    for (const Entry &e : entries)
+      if (nf_seq_length(model_, e.r->seq) != static_cast<int64_t>(e.r->fed))
+        return false;
+    return true;
+  };
+  // A sequence whose state may be wrong is recomputed (its request is
+  // preempted), once; a request that fails again ends with the error.
+  auto recompute = [&](const Entry &e, const std::string &why) {
+    if (e.r->failures++ > 0)
+      finish(*e.r, NF_FINISH_ERROR, why);
+    else
+      preempt(e.r);
+  };
+  auto ran = [&](const Entry &e, int32_t token, int64_t calls) {
+    done.push_back({e, token});
+    expertCalls += calls;
+  };
+  if (runBatch(step, tokens, error)) {
+    for (size_t i = 0; i < step.size(); ++i)
+      ran(step[i], tokens[i], stepExpertCalls_[i]);
+  } else if (!unchanged(step)) {
+    for (Entry &e : step)
+      recompute(e, error);
+  } else if (step.size() == 1) {
+    finish(*step[0].r, NF_FINISH_ERROR, error);
+  } else {
+    // Each request alone: only those that fail alone fail.
+    for (Entry &e : step) {
+      std::vector<Entry> one{e};
+      std::string why;
+      if (runBatch(one, tokens, why))
+        ran(e, tokens[0], stepExpertCalls_[0]);
+      else if (!unchanged(one))
+        recompute(e, why);
+      else
+        finish(*e.r, NF_FINISH_ERROR, why);
+    }
+  }
+  int64_t stepTokens = 0;
+  for (auto &[e, token] : done)
+    stepTokens += static_cast<int64_t>(e.count);
+  nf_engine_event ev = {};
+  ev.kind = NF_EVENT_STEP;
+  ev.seconds = seconds(start, Clock::now());
+  ev.step_sequences = static_cast<int32_t>(done.size());
+  ev.step_tokens = stepTokens;
+  ev.expert_calls = expertCalls;
+  if (!done.empty())
+    notify(ev);
+  for (auto &[e, token] : done) {
+    Request &r = *e.r;
+    r.fed += e.count;
+    if (r.fed < r.contextLength())
+      continue; // a prompt chunk: the next one follows
+    if (token < 0)
+      finish(r, NF_FINISH_ERROR, "no token: every logit is -inf or NaN");
+    else
+      accept(r, token);
+  }
+  std::erase_if(running_,
+                [](const std::shared_ptr<Request> &r) { return r->seq < 0; });
+}
+
+/// Adds the sampled token to r, and ends r when it is the last.
+void Scheduler::accept(Request &r, int32_t token) {
+  r.generated.push_back(token);
+  const Clock::time_point now = Clock::now();
+  nf_engine_event e = {};
+  e.request_user_data = r.userData;
+  if (r.generated.size() == 1) {
+    r.firstToken = now;
+    e.kind = NF_EVENT_FIRST_TOKEN;
+    e.seconds = seconds(r.arrival, now);
+  } else {
+    e.kind = NF_EVENT_TOKEN;
+    e.seconds = seconds(r.lastToken, now);
+  }
+  r.lastToken = now;
+  notify(e);
+  const bool eos = !r.ignoreEos && nf_model_is_eos(model_, token);
+  const bool stopToken = std::find(r.stopTokens.begin(), r.stopTokens.end(),
+                                   token) != r.stopTokens.end();
+  bool stopString = false;
+  if (!eos && !stopToken) {
+    auto stopped = r.text.add(token);
+    if (!stopped) {
+      finish(r, NF_FINISH_ERROR, stopped.message());
+      return;
+    }
+    stopString = *stopped;
+  }
+  if (r.cancelled.load()) {
+    finish(r, NF_FINISH_CANCELLED, "");
+    return;
+  }
+  nf_finish_reason reason = NF_FINISH_NONE;
+  if (eos || stopToken || stopString)
+    reason = NF_FINISH_STOP;
+  else if (static_cast<int32_t>(r.generated.size()) >= r.maxTokens ||
+           (nf_model_max_context(model_) >= 0 &&
+            nf_seq_length(model_, r.seq) + 1 >= nf_model_max_context(model_)))
+    reason = NF_FINISH_LENGTH;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.pendingTokens.push_back(token);
+    r.completionTokens = static_cast<int64_t>(r.generated.size());
+    if (reason == NF_FINISH_NONE)
+      r.pendingText += r.text.take(false);
+  }
+  if (reason != NF_FINISH_NONE)
+    finish(r, reason, ""); // takes the rest of the text
+  else
+    r.cv.notify_all();
+}
+
+void Scheduler::updateStats(int32_t stepSequences) {
+  const int64_t pages = pageSize_ > 0 ? nf_model_kv_pages(model_) : 0;
+  const int64_t freePages = pageSize_ > 0 ? nf_model_kv_free_pages(model_) : 0;
+  const int32_t live = nf_model_live_sequences(model_);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.running = static_cast<int32_t>(running_.size());
+  stats_.peak_batch = std::max(stats_.peak_batch, stepSequences);
+  stats_.live_sequences = live;
+  stats_.kv_pages = pages;
+  stats_.kv_free_pages = freePages;
+  stats_.steps += stepSequences > 0 ? 1 : 0;
+}
+
+void Scheduler::loop() {
+  updateStats(0);
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Wake for new requests, or every 50 ms while requests are held
+      // (cancellations, the shutdown deadline, pages freed).
+      auto work = [&] {
+        return stopping_ || !inbox_.empty() || !running_.empty() ||
+               !waiting_.empty();
+      };
+      if (running_.empty() && waiting_.empty())
+        cv_.wait(lock, work);
+      if (stopping_)
+        return;
+    }
+    std::vector<Entry> step = plan();
+    if (!step.empty())
+      runStep(step);
+    updateStats(static_cast<int32_t>(step.size()));
+    if (step.empty()) {
+      // Nothing could run (waiting for pages or a cancellation): do not
+      // spin.
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!stopping_ && inbox_.empty())
+        cv_.wait_for(lock, std::chrono::milliseconds(50));
+    }
+  }
+}
+
+} // namespace nf::serving

@@ -1,0 +1,165 @@
+// The serving engine's scheduler (nf_engine in nf.h): one thread that has
+// a model's steps to itself and runs every admitted request in shared
+// steps (continuous batching).
+//
+// Each step holds the running requests' next tokens first (one each), then
+// prompt chunks up to a token budget (chunked prefill), so a long prompt
+// never stalls the streams already running. Waiting requests are admitted
+// by priority (lower values first, as vLLM's `priority`; a request waiting
+// longer than max_wait_ms goes first), then arrival, when a sequence slot
+// is free and the KV cache can hold the request's whole context. When a
+// step would need more KV pages than are free, the running request of the
+// lowest priority admitted last is preempted: its sequence is freed and
+// its context (prompt and generated tokens) recomputed when it is admitted
+// again, so no accepted request fails for lack of memory. A step that fails
+// is retried one request at a time, so only the requests that cannot run
+// fail. Cancelled requests free their sequence before the next step.
+// Shutdown stops admitting, lets running requests finish until a deadline
+// and ends the rest.
+#pragma once
+
+#include "nf/nf.h"
+#include "nf/status.h"
+#include "serving/text_stream.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace nf::serving {
+
+using Clock = std::chrono::steady_clock;
+
+struct SamplerFree {
+  void operator()(nf_sampler *s) const { nf_sampler_free(s); }
+};
+
+/// One request, shared by its reader (nf_request) and the scheduler.
+struct Request {
+  // Set at submission, then read-only.
+  std::vector<int32_t> prompt;
+  int32_t maxTokens = 16;
+  int32_t maxTokensSoft = 0; // > 0: may be shortened at admission
+  std::vector<int32_t> stopTokens;
+  bool ignoreEos = false;
+  int32_t priority = 0;
+  float expertBudget = 0.0f;
+  void *userData = nullptr;
+  std::unique_ptr<nf_sampler, SamplerFree> sampler;
+  Clock::time_point arrival;
+  uint64_t order = 0; // arrival order
+
+  // Scheduler thread only.
+  TextStream text{nullptr, {}};
+  int32_t seq = -1; // the model's sequence, -1 while waiting
+  size_t fed = 0;   // tokens of prompt + generated in the sequence
+  std::vector<int32_t> generated;
+  int failures = 0; // steps that failed after changing its sequence
+  bool admittedOnce = false;
+  Clock::time_point scheduled, firstToken, lastToken;
+
+  // Guarded by mu: what the reader has not taken yet, and the end.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string pendingText;
+  std::vector<int32_t> pendingTokens;
+  nf_finish_reason finish = NF_FINISH_NONE;
+  std::string error;
+  int64_t completionTokens = 0;
+  int32_t grantedMaxTokens = 0; // 0 until admitted
+  int32_t preemptions = 0;
+  int64_t expertCalls = 0;
+  double queuedS = 0, prefillS = 0, decodeS = 0;
+
+  /// The reader gave up on it: the scheduler drops it.
+  std::atomic<bool> cancelled{false};
+
+  /// Tokens the sequence must hold before the next token is drawn: the
+  /// prompt and every generated token (the last one is fed by the next
+  /// step).
+  size_t contextLength() const { return prompt.size() + generated.size(); }
+  int32_t contextToken(size_t i) const {
+    return i < prompt.size() ? prompt[i] : generated[i - prompt.size()];
+  }
+};
+
+struct SchedulerOptions {
+  int32_t maxBatch = 1;      // sequences alive at once
+  int32_t maxQueue = 256;    // requests waiting to be admitted
+  int64_t stepTokens = 2048; // tokens of one step (decodes + chunks)
+  int64_t maxWaitMs = 0;     // > 0: waiting longer promotes a request
+  nf_engine_observer observer = nullptr;
+  void *observerData = nullptr;
+};
+
+class Scheduler {
+public:
+  /// `model` must outlive the scheduler; its steps are the scheduler's.
+  Scheduler(nf_model *model, const SchedulerOptions &options);
+  /// Ends every request still there (NF_FINISH_UNAVAILABLE).
+  ~Scheduler();
+
+  /// Queues `r`: NF_ERR_CAPACITY when the queue is full,
+  /// NF_ERR_UNAVAILABLE after shutdown().
+  nf_status submit(std::shared_ptr<Request> r);
+
+  /// Stops admitting: waiting requests end at once (unavailable); running
+  /// ones may finish until `deadline`, then end unavailable.
+  void shutdown(Clock::time_point deadline);
+  /// Whether every request has ended after shutdown().
+  bool drained();
+
+  nf_engine_stats stats();
+
+private:
+  struct Entry {
+    std::shared_ptr<Request> r;
+    size_t count = 0; // tokens of its context fed in this step
+  };
+  void loop();
+  /// Admits, preempts and cuts the next step (empty: nothing can run).
+  std::vector<Entry> plan();
+  /// The waiting request to admit next (waiting_ non-empty).
+  std::deque<std::shared_ptr<Request>>::iterator nextWaiting();
+  void runStep(std::vector<Entry> &step);
+  bool runBatch(std::vector<Entry> &step, std::vector<int32_t> &tokens,
+                std::string &error);
+  void preempt(const std::shared_ptr<Request> &r);
+  void finish(Request &r, nf_finish_reason reason, const std::string &error);
+  void accept(Request &r, int32_t token);
+  int64_t pagesFor(int64_t tokens) const;
+  /// Publishes waiting_'s size (the queue's bound counts it).
+  void syncWaiting();
+  void notify(const nf_engine_event &event) const;
+  /// Copies the scheduler thread's counts into stats_.
+  void updateStats(int32_t stepSequences);
+
+  nf_model *model_;
+  const SchedulerOptions options_;
+  const int32_t pageSize_; // 0: no attention
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Request>> inbox_; // guarded by mu_
+  bool stopping_ = false, draining_ = false;   // guarded by mu_
+  Clock::time_point deadline_;                 // guarded by mu_
+  nf_engine_stats stats_{};                    // guarded by mu_
+  uint64_t arrivals_ = 0;                      // guarded by mu_
+
+  // Scheduler thread only: running requests (kept in order of priority,
+  // then admission), and waiting ones (preempted ones included).
+  std::vector<std::shared_ptr<Request>> running_;
+  std::deque<std::shared_ptr<Request>> waiting_;
+  std::vector<int64_t> stepExpertCalls_;
+
+  std::thread worker_; // last: starts after the members it uses
+};
+
+} // namespace nf::serving

@@ -1,0 +1,394 @@
+// libnf's serving engine (nf_engine, through nf.hpp) driven directly with
+// many requests, no HTTP, on the pydoc-moe plan (CPU backend). The
+// reference for every request's tokens is nf_generate on a model of its
+// own: the request run alone, with no scheduler.
+#include "nf/nf.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string planPath() { return std::string(NF_PLAN_DIR) + "/pydoc-moe.nfb"; }
+
+nf::Model load(int32_t kvPages = 0, int32_t maxSequences = 0) {
+  nf::ModelParams p;
+  p.backend = "cpu";
+  p.kvPages = kvPages;
+  p.maxSequences = maxSequences;
+  auto m = nf::Model::load(planPath(), p);
+  EXPECT_TRUE(m.ok()) << m.message();
+  return std::move(*m);
+}
+
+/// Prompts of different lengths (1 to 3 KV pages of pydoc-moe's 16 tokens).
+std::vector<std::vector<int32_t>> prompts(const nf::Model &m, size_t n) {
+  const std::vector<std::string> texts = {
+      "def add(a, b):\n    \"\"\"Return the sum of a and b.",
+      "class Stack:\n    \"\"\"A last-in first-out stack of items.\n\n    "
+      "Push and pop",
+      "import os\n\ndef list_files(path):\n    \"\"\"List",
+      "def parse(text):\n    \"\"\"Parse a comma separated line of numbers "
+      "and return them as a list of integers, skipping empty fields.",
+  };
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i < n; ++i) {
+    auto ids = m.tokenize(texts[i % texts.size()] + std::string(i / 4, ' '));
+    EXPECT_TRUE(ids.ok()) << ids.message();
+    out.push_back(*ids);
+  }
+  return out;
+}
+
+/// Greedy tokens of `prompt` alone (nf_generate, no engine).
+std::vector<int32_t> alone(nf::Model &m, const std::vector<int32_t> &prompt,
+                           int32_t maxTokens) {
+  nf::GenerateParams gp;
+  gp.maxTokens = maxTokens;
+  auto t = m.generate(prompt, gp);
+  EXPECT_TRUE(t.ok()) << t.message();
+  return t.ok() ? *t : std::vector<int32_t>{};
+}
+
+nf::RequestParams greedy(const std::vector<int32_t> &prompt,
+                         int32_t maxTokens) {
+  nf::RequestParams p;
+  p.prompt = prompt;
+  p.maxTokens = maxTokens;
+  p.ignoreEos = false;
+  return p;
+}
+
+// The issue's test: a KV pool far too small for the requests together,
+// each of which fits alone. Every request completes, with exactly the
+// tokens and text it produces alone; the engine preempted to get there.
+TEST(ServingEngine, TinyKvPoolCompletesEveryRequestExactly) {
+  constexpr int kRequests = 32, kMaxTokens = 24;
+  nf::Model reference = load();
+  nf::Model model = load(/*kvPages=*/12);
+  const auto ps = prompts(model, kRequests);
+  for (const auto &p : ps) // each fits alone: 12 pages of 16 tokens
+    ASSERT_LE(p.size() + kMaxTokens, 12u * 16u);
+  auto engine = nf::ServingEngine::create(model);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  std::vector<nf::ServingRequest> requests;
+  for (const auto &p : ps) {
+    auto r = engine->submit(greedy(p, kMaxTokens));
+    ASSERT_TRUE(r.ok()) << r.message();
+    requests.push_back(std::move(*r));
+  }
+  for (int i = 0; i < kRequests; ++i) {
+    auto out = requests[i].wait();
+    ASSERT_TRUE(out.ok()) << out.message();
+    ASSERT_TRUE(out->finishReason == NF_FINISH_STOP ||
+                out->finishReason == NF_FINISH_LENGTH)
+        << "request " << i << ": " << out->error;
+    const std::vector<int32_t> want = alone(reference, ps[i], kMaxTokens);
+    EXPECT_EQ(out->tokens, want) << "request " << i;
+    auto text = reference.detokenize(want);
+    ASSERT_TRUE(text.ok());
+    EXPECT_EQ(out->text, *text) << "request " << i;
+    EXPECT_EQ(out->completionTokens, static_cast<int64_t>(want.size()));
+    EXPECT_EQ(out->promptTokens, static_cast<int64_t>(ps[i].size()));
+  }
+  const nf_engine_stats s = engine->stats();
+  EXPECT_GT(s.preemptions, 0) << "the pool was meant to run out";
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.waiting, 0);
+  EXPECT_EQ(s.kv_free_pages, 12);
+}
+
+/// Collects the order in which requests finish (their user_data).
+struct FinishOrder {
+  std::mutex mu;
+  std::vector<intptr_t> order;
+  static void observe(const nf_engine_event *e, void *self) {
+    if (e->kind != NF_EVENT_FINISHED)
+      return;
+    auto &f = *static_cast<FinishOrder *>(self);
+    std::lock_guard<std::mutex> lock(f.mu);
+    f.order.push_back(reinterpret_cast<intptr_t>(e->request_user_data));
+  }
+};
+
+/// One sequence at a time: a first request holds it while the others
+/// queue; they run in the order the engine admits them.
+std::vector<intptr_t> admissionOrder(int64_t maxWaitMs,
+                                     const std::vector<int32_t> &priorities) {
+  nf::Model model = load();
+  FinishOrder finished;
+  nf::EngineParams ep;
+  ep.maxBatch = 1;
+  ep.maxWaitMs = maxWaitMs;
+  ep.observer = FinishOrder::observe;
+  ep.observerData = &finished;
+  auto engine = nf::ServingEngine::create(model, ep);
+  EXPECT_TRUE(engine.ok()) << engine.message();
+  const auto ps = prompts(model, 1);
+  nf::RequestParams first = greedy(ps[0], 64);
+  first.ignoreEos = true;
+  auto blocker = engine->submit(first);
+  EXPECT_TRUE(blocker.ok());
+  EXPECT_TRUE(blocker->read().ok()); // running: the others must wait
+  std::vector<nf::ServingRequest> rs;
+  for (size_t i = 0; i < priorities.size(); ++i) {
+    nf::RequestParams p = greedy(ps[0], 2);
+    p.priority = priorities[i];
+    p.userData = reinterpret_cast<void *>(static_cast<intptr_t>(i + 1));
+    auto r = engine->submit(p);
+    EXPECT_TRUE(r.ok()) << r.message();
+    rs.push_back(std::move(*r));
+    std::this_thread::sleep_for(2ms); // distinct arrivals
+  }
+  // All queued while the first still runs.
+  EXPECT_EQ(engine->stats().waiting, static_cast<int32_t>(priorities.size()));
+  for (auto &r : rs)
+    EXPECT_TRUE(r.wait().ok());
+  EXPECT_TRUE(blocker->wait().ok());
+  std::lock_guard<std::mutex> lock(finished.mu);
+  std::vector<intptr_t> order;
+  for (intptr_t tag : finished.order)
+    if (tag != 0)
+      order.push_back(tag);
+  return order;
+}
+
+TEST(ServingEngine, PriorityOrdersTheQueue) {
+  // Lower values first (vLLM's priority), arrival among equals.
+  EXPECT_EQ(admissionOrder(0, {5, 0, -3, 0}),
+            (std::vector<intptr_t>{3, 2, 4, 1}));
+}
+
+TEST(ServingEngine, LongWaitPromotesLowPriority) {
+  // Every waiting request has waited past max_wait_ms by the time the
+  // sequence frees: arrival order.
+  EXPECT_EQ(admissionOrder(1, {5, 0, -3, 0}),
+            (std::vector<intptr_t>{1, 2, 3, 4}));
+}
+
+TEST(ServingEngine, HardLimitRefusesAndCaps) {
+  nf::Model model = load();
+  nf::EngineParams ep;
+  ep.maxNewTokens = 8;
+  auto engine = nf::ServingEngine::create(model, ep);
+  ASSERT_TRUE(engine.ok());
+  const auto ps = prompts(model, 1);
+  nf_status code = NF_OK;
+  auto refused = engine->submit(greedy(ps[0], 9), &code);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(code, NF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(refused.message().find("limit of 8"), std::string::npos)
+      << refused.message();
+  nf::RequestParams open = greedy(ps[0], 0); // no limit of its own
+  open.ignoreEos = true;
+  auto r = engine->submit(open);
+  ASSERT_TRUE(r.ok());
+  auto out = r->wait();
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->finishReason, NF_FINISH_LENGTH);
+  EXPECT_EQ(out->maxTokens, 8);
+  EXPECT_EQ(out->completionTokens, 8);
+}
+
+TEST(ServingEngine, SoftLimitGrantsWhatTheFreeCacheHolds) {
+  constexpr int32_t kPages = 8, kPage = 16;
+  nf::Model model = load(kPages);
+  auto engine = nf::ServingEngine::create(model);
+  ASSERT_TRUE(engine.ok());
+  const auto ps = prompts(model, 1);
+  // Below what the cache holds: granted as asked.
+  nf::RequestParams small = greedy(ps[0], 100);
+  small.maxTokensSoft = 5;
+  small.ignoreEos = true;
+  auto a = engine->submit(small);
+  ASSERT_TRUE(a.ok());
+  auto outA = a->wait();
+  ASSERT_TRUE(outA.ok());
+  EXPECT_EQ(outA->maxTokens, 5);
+  EXPECT_EQ(outA->completionTokens, 5);
+  // Beside a running request, what the cache has left.
+  nf::RequestParams hog = greedy(ps[0], 60);
+  hog.ignoreEos = true;
+  auto h = engine->submit(hog);
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(h->read().ok()); // admitted and running
+  nf::RequestParams soft = greedy(ps[0], 0);
+  soft.maxTokensSoft = 1000;
+  soft.ignoreEos = true;
+  auto b = engine->submit(soft);
+  ASSERT_TRUE(b.ok());
+  auto outB = b->wait();
+  ASSERT_TRUE(outB.ok());
+  const int32_t alone = kPages * kPage - static_cast<int32_t>(ps[0].size());
+  EXPECT_GE(outB->maxTokens, 1);
+  EXPECT_LT(outB->maxTokens, alone);
+  EXPECT_EQ(outB->completionTokens, outB->maxTokens);
+  EXPECT_TRUE(h->wait().ok());
+}
+
+TEST(ServingEngine, CancelFreesTheSequence) {
+  nf::Model model = load(16);
+  auto engine = nf::ServingEngine::create(model);
+  ASSERT_TRUE(engine.ok());
+  const auto ps = prompts(model, 1);
+  nf::RequestParams p = greedy(ps[0], 200);
+  p.ignoreEos = true;
+  auto r = engine->submit(p);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(r->read().ok());
+  r->cancel();
+  auto out = r->wait();
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->finishReason, NF_FINISH_CANCELLED);
+  EXPECT_LT(out->completionTokens, 200);
+  for (int i = 0; i < 100 && engine->stats().live_sequences > 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(engine->stats().live_sequences, 0);
+  EXPECT_EQ(engine->stats().kv_free_pages, 16);
+}
+
+TEST(ServingEngine, BoundedQueueAndShutdown) {
+  nf::Model model = load();
+  nf::EngineParams ep;
+  ep.maxBatch = 1;
+  ep.maxQueue = 1;
+  auto engine = nf::ServingEngine::create(model, ep);
+  ASSERT_TRUE(engine.ok());
+  const auto ps = prompts(model, 1);
+  nf::RequestParams p = greedy(ps[0], 400);
+  p.ignoreEos = true;
+  auto running = engine->submit(p);
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(running->read().ok()); // it holds the one sequence
+  auto waiting = engine->submit(p);
+  ASSERT_TRUE(waiting.ok());
+  nf_status code = NF_OK;
+  auto full = engine->submit(p, &code);
+  EXPECT_FALSE(full.ok());
+  EXPECT_EQ(code, NF_ERR_CAPACITY);
+  engine->shutdown(0ms);
+  auto late = engine->submit(p, &code);
+  EXPECT_FALSE(late.ok());
+  EXPECT_EQ(code, NF_ERR_UNAVAILABLE);
+  auto w = waiting->wait();
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->finishReason, NF_FINISH_UNAVAILABLE);
+  EXPECT_EQ(w->completionTokens, 0);
+  auto r = running->wait();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->finishReason, NF_FINISH_UNAVAILABLE);
+  for (int i = 0; i < 100 && !engine->stats().drained; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(engine->stats().drained);
+}
+
+TEST(ServingEngine, FreeingTheEngineEndsItsRequests) {
+  nf::Model model = load();
+  const auto ps = prompts(model, 1);
+  std::optional<nf::ServingRequest> r;
+  {
+    auto engine = nf::ServingEngine::create(model);
+    ASSERT_TRUE(engine.ok());
+    nf::RequestParams p = greedy(ps[0], 400);
+    p.ignoreEos = true;
+    auto s = engine->submit(p);
+    ASSERT_TRUE(s.ok());
+    r.emplace(std::move(*s));
+  }
+  auto out = r->wait();
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->finishReason, NF_FINISH_UNAVAILABLE);
+  // The model is the caller's again.
+  EXPECT_EQ(model.liveSequences(), 0);
+  EXPECT_TRUE(model.addSequence().ok());
+}
+
+TEST(ServingEngine, SubmissionErrorsNameTheProblem) {
+  nf::Model model = load(4);
+  auto engine = nf::ServingEngine::create(model);
+  ASSERT_TRUE(engine.ok());
+  nf_status code = NF_OK;
+  auto empty = engine->submit(greedy({}, 4), &code);
+  EXPECT_EQ(code, NF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(empty.message().find("no tokens"), std::string::npos);
+  auto outside = engine->submit(greedy({1, model.vocabSize()}, 4), &code);
+  EXPECT_EQ(code, NF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(outside.message().find("token id"), std::string::npos);
+  auto tooLong = engine->submit(greedy(std::vector<int32_t>(64, 1), 4), &code);
+  EXPECT_EQ(code, NF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(tooLong.message().find("context is 64"), std::string::npos)
+      << tooLong.message();
+  nf::RequestParams badStop = greedy({1, 2}, 4);
+  badStop.stopStrings = {""};
+  EXPECT_FALSE(engine->submit(badStop, &code).ok());
+  EXPECT_EQ(code, NF_ERR_INVALID_ARGUMENT);
+  nf::RequestParams badSampler = greedy({1, 2}, 4);
+  badSampler.sampler.topP = 0.0f;
+  EXPECT_FALSE(engine->submit(badSampler, &code).ok());
+  EXPECT_EQ(code, NF_ERR_INVALID_ARGUMENT);
+  // A model already in use is refused an engine.
+  nf::Model busy = load();
+  ASSERT_TRUE(busy.addSequence().ok());
+  EXPECT_FALSE(nf::ServingEngine::create(busy).ok());
+}
+
+// The text stream (the engine's and nfrun generate's): pieces that join to
+// the whole decode, cut before the first stop string, never ending inside
+// a UTF-8 character or a possible stop string's beginning.
+TEST(TextStream, PiecesJoinToTheDecodeAndStopBeforeTheStopString) {
+  nf::Model model = load();
+  const std::string text =
+      "def f(x):\n    return \"héllo wörld ✓ 日本\" + x  # END here";
+  auto ids = model.tokenize(text);
+  ASSERT_TRUE(ids.ok());
+  auto whole = model.detokenize(*ids);
+  ASSERT_TRUE(whole.ok());
+  ASSERT_EQ(*whole, text);
+  {
+    auto s = nf::TextStream::create(model);
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::string joined;
+    for (int32_t id : *ids) {
+      auto piece = s->add(id);
+      ASSERT_TRUE(piece.ok());
+      joined += *piece;
+      // Never inside a character: every prefix handed out is whole UTF-8.
+      EXPECT_EQ(text.compare(0, joined.size(), joined), 0);
+      if (!joined.empty())
+        EXPECT_NE(static_cast<unsigned char>(joined.back()) & 0xC0, 0xC0)
+            << "a piece ends with a lead byte";
+    }
+    auto rest = s->finish();
+    ASSERT_TRUE(rest.ok());
+    EXPECT_EQ(joined + *rest, text);
+  }
+  {
+    auto s = nf::TextStream::create(model, {"# END", "never"});
+    ASSERT_TRUE(s.ok());
+    std::string joined;
+    bool stopped = false;
+    size_t n = 0;
+    for (; n < ids->size() && !stopped; ++n) {
+      auto piece = s->add((*ids)[n], false, &stopped);
+      ASSERT_TRUE(piece.ok());
+      joined += *piece;
+      // "#" alone (a possible "# END") is held back until it is decided.
+      if (!stopped)
+        EXPECT_EQ(joined.find('#'), std::string::npos);
+    }
+    EXPECT_TRUE(stopped);
+    EXPECT_LT(n, ids->size());
+    EXPECT_EQ(joined, text.substr(0, text.find("# END")));
+  }
+  EXPECT_FALSE(nf::TextStream::create(model, {""}).ok());
+}
+
+} // namespace
