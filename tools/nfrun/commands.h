@@ -83,7 +83,10 @@ struct ServeFlags {
   int64_t maxBodyBytes = 8 << 20;  // largest request body (413 beyond)
   double readTimeout = 30;   // seconds to send one request's headers and body
   double shutdownGrace = 10; // seconds running requests get after SIGTERM
-  std::string apiKey; // non-empty: /v1/* need "Authorization: Bearer <key>"
+  std::string apiKey;   // non-empty: /v1/* need "Authorization: Bearer <key>"
+  int maxNewTokens = 0; // hard limit of a request's tokens; 0: the context
+  double maxWaitMs = 0; // waiting longer promotes a request; 0: never
+  std::string intentBudget = "interactive=1,batch=0.75,search=0.5";
 };
 
 int runGenerate(const GenerateFlags &flags);

@@ -296,6 +296,27 @@ int main(int argc, char **argv) {
                    "SIGINT before they are ended")
       ->capture_default_str()
       ->check(nf::cli::Between("0", "86400"));
+  serveCmd
+      ->add_option("--max-new-tokens", serve.maxNewTokens,
+                   "Most tokens one request may generate: a request asking "
+                   "for more gets HTTP 400, one asking for no limit gets "
+                   "this (0: no limit but the context)")
+      ->capture_default_str()
+      ->check(nf::cli::Between("0", "1000000000"));
+  serveCmd
+      ->add_option("--max-wait-ms", serve.maxWaitMs,
+                   "A request waiting this long is admitted before waiting "
+                   "requests of higher priority, so that low priority "
+                   "cannot starve (0: off)")
+      ->capture_default_str()
+      ->check(nf::cli::Between("0", "86400000"));
+  serveCmd
+      ->add_option("--intent-budget", serve.intentBudget,
+                   "Default expert budget of each X-Client-Intent, e.g. "
+                   "interactive=1,batch=0.75,search=0.5 (the default); "
+                   "X-Request-Priority scales it (high x1.3, low x0.7, at "
+                   "most 1); expert_budget or X-Expert-Budget override it")
+      ->default_str("interactive=1,batch=0.75,search=0.5");
 
   try {
     app.parse(argc, argv);

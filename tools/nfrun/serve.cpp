@@ -25,6 +25,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -75,6 +76,23 @@ bool constantTimeEqual(const std::string &a, const std::string &b) {
   return diff == 0 && !b.empty();
 }
 
+/// A request's traffic class, named by the observer's user data: one
+/// static object per (intent, priority), so that it outlives any request.
+struct TrafficClass {
+  Intent intent;
+  PriorityClass priority;
+};
+const TrafficClass *trafficClass(Intent intent, PriorityClass priority) {
+  static const auto table = [] {
+    std::array<std::array<TrafficClass, 4>, 4> t{};
+    for (int i = 0; i < 4; ++i)
+      for (int p = 0; p < 4; ++p)
+        t[i][p] = {static_cast<Intent>(i), static_cast<PriorityClass>(p)};
+    return t;
+  }();
+  return &table[static_cast<int>(intent)][static_cast<int>(priority)];
+}
+
 /// The finish_reason of an OpenAI response.
 const char *finishReason(nf_finish_reason reason) {
   return reason == NF_FINISH_LENGTH ? "length" : "stop";
@@ -85,15 +103,21 @@ const char *finishReason(nf_finish_reason reason) {
 /// server-sent events.
 void serveCompletion(const httplib::Request &req, httplib::Response &res,
                      bool chat, const RequestModel &model,
-                     nf::ServingEngine &engine, const std::string &name,
-                     std::atomic<int64_t> &nextId) {
+                     const TrafficPolicy &policy, nf::ServingEngine &engine,
+                     const std::string &name, std::atomic<int64_t> &nextId) {
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded())
     return sendError(res, 400, "the body is not valid JSON");
-  Parsed parsed = chat ? parseChat(body, model) : parseCompletion(body, model);
+  const TrafficHeaders headers = {req.get_header_value("X-Client-Intent"),
+                                  req.get_header_value("X-Request-Priority"),
+                                  req.get_header_value("X-Expert-Budget")};
+  Parsed parsed = chat ? parseChat(body, model, headers, policy)
+                       : parseCompletion(body, model, headers, policy);
   if (auto *err = std::get_if<std::string>(&parsed))
     return sendError(res, 400, *err);
-  const ParsedRequest &p = std::get<ParsedRequest>(parsed);
+  ParsedRequest &p = std::get<ParsedRequest>(parsed);
+  p.params.userData =
+      const_cast<TrafficClass *>(trafficClass(p.intent, p.priority));
   const std::string id =
       (chat ? "chatcmpl-" : "cmpl-") + std::to_string(nextId++);
   const int64_t created = unixTime();
@@ -266,7 +290,7 @@ void recordEvent(const nf_engine_event *e, void *data) {
   auto &metrics = *static_cast<ServeMetrics *>(data);
   switch (e->kind) {
   case NF_EVENT_STEP:
-    metrics.step();
+    metrics.step(e->step_tokens, e->expert_calls);
     break;
   case NF_EVENT_FIRST_TOKEN:
     metrics.firstToken(e->seconds);
@@ -274,12 +298,17 @@ void recordEvent(const nf_engine_event *e, void *data) {
   case NF_EVENT_TOKEN:
     metrics.nextToken(e->seconds);
     break;
-  case NF_EVENT_FINISHED:
+  case NF_EVENT_FINISHED: {
+    const auto *c = static_cast<const TrafficClass *>(e->request_user_data);
     metrics.finished(e->finish_reason == NF_FINISH_STOP     ? "stop"
                      : e->finish_reason == NF_FINISH_LENGTH ? "length"
                                                             : "abort",
-                     e->seconds, e->prompt_tokens, e->completion_tokens);
+                     intentName(c ? c->intent : Intent::None),
+                     priorityName(c ? c->priority : PriorityClass::None),
+                     e->seconds, e->prompt_tokens, e->completion_tokens,
+                     e->expert_calls, e->expert_budget);
     break;
+  }
   case NF_EVENT_PREEMPTED:
     metrics.preempted();
     break;
@@ -464,10 +493,18 @@ int runServe(const ServeFlags &f) {
   const int maxBatch =
       std::max(1, f.maxBatch > 0 ? std::min(f.maxBatch, model->maxSequences())
                                  : model->maxSequences());
-  ServeMetrics metrics(name);
+  TrafficPolicy policy;
+  policy.maxNewTokens = f.maxNewTokens;
+  if (std::string err = parseIntentBudget(f.intentBudget, policy); !err.empty())
+    return fail(err);
+  ServeMetrics metrics(name,
+                       MoeShape{model->numMoeLayers(), model->numExperts(),
+                                model->expertsPerToken()});
   nf::EngineParams ep;
   ep.maxBatch = maxBatch;
   ep.maxQueue = f.maxQueue;
+  ep.maxNewTokens = f.maxNewTokens;
+  ep.maxWaitMs = static_cast<int64_t>(f.maxWaitMs);
   ep.maxBatchedTokens = std::max<int64_t>(f.maxBatchedTokens, maxBatch);
   ep.observer = recordEvent;
   ep.observerData = &metrics;
@@ -503,6 +540,9 @@ int runServe(const ServeFlags &f) {
         s.running, s.waiting,
         s.kv_pages > 0 ? 1.0 - static_cast<double>(s.kv_free_pages) / s.kv_pages
                        : 0.0);
+    if (model->numMoeLayers() > 0)
+      if (auto used = engine->expertUtilization(*model); used)
+        metrics.setExpertUtilization(*used);
     res.set_content(metrics.text(), "text/plain; version=0.0.4");
   });
   server.set_logger(
@@ -536,16 +576,18 @@ int runServe(const ServeFlags &f) {
             dumpJson(json{{"object", "list"}, {"data", json::array({m})}}),
             "application/json");
       });
-  server.Post("/v1/completions", [&](const httplib::Request &req,
-                                     httplib::Response &res) {
-    if (authorized(req, res))
-      serveCompletion(req, res, false, requestModel, *engine, name, nextId);
-  });
-  server.Post("/v1/chat/completions", [&](const httplib::Request &req,
-                                          httplib::Response &res) {
-    if (authorized(req, res))
-      serveCompletion(req, res, true, requestModel, *engine, name, nextId);
-  });
+  server.Post("/v1/completions",
+              [&](const httplib::Request &req, httplib::Response &res) {
+                if (authorized(req, res))
+                  serveCompletion(req, res, false, requestModel, policy,
+                                  *engine, name, nextId);
+              });
+  server.Post("/v1/chat/completions",
+              [&](const httplib::Request &req, httplib::Response &res) {
+                if (authorized(req, res))
+                  serveCompletion(req, res, true, requestModel, policy, *engine,
+                                  name, nextId);
+              });
   server.set_exception_handler([](const httplib::Request &,
                                   httplib::Response &res,
                                   std::exception_ptr ep) {

@@ -21,9 +21,12 @@ const Histogram::BucketBoundaries kE2eBuckets = {
     0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
+const Histogram::BucketBoundaries kBudgetBuckets = {
+    0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.2};
+
 } // namespace
 
-ServeMetrics::ServeMetrics(const std::string &modelName)
+ServeMetrics::ServeMetrics(const std::string &modelName, const MoeShape &moe)
     : registry_(std::make_shared<prometheus::Registry>()), model_{{"model_name",
                                                                    modelName}},
       running_(prometheus::BuildGauge()
@@ -80,28 +83,118 @@ ServeMetrics::ServeMetrics(const std::string &modelName)
                .Help("Time between a request's consecutive tokens.")
                .Register(*registry_)
                .Add(model_, kItlBuckets)),
+      traffic_(prometheus::BuildCounter()
+                   .Name("nf:requests_total")
+                   .Help("Requests ended, by intent (X-Client-Intent), "
+                         "priority (X-Request-Priority; none without an "
+                         "intent) and finish reason.")
+                   .Register(*registry_)),
       e2e_(prometheus::BuildHistogram()
                .Name("vllm:e2e_request_latency_seconds")
                .Help("Time from a request's arrival to its end.")
                .Register(*registry_)
-               .Add(model_, kE2eBuckets)) {}
+               .Add(model_, kE2eBuckets)),
+      moe_(moe),
+      expertCalls_(prometheus::BuildCounter()
+                       .Name("nf:routed_expert_calls_total")
+                       .Help("Routed-expert calls (token x expert) of the "
+                             "steps run, summed over MoE layers.")
+                       .Register(*registry_)
+                       .Add(model_)),
+      topKCalls_(prometheus::BuildCounter()
+                     .Name("nf:routed_expert_calls_topk_total")
+                     .Help("Routed-expert calls static top-k would have made "
+                           "for the same tokens: the budget spent is "
+                           "nf:routed_expert_calls_total over this.")
+                     .Register(*registry_)
+                     .Add(model_)),
+      violations_(prometheus::BuildCounter()
+                      .Name("nf:expert_budget_violations_total")
+                      .Help("Requests that spent more than their expert "
+                            "budget (by more than 0.01).")
+                      .Register(*registry_)
+                      .Add(model_)),
+      budgetSpent_(prometheus::BuildHistogram()
+                       .Name("nf:request_expert_budget_spent")
+                       .Help("A request's routed-expert calls over static "
+                             "top-k's for its tokens.")
+                       .Register(*registry_)
+                       .Add(model_, kBudgetBuckets)) {
+  if (moe_.layers <= 0 || moe_.experts <= 0)
+    return;
+  auto &layerFamily = prometheus::BuildCounter()
+                          .Name("nf:expert_layer_calls_total")
+                          .Help("Routed-expert calls of each MoE layer.")
+                          .Register(*registry_);
+  auto &expertFamily = prometheus::BuildCounter()
+                           .Name("nf:expert_tokens_total")
+                           .Help("Tokens routed to each expert of each MoE "
+                                 "layer (utilisation).")
+                           .Register(*registry_);
+  for (int32_t l = 0; l < moe_.layers; ++l) {
+    prometheus::Labels labels = model_;
+    labels["layer"] = std::to_string(l);
+    layerCalls_.push_back(&layerFamily.Add(labels));
+    for (int32_t e = 0; e < moe_.experts; ++e) {
+      labels["expert"] = std::to_string(e);
+      expertTokens_.push_back(&expertFamily.Add(labels));
+    }
+  }
+  lastCounts_.assign(expertTokens_.size(), 0);
+}
 
 void ServeMetrics::firstToken(double seconds) { ttft_.Observe(seconds); }
 void ServeMetrics::nextToken(double seconds) { itl_.Observe(seconds); }
 
-void ServeMetrics::finished(const std::string &reason, double seconds,
-                            int64_t promptTokens, int64_t generatedTokens) {
+void ServeMetrics::finished(const std::string &reason,
+                            const std::string &intent,
+                            const std::string &priority, double seconds,
+                            int64_t promptTokens, int64_t generatedTokens,
+                            int64_t expertCalls, float expertBudget) {
   prometheus::Labels labels = model_;
   labels["finished_reason"] = reason;
   success_.Add(labels).Increment();
+  labels["intent"] = intent;
+  labels["priority"] = priority;
+  traffic_.Add(labels).Increment();
   e2e_.Observe(seconds);
   promptTokens_.Increment(static_cast<double>(promptTokens));
   generationTokens_.Increment(static_cast<double>(generatedTokens));
+  // The budget spent: only where the backend counts expert calls.
+  const double topK = static_cast<double>(moe_.topK) * moe_.layers *
+                      static_cast<double>(promptTokens + generatedTokens);
+  if (expertCalls > 0 && topK > 0) {
+    const double spent = static_cast<double>(expertCalls) / topK;
+    budgetSpent_.Observe(spent);
+    if (expertBudget > 0 && spent > expertBudget + 0.01)
+      violations_.Increment();
+  }
 }
 
 void ServeMetrics::preempted() { preemptions_.Increment(); }
 
-void ServeMetrics::step() { steps_.Increment(); }
+void ServeMetrics::step(int64_t tokens, int64_t expertCalls) {
+  steps_.Increment();
+  if (expertCalls > 0) {
+    expertCalls_.Increment(static_cast<double>(expertCalls));
+    topKCalls_.Increment(static_cast<double>(moe_.topK) * moe_.layers *
+                         static_cast<double>(tokens));
+  }
+}
+
+void ServeMetrics::setExpertUtilization(const std::vector<int64_t> &counts) {
+  std::lock_guard<std::mutex> lock(expertMu_);
+  if (counts.size() != lastCounts_.size())
+    return;
+  const size_t experts = static_cast<size_t>(moe_.experts);
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (counts[i] > lastCounts_[i]) {
+      const double delta = static_cast<double>(counts[i] - lastCounts_[i]);
+      expertTokens_[i]->Increment(delta);
+      layerCalls_[i / experts]->Increment(delta);
+      lastCounts_[i] = counts[i];
+    }
+}
 
 void ServeMetrics::httpError(int status) {
   prometheus::Labels labels = model_;

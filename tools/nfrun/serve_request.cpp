@@ -7,7 +7,10 @@
 #include "serve_request.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 
 namespace nfrun {
@@ -25,8 +28,10 @@ uint64_t randomSeed() {
 /// max_tokens (chat: also max_completion_tokens, and by default the rest
 /// of the context), temperature, top_p, top_k, min_p, seed, n, stream and
 /// stop. `r.params.prompt` is set. An error message, or nullopt.
-std::optional<std::string>
-parseSampling(const json &body, const RequestModel &model, ParsedRequest &r) {
+std::optional<std::string> parseSampling(const json &body,
+                                         const RequestModel &model,
+                                         const TrafficPolicy &policy,
+                                         ParsedRequest &r) {
   const std::vector<int32_t> &prompt = r.params.prompt;
   if (prompt.empty())
     return std::string("the prompt has no tokens");
@@ -47,8 +52,17 @@ parseSampling(const json &body, const RequestModel &model, ParsedRequest &r) {
     return std::nullopt;
   };
   // -1: no limit of the request's own (chat's default: the context).
-  double maxTokens = r.chat ? -1 : 16, temperature = 1.0, topP = 1.0, n = 1,
-         seed = 0, topK = 0, minP = 0;
+  // Completions' default of 16 (OpenAI's), within the server's limit.
+  const double completionsDefault =
+      policy.maxNewTokens > 0 ? std::min(16, policy.maxNewTokens) : 16;
+  double maxTokens = r.chat ? -1 : completionsDefault, temperature = 1.0,
+         topP = 1.0, n = 1, seed = 0, topK = 0, minP = 0, soft = 0;
+  const bool hasSoft = body.contains("max_new_tokens_soft") &&
+                       !body["max_new_tokens_soft"].is_null();
+  // A soft limit alone: the hard limits (the server's, the context) bound
+  // it, not completions' default of 16.
+  if (hasSoft && !body.contains("max_tokens"))
+    maxTokens = -1;
   for (auto err :
        {number("max_tokens", 1, 1 << 30, maxTokens),
         r.chat ? number("max_completion_tokens", 1, 1 << 30, maxTokens)
@@ -56,7 +70,8 @@ parseSampling(const json &body, const RequestModel &model, ParsedRequest &r) {
         number("temperature", 0, 100, temperature),
         number("top_p", 0, 1, topP, true), number("n", 1, 1, n),
         number("seed", 0, 9.0e15, seed), number("top_k", 0, 1 << 30, topK),
-        number("min_p", 0, 1, minP)})
+        number("min_p", 0, 1, minP),
+        number("max_new_tokens_soft", 1, 1 << 30, soft)})
     if (err)
       return *err;
   // Context left after the prompt; a model without attention has no limit.
@@ -72,6 +87,7 @@ parseSampling(const json &body, const RequestModel &model, ParsedRequest &r) {
   // context. One above the server's limit is refused by the engine.
   r.params.maxTokens = static_cast<int32_t>(
       maxTokens < 0 ? 0 : std::min<double>(maxTokens, room));
+  r.params.maxTokensSoft = static_cast<int32_t>(std::min<double>(soft, room));
   nf::SamplerParams sampling;
   sampling.temperature = static_cast<float>(temperature);
   sampling.topP = static_cast<float>(topP);
@@ -88,6 +104,11 @@ parseSampling(const json &body, const RequestModel &model, ParsedRequest &r) {
     if (!body["stream"].is_boolean())
       return std::string("'stream' must be true or false");
     r.stream = body["stream"].get<bool>();
+  }
+  if (body.contains("ignore_eos") && !body["ignore_eos"].is_null()) {
+    if (!body["ignore_eos"].is_boolean())
+      return std::string("'ignore_eos' must be true or false");
+    r.params.ignoreEos = body["ignore_eos"].get<bool>();
   }
   if (body.contains("return_token_ids") &&
       !body["return_token_ids"].is_null()) {
@@ -113,6 +134,89 @@ parseSampling(const json &body, const RequestModel &model, ParsedRequest &r) {
   return std::nullopt;
 }
 
+std::string lower(std::string s) {
+  for (char &c : s)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+/// An expert budget in (0, 1] from text; nullopt when it is not one.
+std::optional<float> budgetValue(const std::string &text) {
+  const char *begin = text.c_str();
+  char *end = nullptr;
+  const double v = std::strtod(begin, &end);
+  if (text.empty() || *end != '\0' || !(v > 0.0 && v <= 1.0))
+    return std::nullopt;
+  return static_cast<float>(v);
+}
+
+/// Intent, priority and expert budget: the traffic headers, and the body's
+/// `priority` (vLLM's integer, lower first) and `expert_budget`. A
+/// priority header without an intent header is ignored; an explicit budget
+/// (body, then header) wins over the intent's.
+std::optional<std::string> parseTraffic(const json &body,
+                                        const TrafficHeaders &headers,
+                                        const TrafficPolicy &policy,
+                                        ParsedRequest &r) {
+  if (!headers.intent.empty()) {
+    const std::string v = lower(headers.intent);
+    if (v == "interactive")
+      r.intent = Intent::Interactive;
+    else if (v == "batch")
+      r.intent = Intent::Batch;
+    else if (v == "search")
+      r.intent = Intent::Search;
+    else
+      return std::string(
+          "X-Client-Intent must be interactive, batch or search");
+  }
+  if (!headers.priority.empty()) {
+    const std::string v = lower(headers.priority);
+    PriorityClass p;
+    if (v == "high")
+      p = PriorityClass::High;
+    else if (v == "medium")
+      p = PriorityClass::Medium;
+    else if (v == "low")
+      p = PriorityClass::Low;
+    else
+      return std::string("X-Request-Priority must be high, medium or low");
+    if (r.intent != Intent::None) // the rule: no intent, no priority
+      r.priority = p;
+  }
+  r.params.priority = r.priority == PriorityClass::High  ? -1
+                      : r.priority == PriorityClass::Low ? 1
+                                                         : 0;
+  if (body.contains("priority") && !body["priority"].is_null()) {
+    const json &v = body["priority"];
+    if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN ||
+        v.get<int64_t>() > INT32_MAX)
+      return std::string("'priority' must be an integer (lower values are "
+                         "served first)");
+    r.params.priority = static_cast<int32_t>(v.get<int64_t>());
+  }
+  if (body.contains("expert_budget") && !body["expert_budget"].is_null()) {
+    const json &v = body["expert_budget"];
+    if (!v.is_number() || !(v.get<double>() > 0.0 && v.get<double>() <= 1.0))
+      return std::string("'expert_budget' must be a number in (0, 1]");
+    r.params.expertBudget = v.get<float>();
+  } else if (!headers.expertBudget.empty()) {
+    auto b = budgetValue(headers.expertBudget);
+    if (!b)
+      return std::string("X-Expert-Budget must be a number in (0, 1]");
+    r.params.expertBudget = *b;
+  } else if (r.intent != Intent::None) {
+    const float base = r.intent == Intent::Interactive ? policy.interactive
+                       : r.intent == Intent::Batch     ? policy.batch
+                                                       : policy.search;
+    const float scale = r.priority == PriorityClass::High  ? 1.3f
+                        : r.priority == PriorityClass::Low ? 0.7f
+                                                           : 1.0f;
+    r.params.expertBudget = std::min(1.0f, base * scale);
+  }
+  return std::nullopt;
+}
+
 /// A template's error without the server's file path that starts it
 /// ("/srv/t.jinja: chat template line 3: ..." -> "chat template line 3:
 /// ...").
@@ -123,11 +227,69 @@ std::string withoutTemplatePath(const std::string &message) {
 
 } // namespace
 
+const char *intentName(Intent intent) {
+  switch (intent) {
+  case Intent::Interactive:
+    return "interactive";
+  case Intent::Batch:
+    return "batch";
+  case Intent::Search:
+    return "search";
+  case Intent::None:
+    break;
+  }
+  return "none";
+}
+
+const char *priorityName(PriorityClass priority) {
+  switch (priority) {
+  case PriorityClass::High:
+    return "high";
+  case PriorityClass::Medium:
+    return "medium";
+  case PriorityClass::Low:
+    return "low";
+  case PriorityClass::None:
+    break;
+  }
+  return "none";
+}
+
+std::string parseIntentBudget(const std::string &text, TrafficPolicy &policy) {
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos)
+      end = text.size();
+    const std::string item = text.substr(start, end - start);
+    const size_t eq = item.find('=');
+    const std::string key = lower(item.substr(0, eq));
+    auto value = eq == std::string::npos ? std::nullopt
+                                         : budgetValue(item.substr(eq + 1));
+    if (!value)
+      return "--intent-budget: '" + item +
+             "' is not INTENT=BUDGET with a budget in (0, 1]";
+    if (key == "interactive")
+      policy.interactive = *value;
+    else if (key == "batch")
+      policy.batch = *value;
+    else if (key == "search")
+      policy.search = *value;
+    else
+      return "--intent-budget: unknown intent '" + key +
+             "' (interactive, batch, search)";
+    start = end + 1;
+  }
+  return "";
+}
+
 /// A validated /v1/completions request from its JSON body, or an error
 /// message. Runs on the HTTP threads: it only reads the model (tokenizer,
 /// sizes), which is immutable after loading, while the scheduler thread
 /// runs it.
-Parsed parseCompletion(const json &body, const RequestModel &model) {
+Parsed parseCompletion(const json &body, const RequestModel &model,
+                       const TrafficHeaders &headers,
+                       const TrafficPolicy &policy) {
   ParsedRequest r;
   if (!body.is_object())
     return std::string("the body must be a JSON object");
@@ -156,7 +318,9 @@ Parsed parseCompletion(const json &body, const RequestModel &model) {
     return std::string("'prompt' must be a string or a non-empty array of "
                        "token ids (one prompt per request)");
   }
-  if (auto err = parseSampling(body, model, r))
+  if (auto err = parseSampling(body, model, policy, r))
+    return *err;
+  if (auto err = parseTraffic(body, headers, policy, r))
     return *err;
   return r;
 }
@@ -217,7 +381,8 @@ parseMessages(const json &body) {
 /// model's chat template (and the generation prompt), tokenized without
 /// special tokens (the template writes them, BOS included), then the same
 /// fields as /v1/completions.
-Parsed parseChat(const json &body, const RequestModel &model) {
+Parsed parseChat(const json &body, const RequestModel &model,
+                 const TrafficHeaders &headers, const TrafficPolicy &policy) {
   if (!body.is_object())
     return std::string("the body must be a JSON object");
   if (!model.hasChatTemplate()) {
@@ -253,7 +418,9 @@ Parsed parseChat(const json &body, const RequestModel &model) {
   if (!ids)
     return "prompt: " + ids.message();
   r.params.prompt = std::move(*ids);
-  if (auto err = parseSampling(body, model, r))
+  if (auto err = parseSampling(body, model, policy, r))
+    return *err;
+  if (auto err = parseTraffic(body, headers, policy, r))
     return *err;
   return r;
 }

@@ -53,24 +53,58 @@ private:
   const nf::Model &model_;
 };
 
+/// nf's traffic classes: the header X-Client-Intent, and
+/// X-Request-Priority, which counts only with an intent.
+enum class Intent { None, Interactive, Batch, Search };
+enum class PriorityClass { None, High, Medium, Low };
+const char *intentName(Intent intent);            // "none", "interactive", ...
+const char *priorityName(PriorityClass priority); // "none", "high", ...
+
+/// The traffic headers of a request, as sent ("" when absent).
+struct TrafficHeaders {
+  std::string intent;       // X-Client-Intent
+  std::string priority;     // X-Request-Priority
+  std::string expertBudget; // X-Expert-Budget
+};
+
+/// The server's traffic policy: each intent's default expert budget
+/// (--intent-budget), scaled by priority (x1.3 high, x1 medium, x0.7 low,
+/// at most 1).
+struct TrafficPolicy {
+  float interactive = 1.0f, batch = 0.75f, search = 0.5f;
+  /// The server's hard limit of new tokens (--max-new-tokens; 0: none):
+  /// completions' default max_tokens (16) is cut to it.
+  int32_t maxNewTokens = 0;
+};
+/// Parses --intent-budget's "interactive=1,batch=0.75,search=0.5" (any
+/// subset) into `policy`; an error message, or "".
+std::string parseIntentBudget(const std::string &text, TrafficPolicy &policy);
+
 /// A validated request: what the serving engine runs, and how to answer.
 struct ParsedRequest {
   nf::RequestParams params;
   bool stream = false;
   bool returnTokenIds = false; // the response lists the token ids
   bool chat = false;           // /v1/chat/completions
+  Intent intent = Intent::None;
+  PriorityClass priority = PriorityClass::None;
 };
 
 /// A validated request, or the one-line message of a 400 answer.
 using Parsed = std::variant<ParsedRequest, std::string>;
 
 /// A /v1/completions body: prompt (text or token ids), max_tokens,
-/// temperature, top_p, top_k, min_p, seed, n, stream, stop,
-/// return_token_ids.
-Parsed parseCompletion(const nlohmann::json &body, const RequestModel &model);
+/// max_new_tokens_soft, temperature, top_p, top_k, min_p, seed, n, stream,
+/// stop, return_token_ids, priority, expert_budget; and the traffic
+/// headers.
+Parsed parseCompletion(const nlohmann::json &body, const RequestModel &model,
+                       const TrafficHeaders &headers = {},
+                       const TrafficPolicy &policy = {});
 /// A /v1/chat/completions body: messages rendered with the model's chat
 /// template (and the generation prompt), then the fields of
 /// /v1/completions (and max_completion_tokens).
-Parsed parseChat(const nlohmann::json &body, const RequestModel &model);
+Parsed parseChat(const nlohmann::json &body, const RequestModel &model,
+                 const TrafficHeaders &headers = {},
+                 const TrafficPolicy &policy = {});
 
 } // namespace nfrun

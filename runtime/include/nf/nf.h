@@ -499,6 +499,8 @@ typedef struct nf_engine_event {
   int32_t step_sequences;
   int64_t step_tokens;
   int64_t expert_calls;
+  /* FINISHED: the request's expert_budget (<= 0: the plan's default). */
+  float expert_budget;
 } nf_engine_event;
 
 /* Called on the engine's thread: it must return quickly and must not call
@@ -633,6 +635,11 @@ typedef struct nf_engine_stats {
 } nf_engine_stats;
 
 NF_API nf_status nf_engine_get_stats(nf_engine *engine, nf_engine_stats *out);
+
+/* nf_model_expert_utilization of the engine's model, as of its last step
+   (the model's own counters are the engine thread's while it runs). */
+NF_API nf_status nf_engine_expert_utilization(nf_engine *engine,
+                                              int64_t *counts, size_t cap);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -586,6 +586,15 @@ public:
     (void)nf_engine_get_stats(e_, &s);
     return s;
   }
+  /// Tokens routed to each expert as of the engine's last step, flat
+  /// [MoE layer][expert] (see nf_engine_expert_utilization).
+  StatusOr<std::vector<int64_t>> expertUtilization(const Model &model) const {
+    std::vector<int64_t> counts(static_cast<size_t>(model.numMoeLayers()) *
+                                static_cast<size_t>(model.numExperts()));
+    if (nf_engine_expert_utilization(e_, counts.data(), counts.size()) != NF_OK)
+      return lastError();
+    return counts;
+  }
   nf_engine *get() const { return e_; }
 
 private:

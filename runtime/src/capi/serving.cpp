@@ -319,4 +319,25 @@ nf_status nf_engine_get_stats(nf_engine *engine, nf_engine_stats *out) {
   });
 }
 
+nf_status nf_engine_expert_utilization(nf_engine *engine, int64_t *counts,
+                                       size_t cap) {
+  return guard([&]() -> nf_status {
+    if (!engine || (!counts && cap > 0))
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_engine_expert_utilization: NULL engine or counts");
+    const std::vector<int64_t> used = engine->scheduler->expertUtilization();
+    const size_t need =
+        static_cast<size_t>(nf_model_n_moe_layers(engine->model)) *
+        static_cast<size_t>(nf_model_n_experts(engine->model));
+    if (cap < need)
+      return fail(NF_ERR_BUFFER_TOO_SMALL,
+                  "nf_engine_expert_utilization: needs " +
+                      std::to_string(need) + " entries, got " +
+                      std::to_string(cap));
+    std::fill(counts, counts + need, 0);
+    std::copy(used.begin(), used.begin() + std::min(used.size(), need), counts);
+    return NF_OK;
+  });
+}
+
 } // extern "C"

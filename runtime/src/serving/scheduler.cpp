@@ -72,6 +72,11 @@ void Scheduler::shutdown(Clock::time_point deadline) {
 
 bool Scheduler::drained() { return stats().drained != 0; }
 
+std::vector<int64_t> Scheduler::expertUtilization() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return utilization_;
+}
+
 nf_engine_stats Scheduler::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   nf_engine_stats s = stats_;
@@ -112,6 +117,7 @@ void Scheduler::finish(Request &r, nf_finish_reason reason,
   e.prompt_tokens = static_cast<int64_t>(r.prompt.size());
   e.completion_tokens = static_cast<int64_t>(r.generated.size());
   e.expert_calls = r.expertCalls;
+  e.expert_budget = r.expertBudget;
   notify(e);
   if (reason == NF_FINISH_STOP || reason == NF_FINISH_LENGTH)
     r.pendingText += r.text.take(true);
@@ -414,8 +420,12 @@ void Scheduler::runStep(std::vector<Entry> &step) {
   ev.step_sequences = static_cast<int32_t>(done.size());
   ev.step_tokens = stepTokens;
   ev.expert_calls = expertCalls;
-  if (!done.empty())
+  if (!done.empty()) {
+    // Before any request of the step ends: what a reader sees after its
+    // end includes its last step.
+    refreshUtilization();
     notify(ev);
+  }
   for (auto &[e, token] : done) {
     Request &r = *e.r;
     r.fed += e.count;
@@ -482,6 +492,19 @@ void Scheduler::accept(Request &r, int32_t token) {
     r.cv.notify_all();
 }
 
+void Scheduler::refreshUtilization() {
+  // The model's expert counters, read on this thread (the steps').
+  const size_t cells = static_cast<size_t>(nf_model_n_moe_layers(model_)) *
+                       static_cast<size_t>(nf_model_n_experts(model_));
+  if (cells == 0)
+    return;
+  std::vector<int64_t> used(cells);
+  if (nf_model_expert_utilization(model_, used.data(), cells) != NF_OK)
+    return;
+  std::lock_guard<std::mutex> lock(mu_);
+  utilization_.swap(used);
+}
+
 void Scheduler::updateStats(int32_t stepSequences) {
   const int64_t pages = pageSize_ > 0 ? nf_model_kv_pages(model_) : 0;
   const int64_t freePages = pageSize_ > 0 ? nf_model_kv_free_pages(model_) : 0;
@@ -496,6 +519,7 @@ void Scheduler::updateStats(int32_t stepSequences) {
 }
 
 void Scheduler::loop() {
+  refreshUtilization();
   updateStats(0);
   for (;;) {
     {

@@ -117,6 +117,8 @@ public:
   bool drained();
 
   nf_engine_stats stats();
+  /// Tokens routed to each [MoE layer][expert] as of the last step.
+  std::vector<int64_t> expertUtilization();
 
 private:
   struct Entry {
@@ -140,6 +142,8 @@ private:
   void notify(const nf_engine_event &event) const;
   /// Copies the scheduler thread's counts into stats_.
   void updateStats(int32_t stepSequences);
+  /// Copies the model's expert counters into utilization_.
+  void refreshUtilization();
 
   nf_model *model_;
   const SchedulerOptions options_;
@@ -152,6 +156,7 @@ private:
   Clock::time_point deadline_;                 // guarded by mu_
   nf_engine_stats stats_{};                    // guarded by mu_
   uint64_t arrivals_ = 0;                      // guarded by mu_
+  std::vector<int64_t> utilization_;           // guarded by mu_
 
   // Scheduler thread only: running requests (kept in order of priority,
   // then admission), and waiting ones (preempted ones included).
