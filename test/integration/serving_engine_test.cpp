@@ -106,6 +106,49 @@ TEST(ServingEngine, TinyKvPoolCompletesEveryRequestExactly) {
   EXPECT_EQ(s.kv_free_pages, 12);
 }
 
+// Under memory pressure the victims are the lowest priority: a
+// high-priority request admitted last keeps its sequence throughout.
+TEST(ServingEngine, PreemptionSparesHigherPriority) {
+  nf::Model model = load(/*kvPages=*/12);
+  auto engine = nf::ServingEngine::create(model);
+  ASSERT_TRUE(engine.ok());
+  const auto ps = prompts(model, 4);
+  std::vector<nf::ServingRequest> low;
+  for (int i = 0; i < 4; ++i) {
+    nf::RequestParams p = greedy(ps[i], 64);
+    p.ignoreEos = true;
+    p.priority = 1;
+    auto r = engine->submit(p);
+    ASSERT_TRUE(r.ok());
+    low.push_back(std::move(*r));
+  }
+  // The high-priority request comes once the others run: admitted last.
+  std::vector<nf::RequestOutput> firstReads;
+  for (auto &r : low) {
+    auto o = r.read();
+    ASSERT_TRUE(o.ok());
+    firstReads.push_back(std::move(*o));
+  }
+  nf::RequestParams p = greedy(ps[3], 64);
+  p.ignoreEos = true;
+  p.priority = -1;
+  auto high = engine->submit(p);
+  ASSERT_TRUE(high.ok());
+  auto h = high->wait();
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->finishReason, NF_FINISH_LENGTH);
+  EXPECT_EQ(h->preemptions, 0);
+  int32_t lowPreemptions = 0;
+  for (size_t i = 0; i < low.size(); ++i) {
+    auto o =
+        firstReads[i].finished() ? std::move(firstReads[i]) : low[i].wait();
+    ASSERT_TRUE(o.ok());
+    EXPECT_EQ(o->finishReason, NF_FINISH_LENGTH);
+    lowPreemptions += o->preemptions;
+  }
+  EXPECT_GT(lowPreemptions, 0) << "the pool was meant to run out";
+}
+
 /// Collects the order in which requests finish (their user_data).
 struct FinishOrder {
   std::mutex mu;
