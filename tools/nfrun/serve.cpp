@@ -220,10 +220,27 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
   };
   auto roleSent = std::make_shared<bool>(!chat);
   const bool returnTokenIds = p.returnTokenIds;
+  // stream_options.include_usage: a last chunk with no choices and the
+  // usage, as OpenAI's.
+  auto usageChunk = [id, created, name, chat, include = p.includeUsage](
+                        const nf::RequestOutput &o) -> std::string {
+    if (!include)
+      return "";
+    json u = {{"id", id},
+              {"object", chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", name},
+              {"choices", json::array()},
+              {"usage",
+               {{"prompt_tokens", o.promptTokens},
+                {"completion_tokens", o.completionTokens},
+                {"total_tokens", o.promptTokens + o.completionTokens}}}};
+    return "data: " + dumpJson(u) + "\n\n";
+  };
   res.set_chunked_content_provider(
       "text/event-stream",
-      [request, roleSent, returnTokenIds, event, response,
-       errorText](size_t, httplib::DataSink &sink) {
+      [request, roleSent, returnTokenIds, event, response, errorText,
+       usageChunk](size_t, httplib::DataSink &sink) {
         std::string events;
         nf::RequestOutput o;
         if (!*roleSent) {
@@ -267,7 +284,7 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
                                       {"type", "server_error"}}}}) +
                       "\n\n";
           else
-            events += event("", finishReason(o.finishReason));
+            events += event("", finishReason(o.finishReason)) + usageChunk(o);
           events += "data: [DONE]\n\n";
         }
         if (!sink.write(events.data(), events.size())) {

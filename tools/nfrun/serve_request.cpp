@@ -105,6 +105,19 @@ std::optional<std::string> parseSampling(const json &body,
       return std::string("'stream' must be true or false");
     r.stream = body["stream"].get<bool>();
   }
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const json &o = body["stream_options"];
+    if (!o.is_object())
+      return std::string("'stream_options' must be an object");
+    if (!r.stream)
+      return std::string("'stream_options' needs 'stream': true");
+    if (o.contains("include_usage") && !o["include_usage"].is_null()) {
+      if (!o["include_usage"].is_boolean())
+        return std::string(
+            "'stream_options.include_usage' must be true or false");
+      r.includeUsage = o["include_usage"].get<bool>();
+    }
+  }
   if (body.contains("ignore_eos") && !body["ignore_eos"].is_null()) {
     if (!body["ignore_eos"].is_boolean())
       return std::string("'ignore_eos' must be true or false");

@@ -85,6 +85,7 @@ struct ParsedRequest {
   nf::RequestParams params;
   bool stream = false;
   bool returnTokenIds = false; // the response lists the token ids
+  bool includeUsage = false;   // stream_options.include_usage
   bool chat = false;           // /v1/chat/completions
   Intent intent = Intent::None;
   PriorityClass priority = PriorityClass::None;

@@ -63,7 +63,7 @@ def value(samples, name, **labels):
 def complete(headers=None, **body):
     extra = {k: body.pop(k) for k in list(body)
              if k in ("priority", "expert_budget", "max_new_tokens_soft",
-                      "ignore_eos")}
+                      "ignore_eos", "stream_options")}
     return client.completions.with_raw_response.create(
         model=model, prompt=body.pop("prompt", "def parse(text):"),
         temperature=0, extra_headers=headers or {}, extra_body=extra, **body)
@@ -111,6 +111,18 @@ if raw.headers.get("X-Actual-New-Tokens") != "3" or \
         c.usage.completion_tokens != 3:
     fail("soft limit 3: header %s, usage %s" %
          (raw.headers.get("X-Actual-New-Tokens"), c.usage))
+
+# Streamed, the usage comes in a last chunk (stream_options.include_usage).
+chunks = list(client.completions.create(
+    model=model, prompt="def parse(text):", temperature=0, stream=True,
+    stream_options={"include_usage": True},
+    extra_body={"max_new_tokens_soft": 3, "ignore_eos": True}))
+if chunks[-1].choices or chunks[-1].usage is None or \
+        chunks[-1].usage.completion_tokens != 3 or \
+        any(ch.usage for ch in chunks[:-1]):
+    fail("streamed usage with soft limit 3: %s" % chunks[-1])
+refused("stream_options without stream", "stream_options",
+        max_tokens=2, stream_options={"include_usage": True})
 
 # Budgets: an intent's default (scaled by priority), and explicit ones,
 # show as the share of static top-k's expert calls each request spends.
