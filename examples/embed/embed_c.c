@@ -78,6 +78,7 @@ int main(int argc, char **argv) {
   batch.seqs = &in;
   batch.n_seqs = 1;
   batch.expert_calls = &calls;
+  batch.expert_calls_per_layer = NULL;
   logits = (float *)malloc(sizeof(float) * (size_t)vocab);
   if (!logits)
     return 1;

@@ -217,6 +217,51 @@ TEST(ServingEngine, LongWaitPromotesLowPriority) {
             (std::vector<intptr_t>{1, 2, 3, 4}));
 }
 
+// A request's usage: routed-expert calls per MoE layer that sum to its
+// total, the budget applied and the share of static top-k spent, as the
+// model's own per-process counters count them (pydoc-moe's plan runs the
+// budget policy: at 0.5 a decode token runs 2 of 4 experts, a prompt's
+// tokens share 2 a token).
+TEST(ServingEngine, UsageReportsExpertCallsPerLayerAndBudget) {
+  nf::Model model = load();
+  ASSERT_GT(model.numMoeLayers(), 0);
+  auto engine = nf::ServingEngine::create(model);
+  ASSERT_TRUE(engine.ok());
+  const auto ps = prompts(model, 4);
+  nf::RequestParams p = greedy(ps[3], 8);
+  p.ignoreEos = true;
+  p.expertBudget = 0.5f;
+  auto r = engine->submit(p);
+  ASSERT_TRUE(r.ok());
+  auto out = r->wait();
+  ASSERT_TRUE(out.ok());
+  ASSERT_EQ(out->expertCallsPerLayer.size(),
+            static_cast<size_t>(model.numMoeLayers()));
+  int64_t sum = 0;
+  for (int64_t c : out->expertCallsPerLayer)
+    sum += c;
+  EXPECT_EQ(sum, out->expertCalls);
+  // The tokens run: the prompt and every generated token but the last.
+  const int64_t tokens = static_cast<int64_t>(ps[3].size()) + 8 - 1;
+  EXPECT_EQ(out->expertCalls,
+            tokens * model.numMoeLayers() * model.expertsPerToken() / 2);
+  EXPECT_FLOAT_EQ(out->expertBudget, 0.5f);
+  EXPECT_DOUBLE_EQ(out->expertBudgetSpent, 0.5);
+  auto used = engine->expertUtilization(model);
+  ASSERT_TRUE(used.ok());
+  int64_t routed = 0;
+  for (int64_t c : *used)
+    routed += c;
+  EXPECT_EQ(routed, out->expertCalls); // the only request so far
+  // Without a budget of its own: the plan's default (1), all of top-k.
+  auto full = engine->submit(greedy(ps[0], 2));
+  ASSERT_TRUE(full.ok());
+  auto f = full->wait();
+  ASSERT_TRUE(f.ok());
+  EXPECT_FLOAT_EQ(f->expertBudget, 1.0f);
+  EXPECT_DOUBLE_EQ(f->expertBudgetSpent, 1.0);
+}
+
 TEST(ServingEngine, HardLimitRefusesAndCaps) {
   nf::Model model = load();
   nf::EngineParams ep;

@@ -93,6 +93,21 @@ const TrafficClass *trafficClass(Intent intent, PriorityClass priority) {
   return &table[static_cast<int>(intent)][static_cast<int>(priority)];
 }
 
+/// A response's usage: OpenAI's token counts, and for MoE models nf's
+/// routed-expert calls per MoE layer, the budget applied and the share of
+/// static top-k's calls spent.
+json usageJson(const nf::RequestOutput &o) {
+  json u = {{"prompt_tokens", o.promptTokens},
+            {"completion_tokens", o.completionTokens},
+            {"total_tokens", o.promptTokens + o.completionTokens}};
+  if (!o.expertCallsPerLayer.empty()) {
+    u["expert_calls"] = o.expertCallsPerLayer;
+    u["expert_budget"] = o.expertBudget;
+    u["expert_budget_spent"] = o.expertBudgetSpent;
+  }
+  return u;
+}
+
 /// The finish_reason of an OpenAI response.
 const char *finishReason(nf_finish_reason reason) {
   return reason == NF_FINISH_LENGTH ? "length" : "stop";
@@ -195,9 +210,7 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
       choice["token_ids"] = all.tokens;
     }
     json out = response(choice, false);
-    out["usage"] = {{"prompt_tokens", all.promptTokens},
-                    {"completion_tokens", all.completionTokens},
-                    {"total_tokens", all.promptTokens + all.completionTokens}};
+    out["usage"] = usageJson(all);
     res.set_header("X-Actual-New-Tokens", std::to_string(all.completionTokens));
     res.set_content(dumpJson(out), "application/json");
     return;
@@ -231,10 +244,7 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
               {"created", created},
               {"model", name},
               {"choices", json::array()},
-              {"usage",
-               {{"prompt_tokens", o.promptTokens},
-                {"completion_tokens", o.completionTokens},
-                {"total_tokens", o.promptTokens + o.completionTokens}}}};
+              {"usage", usageJson(o)}};
     return "data: " + dumpJson(u) + "\n\n";
   };
   res.set_chunked_content_provider(

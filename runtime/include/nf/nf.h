@@ -297,6 +297,10 @@ typedef struct nf_batch {
      cannot count them (CUDA plans whose kernels keep the expert selection
      to themselves: nf_model_info says "no expert statistics"). */
   int64_t *expert_calls;
+  /* Optional output, NULL or n_seqs * nf_model_n_moe_layers() entries: the
+     same per MoE layer, row-major [sequence][MoE layer] (a row sums to the
+     sequence's expert_calls). */
+  int64_t *expert_calls_per_layer;
 } nf_batch;
 
 /* Runs one step over the batch. Logits (f32) are written row-major to
@@ -595,9 +599,19 @@ typedef struct nf_request_output {
      is admitted. */
   int32_t max_tokens;
   int32_t preemptions;
-  /* Routed-expert calls of the request's tokens, summed over MoE layers
-     (0 where the backend cannot count them). */
+  /* Routed-expert calls of the request's tokens (prefill and decode, steps
+     run again after a preemption included), summed over MoE layers (0
+     where the backend cannot count them), and per MoE layer (n_moe_layers
+     entries, in layer order; they sum to expert_calls). */
   int64_t expert_calls;
+  const int64_t *expert_calls_per_layer;
+  int32_t n_moe_layers;
+  /* The expert budget the request runs with (the plan's default where it
+     gave none), and the share of static top-k's routed-expert calls it
+     spent on the tokens it ran: expert_calls / (k * MoE layers * tokens);
+     0 without MoE or expert counts. */
+  float expert_budget;
+  double expert_budget_spent;
   /* Seconds from submission to its first step, from then to its first
      token, and from then to its end (final once finished). */
   double queued_s;

@@ -362,7 +362,7 @@ private:
     }
     if (expertCalls)
       expertCalls->assign(batch.size(), 0);
-    nf_batch b;
+    nf_batch b = {};
     b.seqs = seqs.data();
     b.n_seqs = static_cast<int32_t>(seqs.size());
     b.expert_calls = expertCalls ? expertCalls->data() : nullptr;
@@ -450,7 +450,10 @@ struct RequestOutput {
   std::string error;
   int64_t promptTokens = 0, completionTokens = 0;
   int32_t maxTokens = 0, preemptions = 0;
-  int64_t expertCalls = 0;
+  int64_t expertCalls = 0;                  // so far, all MoE layers
+  std::vector<int64_t> expertCallsPerLayer; // so far, per MoE layer
+  float expertBudget = 0.0f;                // applied
+  double expertBudgetSpent = 0.0;           // of static top-k's calls
   double queuedS = 0, prefillS = 0, decodeS = 0;
   bool finished() const { return finishReason != NF_FINISH_NONE; }
 };
@@ -489,6 +492,10 @@ public:
     out.maxTokens = o.max_tokens;
     out.preemptions = o.preemptions;
     out.expertCalls = o.expert_calls;
+    out.expertCallsPerLayer.assign(o.expert_calls_per_layer,
+                                   o.expert_calls_per_layer + o.n_moe_layers);
+    out.expertBudget = o.expert_budget;
+    out.expertBudgetSpent = o.expert_budget_spent;
     out.queuedS = o.queued_s;
     out.prefillS = o.prefill_s;
     out.decodeS = o.decode_s;

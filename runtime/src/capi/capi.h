@@ -98,7 +98,10 @@ inline sampling::SamplerParams toSamplerParams(const nf_sampler_params &p) {
 /// Checks `model` and the sequence inputs and runs one engine step; the
 /// logits end up in model->logits (none with LogitsFor::None), or top lists
 /// in model->top (LogitsFor::LastTokenTop, where the engine returns them).
+/// `expertCalls` ([sequence]) and `expertCallsPerLayer` ([sequence][MoE
+/// layer]) receive the step's routed-expert calls when not null.
 nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
-                  nf::LogitsFor which, int64_t *expertCalls);
+                  nf::LogitsFor which, int64_t *expertCalls,
+                  int64_t *expertCallsPerLayer = nullptr);
 
 } // namespace nf::capi

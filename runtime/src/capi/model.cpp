@@ -70,7 +70,8 @@ std::string describe(const nf_model &m, const std::string &tokenizerLine,
 } // namespace
 
 nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
-                  LogitsFor which, int64_t *expertCalls) {
+                  LogitsFor which, int64_t *expertCalls,
+                  int64_t *expertCallsPerLayer) {
   if (nSeqs <= 0 || !seqs)
     return fail(NF_ERR_INVALID_ARGUMENT,
                 "nf_decode: the batch needs at least one sequence");
@@ -118,8 +119,9 @@ nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
 
   StepStats stats;
   model->top.k = 0;
+  const bool wantStats = expertCalls || expertCallsPerLayer;
   Status st = model->engine->step(
-      model->inputs, which, model->logits, expertCalls ? &stats : nullptr,
+      model->inputs, which, model->logits, wantStats ? &stats : nullptr,
       which == LogitsFor::LastTokenTop ? &model->top : nullptr);
   if (!st)
     return fail(NF_ERR_RUNTIME, st);
@@ -128,6 +130,16 @@ nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
       expertCalls[i] = static_cast<size_t>(i) < stats.expertCalls.size()
                            ? stats.expertCalls[i]
                            : 0;
+  if (expertCallsPerLayer) {
+    const size_t layers = static_cast<size_t>(info.numMoeLayers);
+    for (size_t i = 0; i < static_cast<size_t>(nSeqs); ++i)
+      for (size_t l = 0; l < layers; ++l)
+        expertCallsPerLayer[i * layers + l] =
+            i < stats.expertCallsPerLayer.size() &&
+                    l < stats.expertCallsPerLayer[i].size()
+                ? stats.expertCallsPerLayer[i][l]
+                : 0;
+  }
   return NF_OK;
 }
 
@@ -498,8 +510,9 @@ nf_status nf_decode(nf_model *model, const nf_batch *batch, float *logits_out,
     const LogitsFor which = !logits_out  ? LogitsFor::None
                             : logits_all ? LogitsFor::AllTokens
                                          : LogitsFor::LastTokenPerSequence;
-    if (nf_status s = capi::runStep(model, batch->seqs, batch->n_seqs, which,
-                                    batch->expert_calls);
+    if (nf_status s =
+            capi::runStep(model, batch->seqs, batch->n_seqs, which,
+                          batch->expert_calls, batch->expert_calls_per_layer);
         s != NF_OK)
       return s;
     if (logits_out && model->logits.size() != rows * vocab)

@@ -67,9 +67,9 @@ StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
   }
   if (model->top.ids.size() < (i + 1) * k ||
       model->top.values.size() < (i + 1) * k) {
-    fatal = Status::error("internal: top lists of " +
-                          std::to_string(model->top.ids.size() / k) +
-                          " sequences");
+    fatal =
+        Status::error("internal: top lists of " +
+                      std::to_string(model->top.ids.size() / k) + " sequences");
     return fatal;
   }
   // A noisy list is ranked for one draw: a sampler that appears twice in
@@ -79,9 +79,9 @@ StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
       i < model->top.noise.size() ? model->top.noise[i] : none;
   const bool noisy = want.keys;
   const auto z = sampler.noiseDraw();
-  const bool current = !noisy || (z && z->seed == want.seed &&
-                                  z->draw == want.draw &&
-                                  z->temperature == want.temperature);
+  const bool current =
+      !noisy || (z && z->seed == want.seed && z->draw == want.draw &&
+                 z->temperature == want.temperature);
   if (current) {
     StatusOr<std::optional<int32_t>> t = sampler.sampleTop(
         std::span<const int32_t>(model->top.ids.data() + i * k, k),
@@ -173,9 +173,9 @@ nf_status nf_decode_sample(nf_model *model, const nf_batch *batch,
     std::vector<const sampling::Sampler *> s;
     for (int32_t i = 0; i < batch->n_seqs; ++i)
       s.push_back(samplers[i] ? &samplers[i]->sampler : nullptr);
-    if (nf_status st =
-            capi::runStep(model, batch->seqs, batch->n_seqs,
-                          logitsForSamplers(model, s), batch->expert_calls);
+    if (nf_status st = capi::runStep(
+            model, batch->seqs, batch->n_seqs, logitsForSamplers(model, s),
+            batch->expert_calls, batch->expert_calls_per_layer);
         st != NF_OK)
       return st;
     for (int32_t i = 0; i < batch->n_seqs; ++i) {
@@ -307,9 +307,9 @@ nf_status nf_generate(nf_model *model, const int32_t *prompt, size_t n_prompt,
     in.expert_budget = p.expert_budget;
     in.experts_per_token = 0;
     const sampling::Sampler *const one[] = {&*sampler};
-    if (nf_status s = capi::runStep(model, &in, 1,
-                                    logitsForSamplers(model, one),
-                                    /*expertCalls=*/nullptr);
+    if (nf_status s =
+            capi::runStep(model, &in, 1, logitsForSamplers(model, one),
+                          /*expertCalls=*/nullptr);
         s != NF_OK)
       return s;
 

@@ -5,6 +5,7 @@
 #include "serving/text_stream.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -21,10 +22,12 @@ struct nf_engine {
 
 struct nf_request {
   std::shared_ptr<nf::serving::Request> r;
+  int32_t expertsPerToken = 0; // the model's k
   // What the last read handed out.
   std::string text;
   std::vector<int32_t> tokens;
   std::string error;
+  std::vector<int64_t> expertCallsPerLayer;
 };
 
 using nf::capi::fail;
@@ -234,11 +237,19 @@ nf_status nf_engine_submit(nf_engine *engine, const nf_request_params *params,
     r->ignoreEos = p.ignore_eos != 0;
     r->priority = p.priority;
     r->expertBudget = p.expert_budget;
+    r->appliedBudget = p.expert_budget > 0.0f
+                           ? std::min(p.expert_budget, 1.0f)
+                           : model->engine->info().defaultExpertBudget;
+    r->expertCallsPerLayer.assign(
+        static_cast<size_t>(nf_model_n_moe_layers(model)), 0);
     r->userData = p.user_data;
     r->text = nf::serving::TextStream(
         model->tokenizer ? &*model->tokenizer : nullptr, std::move(stops));
+    if (!std::isfinite(p.expert_budget))
+      return fail(NF_ERR_INVALID_ARGUMENT, "expert_budget is not finite");
     auto handle = std::make_unique<nf_request>();
     handle->r = r;
+    handle->expertsPerToken = nf_model_experts_per_token(model);
     switch (nf_status st = engine->scheduler->submit(r)) {
     case NF_OK:
       break;
@@ -285,6 +296,16 @@ nf_status nf_request_read(nf_request *request, int32_t timeout_ms,
     out->max_tokens = r.grantedMaxTokens;
     out->preemptions = r.preemptions;
     out->expert_calls = r.expertCalls;
+    request->expertCallsPerLayer = r.expertCallsPerLayer;
+    out->expert_calls_per_layer = request->expertCallsPerLayer.data();
+    out->n_moe_layers =
+        static_cast<int32_t>(request->expertCallsPerLayer.size());
+    out->expert_budget = r.appliedBudget;
+    const double topK = static_cast<double>(request->expertsPerToken) *
+                        static_cast<double>(out->n_moe_layers) *
+                        static_cast<double>(r.tokensRun);
+    out->expert_budget_spent =
+        topK > 0 ? static_cast<double>(r.expertCalls) / topK : 0.0;
     out->queued_s = r.queuedS;
     out->prefill_s = r.prefillS;
     out->decode_s = r.decodeS;

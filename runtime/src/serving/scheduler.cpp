@@ -23,6 +23,7 @@ bool keepsBefore(const std::shared_ptr<Request> &x,
 
 Scheduler::Scheduler(nf_model *model, const SchedulerOptions &options)
     : model_(model), options_(options), pageSize_(nf_model_kv_page_size(model)),
+      moeLayers_(static_cast<size_t>(nf_model_n_moe_layers(model))),
       worker_([this] { loop(); }) {}
 
 Scheduler::~Scheduler() {
@@ -349,8 +350,11 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<int32_t> &tokens,
         r.fed + step[i].count == r.contextLength() ? r.sampler.get() : nullptr;
   }
   stepExpertCalls_.assign(step.size(), 0);
+  stepExpertCallsPerLayer_.assign(step.size() * moeLayers_, 0);
   const nf_batch batch = {inputs.data(), static_cast<int32_t>(inputs.size()),
-                          stepExpertCalls_.data()};
+                          stepExpertCalls_.data(),
+                          moeLayers_ ? stepExpertCallsPerLayer_.data()
+                                     : nullptr};
   tokens.assign(step.size(), -1);
   if (nf_decode_sample(model_, &batch, samplers.data(), tokens.data()) !=
       NF_OK) {
@@ -358,8 +362,13 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<int32_t> &tokens,
     return false;
   }
   for (size_t i = 0; i < step.size(); ++i) {
-    std::lock_guard<std::mutex> lock(step[i].r->mu);
-    step[i].r->expertCalls += stepExpertCalls_[i];
+    Request &r = *step[i].r;
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.expertCalls += stepExpertCalls_[i];
+    r.tokensRun += static_cast<int64_t>(step[i].count);
+    r.expertCallsPerLayer.resize(moeLayers_, 0);
+    for (size_t l = 0; l < moeLayers_; ++l)
+      r.expertCallsPerLayer[l] += stepExpertCallsPerLayer_[i * moeLayers_ + l];
   }
   return true;
 }

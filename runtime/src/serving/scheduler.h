@@ -50,7 +50,8 @@ struct Request {
   std::vector<int32_t> stopTokens;
   bool ignoreEos = false;
   int32_t priority = 0;
-  float expertBudget = 0.0f;
+  float expertBudget = 0.0f;  // as submitted (<= 0: the plan's default)
+  float appliedBudget = 1.0f; // what it runs with
   void *userData = nullptr;
   std::unique_ptr<nf_sampler, SamplerFree> sampler;
   Clock::time_point arrival;
@@ -76,6 +77,8 @@ struct Request {
   int32_t grantedMaxTokens = 0; // 0 until admitted
   int32_t preemptions = 0;
   int64_t expertCalls = 0;
+  std::vector<int64_t> expertCallsPerLayer; // [MoE layer]
+  int64_t tokensRun = 0; // tokens fed through the model (recomputed too)
   double queuedS = 0, prefillS = 0, decodeS = 0;
 
   /// The reader gave up on it: the scheduler drops it.
@@ -163,6 +166,8 @@ private:
   std::vector<std::shared_ptr<Request>> running_;
   std::deque<std::shared_ptr<Request>> waiting_;
   std::vector<int64_t> stepExpertCalls_;
+  std::vector<int64_t> stepExpertCallsPerLayer_; // [entry][MoE layer]
+  const size_t moeLayers_;
 
   std::thread worker_; // last: starts after the members it uses
 };

@@ -129,10 +129,12 @@ refused("stream_options without stream", "stream_options",
 before = metrics()
 
 
-def spent(headers=None, **body):
-    """The routed-expert calls of one request over static top-k's."""
+def spent(headers=None, budget=None, **body):
+    """The routed-expert calls of one request over static top-k's, from
+    /metrics; its usage must say the same, and that it ran at `budget`."""
     a = metrics()
-    complete(headers, max_tokens=6, ignore_eos=True, **body)
+    usage = complete(headers, max_tokens=6, ignore_eos=True,
+                     **body).parse().usage.model_dump()
     b = metrics()
     calls = value(b, "nf:routed_expert_calls_total") - \
         value(a, "nf:routed_expert_calls_total")
@@ -140,16 +142,24 @@ def spent(headers=None, **body):
         value(a, "nf:routed_expert_calls_topk_total")
     if full <= 0:
         fail("no routed-expert calls counted")
+    per_layer = usage.get("expert_calls")
+    if not isinstance(per_layer, list) or sum(per_layer) != calls or \
+            abs(usage.get("expert_budget_spent", -1) - calls / full) > 1e-9:
+        fail("usage %s against /metrics: %d calls of %d" %
+             (usage, calls, full))
+    if budget is not None and abs(usage["expert_budget"] - budget) > 1e-6:
+        fail("usage.expert_budget %s, expected %s" %
+             (usage["expert_budget"], budget))
     return calls / full
 
 
-interactive = spent({"X-Client-Intent": "interactive"})
-search = spent({"X-Client-Intent": "search"})
+interactive = spent({"X-Client-Intent": "interactive"}, 1)
+search = spent({"X-Client-Intent": "search"}, 0.25)
 search_high = spent({"X-Client-Intent": "search",
-                     "X-Request-Priority": "high"})
-explicit = spent({"X-Client-Intent": "search", "X-Expert-Budget": "1"})
-body_wins = spent({"X-Expert-Budget": "1"}, expert_budget=0.25)
-ignored = spent({"X-Request-Priority": "low"})  # no intent: plan default
+                     "X-Request-Priority": "high"}, 0.325)
+explicit = spent({"X-Client-Intent": "search", "X-Expert-Budget": "1"}, 1)
+body_wins = spent({"X-Expert-Budget": "1"}, 0.25, expert_budget=0.25)
+ignored = spent({"X-Request-Priority": "low"}, 1)  # no intent: the plan's
 if not (interactive > 0.95 and search < 0.4 and search < search_high <
         interactive and explicit > 0.95 and body_wins < 0.4):
     fail("budget spent: interactive %.3f, search %.3f, search+high %.3f, "
