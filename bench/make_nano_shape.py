@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A checkpoint directory with the exact shape of Nemotron-3-Nano-30B-A3B.
 
-    make_nano_shape.py OUT_DIR [--layers N]
+    make_nano_shape.py OUT_DIR [--layers N] [--set KEY=VALUE ...]
 
 Writes OUT_DIR/config.json (the published Nano-30B-A3B configuration, see
 docs of the reference: hidden 2688, 52 layers MEMEM*E..., 128 experts top-6,
@@ -11,7 +11,9 @@ with a complete header (every tensor, bf16, Hub names and shapes) over a
 `nfc import` and `nfc compile` (which read headers only) work anywhere. The
 benchmark fills the weights with seeded random values on the GPU instead of
 reading them (nfrun bench --random-weights). `--layers N` keeps the first N
-layers of the pattern (for quick checks).
+layers of the pattern (for quick checks); `--set KEY=VALUE` replaces one
+integer of the configuration (e.g. hidden_size=64: the routing of 128
+experts top-6 at a size a test can run on the CPU).
 """
 import json
 import os
@@ -109,6 +111,13 @@ def main():
         n = int(sys.argv[sys.argv.index("--layers") + 1])
         cfg["hybrid_override_pattern"] = PATTERN[:n]
         cfg["num_hidden_layers"] = n
+    args = sys.argv[2:]
+    for i, a in enumerate(args):
+        if a == "--set":
+            key, value = args[i + 1].split("=", 1)
+            if key not in cfg:
+                sys.exit("make_nano_shape: unknown configuration key " + key)
+            cfg[key] = int(value)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)

@@ -161,9 +161,9 @@ int runBench(const BenchFlags &f) {
   std::vector<int64_t> usedBefore(static_cast<size_t>(E * L)),
       usedAfter(static_cast<size_t>(E * L));
 
-  std::printf(
-      "| measurement | nf tok/s | ms/step | roofline tok/s | of roofline |\n");
-  std::printf("| --- | ---: | ---: | ---: | ---: |\n");
+  std::printf("| measurement | nf tok/s | ms/step | roofline tok/s | of "
+              "roofline | routed experts a step loads |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: | --- |\n");
 
   // Prefill: one prompt, last token's logits.
   for (int64_t len : prompts) {
@@ -198,7 +198,7 @@ int runBench(const BenchFlags &f) {
         2.0 * len * len * shape.attnWidth * 128 * shape.attnLayers;
     const double roof = f.matmulRate > 0 ? f.matmulRate / flops * len : 0.0;
     std::printf("| prefill %" PRId64
-                " tokens | %.0f | %.1f | %.0f | %.0f%% |\n",
+                " tokens | %.0f | %.1f | %.0f | %.0f%% | |\n",
                 len, len / best, best * 1e3, roof,
                 roof > 0 ? 100.0 * (len / best) / roof : 0.0);
     std::fflush(stdout);
@@ -314,11 +314,28 @@ int runBench(const BenchFlags &f) {
                     ", sampled: temperature %g, top-k %d, top-p %g",
                     static_cast<double>(f.temperature), f.topK,
                     static_cast<double>(f.topP));
+    // The distinct experts of a MoE layer in a step, beside what a
+    // load-balanced router would touch: E (1 - (1 - k/E)^B).
+    char experts[128] = "";
+    if (E > 0 && L > 0) {
+      const double uniform =
+          E * (1.0 - std::pow(1.0 - static_cast<double>(shape.topK) / E,
+                              static_cast<double>(B)));
+      if (distinctPerStep > 0.0)
+        std::snprintf(experts, sizeof experts,
+                      "%.1f of %" PRId64 " a layer (uniform routing: %.1f)",
+                      distinctPerStep / (static_cast<double>(f.steps) * L), E,
+                      uniform);
+      else
+        std::snprintf(experts, sizeof experts,
+                      "not counted; roofline assumes %.1f of %" PRId64, uniform,
+                      E);
+    }
     std::printf("| decode batch %" PRId64 " (context %" PRId64
-                "%s) | %.0f | %.2f | %.0f | %.0f%% |\n",
+                "%s) | %.0f | %.2f | %.0f | %.0f%% | %s |\n",
                 B, f.context, sampling, B / step, step * 1e3,
                 roofStep > 0 ? B / roofStep : 0.0,
-                roofStep > 0 ? 100.0 * roofStep / step : 0.0);
+                roofStep > 0 ? 100.0 * roofStep / step : 0.0, experts);
     std::fflush(stdout);
     for (int32_t s : seqs)
       if (int rc = check(nf_seq_remove(m, s)))

@@ -356,6 +356,20 @@ StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &pf,
     blockElements[dtype] = n;
     bw->packed.push_back(std::move(block));
   }
+  // Routing as a trained, load-balanced router routes: no expert favoured
+  // for every token. The score-correction bias (DeepSeek-V3 style) of
+  // random weights would outweigh the router's small random logits and send
+  // every token to the same few experts; a zero bias leaves the choice to
+  // each token's own logits.
+  auto isRouterBias = [](const pl::Weight *w) {
+    const std::string suffix = "e_score_correction_bias";
+    if (!w->tensors() || w->tensors()->size() != 1)
+      return false;
+    const std::string name = w->tensors()->Get(0)->str();
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) ==
+               0;
+  };
   for (size_t i = 0; i < plan.weights()->size(); ++i) {
     const pl::Weight *w = plan.weights()->Get(static_cast<fb::uoffset_t>(i));
     const nf::DType dtype = toDType(w->dtype());
@@ -367,6 +381,12 @@ StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &pf,
     const size_t room = blockElements[dtype] - n;
     const size_t offset = room ? (next() % room) & ~size_t(63) : 0;
     b.view.data = blocks[dtype] + offset * dtypeSize(dtype);
+    if (isRouterBias(w)) {
+      auto zero = std::make_unique<uint8_t[]>(n * dtypeSize(dtype));
+      std::memset(zero.get(), 0, n * dtypeSize(dtype));
+      b.view.data = zero.get();
+      bw->packed.push_back(std::move(zero));
+    }
     b.view.dtype = dtype;
     b.view.shape = b.shape;
     if (w->stacked()) // the CPU backend reads stacked weights per expert
