@@ -48,6 +48,7 @@ struct EvalPplFlags {
   float expertBudget = 0.0f; // > 0: expert budget
   int windows = 0;           // 0: the protocol's 128
   int batch = 4;             // windows per step
+  bool decode = false;       // one token a step (the decode protocol)
 };
 
 struct BenchFlags {

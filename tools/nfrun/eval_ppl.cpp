@@ -3,7 +3,10 @@
 // of the text encoded without BOS, 128 windows w = ids[512 i : 512 i + 513],
 // each run from an empty state, mean NLL of tokens 1..512 of every window.
 // A window's token 512 is only a target, so 512 tokens are fed per window;
-// several windows run as separate sequences of one step (--batch).
+// several windows run as separate sequences of one step (--batch). With
+// --decode each window is fed one token a step, teacher-forced, as a server
+// decodes (the expert budget then applies to one token of each sequence a
+// step), --batch windows a step.
 #include "commands.h"
 
 #include "nf/file.h"
@@ -80,23 +83,45 @@ int runEvalPpl(const EvalPplFlags &f) {
       inputs[i].expertsPerToken = f.topK;
       inputs[i].expertBudget = f.expertBudget;
     }
-    if (auto st = model.decode(inputs, /*allLogits=*/true, logits, &calls); !st)
-      return fail(st.message());
-    for (size_t i = 0; i < n; ++i) {
-      const size_t begin = (w0 + i) * kWindowStride;
+    // The NLL of target `target` under a row of logits.
+    auto score = [&](const float *row, int32_t target) {
+      double m = -INFINITY;
+      for (size_t v = 0; v < vocab; ++v)
+        m = std::max(m, static_cast<double>(row[v]));
+      double sum = 0.0;
+      for (size_t v = 0; v < vocab; ++v)
+        sum += std::exp(static_cast<double>(row[v]) - m);
+      nll += (m + std::log(sum)) - static_cast<double>(row[target]);
+      ++scored;
+    };
+    if (f.decode) {
+      // One token of every window a step; each row predicts the next.
+      std::vector<nf::SeqInput> step = inputs;
       for (size_t t = 0; t < kWindowStride; ++t) {
-        const float *row = logits.data() + (i * kWindowStride + t) * vocab;
-        double m = -INFINITY;
-        for (size_t v = 0; v < vocab; ++v)
-          m = std::max(m, static_cast<double>(row[v]));
-        double sum = 0.0;
-        for (size_t v = 0; v < vocab; ++v)
-          sum += std::exp(static_cast<double>(row[v]) - m);
-        const int32_t target = ids[begin + t + 1];
-        nll += (m + std::log(sum)) - static_cast<double>(row[target]);
-        ++scored;
+        for (size_t i = 0; i < n; ++i)
+          step[i].tokens = {inputs[i].tokens[t]};
+        if (auto st = model.decode(step, /*allLogits=*/false, logits, &calls);
+            !st)
+          return fail(st.message());
+        for (size_t i = 0; i < n; ++i) {
+          score(logits.data() + i * vocab,
+                ids[(w0 + i) * kWindowStride + t + 1]);
+          expertCalls += calls[i];
+        }
       }
-      expertCalls += calls[i];
+    } else {
+      if (auto st = model.decode(inputs, /*allLogits=*/true, logits, &calls);
+          !st)
+        return fail(st.message());
+      for (size_t i = 0; i < n; ++i) {
+        const size_t begin = (w0 + i) * kWindowStride;
+        for (size_t t = 0; t < kWindowStride; ++t)
+          score(logits.data() + (i * kWindowStride + t) * vocab,
+                ids[begin + t + 1]);
+        expertCalls += calls[i];
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
       if (auto st = model.removeSequence(inputs[i].seq); !st)
         return fail(st.message());
     }

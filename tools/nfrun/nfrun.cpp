@@ -181,6 +181,10 @@ int main(int argc, char **argv) {
   evalPpl->add_option("--batch", ev.batch, "Windows run together in one step")
       ->capture_default_str()
       ->check(nf::cli::Positive);
+  evalPpl->add_flag("--decode", ev.decode,
+                    "The decode protocol: feed each window one token a step "
+                    "(teacher-forced, as serving decodes), --batch windows "
+                    "a step");
 
   // bench
   nfrun::BenchFlags bench;
