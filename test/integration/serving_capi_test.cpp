@@ -113,4 +113,44 @@ TEST(ServingCApi, NullSamplerDrawsNothing) {
   nf_sampler_free(sb);
 }
 
+// The budget account (pydoc-moe's plan runs the budget policy, k = 4): a
+// sequence decoded one token a step at budget 0.375 (1.5 experts a token)
+// runs 2 and 1 experts in turn, 12 calls a MoE layer over 8 steps, not 2
+// each step as rounding alone would; a batch-mate at another budget does
+// not change that (the account is the sequence's own).
+TEST(ServingCApi, BudgetAccountHoldsTheBudgetInDecode) {
+  Loaded a(0);
+  ASSERT_NE(a.m, nullptr);
+  const int32_t L = nf_model_n_moe_layers(a.m);
+  ASSERT_EQ(nf_model_experts_per_token(a.m), 4);
+  auto run = [&](bool withMate) {
+    int32_t s = -1, mate = -1;
+    EXPECT_EQ(nf_seq_add(a.m, &s), NF_OK);
+    if (withMate)
+      EXPECT_EQ(nf_seq_add(a.m, &mate), NF_OK);
+    std::vector<int64_t> perStep;
+    for (int step = 0; step < 8; ++step) {
+      const std::vector<int32_t> t = {static_cast<int32_t>(100 + step)};
+      nf_seq_input in[2] = {input(s, t), input(mate, t)};
+      in[0].expert_budget = 0.375f;
+      in[1].expert_budget = 0.6f;
+      std::vector<int64_t> calls(2), perLayer(2 * L);
+      nf_batch b = {in, withMate ? 2 : 1, calls.data(), perLayer.data()};
+      EXPECT_EQ(nf_decode(a.m, &b, nullptr, 0, 0), NF_OK) << nf_last_error();
+      perStep.push_back(perLayer[0]);
+      int64_t sum = 0;
+      for (int32_t l = 0; l < L; ++l)
+        sum += perLayer[l];
+      EXPECT_EQ(sum, calls[0]);
+    }
+    EXPECT_EQ(nf_seq_remove(a.m, s), NF_OK);
+    if (withMate)
+      EXPECT_EQ(nf_seq_remove(a.m, mate), NF_OK);
+    return perStep;
+  };
+  const std::vector<int64_t> alone = run(false);
+  EXPECT_EQ(alone, (std::vector<int64_t>{2, 1, 2, 1, 2, 1, 2, 1}));
+  EXPECT_EQ(run(true), alone);
+}
+
 } // namespace

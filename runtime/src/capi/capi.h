@@ -10,6 +10,7 @@
 #include "sampling/sampler.h"
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <new>
 #include <optional>
@@ -29,6 +30,10 @@ struct nf_model {
   std::string infoText;
   std::vector<int32_t> eos;
   std::set<int32_t> liveSequences;
+  /// Each sequence's expert-budget account (budget plans): routed-expert
+  /// calls per MoE layer it was due but did not run (negative: ran beyond
+  /// its budget), carried into its next step.
+  std::map<int32_t, double> budgetCarry;
   // Scratch reused across steps.
   std::vector<nf::SequenceInput> inputs;
   std::vector<float> logits;

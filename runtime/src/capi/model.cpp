@@ -117,6 +117,28 @@ nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
                 "nf_decode: sequence " + std::to_string(*dup) +
                     " appears more than once in the batch");
 
+  // The budget account: each sequence's step gets the calls its budget
+  // is due plus what it carries, so that over its steps a sequence spends
+  // its budget on average (a one-token decode step alone could only round
+  // it to whole experts). Depends on the sequence's own steps only.
+  std::vector<double> carryAfter(model->inputs.size(), 0.0);
+  const bool budgeted = info.expertPolicy == "budget" && info.topK > 0;
+  for (size_t i = 0; budgeted && i < model->inputs.size(); ++i) {
+    SequenceInput &in = model->inputs[i];
+    if (in.expertsPerToken > 0)
+      continue;
+    const double k = info.topK;
+    const double tokens = static_cast<double>(in.tokens.size());
+    const double budget = std::clamp<double>(in.expertBudget, 0.0, 1.0);
+    const double due = budget * k * tokens;
+    const double carry = model->budgetCarry[in.sequence];
+    const double calls =
+        std::clamp(std::round(due + carry), tokens, k * tokens);
+    in.expertBudget = static_cast<float>(calls / (k * tokens));
+    // Bounded: the account evens out rounding, it does not bank budget.
+    carryAfter[i] = std::clamp(carry + due - calls, -k, k);
+  }
+
   StepStats stats;
   model->top.k = 0;
   const bool wantStats = expertCalls || expertCallsPerLayer;
@@ -125,6 +147,9 @@ nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
       which == LogitsFor::LastTokenTop ? &model->top : nullptr);
   if (!st)
     return fail(NF_ERR_RUNTIME, st);
+  for (size_t i = 0; budgeted && i < model->inputs.size(); ++i)
+    if (model->inputs[i].expertsPerToken <= 0)
+      model->budgetCarry[model->inputs[i].sequence] = carryAfter[i];
   if (expertCalls)
     for (int32_t i = 0; i < nSeqs; ++i)
       expertCalls[i] = static_cast<size_t>(i) < stats.expertCalls.size()
@@ -456,6 +481,7 @@ nf_status nf_seq_add(nf_model *model, int32_t *seq_id) {
     if (!id)
       return fail(NF_ERR_CAPACITY, id.status());
     model->liveSequences.insert(*id);
+    model->budgetCarry[*id] = 0.0;
     *seq_id = *id;
     return NF_OK;
   });
@@ -470,6 +496,7 @@ nf_status nf_seq_remove(nf_model *model, int32_t seq_id) {
                   "nf_seq_remove: unknown sequence id " +
                       std::to_string(seq_id));
     model->liveSequences.erase(seq_id);
+    model->budgetCarry.erase(seq_id);
     if (Status st = model->engine->removeSequence(seq_id); !st)
       return fail(NF_ERR_RUNTIME, st);
     return NF_OK;
