@@ -17,10 +17,13 @@ std::string planPath() { return std::string(NF_PLAN_DIR) + "/pydoc-moe.nfb"; }
 /// A model loaded through the C API, freed at scope end.
 struct Loaded {
   nf_model *m = nullptr;
-  explicit Loaded(int32_t kvPages) {
+  explicit Loaded(int32_t kvPages, const char *scope = nullptr,
+                  double cap = 0.0) {
     nf_model_params p = nf_model_default_params();
     p.backend = "cpu";
     p.kv_pages = kvPages;
+    p.budget_scope = scope;
+    p.distinct_expert_cap = cap;
     EXPECT_EQ(nf_model_load(planPath().c_str(), &p, &m), NF_OK)
         << nf_last_error();
   }
@@ -99,8 +102,7 @@ TEST(ServingCApi, NullSamplerDrawsNothing) {
   for (int step = 0; step < 9; ++step) {
     nf_sampler *one[1] = {sa};
     ia = input(qa, ta);
-    ASSERT_EQ(nf_decode_sample(a.m, &ba, one, &got), NF_OK)
-        << nf_last_error();
+    ASSERT_EQ(nf_decode_sample(a.m, &ba, one, &got), NF_OK) << nf_last_error();
     ib = input(qb, tb);
     ASSERT_EQ(nf_decode(b.m, &bb, logits.data(), logits.size(), 0), NF_OK);
     const int32_t want = nf_sample(sb, logits.data(), V);
@@ -151,6 +153,86 @@ TEST(ServingCApi, BudgetAccountHoldsTheBudgetInDecode) {
   const std::vector<int64_t> alone = run(false);
   EXPECT_EQ(alone, (std::vector<int64_t>{2, 1, 2, 1, 2, 1, 2, 1}));
   EXPECT_EQ(run(true), alone);
+}
+
+// Step scope: a step's sequences pool their budgets. Two prompts at 0.5
+// spend their calls together (exactly the sum a MoE layer), though not
+// each its own; over 16 decode steps each sequence's account brings it
+// back to its budget.
+TEST(ServingCApi, StepScopePoolsBudgetsAndAccountsHoldThem) {
+  Loaded a(0, "step");
+  ASSERT_NE(a.m, nullptr);
+  const int32_t L = nf_model_n_moe_layers(a.m);
+  const int64_t k = nf_model_experts_per_token(a.m);
+  int32_t s[2];
+  ASSERT_EQ(nf_seq_add(a.m, &s[0]), NF_OK);
+  ASSERT_EQ(nf_seq_add(a.m, &s[1]), NF_OK);
+  const std::vector<int32_t> p0 = {1, 412, 95, 1033, 7, 18, 220, 31},
+                             p1 = {1, 9, 9, 9, 9, 9};
+  nf_seq_input in[2] = {input(s[0], p0), input(s[1], p1)};
+  in[0].expert_budget = in[1].expert_budget = 0.5f;
+  std::vector<int64_t> calls(2), perLayer(2 * L), total(2, 0);
+  nf_batch b = {in, 2, calls.data(), perLayer.data()};
+  ASSERT_EQ(nf_decode(a.m, &b, nullptr, 0, 0), NF_OK) << nf_last_error();
+  for (int32_t l = 0; l < L; ++l)
+    EXPECT_EQ(perLayer[l] + perLayer[L + l],
+              static_cast<int64_t>(p0.size() + p1.size()) * k / 2);
+  int64_t tokens[2] = {static_cast<int64_t>(p0.size()),
+                       static_cast<int64_t>(p1.size())};
+  total[0] = calls[0];
+  total[1] = calls[1];
+  for (int step = 0; step < 16; ++step) {
+    const std::vector<int32_t> t0 = {static_cast<int32_t>(200 + step)},
+                               t1 = {static_cast<int32_t>(300 + 7 * step)};
+    in[0] = input(s[0], t0);
+    in[1] = input(s[1], t1);
+    in[0].expert_budget = in[1].expert_budget = 0.5f;
+    ASSERT_EQ(nf_decode(a.m, &b, nullptr, 0, 0), NF_OK) << nf_last_error();
+    for (int i = 0; i < 2; ++i) {
+      total[i] += calls[i];
+      ++tokens[i];
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    const double spent =
+        static_cast<double>(total[i]) / static_cast<double>(tokens[i] * k * L);
+    EXPECT_NEAR(spent, 0.5, 1.0 / static_cast<double>(tokens[i]))
+        << "sequence " << i;
+  }
+  EXPECT_EQ(nf_seq_remove(a.m, s[0]), NF_OK);
+  EXPECT_EQ(nf_seq_remove(a.m, s[1]), NF_OK);
+}
+
+// A distinct-expert cap of 1: a MoE layer runs one expert for the step's
+// tokens (those whose candidates miss it run their best one), so every
+// token runs exactly one expert, whatever its budget.
+TEST(ServingCApi, DistinctExpertCapBoundsTheExpertsAStepRuns) {
+  Loaded a(0, nullptr, 1.0);
+  ASSERT_NE(a.m, nullptr);
+  const int32_t L = nf_model_n_moe_layers(a.m);
+  const std::vector<int32_t> p = {1, 412, 95, 1033, 7, 18, 220, 31};
+  int32_t s = -1;
+  ASSERT_EQ(nf_seq_add(a.m, &s), NF_OK);
+  nf_seq_input in = input(s, p);
+  int64_t calls = 0;
+  nf_batch b = {&in, 1, &calls, nullptr};
+  ASSERT_EQ(nf_decode(a.m, &b, nullptr, 0, 0), NF_OK) << nf_last_error();
+  EXPECT_EQ(calls, static_cast<int64_t>(p.size()) * L);
+  EXPECT_EQ(nf_seq_remove(a.m, s), NF_OK);
+  // Out of range: refused at load, naming the problem.
+  nf_model_params bad = nf_model_default_params();
+  bad.backend = "cpu";
+  bad.distinct_expert_cap = -1.0;
+  nf_model *m = nullptr;
+  const std::string plan = planPath();
+  EXPECT_EQ(nf_model_load(plan.c_str(), &bad, &m), NF_ERR_LOAD);
+  EXPECT_NE(std::string(nf_last_error()).find("distinct-expert cap"),
+            std::string::npos);
+  bad.distinct_expert_cap = 0.0;
+  bad.budget_scope = "batch";
+  EXPECT_EQ(nf_model_load(plan.c_str(), &bad, &m), NF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(nf_last_error()).find("budget scope"),
+            std::string::npos);
 }
 
 } // namespace

@@ -137,6 +137,8 @@ int runBench(const BenchFlags &f) {
   p.weights_dir = f.common.weightsDir.c_str();
   p.n_threads = f.common.threads;
   p.backend = f.common.backend.c_str();
+  p.budget_scope = f.common.budgetScope.c_str();
+  p.distinct_expert_cap = f.common.distinctExpertCap;
   const std::vector<int64_t> batches = parseList(f.batches);
   const std::vector<int64_t> prompts = parseList(f.prefill);
   int64_t maxB = 1;

@@ -18,6 +18,8 @@ struct CommonFlags {
   std::string weightsDir;
   int threads = 0;
   std::string backend = "auto"; // "auto", "cpu" or "cuda"
+  std::string budgetScope = "request"; // "request" or "step"
+  double distinctExpertCap = 0.0;      // 0: none
 };
 
 /// The model parameters the common flags give (weights, threads, backend).

@@ -39,6 +39,8 @@ nf::ModelParams modelParams(const CommonFlags &common) {
   mp.weightsDir = common.weightsDir;
   mp.threads = common.threads;
   mp.backend = common.backend;
+  mp.budgetScope = common.budgetScope;
+  mp.distinctExpertCap = common.distinctExpertCap;
   return mp;
 }
 
@@ -62,6 +64,18 @@ void addCommon(CLI::App *cmd, nfrun::CommonFlags &c) {
                   "driver loads, else CPU; cpu; cuda (an error without CUDA)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--budget-scope", c.budgetScope,
+                  "Budget plans: request (each sequence spends its own "
+                  "budget; results independent of batch-mates) or step (a "
+                  "step's budgets pooled across its tokens; CPU backend)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"request", "step"}));
+  cmd->add_option("--distinct-expert-cap", c.distinctExpertCap,
+                  "Most distinct routed experts a MoE layer runs in a step: "
+                  "a number, or a fraction in (0, 1) of those its tokens' "
+                  "candidates name; 0: none (CPU backend)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->set_version_flag("--version", kVersion);
 }
 

@@ -139,6 +139,20 @@ typedef struct nf_model_params {
      nf_chat_apply_template then fails with NF_ERR_UNSUPPORTED and that
      reason). */
   const char *chat_template_path;
+  /* Budget plans: "request" (also NULL or ""): each sequence spends its own
+     budget on its own tokens, so its results do not depend on its
+     batch-mates; "step": the budgets of a step's sequences form one pool,
+     handed out by routed-weight coverage across all their tokens (each
+     token's claim weighted by its sequence's budget), and each sequence's
+     account follows what it ran. The CPU backend only, so far. */
+  const char *budget_scope;
+  /* A cap on the distinct routed experts one MoE layer runs in one step
+     (what a memory-bound decode step loads): >= 1 a number of experts, in
+     (0, 1) a fraction of those the step's tokens' top-k candidates name; 0:
+     none. The step keeps the experts that cover the most routed weight over
+     its tokens; each token runs its candidates among them (at least its
+     best one), renormalised. The CPU backend only, so far. */
+  double distinct_expert_cap;
 } nf_model_params;
 
 NF_API nf_model_params nf_model_default_params(void);

@@ -41,6 +41,8 @@ struct ModelParams {
   /// model shapes whose weights are not at hand).
   bool syntheticWeights = false;
   uint64_t syntheticSeed = 0;
+  std::string budgetScope;        // "request" (also empty) or "step"
+  double distinctExpertCap = 0.0; // 0: none; see nf_model_params
 };
 
 /// One message of a conversation (see nf_chat_message).
@@ -133,6 +135,8 @@ public:
     p.chat_template_path = params.chatTemplatePath.c_str();
     p.synthetic_weights = params.syntheticWeights ? 1 : 0;
     p.synthetic_seed = params.syntheticSeed;
+    p.budget_scope = params.budgetScope.c_str();
+    p.distinct_expert_cap = params.distinctExpertCap;
     nf_model *m = nullptr;
     if (nf_model_load(planPath.c_str(), &p, &m) != NF_OK)
       return lastError();

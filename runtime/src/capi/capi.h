@@ -34,6 +34,9 @@ struct nf_model {
   /// calls per MoE layer it was due but did not run (negative: ran beyond
   /// its budget), carried into its next step.
   std::map<int32_t, double> budgetCarry;
+  /// Step scope or the distinct-expert cap: the policy may give a sequence
+  /// other calls than its budget's, so its account follows the calls run.
+  bool budgetFollowsCalls = false;
   // Scratch reused across steps.
   std::vector<nf::SequenceInput> inputs;
   std::vector<float> logits;

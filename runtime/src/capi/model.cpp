@@ -122,6 +122,7 @@ nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
   // its budget on average (a one-token decode step alone could only round
   // it to whole experts). Depends on the sequence's own steps only.
   std::vector<double> carryAfter(model->inputs.size(), 0.0);
+  std::vector<double> dueCalls(model->inputs.size(), 0.0);
   const bool budgeted = info.expertPolicy == "budget" && info.topK > 0;
   for (size_t i = 0; budgeted && i < model->inputs.size(); ++i) {
     SequenceInput &in = model->inputs[i];
@@ -137,19 +138,38 @@ nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
     in.expertBudget = static_cast<float>(calls / (k * tokens));
     // Bounded: the account evens out rounding, it does not bank budget.
     carryAfter[i] = std::clamp(carry + due - calls, -k, k);
+    // The step's policy may give it other calls (step scope, the cap): the
+    // account then compares what it was due with what it ran.
+    dueCalls[i] = due;
+    carryAfter[i] = model->budgetFollowsCalls ? carry : carryAfter[i];
   }
 
   StepStats stats;
   model->top.k = 0;
-  const bool wantStats = expertCalls || expertCallsPerLayer;
+  const bool wantStats = expertCalls || expertCallsPerLayer ||
+                         (budgeted && model->budgetFollowsCalls);
   Status st = model->engine->step(
       model->inputs, which, model->logits, wantStats ? &stats : nullptr,
       which == LogitsFor::LastTokenTop ? &model->top : nullptr);
   if (!st)
     return fail(NF_ERR_RUNTIME, st);
-  for (size_t i = 0; budgeted && i < model->inputs.size(); ++i)
-    if (model->inputs[i].expertsPerToken <= 0)
-      model->budgetCarry[model->inputs[i].sequence] = carryAfter[i];
+  for (size_t i = 0; budgeted && i < model->inputs.size(); ++i) {
+    const SequenceInput &in = model->inputs[i];
+    if (in.expertsPerToken > 0)
+      continue;
+    double carry = carryAfter[i];
+    if (model->budgetFollowsCalls && i < stats.expertCallsPerLayer.size() &&
+        info.numMoeLayers > 0) {
+      // What it ran, a MoE layer on average, against what it was due.
+      double ran = 0.0;
+      for (int64_t c : stats.expertCallsPerLayer[i])
+        ran += static_cast<double>(c);
+      ran /= info.numMoeLayers;
+      const double k = info.topK;
+      carry = std::clamp(carry + dueCalls[i] - ran, -k, k);
+    }
+    model->budgetCarry[in.sequence] = carry;
+  }
   if (expertCalls)
     for (int32_t i = 0; i < nSeqs; ++i)
       expertCalls[i] = static_cast<size_t>(i) < stats.expertCalls.size()
@@ -218,6 +238,8 @@ nf_model_params nf_model_default_params(void) {
   p.synthetic_weights = 0;
   p.synthetic_seed = 0;
   p.chat_template_path = nullptr;
+  p.budget_scope = nullptr;
+  p.distinct_expert_cap = 0.0;
   return p;
 }
 
@@ -252,6 +274,14 @@ nf_status nf_model_load(const char *plan_path, const nf_model_params *params,
       return fail(NF_ERR_INVALID_ARGUMENT,
                   std::string(plan_path) + ": unknown backend '" +
                       options.backend + "' (expected auto, cpu or cuda)");
+    const std::string scope =
+        p.budget_scope && *p.budget_scope ? p.budget_scope : "request";
+    if (scope != "request" && scope != "step")
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  std::string(plan_path) + ": unknown budget scope '" + scope +
+                      "' (expected request or step)");
+    options.budgetStepScope = scope == "step";
+    options.distinctExpertCap = p.distinct_expert_cap;
     StatusOr<std::unique_ptr<Engine>> engine = Engine::load(plan_path, options);
     if (!engine)
       return fail(NF_ERR_LOAD, engine.status());
@@ -259,6 +289,10 @@ nf_status nf_model_load(const char *plan_path, const nf_model_params *params,
     auto model = std::make_unique<nf_model>();
     model->engine = std::move(*engine);
     model->planPath = plan_path;
+    // The step's policy may give a sequence other calls than its own
+    // budget's: its account then follows what it ran.
+    model->budgetFollowsCalls =
+        options.budgetStepScope || options.distinctExpertCap > 0.0;
     const ModelInfo &info = model->engine->info();
 
     std::string tokenizerLine;

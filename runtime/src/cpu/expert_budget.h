@@ -27,9 +27,30 @@ struct BudgetGroup {
 /// `weights` is [T, k]: each token's candidate routing weights (sigmoid scores,
 /// before renormalisation) in rank order. Writes counts[t] in [minK, k] for
 /// every token of every group. Deterministic: ties go to the earlier token.
+///
+/// `pooled` (step scope): the groups' calls form one pool, handed out by
+/// coverage across all their tokens, each token's claim weighted by its
+/// group's budget; a group's tokens then get what the pool gives them, not
+/// exactly its own calls. Otherwise (request scope) each group spends its
+/// own calls on its own tokens. `limits` (empty, or [T]): the most
+/// candidates a token may run (after capDistinctExperts).
 void allocateExpertBudget(std::span<const float> weights, int32_t k,
                           int32_t minK, std::span<const BudgetGroup> groups,
-                          std::span<int32_t> counts);
+                          std::span<int32_t> counts, bool pooled = false,
+                          std::span<const int32_t> limits = {});
+
+/// The distinct-expert cap of one MoE layer in one step: of the experts the
+/// tokens' candidates name (`ranked` [T, k], -1: none; `scores` their
+/// routing weights), keeps the `cap` that cover the most routed weight over
+/// the step (each token's candidates weighted by their share of its
+/// candidate weight), and leaves each token its candidates among them, in
+/// rank order, compacted to the front (a token with none keeps its best
+/// candidate); `limits[t]` becomes at most the number kept. Returns the
+/// distinct experts the candidates name, or `cap` when it cuts (cap <= 0:
+/// no cap).
+int32_t capDistinctExperts(std::span<int32_t> ranked,
+                           std::span<double> scores, int32_t k, int64_t tokens,
+                           int32_t cap, std::span<int32_t> limits);
 
 /// The calls a group of `tokens` tokens may spend at `budget`.
 int64_t expertCallsForBudget(float budget, int32_t k, int32_t minK,

@@ -251,6 +251,8 @@ private:
   cpu::Caches caches_;
   bool hasAttention_ = false;
   int32_t maxExpertsOverride_ = 0; // largest expertsPerToken accepted
+  bool budgetStepScope_ = false;   // EngineOptions::budgetStepScope
+  double distinctExpertCap_ = 0.0; // EngineOptions::distinctExpertCap
   std::vector<std::vector<int64_t>> utilization_; // [moe layer][expert]
   SequenceTable sequences_{caches_}; // sequence id -> slot of caches_
   std::unique_ptr<uint8_t, FreeDeleter> arena_;
@@ -784,6 +786,8 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
 Status CpuEngine::init(const EngineOptions &options) {
   const pl::Plan &plan = *plan_->plan;
   numThreads_ = options.numThreads;
+  budgetStepScope_ = options.budgetStepScope;
+  distinctExpertCap_ = options.distinctExpertCap;
   if (Status s = readModelInfo(*plan_, *weights_, info_); !s)
     return s;
   info_.backend = "cpu";
@@ -1224,18 +1228,35 @@ void CpuEngine::opSelect(const Program &p, const OpInfo &o) {
   // k, or the evaluation override (expertsPerToken). "budget": the scheduler
   // spreads each sequence's budget over its tokens in this run
   // (cpu/expert_budget.h); a budget of 1.0 is exactly top-k.
+  // The distinct-expert cap first: the candidates it leaves each token
+  // bound what the policy may give it.
+  std::vector<int32_t> limits(static_cast<size_t>(T), static_cast<int32_t>(K));
+  if (distinctExpertCap_ > 0.0) {
+    int32_t cap = static_cast<int32_t>(distinctExpertCap_);
+    if (distinctExpertCap_ < 1.0) {
+      const int32_t named = cpu::capDistinctExperts(
+          ranked, rankedScore, static_cast<int32_t>(K), T, 0, limits);
+      cap = std::max(
+          1, static_cast<int32_t>(std::ceil(distinctExpertCap_ * named)));
+    }
+    cpu::capDistinctExperts(ranked, rankedScore, static_cast<int32_t>(K), T,
+                            cap, limits);
+  }
   for (int64_t t = 0; t < T; ++t)
-    counts[t] = static_cast<int32_t>(
-        run_.kOverride[t] > 0 ? std::min<int64_t>(run_.kOverride[t], K) : K);
+    counts[t] = std::min(
+        limits[t],
+        static_cast<int32_t>(run_.kOverride[t] > 0
+                                 ? std::min<int64_t>(run_.kOverride[t], K)
+                                 : K));
   if (o.budgetPolicy) {
     std::vector<float> candidate(rankedScore.begin(), rankedScore.end());
     std::vector<cpu::BudgetGroup> groups;
     for (const SeqSpan &sp : run_.spans)
       if (sp.count > 0 && run_.kOverride[sp.begin] <= 0)
         groups.push_back({sp.begin, sp.count, run_.budget[sp.begin]});
-    cpu::allocateExpertBudget(candidate, static_cast<int32_t>(K),
-                              static_cast<int32_t>(o.minK), groups,
-                              {counts, static_cast<size_t>(T)});
+    cpu::allocateExpertBudget(
+        candidate, static_cast<int32_t>(K), static_cast<int32_t>(o.minK),
+        groups, {counts, static_cast<size_t>(T)}, budgetStepScope_, limits);
   }
 
   // Pass 3: the kept experts' weights, renormalised over the kept ones as the

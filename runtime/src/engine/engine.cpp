@@ -4,6 +4,7 @@
 #include "engine/cpu_engine.h"
 #include "engine/plan_loader.h"
 
+#include <cmath>
 #include <cstdio>
 
 namespace nf {
@@ -26,8 +27,7 @@ loadOnCpu(std::unique_ptr<engine::PlanFile> plan,
     return weights.status();
   // The CPU backend interprets every plan's ops whatever its target (CUDA
   // binaries, when present, are ignored here).
-  return engine::createCpuEngine(std::move(plan), std::move(*weights),
-                                 options);
+  return engine::createCpuEngine(std::move(plan), std::move(*weights), options);
 }
 
 } // namespace
@@ -44,14 +44,28 @@ StatusOr<std::unique_ptr<Engine>> Engine::load(const std::string &planPath,
   if (backend != "auto" && backend != "cpu" && backend != "cuda")
     return Status::error("unknown backend '" + backend +
                          "' (expected auto, cpu or cuda)");
+  if (!(options.distinctExpertCap >= 0.0) ||
+      !std::isfinite(options.distinctExpertCap))
+    return Status::error(planPath +
+                         ": the distinct-expert cap must be 0 (none), a "
+                         "fraction in (0, 1) or a number of experts");
   StatusOr<std::unique_ptr<engine::PlanFile>> plan = engine::openPlan(planPath);
   if (!plan)
     return plan.status();
-  const bool tryCuda =
-      backend == "cuda" ||
-      (backend == "auto" && engine::planTargetsCuda(**plan));
+  const bool tryCuda = backend == "cuda" ||
+                       (backend == "auto" && engine::planTargetsCuda(**plan));
   if (!tryCuda)
     return loadOnCpu(std::move(*plan), options);
+  // Step scope and the distinct-expert cap exist on the CPU backend only:
+  // "cuda" refuses them, "auto" runs on the CPU and says why.
+  if (options.budgetStepScope || options.distinctExpertCap > 0.0) {
+    const std::string why = "the step budget scope and the distinct-expert "
+                            "cap run on the CPU backend only so far";
+    if (backend == "cuda")
+      return Status::error("CUDA backend: " + why);
+    cudaUnavailable(why);
+    return loadOnCpu(std::move(*plan), options);
+  }
 
   // The probe: driver, device, a binary for every kernel.
   StatusOr<std::unique_ptr<engine::CudaProbe>> probe =

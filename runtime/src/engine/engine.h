@@ -55,6 +55,14 @@ struct EngineOptions {
   /// CUDA: replay the decode program as a captured CUDA graph (false: launch
   /// its kernels one by one every step, e.g. to compare).
   bool cudaGraphs = true;
+  /// Budget plans: pool the budget of every sequence of a step (step scope)
+  /// instead of spending each sequence's on its own tokens (request scope,
+  /// false: a sequence's results do not depend on its batch-mates).
+  bool budgetStepScope = false;
+  /// A cap on the distinct routed experts a MoE layer runs in one step: >= 1
+  /// a number, in (0, 1) a fraction of those the step's candidates name; 0:
+  /// none.
+  double distinctExpertCap = 0.0;
 };
 
 /// Facts about the loaded model, from the plan.
