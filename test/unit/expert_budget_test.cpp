@@ -71,12 +71,12 @@ TEST(ExpertBudget, PooledStepScopeMovesCallsAcrossRequests) {
   EXPECT_EQ(alone, (std::vector<int32_t>{2, 2}));
   allocateExpertBudget(w, 4, 1, gs, pooled, /*pooled=*/true);
   EXPECT_EQ(pooled, (std::vector<int32_t>{1, 3}));
-  // Budgets 1.0 and 0.25 pool 4 + 1 calls; a claim is weighted by its
-  // request's budget (token 1's uncovered 0.7 counts as 0.175), so the
-  // confident token of the full-budget request still gets a second expert.
+  // Budgets 1.0 and 0.25 pool 4 + 1 calls, handed out by coverage alone:
+  // the flat token of the low-budget request takes all four it can run
+  // (its account pays them back in later steps).
   BudgetGroup uneven[] = {{0, 1, 1.0f}, {1, 1, 0.25f}};
   allocateExpertBudget(w, 4, 1, uneven, pooled, true);
-  EXPECT_EQ(pooled, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(pooled, (std::vector<int32_t>{1, 4}));
 }
 
 TEST(ExpertBudget, LimitsBoundWhatATokenRuns) {

@@ -141,10 +141,10 @@ typedef struct nf_model_params {
   const char *chat_template_path;
   /* Budget plans: "request" (also NULL or ""): each sequence spends its own
      budget on its own tokens, so its results do not depend on its
-     batch-mates; "step": the budgets of a step's sequences form one pool,
-     handed out by routed-weight coverage across all their tokens (each
-     token's claim weighted by its sequence's budget), and each sequence's
-     account follows what it ran. The CPU backend only, so far. */
+     batch-mates; "step": the calls a step's sequences are due form one
+     pool, handed out by routed-weight coverage across all their tokens
+     alike, and each sequence's account follows what it ran (so over its
+     steps it spends its own budget). The CPU backend only, so far. */
   const char *budget_scope;
   /* A cap on the distinct routed experts one MoE layer runs in one step
      (what a memory-bound decode step loads): >= 1 a number of experts, in

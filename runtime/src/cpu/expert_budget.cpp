@@ -18,7 +18,8 @@ namespace {
 
 /// The greedy of one pool: `tokens` (with their weights' rows and limits)
 /// get minK each, then `remaining` calls one at a time to the token whose
-/// kept experts leave the largest weighted share of its routed weight out.
+/// kept experts leave the largest share of its routed weight out (times
+/// its priority).
 void allocatePool(std::span<const float> weights, int32_t k, int32_t minK,
                   const std::vector<int32_t> &tokens,
                   const std::vector<double> &priority, int64_t remaining,
@@ -90,9 +91,7 @@ void allocateExpertBudget(std::span<const float> weights, int32_t k,
     }
     for (int32_t i = 0; i < g.count; ++i) {
       tokens.push_back(g.begin + i);
-      // Pooled, a token's claim is weighted by its request's budget.
-      priority.push_back(pooled ? std::clamp<double>(g.budget, 1e-6, 1.0)
-                                : 1.0);
+      priority.push_back(1.0);
     }
     remaining += expertCallsForBudget(g.budget, k, minK, g.count) -
                  int64_t(minK) * g.count;

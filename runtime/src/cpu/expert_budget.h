@@ -29,9 +29,9 @@ struct BudgetGroup {
 /// every token of every group. Deterministic: ties go to the earlier token.
 ///
 /// `pooled` (step scope): the groups' calls form one pool, handed out by
-/// coverage across all their tokens, each token's claim weighted by its
-/// group's budget; a group's tokens then get what the pool gives them, not
-/// exactly its own calls. Otherwise (request scope) each group spends its
+/// coverage across all their tokens alike; a group's tokens then get what
+/// the pool gives them, not exactly its own calls (the caller's accounts
+/// even that out over steps). Otherwise (request scope) each group spends its
 /// own calls on its own tokens. `limits` (empty, or [T]): the most
 /// candidates a token may run (after capDistinctExperts).
 void allocateExpertBudget(std::span<const float> weights, int32_t k,
