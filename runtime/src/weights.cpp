@@ -40,6 +40,13 @@ WeightView WeightView::at(int64_t index) const {
   return v;
 }
 
+std::vector<WeightView> splitExperts(const WeightView &stacked) {
+  std::vector<WeightView> out;
+  for (int64_t e = 0; e < stacked.rows(); ++e)
+    out.push_back(stacked.at(e));
+  return out;
+}
+
 void convertToF32(const WeightView &w, int64_t begin, int64_t n, float *out) {
   const char *base = static_cast<const char *>(w.data);
   switch (w.dtype) {

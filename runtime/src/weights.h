@@ -40,6 +40,9 @@ struct WeightView {
   WeightView at(int64_t index) const;
 };
 
+/// Splits a stacked [E, ...] expert tensor into E per-expert views.
+std::vector<WeightView> splitExperts(const WeightView &stacked);
+
 /// bf16 -> f32 is exact: bf16 is the upper half of an f32.
 inline float bf16ToF32(uint16_t v) {
   uint32_t u = static_cast<uint32_t>(v) << 16;

@@ -169,7 +169,7 @@ std::unique_ptr<Executor> makeExecutor(const ModelDesc &d,
 }
 
 Caches makeCaches(const ModelDesc &d, CacheConfig cfg) {
-  StatusOr<Caches> c = Caches::create(d, cfg);
+  StatusOr<Caches> c = createCaches(d, cfg);
   EXPECT_TRUE(c.ok()) << c.message();
   return c ? std::move(*c) : Caches();
 }

@@ -7,7 +7,7 @@
 #pragma once
 
 #include "cpu/kernels.h"
-#include "cpu/reference_model.h"
+#include "cpu/caches.h"
 #include "engine/engine.h"
 #include "engine/plan_loader.h"
 

@@ -1,5 +1,4 @@
 #include "engine/plan_loader.h"
-#include "cpu/reference_model.h"
 
 #include <map>
 
@@ -390,7 +389,7 @@ StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &pf,
     b.view.dtype = dtype;
     b.view.shape = b.shape;
     if (w->stacked()) // the CPU backend reads stacked weights per expert
-      b.experts = cpu::splitExperts(b.view);
+      b.experts = splitExperts(b.view);
     bw->weights.push_back(std::move(b));
   }
   return bw;
