@@ -422,10 +422,51 @@ TEST(ServingEngine, SubmissionErrorsNameTheProblem) {
   badSampler.sampler.topP = 0.0f;
   EXPECT_FALSE(engine->submit(badSampler, &code).ok());
   EXPECT_EQ(code, NF_ERR_INVALID_ARGUMENT);
-  // A model already in use is refused an engine.
+  // A model already in use is refused an engine, and so is a second one.
   nf::Model busy = load();
   ASSERT_TRUE(busy.addSequence().ok());
   EXPECT_FALSE(nf::ServingEngine::create(busy).ok());
+  auto second = nf::ServingEngine::create(model);
+  EXPECT_FALSE(second.ok());
+  EXPECT_NE(second.message().find("already has an engine"), std::string::npos);
+  engine = nf::ServingEngine::create(model); // not while the first lives
+  EXPECT_FALSE(engine.ok());
+}
+
+// Shutdown lets running requests finish within the grace period, those
+// preempted on their way included: only requests never admitted end
+// unavailable, with nothing generated.
+TEST(ServingEngine, ShutdownLetsPreemptedRequestsFinish) {
+  nf::Model model = load(/*kvPages=*/12);
+  auto engine = nf::ServingEngine::create(model);
+  ASSERT_TRUE(engine.ok());
+  const auto ps = prompts(model, 16);
+  std::vector<nf::ServingRequest> rs;
+  for (const auto &p : ps) {
+    nf::RequestParams rp = greedy(p, 48);
+    rp.ignoreEos = true;
+    auto r = engine->submit(rp);
+    ASSERT_TRUE(r.ok());
+    rs.push_back(std::move(*r));
+  }
+  for (int i = 0; i < 500 && engine->stats().preemptions == 0; ++i)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_GT(engine->stats().preemptions, 0);
+  engine->shutdown(std::chrono::milliseconds(60000));
+  int finished = 0;
+  for (auto &r : rs) {
+    auto o = r.wait();
+    ASSERT_TRUE(o.ok());
+    if (o->finishReason == NF_FINISH_UNAVAILABLE) {
+      EXPECT_EQ(o->completionTokens, 0) << "a running request was cut";
+      EXPECT_EQ(o->preemptions, 0);
+    } else {
+      EXPECT_EQ(o->finishReason, NF_FINISH_LENGTH);
+      ++finished;
+    }
+  }
+  EXPECT_GT(finished, 0);
+  EXPECT_TRUE(engine->stats().drained);
 }
 
 // The text stream (the engine's and nfrun generate's): pieces that join to

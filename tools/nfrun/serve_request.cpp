@@ -202,8 +202,9 @@ std::optional<std::string> parseTraffic(const json &body,
                                                          : 0;
   if (body.contains("priority") && !body["priority"].is_null()) {
     const json &v = body["priority"];
-    if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN ||
-        v.get<int64_t>() > INT32_MAX)
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX) ||
+        v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX)
       return std::string("'priority' must be an integer (lower values are "
                          "served first)");
     r.params.priority = static_cast<int32_t>(v.get<int64_t>());

@@ -468,10 +468,15 @@ NF_API nf_status nf_text_stream_add(nf_text_stream *stream, int32_t token,
    text (nf_text_stream's) as they come, then how it finished, its usage
    and timings.
 
-   The engine has the model's steps to itself: while it exists, do not call
-   nf_seq_*, nf_decode, nf_decode_sample or nf_generate on the model
-   (read-only calls such as nf_tokenize and the getters stay allowed).
-   Engine and request calls are thread-safe. */
+   The engine has the model's steps to itself: a model has at most one
+   engine at a time, and while it exists do not call nf_seq_*, nf_decode,
+   nf_decode_sample or nf_generate on the model. Calls that read what does
+   not change stay allowed (nf_tokenize, nf_detokenize,
+   nf_chat_apply_template, the model's sizes and names); the counts that
+   steps change (live sequences, KV pages, expert utilisation) are read
+   through the engine instead (nf_engine_get_stats,
+   nf_engine_expert_utilization). Engine and request calls are
+   thread-safe. */
 typedef struct nf_engine nf_engine;
 typedef struct nf_request nf_request;
 
@@ -521,8 +526,11 @@ typedef struct nf_engine_event {
   float expert_budget;
 } nf_engine_event;
 
-/* Called on the engine's thread: it must return quickly and must not call
-   the engine. */
+/* Called on the engine's thread (for requests that nf_engine_free ends, on
+   the thread freeing it), with no lock of the engine held: it must return
+   quickly, must not throw, and must not call the engine. A request's
+   user_data must stay valid until its FINISHED event, which may come after
+   nf_request_free (the request ends at the engine's next step). */
 typedef void (*nf_engine_observer)(const nf_engine_event *event,
                                    void *user_data);
 
@@ -530,7 +538,7 @@ typedef struct nf_engine_params {
   /* Requests running at once; 0: the model's nf_model_max_sequences(). */
   int32_t max_batch;
   /* Requests waiting to be admitted; a submission beyond gets
-     NF_ERR_CAPACITY. Default 256. */
+     NF_ERR_CAPACITY. 0: the default, 256. */
   int32_t max_queue;
   /* Tokens of one step: running requests' next tokens, then prompt chunks
      (vLLM's max_num_batched_tokens). Default 2048; at least max_batch. */
@@ -645,8 +653,9 @@ NF_API void nf_request_cancel(nf_request *request);
 NF_API void nf_request_free(nf_request *request);
 
 /* Stops admitting: waiting requests end NF_FINISH_UNAVAILABLE at once,
-   submissions get NF_ERR_UNAVAILABLE, running requests may finish for
-   grace_ms, then end NF_FINISH_UNAVAILABLE. */
+   submissions get NF_ERR_UNAVAILABLE, running requests (and those
+   preempted on their way) may finish for grace_ms (at most 1e9), then end
+   NF_FINISH_UNAVAILABLE. */
 NF_API void nf_engine_shutdown(nf_engine *engine, int64_t grace_ms);
 
 typedef struct nf_engine_stats {

@@ -9,6 +9,7 @@
 #include "nf/tokenizer.h"
 #include "sampling/sampler.h"
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -37,6 +38,8 @@ struct nf_model {
   /// Step scope or the distinct-expert cap: the policy may give a sequence
   /// other calls than its budget's, so its account follows the calls run.
   bool budgetFollowsCalls = false;
+  /// A serving engine has the model's steps (nf_engine_create).
+  std::atomic<bool> engineAttached{false};
   // Scratch reused across steps.
   std::vector<nf::SequenceInput> inputs;
   std::vector<float> logits;

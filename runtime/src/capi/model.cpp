@@ -529,10 +529,12 @@ nf_status nf_seq_remove(nf_model *model, int32_t seq_id) {
       return fail(NF_ERR_INVALID_ARGUMENT,
                   "nf_seq_remove: unknown sequence id " +
                       std::to_string(seq_id));
-    model->liveSequences.erase(seq_id);
-    model->budgetCarry.erase(seq_id);
+    // Forgotten only once freed: a failed removal leaves the id live, so
+    // that its slot and pages are not lost to a caller that retries.
     if (Status st = model->engine->removeSequence(seq_id); !st)
       return fail(NF_ERR_RUNTIME, st);
+    model->liveSequences.erase(seq_id);
+    model->budgetCarry.erase(seq_id);
     return NF_OK;
   });
 }

@@ -5,6 +5,7 @@
 #include "serving/text_stream.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -34,6 +35,10 @@ using nf::capi::fail;
 using nf::capi::guard;
 
 namespace {
+
+/// The longest duration the engine takes (~11.6 days); longer ones are cut
+/// to it, so that deadlines never overflow.
+constexpr int64_t kMaxMs = 1'000'000'000;
 
 /// Copies stop strings, refusing NULL or empty ones.
 nf_status stopStrings(const char *const *stops, size_t n, const char *what,
@@ -152,24 +157,48 @@ nf_status nf_engine_create(nf_model *model, const nf_engine_params *params,
       return fail(NF_ERR_INVALID_ARGUMENT,
                   "nf_engine_create: the model has live sequences; an engine "
                   "needs the model's steps to itself");
+    if (model->engineAttached.exchange(true))
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_engine_create: the model already has an engine; free "
+                  "it first");
     nf::serving::SchedulerOptions o;
     o.maxBatch = std::max(1, p.max_batch > 0 ? p.max_batch : slots);
-    o.maxQueue = p.max_queue;
-    o.stepTokens = std::max<int64_t>(
-        p.max_batched_tokens > 0 ? p.max_batched_tokens : 2048, o.maxBatch);
-    o.maxWaitMs = p.max_wait_ms;
+    o.maxQueue = p.max_queue > 0 ? p.max_queue : 256;
+    // A step's chunks are counted in int32 token counts.
+    o.stepTokens = std::clamp<int64_t>(
+        p.max_batched_tokens > 0 ? p.max_batched_tokens : 2048, o.maxBatch,
+        INT32_MAX);
+    // Durations beyond ~11 days mean "never" (and would overflow).
+    o.maxWaitMs = std::min<int64_t>(p.max_wait_ms, kMaxMs);
     o.observer = p.observer;
     o.observerData = p.observer_data;
+    struct Detach { // the flag goes back if the engine is not made
+      nf_model *m;
+      ~Detach() {
+        if (m)
+          m->engineAttached = false;
+      }
+    } detach{model};
     auto e = std::make_unique<nf_engine>();
     e->model = model;
     e->maxNewTokens = p.max_new_tokens;
     e->scheduler = std::make_unique<nf::serving::Scheduler>(model, o);
+    detach.m = nullptr;
     *out = e.release();
     return NF_OK;
   });
 }
 
-void nf_engine_free(nf_engine *engine) { delete engine; }
+void nf_engine_free(nf_engine *engine) {
+  if (!engine)
+    return;
+  nf_model *model = engine->model;
+  try {
+    delete engine;
+  } catch (...) { // the scheduler's end must not throw across the C API
+  }
+  model->engineAttached = false;
+}
 
 nf_request_params nf_request_default_params(void) {
   nf_request_params p = {};
@@ -320,14 +349,14 @@ void nf_request_cancel(nf_request *request) {
 
 void nf_request_free(nf_request *request) {
   nf_request_cancel(request);
-  delete request;
+  delete request; // its request lives on in the engine until it ends
 }
 
 void nf_engine_shutdown(nf_engine *engine, int64_t grace_ms) {
   if (engine)
     engine->scheduler->shutdown(
         nf::serving::Clock::now() +
-        std::chrono::milliseconds(std::max<int64_t>(grace_ms, 0)));
+        std::chrono::milliseconds(std::clamp<int64_t>(grace_ms, 0, kMaxMs)));
 }
 
 nf_status nf_engine_get_stats(nf_engine *engine, nf_engine_stats *out) {

@@ -16,7 +16,7 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 /// priority first, then earlier admission (the back is preempted first).
 bool keepsBefore(const std::shared_ptr<Request> &x,
                  const std::shared_ptr<Request> &y) {
-  return x->priority < y->priority;
+  return x->effectivePriority() < y->effectivePriority();
 }
 
 } // namespace
@@ -38,10 +38,13 @@ Scheduler::~Scheduler() {
     finish(*r, NF_FINISH_UNAVAILABLE, why);
   for (auto &r : waiting_)
     finish(*r, NF_FINISH_UNAVAILABLE, why);
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto &r : inbox_)
+  std::deque<std::shared_ptr<Request>> inbox;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox.swap(inbox_);
+  }
+  for (auto &r : inbox)
     finish(*r, NF_FINISH_UNAVAILABLE, why);
-  inbox_.clear();
 }
 
 nf_status Scheduler::submit(std::shared_ptr<Request> r) {
@@ -87,8 +90,11 @@ nf_engine_stats Scheduler::stats() {
 }
 
 void Scheduler::syncWaiting() {
+  // Both at once: a request between the two lists would otherwise count
+  // in neither, and stats() report the engine drained while it runs.
   std::lock_guard<std::mutex> lock(mu_);
   stats_.waiting = static_cast<int32_t>(waiting_.size());
+  stats_.running = static_cast<int32_t>(running_.size());
 }
 
 int64_t Scheduler::pagesFor(int64_t tokens) const {
@@ -96,8 +102,12 @@ int64_t Scheduler::pagesFor(int64_t tokens) const {
 }
 
 void Scheduler::notify(const nf_engine_event &event) const {
-  if (options_.observer)
+  if (!options_.observer)
+    return;
+  try { // a C++ observer that throws must not end the engine's thread
     options_.observer(&event, options_.observerData);
+  } catch (...) {
+  }
 }
 
 void Scheduler::finish(Request &r, nf_finish_reason reason,
@@ -106,10 +116,10 @@ void Scheduler::finish(Request &r, nf_finish_reason reason,
     (void)nf_seq_remove(model_, r.seq);
   r.seq = -1;
   const Clock::time_point now = Clock::now();
-  std::unique_lock<std::mutex> lock(r.mu);
+  // Only this thread writes r.finish: read without the lock. The observer
+  // hears of the end before the reader can see it, without any lock held.
   if (r.finish != NF_FINISH_NONE)
     return;
-  // The observer hears of the end before the reader can see it.
   nf_engine_event e = {};
   e.kind = NF_EVENT_FINISHED;
   e.request_user_data = r.userData;
@@ -120,6 +130,7 @@ void Scheduler::finish(Request &r, nf_finish_reason reason,
   e.expert_calls = r.expertCalls;
   e.expert_budget = r.expertBudget;
   notify(e);
+  std::unique_lock<std::mutex> lock(r.mu);
   if (reason == NF_FINISH_STOP || reason == NF_FINISH_LENGTH)
     r.pendingText += r.text.take(true);
   r.finish = reason;
@@ -168,9 +179,9 @@ std::deque<std::shared_ptr<Request>>::iterator Scheduler::nextWaiting() {
   const auto maxWait = std::chrono::milliseconds(options_.maxWaitMs);
   auto key = [&](const std::shared_ptr<Request> &r) {
     const bool promoted = options_.maxWaitMs > 0 && now - r->arrival >= maxWait;
-    return std::make_tuple(promoted ? 0 : 1,
-                           promoted ? 0 : static_cast<int64_t>(r->priority),
-                           r->order);
+    const bool first = promoted || r->promoted;
+    return std::make_tuple(
+        first ? 0 : 1, first ? 0 : static_cast<int64_t>(r->priority), r->order);
   };
   return std::min_element(
       waiting_.begin(), waiting_.end(),
@@ -201,19 +212,24 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
   std::erase_if(waiting_, cancelled);
   const std::string why = "the engine is shutting down";
   if (draining) {
-    for (auto &r : waiting_)
+    // Requests not yet admitted end now; running ones, and those preempted
+    // on their way (admitted before), may finish until the deadline.
+    const bool over = Clock::now() >= deadline;
+    std::erase_if(waiting_, [&](const std::shared_ptr<Request> &r) {
+      if (r->admittedOnce && !over)
+        return false;
       finish(*r, NF_FINISH_UNAVAILABLE, why);
-    waiting_.clear();
-  }
-  syncWaiting();
-  if (draining) {
-    if (Clock::now() >= deadline) {
+      return true;
+    });
+    if (over) {
       for (auto &r : running_)
         finish(*r, NF_FINISH_UNAVAILABLE, why);
       running_.clear();
+      syncWaiting();
       return {};
     }
   }
+  syncWaiting();
   std::stable_sort(running_.begin(), running_.end(), keepsBefore);
 
   const bool paged = pageSize_ > 0;
@@ -260,7 +276,7 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
                    pagesFor(static_cast<int64_t>(r->fed));
   std::vector<std::shared_ptr<Request>> admitted;
   while (static_cast<int32_t>(running_.size()) < options_.maxBatch &&
-         !waiting_.empty() && !draining) {
+         !waiting_.empty()) {
     auto at = nextWaiting();
     std::shared_ptr<Request> r = *at;
     const int64_t context = pagesFor(static_cast<int64_t>(r->contextLength()));
@@ -268,6 +284,12 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
       break;
     int32_t seq = -1;
     const bool added = nf_seq_add(model_, &seq) == NF_OK;
+    // Admitted for having waited too long: kept as the first priority, or
+    // the next page shortage would preempt it again at once.
+    if (options_.maxWaitMs > 0 &&
+        Clock::now() - r->arrival >=
+            std::chrono::milliseconds(options_.maxWaitMs))
+      r->promoted = true;
     waiting_.erase(at);
     syncWaiting();
     if (!added) {
@@ -296,6 +318,7 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
     admitted.push_back(r);
     committed += context;
   }
+  syncWaiting();
   // Then the prompts, in chunks within the step's token budget and the free
   // pages; the fewest tokens left first, so that a short prompt is not held
   // behind a long one (which takes what the others leave of every step).
@@ -447,10 +470,15 @@ void Scheduler::runStep(std::vector<Entry> &step) {
   }
   std::erase_if(running_,
                 [](const std::shared_ptr<Request> &r) { return r->seq < 0; });
+  syncWaiting();
 }
 
 /// Adds the sampled token to r, and ends r when it is the last.
 void Scheduler::accept(Request &r, int32_t token) {
+  if (r.cancelled.load()) { // the token is nobody's
+    finish(r, NF_FINISH_CANCELLED, "");
+    return;
+  }
   r.generated.push_back(token);
   const Clock::time_point now = Clock::now();
   nf_engine_event e = {};
@@ -527,6 +555,18 @@ void Scheduler::updateStats(int32_t stepSequences) {
   stats_.steps += stepSequences > 0 ? 1 : 0;
 }
 
+void Scheduler::failAll(const std::string &why) {
+  // What failed may have left any of them half done (out of memory, most
+  // likely): every request held ends with the error.
+  for (auto &r : running_)
+    finish(*r, NF_FINISH_ERROR, why);
+  running_.clear();
+  for (auto &r : waiting_)
+    finish(*r, NF_FINISH_ERROR, why);
+  waiting_.clear();
+  syncWaiting();
+}
+
 void Scheduler::loop() {
   refreshUtilization();
   updateStats(0);
@@ -544,11 +584,30 @@ void Scheduler::loop() {
       if (stopping_)
         return;
     }
-    std::vector<Entry> step = plan();
-    if (!step.empty())
-      runStep(step);
+    std::vector<Entry> step;
+    int64_t preemptionsBefore = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      preemptionsBefore = stats_.preemptions;
+    }
+    try {
+      step = plan();
+      if (!step.empty())
+        runStep(step);
+    } catch (const std::exception &e) {
+      failAll(std::string("internal error: ") + e.what());
+      step.clear();
+    } catch (...) {
+      failAll("internal error");
+      step.clear();
+    }
     updateStats(static_cast<int32_t>(step.size()));
-    if (step.empty()) {
+    bool preempted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      preempted = stats_.preemptions != preemptionsBefore;
+    }
+    if (step.empty() && !preempted) {
       // Nothing could run (waiting for pages or a cancellation): do not
       // spin.
       std::unique_lock<std::mutex> lock(mu_);

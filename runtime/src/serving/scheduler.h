@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -64,6 +65,7 @@ struct Request {
   std::vector<int32_t> generated;
   int failures = 0; // steps that failed after changing its sequence
   bool admittedOnce = false;
+  bool promoted = false; // admitted for waiting past max_wait_ms
   Clock::time_point scheduled, firstToken, lastToken;
 
   // Guarded by mu: what the reader has not taken yet, and the end.
@@ -88,6 +90,10 @@ struct Request {
   /// prompt and every generated token (the last one is fed by the next
   /// step).
   size_t contextLength() const { return prompt.size() + generated.size(); }
+  /// The priority it keeps its sequence by: a promoted request comes first.
+  int64_t effectivePriority() const {
+    return promoted ? INT64_MIN : static_cast<int64_t>(priority);
+  }
   int32_t contextToken(size_t i) const {
     return i < prompt.size() ? prompt[i] : generated[i - prompt.size()];
   }
@@ -140,8 +146,11 @@ private:
   void finish(Request &r, nf_finish_reason reason, const std::string &error);
   void accept(Request &r, int32_t token);
   int64_t pagesFor(int64_t tokens) const;
-  /// Publishes waiting_'s size (the queue's bound counts it).
+  /// Publishes waiting_'s and running_'s sizes (the queue's bound counts
+  /// the first; drained() both).
   void syncWaiting();
+  /// Ends every request held with `why` (an exception in a step).
+  void failAll(const std::string &why);
   void notify(const nf_engine_event &event) const;
   /// Copies the scheduler thread's counts into stats_.
   void updateStats(int32_t stepSequences);

@@ -49,6 +49,11 @@ TextStream::TextStream(const Tokenizer *tokenizer,
 /// skipped: specials) says nothing about the joint: then the whole
 /// completion.
 StatusOr<std::string> TextStream::newBytes() const {
+  // A token that decodes to nothing alone (a skipped special token, an
+  // unknown id) adds nothing in any context: answered without decoding
+  // the completion (a run of them would cost a decode of it each).
+  if (tokenizer_->decodeBytes({tokens_.back()}, true).empty())
+    return std::string();
   constexpr size_t kTail = 8;
   const size_t n = tokens_.size();
   const std::vector<int32_t> tail(
