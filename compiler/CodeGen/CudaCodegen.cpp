@@ -22,6 +22,7 @@
 
 #include "CodeGen/CudaCodegen.h"
 
+#include "nf/plan_attrs.h"
 #include "nf/plan_generated.h"
 
 #include <algorithm>
@@ -179,42 +180,10 @@ std::string floatLit(double v) {
   return "static_cast<float>(" + doubleLit(v) + ")";
 }
 
-template <typename Vec>
-auto findAttr(const Vec *v, std::string_view name) -> decltype(v->Get(0)) {
-  if (!v)
-    return nullptr;
-  for (auto a : *v)
-    if (a->name() && a->name()->string_view() == name)
-      return a;
-  return nullptr;
-}
-std::optional<int64_t> intAttr(const pl::Op &op, std::string_view name) {
-  if (auto a = findAttr(op.ints(), name))
-    return a->value();
-  return std::nullopt;
-}
-std::optional<double> floatAttr(const pl::Op &op, std::string_view name) {
-  if (auto a = findAttr(op.floats(), name))
-    return a->value();
-  if (auto a = findAttr(op.ints(), name))
-    return static_cast<double>(a->value());
-  return std::nullopt;
-}
-std::optional<std::string> stringAttr(const pl::Op &op, std::string_view name) {
-  if (auto a = findAttr(op.strings(), name))
-    return a->value() ? a->value()->str() : std::string();
-  return std::nullopt;
-}
-std::optional<std::vector<int64_t>> listAttr(const pl::Op &op,
-                                             std::string_view name) {
-  if (auto a = findAttr(op.int_lists(), name)) {
-    std::vector<int64_t> out;
-    if (a->values())
-      out.assign(a->values()->begin(), a->values()->end());
-    return out;
-  }
-  return std::nullopt;
-}
+using pl::floatAttr;
+using pl::intAttr;
+using pl::listAttr;
+using pl::stringAttr;
 
 std::string opName(const pl::Op &op) {
   return op.name() ? op.name()->str() : std::string("<unnamed>");

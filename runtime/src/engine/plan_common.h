@@ -6,10 +6,11 @@
 // backend checks, numbers and batches exactly as it does. Internal.
 #pragma once
 
-#include "cpu/kernels.h"
 #include "cpu/caches.h"
+#include "cpu/kernels.h"
 #include "engine/engine.h"
 #include "engine/plan_loader.h"
+#include "nf/plan_attrs.h"
 
 #include <cstdint>
 #include <functional>
@@ -91,14 +92,11 @@ Status readStepValues(const PlanFile &plan, const nf::plan::Step *step,
                       const char *phase, int64_t numWeights, int64_t vocabSize,
                       StepValues &prog);
 
-// Op attributes (attributes are few per op: linear search).
-std::optional<int64_t> intAttr(const nf::plan::Op &op, std::string_view name);
-/// A float attribute, or an integer one read as a float.
-std::optional<double> floatAttr(const nf::plan::Op &op, std::string_view name);
-std::optional<std::string> stringAttr(const nf::plan::Op &op,
-                                      std::string_view name);
-std::optional<std::vector<int64_t>> listAttr(const nf::plan::Op &op,
-                                             std::string_view name);
+// Op attributes: nf/plan_attrs.h (shared with the compiler).
+using nf::plan::floatAttr;
+using nf::plan::intAttr;
+using nf::plan::listAttr;
+using nf::plan::stringAttr;
 
 // ---------------------------------------------------------------------------
 // Sequences
