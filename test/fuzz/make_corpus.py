@@ -177,6 +177,12 @@ def serve_request_seeds():
              stream=True, return_token_ids=True, n=1),
         dict(prompt="x", stop="y", top_p=0, max_tokens=0),
         dict(prompt=[4095, -1], temperature=-1, seed=1e16),
+        # nf's traffic fields and vLLM's extensions.
+        dict(prompt="def g():", max_new_tokens_soft=3, priority=-2,
+             expert_budget=0.5, ignore_eos=True, stream=True,
+             stream_options={"include_usage": True}),
+        dict(prompt="x", priority=18446744073709551615, expert_budget=0,
+             stream_options={"include_usage": 1}),
     ]
     chats = [
         dict(messages=[{"role": "system", "content": "be brief"},
