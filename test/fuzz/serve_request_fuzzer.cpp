@@ -6,8 +6,8 @@
 // The input is one option byte and the body: byte & 1 picks the endpoint
 // (completions, chat). A body is answered with a request or with one line
 // of error (a 400); a request has prompt tokens in the vocabulary and within
-// the context, max_tokens >= 1 (or 0, chat's "no limit of its own") and
-// valid sampler parameters.
+// the context, max_tokens >= 1 (or 0, "no limit of its own": chat's
+// default, or a soft limit alone) and valid sampler parameters.
 #include "fuzz_util.h"
 #include "nf/tokenizer.h"
 
@@ -81,8 +81,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   const nf::RequestParams &r = std::get<nfrun::ParsedRequest>(parsed).params;
   if (r.prompt.empty() || static_cast<int64_t>(r.prompt.size()) >= kContext ||
-      r.maxTokens < 0 || (r.maxTokens == 0 && !chat) ||
-      !nf::Sampler::create(r.sampler))
+      r.maxTokens < 0 || (r.maxTokens == 0 && !chat && r.maxTokensSoft == 0) ||
+      r.maxTokensSoft < 0 || !nf::Sampler::create(r.sampler))
     nf::fuzz::violated("an accepted request without a prompt in the "
                        "context, max_tokens or valid sampler parameters");
   for (int32_t id : r.prompt)
