@@ -10,7 +10,6 @@ import sys
 import urllib.request
 
 import openai
-from prometheus_client.parser import text_string_to_metric_families
 
 import serve_client
 
@@ -76,12 +75,7 @@ with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
     if not r.headers.get("Content-Type", "").startswith("text/plain"):
         fail("metrics content type %s" % r.headers.get("Content-Type"))
     text = r.read().decode()
-samples = {}
-for family in text_string_to_metric_families(text):
-    for s in family.samples:
-        key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items()
-                                    if k != "model_name")))
-        samples[key] = s.value
+samples = serve_client.metric_samples(text)
 
 
 def value(name, **labels):

@@ -13,7 +13,6 @@ import sys
 import urllib.request
 
 import openai
-from prometheus_client.parser import text_string_to_metric_families
 
 import serve_client
 
@@ -46,14 +45,7 @@ model = client.models.list().data[0].id
 
 def metrics():
     with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items()
-                                        if k != "model_name")))
-            samples[key] = s.value
-    return samples
+        return serve_client.metric_samples(r.read().decode())
 
 
 def value(samples, name, **labels):

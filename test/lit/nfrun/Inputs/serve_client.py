@@ -73,3 +73,17 @@ def stop(server, fail):
         fail("the server did not stop on SIGTERM")
     if rc != 0:
         fail("exit status %d after SIGTERM: %s" % (rc, server.stderr.read()))
+
+
+def metric_samples(text):
+    """{(name, labels but model_name, sorted): value} of a /metrics text,
+    read with prometheus_client's parser (imported here: only the metrics
+    checks need it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items()
+                                        if k != "model_name")))
+            samples[key] = s.value
+    return samples
