@@ -121,27 +121,23 @@ nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
   // is due plus what it carries, so that over its steps a sequence spends
   // its budget on average (a one-token decode step alone could only round
   // it to whole experts). Depends on the sequence's own steps only.
-  std::vector<double> carryAfter(model->inputs.size(), 0.0);
-  std::vector<double> dueCalls(model->inputs.size(), 0.0);
+  struct Due {
+    double due = 0, planned = 0; // calls a MoE layer
+  };
+  std::vector<Due> dues(model->inputs.size());
   const bool budgeted = info.expertPolicy == "budget" && info.topK > 0;
+  const double k = info.topK;
   for (size_t i = 0; budgeted && i < model->inputs.size(); ++i) {
     SequenceInput &in = model->inputs[i];
     if (in.expertsPerToken > 0)
       continue;
-    const double k = info.topK;
     const double tokens = static_cast<double>(in.tokens.size());
     const double budget = std::clamp<double>(in.expertBudget, 0.0, 1.0);
-    const double due = budget * k * tokens;
-    const double carry = model->budgetCarry[in.sequence];
-    const double calls =
-        std::clamp(std::round(due + carry), tokens, k * tokens);
-    in.expertBudget = static_cast<float>(calls / (k * tokens));
-    // Bounded: the account evens out rounding, it does not bank budget.
-    carryAfter[i] = std::clamp(carry + due - calls, -k, k);
-    // The step's policy may give it other calls (step scope, the cap): the
-    // account then compares what it was due with what it ran.
-    dueCalls[i] = due;
-    carryAfter[i] = model->budgetFollowsCalls ? carry : carryAfter[i];
+    dues[i].due = budget * k * tokens;
+    dues[i].planned =
+        std::clamp(std::round(dues[i].due + model->budgetCarry[in.sequence]),
+                   tokens, k * tokens);
+    in.expertBudget = static_cast<float>(dues[i].planned / (k * tokens));
   }
 
   StepStats stats;
@@ -157,18 +153,20 @@ nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
     const SequenceInput &in = model->inputs[i];
     if (in.expertsPerToken > 0)
       continue;
-    double carry = carryAfter[i];
+    // What it ran: the planned calls, unless the step's policy (step
+    // scope, the cap) may have given it others; then its calls, a MoE
+    // layer on average.
+    double ran = dues[i].planned;
     if (model->budgetFollowsCalls && i < stats.expertCallsPerLayer.size() &&
         info.numMoeLayers > 0) {
-      // What it ran, a MoE layer on average, against what it was due.
-      double ran = 0.0;
+      ran = 0.0;
       for (int64_t c : stats.expertCallsPerLayer[i])
         ran += static_cast<double>(c);
       ran /= info.numMoeLayers;
-      const double k = info.topK;
-      carry = std::clamp(carry + dueCalls[i] - ran, -k, k);
     }
-    model->budgetCarry[in.sequence] = carry;
+    // Bounded: the account evens out rounding, it does not bank budget.
+    double &carry = model->budgetCarry[in.sequence];
+    carry = std::clamp(carry + dues[i].due - ran, -k, k);
   }
   if (expertCalls)
     for (int32_t i = 0; i < nSeqs; ++i)
