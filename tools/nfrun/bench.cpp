@@ -39,6 +39,16 @@ int64_t dtypeBytes(pl::DType t) {
                                                     : 2;
 }
 
+std::vector<double> parseBudgets(const std::string &s) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty())
+      out.push_back(std::stod(item));
+  return out;
+}
+
 std::vector<int64_t> parseList(const std::string &s) {
   std::vector<int64_t> out;
   std::stringstream ss(s);
@@ -141,6 +151,22 @@ int runBench(const BenchFlags &f) {
   p.distinct_expert_cap = f.common.distinctExpertCap;
   const std::vector<int64_t> batches = parseList(f.batches);
   const std::vector<int64_t> prompts = parseList(f.prefill);
+  std::vector<double> budgets;
+  try {
+    budgets = parseBudgets(f.expertBudgets);
+  } catch (const std::exception &) {
+    return fail("--expert-budget: expected numbers in (0, 1], got '" +
+                f.expertBudgets + "'");
+  }
+  for (double b : budgets)
+    if (!(b > 0.0 && b <= 1.0)) {
+      char text[64];
+      std::snprintf(text, sizeof text, "--expert-budget: %g is outside (0, 1]",
+                    b);
+      return fail(text);
+    }
+  if (budgets.empty())
+    budgets.push_back(0.0); // the plan's default
   int64_t maxB = 1;
   for (int64_t b : batches)
     maxB = std::max(maxB, b);
@@ -249,9 +275,10 @@ int runBench(const BenchFlags &f) {
         samplers.push_back(x);
       }
     std::vector<int32_t> sampled(static_cast<size_t>(B));
+    float budget = 0.0f;
     auto feed = [&]() {
       for (int64_t i = 0; i < B; ++i)
-        in[i] = {seqs[i], &next[i], 1, 0.0f, 0};
+        in[i] = {seqs[i], &next[i], 1, budget, 0};
       if (!f.sample) {
         for (int32_t &t : next)
           t = token(rng);
@@ -267,78 +294,88 @@ int runBench(const BenchFlags &f) {
     for (int w = 0; w < 2; ++w)
       if (int rc = feed())
         return rc;
-    // Routed experts a step touches: the distinct experts of each timed
-    // step from the utilisation counters, averaged; without counters (a
-    // backend that keeps none) the expectation under uniform routing,
-    // E (1 - (1 - k/E)^B).
-    double distinctPerStep = 0.0; // summed over MoE layers, weighted by bytes
-    double expertBytes = 0.0;
-    auto t0 = Clock::now();
-    double busy = 0.0;
-    for (int64_t s = 0; s < f.steps; ++s) {
-      if (int rc = check(nf_model_expert_utilization(m, usedBefore.data(),
-                                                     usedBefore.size())))
-        return rc;
-      auto a = Clock::now();
-      if (int rc = feed())
-        return rc;
-      busy += std::chrono::duration<double>(Clock::now() - a).count();
-      if (int rc = check(nf_model_expert_utilization(m, usedAfter.data(),
-                                                     usedAfter.size())))
-        return rc;
-      for (int64_t l = 0; l < L; ++l) {
-        int64_t distinct = 0;
-        for (int64_t e = 0; e < E; ++e)
-          distinct += usedAfter[l * E + e] > usedBefore[l * E + e];
-        expertBytes += static_cast<double>(distinct) * shape.expertBytes[l];
-        distinctPerStep += static_cast<double>(distinct);
+    // Each budget times its own steps on the same sequences (their
+    // context grows by --steps each).
+    for (double b : budgets) {
+      budget = static_cast<float>(b);
+      // Routed experts a step touches: the distinct experts of each timed
+      // step from the utilisation counters, averaged; without counters (a
+      // backend that keeps none) the expectation under uniform routing,
+      // E (1 - (1 - k/E)^B).
+      double distinctPerStep = 0.0; // summed over MoE layers, weighted by bytes
+      double expertBytes = 0.0;
+      auto t0 = Clock::now();
+      double busy = 0.0;
+      for (int64_t s = 0; s < f.steps; ++s) {
+        if (int rc = check(nf_model_expert_utilization(m, usedBefore.data(),
+                                                       usedBefore.size())))
+          return rc;
+        auto a = Clock::now();
+        if (int rc = feed())
+          return rc;
+        busy += std::chrono::duration<double>(Clock::now() - a).count();
+        if (int rc = check(nf_model_expert_utilization(m, usedAfter.data(),
+                                                       usedAfter.size())))
+          return rc;
+        for (int64_t l = 0; l < L; ++l) {
+          int64_t distinct = 0;
+          for (int64_t e = 0; e < E; ++e)
+            distinct += usedAfter[l * E + e] > usedBefore[l * E + e];
+          expertBytes += static_cast<double>(distinct) * shape.expertBytes[l];
+          distinctPerStep += static_cast<double>(distinct);
+        }
       }
+      (void)t0;
+      const double step = busy / f.steps;
+      expertBytes /= f.steps;
+      if (distinctPerStep == 0.0 && E > 0)
+        for (int64_t l = 0; l < L; ++l)
+          expertBytes +=
+              E *
+              (1.0 - std::pow(1.0 - static_cast<double>(shape.topK) / E,
+                              static_cast<double>(B))) *
+              shape.expertBytes[l];
+      const double bytes = static_cast<double>(shape.denseBytes) + expertBytes +
+                           2.0 * B * shape.stateBytesPerSeq +
+                           static_cast<double>(B) * (f.context + f.steps / 2) *
+                               shape.kvBytesPerToken +
+                           static_cast<double>(B) * shape.hidden * 2;
+      const double roofStep =
+          f.copyBandwidth > 0 ? bytes / f.copyBandwidth : 0.0;
+      char sampling[96] = "";
+      if (f.sample)
+        std::snprintf(sampling, sizeof sampling,
+                      ", sampled: temperature %g, top-k %d, top-p %g",
+                      static_cast<double>(f.temperature), f.topK,
+                      static_cast<double>(f.topP));
+      // The distinct experts of a MoE layer in a step, beside what a
+      // load-balanced router would touch: E (1 - (1 - k/E)^B).
+      char experts[128] = "";
+      if (E > 0 && L > 0) {
+        const double uniform =
+            E * (1.0 - std::pow(1.0 - static_cast<double>(shape.topK) / E,
+                                static_cast<double>(B)));
+        if (distinctPerStep > 0.0)
+          std::snprintf(experts, sizeof experts,
+                        "%.1f of %" PRId64 " a layer (uniform routing: %.1f)",
+                        distinctPerStep / (static_cast<double>(f.steps) * L), E,
+                        uniform);
+        else
+          std::snprintf(experts, sizeof experts,
+                        "not counted; roofline assumes %.1f of %" PRId64,
+                        uniform, E);
+      }
+      char budgetText[48] = "";
+      if (budget > 0.0f)
+        std::snprintf(budgetText, sizeof budgetText, ", expert budget %g",
+                      static_cast<double>(budget));
+      std::printf("| decode batch %" PRId64 " (context %" PRId64
+                  "%s%s) | %.0f | %.2f | %.0f | %.0f%% | %s |\n",
+                  B, f.context, budgetText, sampling, B / step, step * 1e3,
+                  roofStep > 0 ? B / roofStep : 0.0,
+                  roofStep > 0 ? 100.0 * roofStep / step : 0.0, experts);
+      std::fflush(stdout);
     }
-    (void)t0;
-    const double step = busy / f.steps;
-    expertBytes /= f.steps;
-    if (distinctPerStep == 0.0 && E > 0)
-      for (int64_t l = 0; l < L; ++l)
-        expertBytes +=
-            E *
-            (1.0 - std::pow(1.0 - static_cast<double>(shape.topK) / E,
-                            static_cast<double>(B))) *
-            shape.expertBytes[l];
-    const double bytes = static_cast<double>(shape.denseBytes) + expertBytes +
-                         2.0 * B * shape.stateBytesPerSeq +
-                         static_cast<double>(B) * (f.context + f.steps / 2) *
-                             shape.kvBytesPerToken +
-                         static_cast<double>(B) * shape.hidden * 2;
-    const double roofStep = f.copyBandwidth > 0 ? bytes / f.copyBandwidth : 0.0;
-    char sampling[96] = "";
-    if (f.sample)
-      std::snprintf(sampling, sizeof sampling,
-                    ", sampled: temperature %g, top-k %d, top-p %g",
-                    static_cast<double>(f.temperature), f.topK,
-                    static_cast<double>(f.topP));
-    // The distinct experts of a MoE layer in a step, beside what a
-    // load-balanced router would touch: E (1 - (1 - k/E)^B).
-    char experts[128] = "";
-    if (E > 0 && L > 0) {
-      const double uniform =
-          E * (1.0 - std::pow(1.0 - static_cast<double>(shape.topK) / E,
-                              static_cast<double>(B)));
-      if (distinctPerStep > 0.0)
-        std::snprintf(experts, sizeof experts,
-                      "%.1f of %" PRId64 " a layer (uniform routing: %.1f)",
-                      distinctPerStep / (static_cast<double>(f.steps) * L), E,
-                      uniform);
-      else
-        std::snprintf(experts, sizeof experts,
-                      "not counted; roofline assumes %.1f of %" PRId64, uniform,
-                      E);
-    }
-    std::printf("| decode batch %" PRId64 " (context %" PRId64
-                "%s) | %.0f | %.2f | %.0f | %.0f%% | %s |\n",
-                B, f.context, sampling, B / step, step * 1e3,
-                roofStep > 0 ? B / roofStep : 0.0,
-                roofStep > 0 ? 100.0 * roofStep / step : 0.0, experts);
-    std::fflush(stdout);
     for (int32_t s : seqs)
       if (int rc = check(nf_seq_remove(m, s)))
         return rc;

@@ -17,7 +17,7 @@ struct CommonFlags {
   std::string plan;
   std::string weightsDir;
   int threads = 0;
-  std::string backend = "auto"; // "auto", "cpu" or "cuda"
+  std::string backend = "auto";        // "auto", "cpu" or "cuda"
   std::string budgetScope = "request"; // "request" or "step"
   double distinctExpertCap = 0.0;      // 0: none
 };
@@ -63,6 +63,7 @@ struct BenchFlags {
   int64_t steps = 32;                // timed decode steps
   double copyBandwidth = 0.0;        // bytes/s, device-to-device (roofline)
   double matmulRate = 0.0;           // FLOP/s, bf16 matmul (roofline)
+  std::string expertBudgets; // decode: budgets timed in turn; "": the plan's
   // --sample: timed decode steps also draw each sequence's next token
   // (nf_decode_sample) with these sampler parameters and feed it back.
   bool sample = false;

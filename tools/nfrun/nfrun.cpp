@@ -228,6 +228,9 @@ int main(int argc, char **argv) {
   benchCmd->add_option("--matmul-rate", bench.matmulRate,
                        "bf16 matmul rate measured in the same run, FLOP/s "
                        "(prefill roofline)");
+  benchCmd->add_option("--expert-budget", bench.expertBudgets,
+                       "Decode: expert budgets to time in turn, e.g. "
+                       "1,0.75,0.5 (budget plans; default: the plan's)");
   benchCmd->add_flag("--sample", bench.sample,
                      "Decode steps also sample each sequence's next token "
                      "(as generate and serve do) and feed it back");
