@@ -34,20 +34,31 @@ typedef struct nf_seq_desc {
 } nf_seq_desc;
 
 typedef struct nf_step_args {
-  char *arena;                 // step arena: arena_bytes + scratch_bytes
-  const void *const *weights;  // device pointer of each Plan.weights entry (packed layout)
-  void *const *storage;        // per Plan.storage entry i: [2i] K or conv state, [2i+1] V or SSM state
-  const int32_t *tokens;       // [num_tokens]
-  const float *budget;         // [num_tokens] expert budget
-  const nf_seq_desc *seqs;     // [num_seqs]
-  const int32_t *token_seq;    // [num_tokens] index into seqs
-  const int32_t *page_tables;  // [num_seqs][max_pages_per_seq] physical KV pages
+  char *arena; // step arena: arena_bytes + scratch_bytes
+  const void *const
+      *weights; // device pointer of each Plan.weights entry (packed layout)
+  void *const *storage;       // per Plan.storage entry i: [2i] K or conv state,
+                              // [2i+1] V or SSM state
+  const int32_t *tokens;      // [num_tokens]
+  const float *budget;        // [num_tokens] expert budget
+  const nf_seq_desc *seqs;    // [num_seqs]
+  const int32_t *token_seq;   // [num_tokens] index into seqs
+  const int32_t *page_tables; // [num_seqs][max_pages_per_seq] physical KV pages
   int32_t num_tokens;
   int32_t num_seqs;
   int32_t max_pages_per_seq;
-  int32_t experts_per_token;   // > 0: static top-k override for every token (evaluation)
-  const int32_t *logit_rows;   // rows whose logits are read ([num_logit_rows]); null: every row
+  int32_t experts_per_token; // > 0: static top-k override for every token
+                             // (evaluation)
+  const int32_t *logit_rows; // rows whose logits are read ([num_logit_rows]);
+                             // null: every row
   int32_t num_logit_rows;
+  // 1.9: the expert selection of budget plans (EngineOptions): 1 pools the
+  // step's budgets over all its tokens (budget scope "step"), else each
+  // sequence spends its own; > 0 caps the distinct routed experts a MoE layer
+  // runs in the step (>= 1: a number; below 1: that fraction of the experts
+  // the tokens' candidates name, rounded up).
+  int32_t budget_pooled;
+  double distinct_expert_cap;
 } nf_step_args;
 
 /// A TMA tensor map that a module asks the runtime to encode when it loads

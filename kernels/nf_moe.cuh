@@ -271,6 +271,361 @@ __device__ void moe_router_logits_dmma(Step a, const float *x, const WG *gate,
 #endif
 }
 
+/// f64 -> u64 with the same order.
+__device__ __forceinline__ unsigned long long order_key(double v) {
+  const unsigned long long b =
+      static_cast<unsigned long long>(__double_as_longlong(v));
+  return (b >> 63) ? ~b : (b | 0x8000000000000000ull);
+}
+
+/// Whether the step's expert selection is one decision over all its tokens
+/// (nf_step_args: the budget pooled over the step, or the distinct-expert
+/// cap), rather than one per sequence.
+__device__ __forceinline__ bool step_wide_selection(Step a) {
+  return a->budget_pooled != 0 || a->distinct_expert_cap > 0.0;
+}
+
+/// The candidates a token may run: its ranked experts up to the first -1
+/// (all K unless the distinct-expert cap removed some). Reads through L2:
+/// rows may have been written by other blocks of the grid (moe_route).
+template <int K>
+__device__ __forceinline__ int candidate_limit(const int32_t *ex) {
+  int l = 0;
+  while (l < K && __ldcg(ex + l) >= 0)
+    ++l;
+  return l;
+}
+
+/// Calls f(i, c, key) for every candidate (token i of the range, count c in
+/// [mk, limit_i)) that thread owns (i = threadIdx.x + k * blockDim.x). key
+/// orders share(i, c) = 1 - (sum of the first c weights) / (sum of the first
+/// limit_i): the routed weight token i leaves uncovered with c experts.
+template <int K, class F>
+__device__ __forceinline__ void
+for_each_candidate(const float *w, const int32_t *ex, int n, int mk, F f) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float *wi = w + static_cast<long long>(i) * K;
+    const int limit = candidate_limit<K>(ex + static_cast<long long>(i) * K);
+    double total = 0.0;
+    for (int r = 0; r < limit; ++r)
+      total += __ldcg(wi + r);
+    double covered = 0.0;
+    for (int c = 0; c < limit; ++c) {
+      if (c >= mk)
+        f(i, c, order_key(total > 0 ? 1.0 - covered / total : 0.0));
+      covered += __ldcg(wi + c);
+    }
+  }
+}
+
+/// The calls a sequence of n tokens may spend at budget b
+/// (cpu::expertCallsForBudget).
+template <int K>
+__device__ __forceinline__ long long budget_calls(float b, int n, int mk) {
+  const long long calls =
+      llround(static_cast<double>(b) * K * static_cast<double>(n));
+  return min(max(calls, static_cast<long long>(mk) * n),
+             static_cast<long long>(K) * n);
+}
+
+/// The budget policy's allocation (cpu/expert_budget.h) of the n tokens from
+/// `begin` (whole block): each gets min(mk, limit) experts, then R more
+/// calls go one at a time to the token whose kept experts leave the largest
+/// share of its routed weight uncovered (ties: fewer experts so far, then
+/// earlier token). Shares only shrink as a token gets experts, so those
+/// greedy picks are exactly the R largest candidates (share desc, c asc, i
+/// asc): a radix select (8 rounds of 8 bits) finds the R-th largest share,
+/// then its ties are taken in (c, i) order. Writes counts[begin, begin + n).
+template <int K>
+__device__ void budget_allocate(const int32_t *experts, const float *weights,
+                                int32_t *counts, int begin, int n, long long R,
+                                int mk) {
+  __shared__ int s_hist[256];
+  __shared__ unsigned long long s_prefix;
+  __shared__ long long s_want;
+  const int lane = lane_id(), warp = threadIdx.x >> 5;
+  const float *w = weights + static_cast<long long>(begin) * K;
+  const int32_t *ex = experts + static_cast<long long>(begin) * K;
+  int32_t *cnt = counts + begin;
+  // Candidates beyond each token's first min(mk, limit): a budget that
+  // covers them all needs no selection (B = 1 without a cap: every token
+  // runs its limit).
+  int local = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    local +=
+        max(candidate_limit<K>(ex + static_cast<long long>(i) * K) - mk, 0);
+  const long long candidates = block_sum(local);
+  const bool all = R >= candidates;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int limit = candidate_limit<K>(ex + static_cast<long long>(i) * K);
+    cnt[i] = all ? limit : min(mk, limit);
+  }
+  if (all || R <= 0)
+    return;
+  __syncthreads(); // cnt is counted up below by the thread owning each token
+  // Radix select of v* = the R-th largest key, most significant byte first;
+  // `want` ends as the number of keys equal to v* to take.
+  unsigned long long prefix = 0, mask = 0;
+  long long want = R;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    __syncthreads(); // s_hist / s_prefix of the previous round are read
+    for (int i = threadIdx.x; i < 256; i += blockDim.x)
+      s_hist[i] = 0;
+    __syncthreads();
+    for_each_candidate<K>(w, ex, n, mk, [&](int, int, unsigned long long k) {
+      if ((k & mask) == prefix)
+        atomicAdd(&s_hist[(k >> shift) & 255], 1);
+    });
+    __syncthreads();
+    if (warp == 0) {
+      // Lane l holds bins [8 * (31 - l), 8 * (31 - l) + 8): lane 0 the
+      // highest. Find the digit where the count from the top reaches `want`.
+      int bins[8], sum = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        bins[b] = s_hist[8 * (31 - lane) + 7 - b]; // descending digits
+        sum += bins[b];
+      }
+      int incl = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+          incl += u;
+      }
+      const unsigned hit = __ballot_sync(0xffffffffu, incl >= want);
+      const int first = __ffs(hit) - 1; // some lane reaches `want`
+      if (lane == first) {
+        long long above = incl - sum;
+        int digit = 0;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          if (above + bins[b] >= want) {
+            digit = 8 * (31 - lane) + 7 - b;
+            break;
+          }
+          above += bins[b];
+        }
+        s_prefix = prefix | (static_cast<unsigned long long>(digit) << shift);
+        s_want = want - above;
+      }
+    }
+    __syncthreads();
+    prefix = s_prefix;
+    want = s_want;
+    mask |= 255ull << shift;
+  }
+  const unsigned long long vstar = prefix;
+  for_each_candidate<K>(w, ex, n, mk, [&](int i, int, unsigned long long k) {
+    if (k > vstar)
+      ++cnt[i];
+  });
+  // Ties at v*, in (c, i) order.
+  long long need = want;
+  for (int c = mk; c < K && need > 0; ++c) {
+    auto tie = [&](int i) {
+      if (i >= n)
+        return false;
+      const float *wi = w + static_cast<long long>(i) * K;
+      const int limit = candidate_limit<K>(ex + static_cast<long long>(i) * K);
+      if (c >= limit)
+        return false;
+      double total = 0.0, covered = 0.0;
+      for (int r = 0; r < limit; ++r) {
+        total += __ldcg(wi + r);
+        if (r < c)
+          covered += __ldcg(wi + r);
+      }
+      return order_key(total > 0 ? 1.0 - covered / total : 0.0) == vstar;
+    };
+    int mine = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+      mine += tie(i);
+    const int ties = block_sum(mine);
+    if (ties <= need) {
+      for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (tie(i))
+          ++cnt[i];
+      need -= ties;
+    } else {
+      long long carry = 0;
+      for (int base = 0; base < n; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const int is = tie(i);
+        int chunk = 0;
+        const int before = block_exclusive_scan(is, chunk);
+        if (is && carry + before < need)
+          ++cnt[i];
+        carry += chunk;
+      }
+      need = 0;
+    }
+  }
+}
+
+/// Keeps the first counts[t] candidates of the n tokens from `begin`,
+/// renormalised as in moe_route, and writes the step's expert statistics.
+template <int K>
+__device__ void budget_finish(int32_t *experts, float *weights,
+                              const int32_t *counts, int begin, int n,
+                              bool norm_topk, float rsf, int32_t *stat_counts,
+                              int32_t *stat_experts) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int kt = counts[begin + i];
+    const long long row = static_cast<long long>(begin + i) * K;
+    double sum = 0.0;
+    for (int j = 0; j < kt; ++j)
+      sum += __ldcg(weights + row + j);
+    const double nrm = norm_topk ? 1.0 / (sum + 1e-20) : 1.0;
+    for (int j = 0; j < K; ++j) {
+      if (j < kt) {
+        weights[row + j] = static_cast<float>(
+            static_cast<double>(__ldcg(weights + row + j)) * nrm * rsf);
+      } else {
+        experts[row + j] = -1;
+        weights[row + j] = 0.0f;
+      }
+      if (stat_experts)
+        stat_experts[row + j] = j < kt ? __ldcg(experts + row + j) : -1;
+    }
+    if (stat_counts)
+      stat_counts[begin + i] = kt;
+  }
+}
+
+/// The distinct-expert cap (cpu::capDistinctExperts), one block over the
+/// step's T tokens: of the experts the candidates name, keeps the `cap` with
+/// the most routed weight over the step (each token's candidates weighted by
+/// their share of its candidate weight; ties: lower id), and compacts each
+/// token's row to its candidates among them, in rank order (a token with
+/// none keeps its best). The cap is a number of experts (>= 1) or a
+/// fraction of the experts named (rounded up, at least one).
+template <int K, int E>
+__device__ void budget_cap_distinct(Step a, int32_t *experts, float *weights) {
+  __shared__ double s_w[E];
+  __shared__ unsigned char s_named[E], s_kept[E];
+  __shared__ int s_cap;
+  const int T = a->num_tokens;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    double acc = 0.0;
+    bool named = false;
+    for (int t = 0; t < T; ++t) {
+      const int32_t *ex = experts + static_cast<long long>(t) * K;
+      const float *w = weights + static_cast<long long>(t) * K;
+      double sum = 0.0;
+      int at = -1;
+      for (int r = 0; r < K; ++r) {
+        const int x = __ldcg(ex + r);
+        if (x >= 0)
+          sum += __ldcg(w + r);
+        if (x == e)
+          at = r;
+      }
+      if (at >= 0) {
+        named = true;
+        acc += sum > 0 ? static_cast<double>(__ldcg(w + at)) / sum : 0.0;
+      }
+    }
+    s_w[e] = acc;
+    s_named[e] = named;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int named = 0;
+    for (int e = 0; e < E; ++e)
+      named += s_named[e];
+    const double c = a->distinct_expert_cap;
+    int cap = c >= 1.0 ? static_cast<int>(c)
+                       : max(1, static_cast<int>(ceil(c * named)));
+    s_cap = cap >= named ? -1 : cap; // -1: nothing to cut
+  }
+  __syncthreads();
+  const int cap = s_cap;
+  if (cap < 0)
+    return;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int rank = 0;
+    for (int o = 0; o < E; ++o)
+      rank += s_named[o] && (s_w[o] > s_w[e] || (s_w[o] == s_w[e] && o < e));
+    s_kept[e] = s_named[e] && rank < cap;
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < T; t += blockDim.x) {
+    const long long row = static_cast<long long>(t) * K;
+    int n = 0;
+    for (int r = 0; r < K; ++r) {
+      const int x = __ldcg(experts + row + r);
+      const float v = __ldcg(weights + row + r);
+      if (x >= 0 && s_kept[x]) {
+        experts[row + n] = x;
+        weights[row + n] = v;
+        ++n;
+      }
+    }
+    if (n == 0)
+      n = 1; // experts[row] is still its best candidate
+    for (int r = n; r < K; ++r) {
+      experts[row + r] = -1;
+      weights[row + r] = 0.0f;
+    }
+  }
+}
+
+/// The step-wide selection (step_wide_selection), one block over the whole
+/// step after every token's K candidates and raw weights are written: the
+/// distinct-expert cap, then the budget, pooled over the step's sequences
+/// (each spending round(b K n) calls into one pool) or sequence by
+/// sequence, then the renormalisation. The CPU backend makes the same
+/// decision (CpuEngine::opSelect).
+template <int K, int E>
+__device__ void budget_step(Step a, const float *budget, int32_t *experts,
+                            float *weights, int32_t *counts, int min_k,
+                            bool norm_topk, float rsf, int32_t *stat_counts,
+                            int32_t *stat_experts) {
+  __shared__ unsigned long long s_pool;
+  const int mk = min(max(min_k, 0), K);
+  const int T = a->num_tokens;
+  if (a->distinct_expert_cap > 0.0) {
+    budget_cap_distinct<K, E>(a, experts, weights);
+    __syncthreads();
+  }
+  if (a->budget_pooled) {
+    if (threadIdx.x == 0)
+      s_pool = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < a->num_seqs; s += blockDim.x) {
+      const nf_seq_desc d = a->seqs[s];
+      if (d.count > 0)
+        atomicAdd(&s_pool, static_cast<unsigned long long>(
+                               budget_calls<K>(budget[d.begin], d.count, mk) -
+                               static_cast<long long>(mk) * d.count));
+    }
+    __syncthreads();
+    budget_allocate<K>(experts, weights, counts, 0, T,
+                       static_cast<long long>(s_pool), mk);
+  } else {
+    for (int s = 0; s < a->num_seqs; ++s) {
+      const nf_seq_desc d = a->seqs[s];
+      if (d.count <= 0)
+        continue;
+      budget_allocate<K>(experts, weights, counts, d.begin, d.count,
+                         budget_calls<K>(budget[d.begin], d.count, mk) -
+                             static_cast<long long>(mk) * d.count,
+                         mk);
+      __syncthreads(); // before the next sequence reuses the shared state
+    }
+  }
+  __syncthreads();
+  budget_finish<K>(experts, weights, counts, 0, T, norm_topk, rsf, stat_counts,
+                   stat_experts);
+}
+
+/// Counts the blocks of a moe_route grid that have written their tokens'
+/// candidates (atomicInc wraps it to 0 at the grid's last block): the last
+/// block then makes the step-wide selection (one counter per module; a
+/// module's launches run one after another).
+static __device__ unsigned int nf_moe_route_blocks_done;
+
 /// Router (logits x . gate^T in f64, s = sigmoid, sb = s + bias) and/or the
 /// per-token part of select (group-limited top-K on sb, by descending sb then
 /// ascending expert). One block per token.
@@ -286,6 +641,9 @@ __device__ void moe_router_logits_dmma(Step a, const float *x, const WG *gate,
 ///            (decode), so the budget decision of moe_budget reduces to
 ///            count = clamp(round(B * K), min_k, K) per token; made here, and
 ///            moe_budget is not launched. The same arithmetic as moe_budget.
+///            Where the selection is step-wide (step_wide_selection), the
+///            candidates are written as with kDefer and the grid's last
+///            block makes the step's decision (budget_step).
 template <class WG, class WB, int E, int H, int K, int NGROUP, int TOPKG,
           bool kRouter, bool kSelect, bool kDefer, bool kNorm,
           bool kOneTokenBudget = false>
@@ -399,7 +757,7 @@ moe_route(Step a, const float *x, const WG *gate, const WB *bias, float *scores,
     if (lane == 0) {
       const int ept = a->experts_per_token;
       const long long row = static_cast<long long>(t) * K;
-      if (kDefer && kOneTokenBudget && ept <= 0) {
+      if (kDefer && kOneTokenBudget && ept <= 0 && !step_wide_selection(a)) {
         const int mk = min(max(min_k, 0), K);
         long long calls = llround(static_cast<double>(budget[t]) * K);
         calls = min(max(calls, static_cast<long long>(mk)),
@@ -446,195 +804,56 @@ moe_route(Step a, const float *x, const WG *gate, const WB *bias, float *scores,
       }
     }
   }
-}
-
-/// f64 -> u64 with the same order.
-__device__ __forceinline__ unsigned long long order_key(double v) {
-  const unsigned long long b =
-      static_cast<unsigned long long>(__double_as_longlong(v));
-  return (b >> 63) ? ~b : (b | 0x8000000000000000ull);
-}
-
-/// Calls f(i, c, key) for every candidate (token i of the sequence, count c
-/// in [mk, K)) that thread owns (i = threadIdx.x + k * blockDim.x). key
-/// orders share(i, c) = 1 - (sum of the first c weights) / (sum of all K):
-/// the routed weight token i leaves uncovered with c experts.
-template <int K, class F>
-__device__ __forceinline__ void for_each_candidate(const float *w, int n,
-                                                   int mk, F f) {
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float *wi = w + static_cast<long long>(i) * K;
-    double total = 0.0;
-    for (int r = 0; r < K; ++r)
-      total += wi[r];
-    double covered = 0.0;
-    for (int c = 0; c < K; ++c) {
-      if (c >= mk)
-        f(i, c, order_key(total > 0 ? 1.0 - covered / total : 0.0));
-      covered += wi[c];
+  // Step-wide selection in decode: the grid's last block to finish its
+  // tokens decides for the whole step (no launch of moe_budget there).
+  if constexpr (kDefer && kOneTokenBudget) {
+    if (a->experts_per_token <= 0 && step_wide_selection(a)) {
+      __shared__ bool s_last;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence(); // this block's rows before its count
+        const unsigned last = static_cast<unsigned>(a.grid()) - 1u;
+        s_last = atomicInc(&nf_moe_route_blocks_done, last) == last;
+      }
+      __syncthreads();
+      if (s_last) {
+        __threadfence();
+        budget_step<K, E>(a, budget, experts, weights, counts, min_k, kNorm,
+                          rsf, stat_counts, stat_experts);
+      }
     }
   }
 }
 
-/// The budget policy's decision (cpu/expert_budget.h), made on the device:
-/// one block per sequence. A sequence of n tokens at budget b runs
-/// clamp(round(b*K*n), minK*n, K*n) expert calls: every token gets mk, and
-/// the remaining R calls go one at a time to the token whose kept experts
-/// leave the largest share of its routed weight uncovered (ties: fewer
-/// experts so far, then earlier token). Shares only shrink as a token gets
-/// experts, so those greedy picks are exactly the R largest candidates
-/// (share desc, c asc, i asc): a radix select (8 rounds of 8 bits) finds the
-/// R-th largest share, then its ties are taken in (c, i) order. Then the
-/// kept experts' weights are renormalised as in moe_route.
-template <int K>
+/// The budget policy's decision (cpu/expert_budget.h), made on the device
+/// after moe_route wrote every token's K candidates and raw weights: one
+/// block per sequence (budget_allocate, then budget_finish), or block 0 for
+/// the whole step where the selection is step-wide (budget_step).
+template <int K, int E>
 __device__ void
 moe_budget(Step a, const float *budget, int32_t *experts, float *weights,
            int32_t *counts, int min_k, bool norm_topk, float rsf,
            int32_t *stat_counts = nullptr, int32_t *stat_experts = nullptr) {
-  __shared__ int s_hist[256];
-  __shared__ unsigned long long s_prefix;
-  __shared__ long long s_want;
   if (a->experts_per_token > 0)
     return; // moe_route applied the static override
+  if (step_wide_selection(a)) {
+    if (a.block() == 0)
+      budget_step<K, E>(a, budget, experts, weights, counts, min_k, norm_topk,
+                        rsf, stat_counts, stat_experts);
+    return;
+  }
   const int mk = min(max(min_k, 0), K);
-  const int lane = lane_id(), warp = threadIdx.x >> 5;
-  for (int s = blockIdx.x; s < a->num_seqs; s += gridDim.x) {
+  for (int s = a.block(); s < a->num_seqs; s += a.grid()) {
     const nf_seq_desc d = a->seqs[s];
-    const int n = d.count;
-    if (n <= 0)
+    if (d.count <= 0)
       continue;
-    const float *w = weights + static_cast<long long>(d.begin) * K;
-    int32_t *cnt = counts + d.begin;
-    long long calls = llround(static_cast<double>(budget[d.begin]) * K *
-                              static_cast<double>(n));
-    calls = min(max(calls, static_cast<long long>(mk) * n),
-                static_cast<long long>(K) * n);
-    const long long R = calls - static_cast<long long>(mk) * n;
-    // A budget that covers every candidate (B = 1) needs no selection.
-    const bool all = R >= static_cast<long long>(K - mk) * n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-      cnt[i] = all ? K : mk;
-    if (!all && R > 0 && mk < K) {
-      // Radix select of v* = the R-th largest key, most significant byte
-      // first; `want` ends as the number of keys equal to v* to take.
-      unsigned long long prefix = 0, mask = 0;
-      long long want = R;
-      for (int shift = 56; shift >= 0; shift -= 8) {
-        __syncthreads(); // s_hist / s_prefix of the previous round are read
-        for (int i = threadIdx.x; i < 256; i += blockDim.x)
-          s_hist[i] = 0;
-        __syncthreads();
-        for_each_candidate<K>(w, n, mk, [&](int, int, unsigned long long k) {
-          if ((k & mask) == prefix)
-            atomicAdd(&s_hist[(k >> shift) & 255], 1);
-        });
-        __syncthreads();
-        if (warp == 0) {
-          // Lane l holds bins [8 * (31 - l), 8 * (31 - l) + 8): lane 0 the
-          // highest. Find the digit where the count from the top reaches
-          // `want`.
-          int bins[8], sum = 0;
-#pragma unroll
-          for (int b = 0; b < 8; ++b) {
-            bins[b] = s_hist[8 * (31 - lane) + 7 - b]; // descending digits
-            sum += bins[b];
-          }
-          int incl = sum;
-#pragma unroll
-          for (int o = 1; o < 32; o <<= 1) {
-            const int u = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o)
-              incl += u;
-          }
-          const unsigned hit = __ballot_sync(0xffffffffu, incl >= want);
-          const int first = __ffs(hit) - 1; // some lane reaches `want`
-          if (lane == first) {
-            long long above = incl - sum;
-            int digit = 0;
-#pragma unroll
-            for (int b = 0; b < 8; ++b) {
-              if (above + bins[b] >= want) {
-                digit = 8 * (31 - lane) + 7 - b;
-                break;
-              }
-              above += bins[b];
-            }
-            s_prefix =
-                prefix | (static_cast<unsigned long long>(digit) << shift);
-            s_want = want - above;
-          }
-        }
-        __syncthreads();
-        prefix = s_prefix;
-        want = s_want;
-        mask |= 255ull << shift;
-      }
-      const unsigned long long vstar = prefix;
-      for_each_candidate<K>(w, n, mk, [&](int i, int, unsigned long long k) {
-        if (k > vstar)
-          ++cnt[i];
-      });
-      // Ties at v*, in (c, i) order.
-      long long need = want;
-      for (int c = mk; c < K && need > 0; ++c) {
-        auto tie = [&](int i) {
-          if (i >= n)
-            return false;
-          const float *wi = w + static_cast<long long>(i) * K;
-          double total = 0.0, covered = 0.0;
-          for (int r = 0; r < K; ++r) {
-            total += wi[r];
-            if (r < c)
-              covered += wi[r];
-          }
-          return order_key(total > 0 ? 1.0 - covered / total : 0.0) == vstar;
-        };
-        int local = 0;
-        for (int i = threadIdx.x; i < n; i += blockDim.x)
-          local += tie(i);
-        const int ties = block_sum(local);
-        if (ties <= need) {
-          for (int i = threadIdx.x; i < n; i += blockDim.x)
-            if (tie(i))
-              ++cnt[i];
-          need -= ties;
-        } else {
-          long long carry = 0;
-          for (int base = 0; base < n; base += blockDim.x) {
-            const int i = base + threadIdx.x;
-            const int is = tie(i);
-            int chunk = 0;
-            const int before = block_exclusive_scan(is, chunk);
-            if (is && carry + before < need)
-              ++cnt[i];
-            carry += chunk;
-          }
-          need = 0;
-        }
-      }
-    }
-    // Keep the first counts[t] candidates, renormalised.
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const int kt = cnt[i];
-      const long long row = static_cast<long long>(d.begin + i) * K;
-      double sum = 0.0;
-      for (int j = 0; j < kt; ++j)
-        sum += weights[row + j];
-      const double nrm = norm_topk ? 1.0 / (sum + 1e-20) : 1.0;
-      for (int j = 0; j < K; ++j) {
-        if (j < kt) {
-          weights[row + j] = static_cast<float>(
-              static_cast<double>(weights[row + j]) * nrm * rsf);
-        } else {
-          experts[row + j] = -1;
-          weights[row + j] = 0.0f;
-        }
-        if (stat_experts)
-          stat_experts[row + j] = experts[row + j];
-      }
-      if (stat_counts)
-        stat_counts[d.begin + i] = kt;
-    }
+    budget_allocate<K>(experts, weights, counts, d.begin, d.count,
+                       budget_calls<K>(budget[d.begin], d.count, mk) -
+                           static_cast<long long>(mk) * d.count,
+                       mk);
+    __syncthreads();
+    budget_finish<K>(experts, weights, counts, d.begin, d.count, norm_topk, rsf,
+                     stat_counts, stat_experts);
     __syncthreads(); // before the next sequence reuses the shared state
   }
 }

@@ -2604,10 +2604,10 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
   if (defer && !oneTokenBudget)
     addLaunch(fnName(sel, "moe_budget"),
               gridOf(maxTokens, int64_t(opts.smCount)), 256,
-              "  nf::moe_budget<" + num(*K) + ">(a, " + budget + ", " +
-                  experts + ", " + weights + ", " + counts + ", " + num(minK) +
-                  ", " + (*norm ? "true" : "false") + ", " + floatLit(*rsf) +
-                  statArgs + ");\n",
+              "  nf::moe_budget<" + num(*K) + ", " + num(E) + ">(a, " + budget +
+                  ", " + experts + ", " + weights + ", " + counts + ", " +
+                  num(minK) + ", " + (*norm ? "true" : "false") + ", " +
+                  floatLit(*rsf) + statArgs + ");\n",
               "nf_moe.select (budget): one block per sequence decides each "
               "token's expert count");
   return sel + 1 - i;

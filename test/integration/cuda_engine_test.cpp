@@ -38,10 +38,10 @@
 #include "engine/engine.h"
 #include "nf/nf.h"
 #include "nf/plan_generated.h"
-#include "sampling/philox.h"
-#include "sampling/sampler.h"
 #include "nf/plan_version.h"
 #include "nf_abi.h"
+#include "sampling/philox.h"
+#include "sampling/sampler.h"
 
 #include "ReferenceUtil.h"
 #include "TestUtil.h"
@@ -2164,9 +2164,9 @@ TEST_P(CudaFixture, TopListsCarryTheRowTotals) {
         double want = 0.0;
         for (float v : row)
           if (v > -std::numeric_limits<float>::infinity())
-            want += std::exp((static_cast<double>(v) - m) *
-                             (1.0 / static_cast<double>(
-                                        top.noise[i].temperature)));
+            want +=
+                std::exp((static_cast<double>(v) - m) *
+                         (1.0 / static_cast<double>(top.noise[i].temperature)));
         EXPECT_NEAR(top.totals[i], want, 1e-12 * want)
             << GetParam() << " sequence " << i;
       }
@@ -2226,11 +2226,11 @@ TEST_P(CudaFixture, CApiSamplerSharedByTwoEntriesDrawsInTurn) {
     ASSERT_EQ(nf_decode(b, &bb, logits.data(), logits.size(), 0), NF_OK)
         << nf_last_error();
     for (int i = 0; i < 2; ++i) {
-      const int32_t want = nf_sample(sb, logits.data() + i * V_,
-                                     static_cast<int32_t>(V_));
+      const int32_t want =
+          nf_sample(sb, logits.data() + i * V_, static_cast<int32_t>(V_));
       ASSERT_GE(want, 0) << nf_last_error();
-      EXPECT_EQ(got[i], want) << GetParam() << " step " << step << " entry "
-                              << i;
+      EXPECT_EQ(got[i], want)
+          << GetParam() << " step " << step << " entry " << i;
       ta[i] = got[i];
       tb[i] = want;
     }
@@ -2402,6 +2402,77 @@ TEST(CudaPlans, PydocExpertCalls) {
               << "), max rel |cuda - cpu| logits "
               << relError(lg.data(), lc.data(), lg.size()) << "\n";
   }
+}
+
+// The step budget scope and the distinct-expert cap on the device (moe_budget
+// in prefill, moe_route's last block in decode): the same experts as the
+// CPU backend's decision on the same plan, step after step, and logits
+// within the backends' tolerance.
+TEST(CudaPlans, StepWideSelectionMatchesTheCpu) {
+  NF_REQUIRE_GPU();
+  const std::string plan = cudaPlan("pydoc-moe");
+  NF_REQUIRE_PLAN(plan);
+  const std::string dir = modelDir("pydoc-moe");
+  RefFile ref(dir + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  ASSERT_GE(prompts.size(), 2u);
+  struct Policy {
+    bool step;
+    double cap;
+  };
+  for (const Policy policy : {Policy{true, 0.0}, Policy{false, 0.5},
+                              Policy{true, 0.5}, Policy{true, 5.0}}) {
+    const std::string what = std::string(policy.step ? "step" : "request") +
+                             " scope, cap " + std::to_string(policy.cap);
+    EngineOptions og = options("cuda", dir), oc = options("cpu", dir);
+    og.budgetStepScope = oc.budgetStepScope = policy.step;
+    og.distinctExpertCap = oc.distinctExpertCap = policy.cap;
+    std::unique_ptr<Engine> gpu = load(plan, og);
+    std::unique_ptr<Engine> cpu = load(plan, oc);
+    ASSERT_TRUE(gpu && cpu) << what;
+    if (!gpu->info().expertStats)
+      GTEST_SKIP() << "expert statistics unavailable on this plan";
+    // Sequences at different budgets: a prefill step of all prompts, then
+    // decode steps of one token each, fed the CPU's greedy tokens.
+    const size_t n = prompts.size();
+    std::vector<SequenceInput> ig(n), ic(n);
+    for (size_t i = 0; i < n; ++i) {
+      ig[i].sequence = *gpu->addSequence();
+      ic[i].sequence = *cpu->addSequence();
+      ig[i].tokens = ic[i].tokens = prompts[i].tokens;
+      ig[i].expertBudget = ic[i].expertBudget = i % 2 ? 0.5f : 0.75f;
+    }
+    std::vector<int32_t> next(n);
+    for (int step = 0; step < 4; ++step) {
+      std::vector<float> lg, lc;
+      StepStats sg, sc;
+      Status s = gpu->step(ig, LogitsFor::LastTokenPerSequence, lg, &sg);
+      ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+      s = cpu->step(ic, LogitsFor::LastTokenPerSequence, lc, &sc);
+      ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+      EXPECT_EQ(sg.expertCallsPerLayer, sc.expertCallsPerLayer)
+          << what << ", step " << step;
+      EXPECT_EQ(gpu->expertUtilization(), cpu->expertUtilization())
+          << what << ", step " << step << ": different experts";
+      EXPECT_LE(relError(lg.data(), lc.data(), lg.size()), kCudaTol)
+          << what << ", step " << step;
+      const int32_t V = cpu->info().vocabSize;
+      for (size_t i = 0; i < n; ++i) {
+        next[i] = argmax(lc.data() + i * V, V);
+        ig[i].tokens = ic[i].tokens = {&next[i], 1};
+      }
+    }
+  }
+  // Plans whose selection is static top-k have no budget decision to pool.
+  const std::string topk = cudaPlan("tiny-hybrid-topk");
+  if (!std::filesystem::exists(topk))
+    return;
+  EngineOptions o = options("cuda", modelDir("tiny-hybrid"));
+  o.budgetStepScope = true;
+  StatusOr<std::unique_ptr<Engine>> e = Engine::load(topk, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.message().find("--expert-policy=budget"), std::string::npos)
+      << e.message();
 }
 
 // MoE statistics and the static top-k override on a "topk" plan.

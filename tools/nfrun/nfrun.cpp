@@ -67,13 +67,13 @@ void addCommon(CLI::App *cmd, nfrun::CommonFlags &c) {
   cmd->add_option("--budget-scope", c.budgetScope,
                   "Budget plans: request (each sequence spends its own "
                   "budget; results independent of batch-mates) or step (a "
-                  "step's budgets pooled across its tokens; CPU backend)")
+                  "step's budgets pooled across its tokens)")
       ->capture_default_str()
       ->check(CLI::IsMember({"request", "step"}));
   cmd->add_option("--distinct-expert-cap", c.distinctExpertCap,
                   "Most distinct routed experts a MoE layer runs in a step: "
                   "a number, or a fraction in (0, 1) of those its tokens' "
-                  "candidates name; 0: none (CPU backend)")
+                  "candidates name; 0: none")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->set_version_flag("--version", kVersion);

@@ -144,14 +144,15 @@ typedef struct nf_model_params {
      batch-mates; "step": the calls a step's sequences are due form one
      pool, handed out by routed-weight coverage across all their tokens
      alike, and each sequence's account follows what it ran (so over its
-     steps it spends its own budget). The CPU backend only, so far. */
+     steps it spends its own budget). CUDA: plans of format 1.9 or later
+     compiled with the budget policy. */
   const char *budget_scope;
   /* A cap on the distinct routed experts one MoE layer runs in one step
      (what a memory-bound decode step loads): >= 1 a number of experts, in
      (0, 1) a fraction of those the step's tokens' top-k candidates name; 0:
      none. The step keeps the experts that cover the most routed weight over
      its tokens; each token runs its candidates among them (at least its
-     best one), renormalised. The CPU backend only, so far. */
+     best one), renormalised. CUDA: as budget_scope. */
   double distinct_expert_cap;
 } nf_model_params;
 

@@ -16,7 +16,8 @@ inline constexpr uint32_t kPlanVersionMajor = 1;
 // read by this runtime as plans without records); 1.7: per-row records with
 // flags (keys, total) and the rows' totals (TopLogits.totals_offset); 1.8:
 // CUDA steps' kernels write the expert statistics into the arena
-// (Step.expert_stats_offset).
-inline constexpr uint32_t kPlanVersionMinor = 8;
+// (Step.expert_stats_offset); 1.9: the kernels' expert selection reads the
+// budget scope and the distinct-expert cap from nf_step_args.
+inline constexpr uint32_t kPlanVersionMinor = 9;
 inline constexpr char kPlanFileIdentifier[] = "NFPL";
 } // namespace nf

@@ -107,13 +107,18 @@ int32_t capDistinctExperts(std::span<int32_t> ranked, std::span<double> scores,
                            int32_t k, int64_t tokens, int32_t cap,
                            std::span<int32_t> limits) {
   // Each expert's routed weight over the step: every token's candidates'
-  // shares of its own candidate weight, so that each token counts once.
+  // shares of its own candidate weight, so that each token counts once. The
+  // weights are taken at f32, as the CUDA kernels hold them (budget_cap_
+  // distinct in kernels/nf_moe.cuh), so both backends cut the same experts.
   std::vector<std::pair<double, int32_t>> weight; // (weight, expert)
   std::vector<double> byExpert;
+  auto f32 = [](double v) {
+    return static_cast<double>(static_cast<float>(v));
+  };
   for (int64_t t = 0; t < tokens; ++t) {
     double sum = 0.0;
     for (int32_t r = 0; r < k; ++r)
-      sum += ranked[t * k + r] >= 0 ? scores[t * k + r] : 0.0;
+      sum += ranked[t * k + r] >= 0 ? f32(scores[t * k + r]) : 0.0;
     for (int32_t r = 0; r < k; ++r) {
       const int32_t e = ranked[t * k + r];
       if (e < 0)
@@ -122,7 +127,7 @@ int32_t capDistinctExperts(std::span<int32_t> ranked, std::span<double> scores,
         byExpert.resize(static_cast<size_t>(e) + 1, -1.0);
       if (byExpert[e] < 0)
         byExpert[e] = 0.0;
-      byExpert[e] += sum > 0 ? scores[t * k + r] / sum : 0.0;
+      byExpert[e] += sum > 0 ? f32(scores[t * k + r]) / sum : 0.0;
     }
   }
   for (size_t e = 0; e < byExpert.size(); ++e)

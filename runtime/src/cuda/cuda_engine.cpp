@@ -332,6 +332,10 @@ private:
   Program &decode_ = programs_[1];
   ArgsLayout layout_;
   int32_t maxExpertsOverride_ = 0;
+  // nf_step_args' expert selection (EngineOptions: budget scope "step",
+  // distinct-expert cap); checked against the plan by stepWideSelection.
+  int32_t budgetPooled_ = 0;
+  double distinctExpertCap_ = 0.0;
   int32_t maxK_ = 0; // largest k of any select (stats buffer columns)
   std::vector<std::vector<int64_t>> utilization_;
   // Sequence bookkeeping as the CPU backend's: slots, lengths, page tables
@@ -1080,9 +1084,48 @@ Status CudaEngine::captureDecode() {
   return Status::success();
 }
 
+/// The step budget scope and the distinct-expert cap on the device: the
+/// kernels of plans since 1.9 read them from nf_step_args, and only the
+/// budget policy's selection (moe_budget, moe_route's deferred ranking)
+/// applies them.
+Status stepWideSelection(const PlanFile &file, const EngineOptions &options) {
+  if (!options.budgetStepScope && options.distinctExpertCap <= 0.0)
+    return Status::success();
+  const pl::Plan &plan = *file.plan;
+  const std::string what = options.budgetStepScope ? "the step budget scope"
+                                                   : "the distinct-expert "
+                                                     "cap";
+  if (plan.version_minor() < 9)
+    return Status::error(file.path + ": CUDA: " + what +
+                         " needs a plan of format 1.9 or later (this one is " +
+                         std::to_string(plan.version_major()) + "." +
+                         std::to_string(plan.version_minor()) +
+                         "); recompile it with this nfc");
+  for (int phase = 0; phase < 2; ++phase) {
+    const pl::Step *step = stepOf(plan, phase);
+    if (!step || !step->kernels())
+      continue;
+    for (const pl::Kernel *kernel : *step->kernels()) {
+      if (!kernel->ops())
+        continue;
+      for (const pl::Op *op : *kernel->ops())
+        if (op->name() && op->name()->string_view() == "nf_moe.select" &&
+            pl::stringAttr(*op, "policy").value_or("topk") != "budget")
+          return Status::error(
+              file.path + ": CUDA: " + what +
+              " needs a plan compiled with --expert-policy=budget");
+    }
+  }
+  return Status::success();
+}
+
 Status CudaEngine::init(const EngineOptions &options) {
   if (Status s = readModelInfo(*plan_, *weights_, info_); !s)
     return s;
+  if (Status s = stepWideSelection(*plan_, options); !s)
+    return s;
+  budgetPooled_ = options.budgetStepScope ? 1 : 0;
+  distinctExpertCap_ = options.distinctExpertCap;
   StatusOr<StorageLayout> layout =
       readStorage(*plan_, options, info_.maxDecodeTokens, "CUDA");
   if (!layout)
@@ -1417,6 +1460,8 @@ Status CudaEngine::runProgram(const Program &p,
   args.num_seqs = static_cast<int32_t>(numSeqs);
   args.max_pages_per_seq = static_cast<int32_t>(maxPages);
   args.experts_per_token = expertsPerToken;
+  args.budget_pooled = budgetPooled_;
+  args.distinct_expert_cap = distinctExpertCap_;
   // The LM head computes the rows whose logits are read (all: null).
   args.logit_rows = which == LogitsFor::AllTokens
                         ? nullptr

@@ -56,17 +56,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::load(const std::string &planPath,
                        (backend == "auto" && engine::planTargetsCuda(**plan));
   if (!tryCuda)
     return loadOnCpu(std::move(*plan), options);
-  // Step scope and the distinct-expert cap exist on the CPU backend only:
-  // "cuda" refuses them, "auto" runs on the CPU and says why.
-  if (options.budgetStepScope || options.distinctExpertCap > 0.0) {
-    const std::string why = "the step budget scope and the distinct-expert "
-                            "cap run on the CPU backend only so far";
-    if (backend == "cuda")
-      return Status::error("CUDA backend: " + why);
-    cudaUnavailable(why);
-    return loadOnCpu(std::move(*plan), options);
-  }
-
   // The probe: driver, device, a binary for every kernel.
   StatusOr<std::unique_ptr<engine::CudaProbe>> probe =
       engine::probeCuda(**plan, options);
