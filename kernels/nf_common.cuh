@@ -411,8 +411,8 @@ template <class S> struct HasRowsBf16<S, decltype(void(S::kRowsBf16))> {
 ///
 /// A generated function may run two independent ops side by side, each on
 /// its own slice of the launch's blocks (a co-launch: decode's shared
-/// expert next to the routing chain, CudaCodegen.cpp). Templates that can
-/// be co-launched index blocks through block() and grid(): the slice
+/// expert next to the routing chain, EmitSharedExpert.cpp). Templates that
+/// can be co-launched index blocks through block() and grid(): the slice
 /// [block0, block0 + blocks) of the grid, or all of it (blocks 0).
 struct Step {
   const nf_step_args *args;

@@ -69,7 +69,7 @@ struct CudaStepSources {
   /// shared expert's hidden rows), >= the plan's value.
   int64_t scratchBytes = 0;
   /// Arena offset of the expert statistics region (ExpertStatsLayout in
-  /// CudaCodegen.cpp; Step.expert_stats_offset), -1: none.
+  /// KernelEmitter.h; Step.expert_stats_offset), -1: none.
   int64_t expertStatsOffset = -1;
 };
 

@@ -1,0 +1,611 @@
+//===- EmitLinear.cpp - linear layers -> CUDA -----------------------------===//
+//
+// KernelEmitter's linear layers: nf.linear, nf.lm_head and
+// nf_moe.latent_proj with the ops their epilogues absorb (split, K/V
+// append, decode conv, activation), and emitLinear, which picks the GEMM or
+// GEMV strategy (bf16-plane tiles, wgmma, skinny, row, feature-tile and TMA
+// variants) for every linear spec, the MoE experts' included. Separate
+// because the strategy choice is the largest single part of the generator.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CodeGen/KernelEmitter.h"
+
+namespace nf::codegen::detail {
+
+namespace {
+
+/// Feature tile of the warp-specialised GEMM for N features: 256, or 192 or
+/// 128 where 256 rounds N up by enough more to outweigh their lower rates
+/// (0.95x and 0.84x on the H200, bench/kernels/gemm_tiles.cu).
+int64_t wsTileN(int64_t n) {
+  const double cost256 = double(ceilDiv(n, 256) * 256);
+  const double cost192 = double(ceilDiv(n, 192) * 192) / 0.95;
+  const double cost128 = double(ceilDiv(n, 128) * 128) / 0.84;
+  if (cost128 < std::min(cost192, cost256))
+    return 128;
+  return cost192 < cost256 ? 192 : 256;
+}
+
+/// The TMA wide variants of dense decode linears (emitTmaLinear): 32
+/// features an item, 256-deep K stages, 8 consumer warps; items of 32 rows
+/// (steps of up to 32 tokens) in 6 stages, of 64 rows in 3. Their dynamic
+/// shared memory (nf::tma_linear_smem), the larger of the two.
+struct TmaLinearConfig {
+  int64_t rows, stages, warps;
+};
+constexpr int64_t kTmaMt = 2, kTmaBk = 256;
+constexpr TmaLinearConfig kTmaRows32{32, 6, 8}, kTmaRows64{64, 3, 8};
+constexpr int64_t tmaLinearSmem(const TmaLinearConfig &c) {
+  return 1024 + c.stages * (16 * kTmaMt + c.rows) * kTmaBk * 2 +
+         c.warps * kTmaMt * (c.rows / 8) * 128 * 4 + 16 * c.stages;
+}
+constexpr int64_t kTmaSmem =
+    std::max(tmaLinearSmem(kTmaRows32), tmaLinearSmem(kTmaRows64));
+
+} // namespace
+
+void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
+                               const std::string &comment) {
+  includes.insert("nf_linear.cuh");
+  const std::string spec = fn + "_spec";
+  const std::string rowOffset =
+      "static_cast<long long>(" + s.rowIndex + ") * " + num(s.K);
+  // Prefill with bf16 weights: the input rows are split into bf16 planes
+  // first (one launch), so the GEMM streams both operands with cp.async
+  // (pipelined_mma_tile); input rows stored as bf16 by their producer
+  // (s.input16) are streamed as they are.
+  const bool planes = onBf16Planes(phase, s.wtype == "nf::bf16", s.K);
+  const bool stored16 = !s.input16.empty();
+  if (stored16 && !planes) // bf16RowValues promised a plane-path reader
+    internalError = fn + " reads bf16 rows but is not a bf16-plane GEMM";
+  const int64_t terms = opts.matmulTerms;
+  const int64_t planeElems = maxTokens * s.rowsPerToken * s.K;
+  const bool splitLaunch = planes && !stored16;
+  const int64_t planeOff = splitLaunch ? newScratch(terms * planeElems * 2) : 0;
+  const std::string planePtr =
+      stored16 ? s.input16
+               : "nf::arena<unsigned short>(a, " + num(planeOff) + "ll)";
+  text << "struct " << spec << " : " << s.groups << " {\n"
+       << "  using W = " << s.wtype << ";\n"
+       << "  static constexpr int N = " << s.N << ", K = " << s.K << ";\n"
+       << "  __device__ static __forceinline__ const W *weight("
+          "nf::Step a, int g) {\n"
+       << "    (void)g;\n    return " << s.weight << ";\n  }\n";
+  if (stored16)
+    text << "  static constexpr bool kRowsBf16 = true;\n";
+  else
+    text << "  __device__ static __forceinline__ const float *row("
+            "nf::Step a, int r) {\n"
+         << "    return " << s.input << " + " << rowOffset << ";\n  }\n";
+  const bool x16 = !s.shadow16.empty() && !planes; // decode: the copy
+  if (x16)
+    text << "  __device__ static __forceinline__ const unsigned short *"
+            "row16(nf::Step a, int r) {\n"
+         << "    return " << s.shadow16 << " + " << rowOffset << ";\n  }\n";
+  if (planes)
+    text << "  static constexpr long long PLANE = "
+         << (stored16 ? int64_t(0) : planeElems) << "ll;\n"
+         << "  __device__ static __forceinline__ const unsigned short *"
+            "row16(nf::Step a, int r) {\n"
+         << "    return " << planePtr << " + " << rowOffset << ";\n  }\n";
+  // With a row context, the per-element store computes it only where it
+  // is used (the branches that write the K/V cache).
+  std::string perElement = s.store;
+  for (size_t at; !s.rowCtx.empty() &&
+                  (at = perElement.find("[ctx + ")) != std::string::npos;)
+    perElement.replace(at, 7, "[" + s.rowCtx + " + ");
+  if (!s.store2.empty() && s.N % 2 == 0)
+    text << "  static constexpr bool kStore2 = true;\n"
+         << "  __device__ static __forceinline__ void store2(nf::Step a, int "
+            "r, int n, float v0, float v1) {\n"
+         << s.store2 << "  }\n";
+  if (s.rowCtx.empty()) {
+    text << "  __device__ static __forceinline__ void store(nf::Step "
+            "a, int r, int n, float v) {\n"
+         << s.store << "  }\n};\n";
+  } else {
+    text << "  static constexpr bool kRowCtx = true;\n"
+         << "  __device__ static __forceinline__ long long row_ctx("
+            "nf::Step a, int r) {\n"
+         << "    return " << s.rowCtx << ";\n  }\n"
+         << "  __device__ static __forceinline__ void store(nf::Step "
+            "a, long long ctx, int r, int n, float v) {\n"
+         << s.store << "  }\n"
+         << "  __device__ static __forceinline__ void store(nf::Step "
+            "a, int r, int n, float v) {\n"
+         << perElement << "  }\n};\n";
+  }
+  // The wide variants' spec: the same, but for its store.
+  const std::string wideSpec = s.wideStore.empty() ? spec : spec + "_wide";
+  if (!s.wideStore.empty())
+    text << "struct " << wideSpec << " : " << spec << " {\n"
+         << "  __device__ static __forceinline__ void store(nf::Step a, int r, "
+            "int n, float v) {\n"
+         << s.wideStore << "  }\n};\n";
+  if (planes) {
+    if (splitLaunch)
+      addLaunch(fn + "_split", elementGrid(planeElems / 4), 256,
+                "  nf::split_rows_bf16<" + num(terms) + ", " + num(s.K) + ", " +
+                    num(s.rowsPerToken) + ", " + num(planeElems) + "ll>(a, " +
+                    s.input + ", " + planePtr + ");\n",
+                comment + ": input rows split into " + num(terms) +
+                    " bf16 plane(s) (codegen scratch at " + num(planeOff) +
+                    ")");
+    // 128 x 128 tiles; as many blocks as fit on an SM (shared memory). With
+    // wgmma the sm_90a cubin runs wgmma_tile and the PTX (other targets)
+    // pipelined_mma_tile: the launch gets the larger shared memory of both.
+    // With bf16 inputs the sm_90a cubin runs the warp-specialised GEMM
+    // instead (wgmma_ws_gemm: a loading warpgroup and two multiplying ones,
+    // 128 x TN tiles, one block per SM): 499-508 TFLOP/s on the Nano shapes
+    // on the H200 against 441-472 for wgmma_tile
+    // (bench/kernels/gemm_tiles.cu).
+    const int64_t pipeSmem = (terms == 1 ? 4 : 3) * (terms + 1) * 128 * 40 * 2;
+    const int64_t wgmmaSmem =
+        (terms == 1 ? 5 : 3) * (terms + 1) * 128 * 64 * 2 + 1024;
+    const int64_t wsTile = wsTileN(s.N);
+    const int64_t wsStage = (128 + wsTile) * 64 * 2;
+    const int64_t wsSmem = (210 * 1024) / wsStage * wsStage + 1024;
+    const bool ws = opts.wgmma && terms == 1 &&
+                    wsSmem + kStaticSharedAllowance <= opts.maxSharedBytes;
+    const int64_t smem = ws           ? std::max(pipeSmem, wsSmem)
+                         : opts.wgmma ? std::max(pipeSmem, wgmmaSmem)
+                                      : pipeSmem;
+    const int64_t perSm = (227 * 1024) / (smem + 1024);
+    const int64_t tileN = ws ? wsTile : 128;
+    const int64_t tiles =
+        (ceilDiv(s.maxRows, 128) + (s.G > 1 ? s.G : 0)) * ceilDiv(s.N, tileN);
+    const int64_t gemvBlocks = ceilDiv(s.G * s.N, 8);
+    hopperFeatures = hopperFeatures || opts.wgmma;
+    std::string sizeChecks = "  static_assert(nf::pipelined_gemm_smem<" +
+                             num(terms) + ">() == " + num(pipeSmem) +
+                             ", \"shared memory size\");\n";
+    if (ws)
+      sizeChecks += "  static_assert(nf::wgmma_ws_smem<" + num(wsTile) +
+                    ">() == " + num(wsSmem) + ", \"shared memory size\");\n";
+    else if (opts.wgmma)
+      sizeChecks += "  static_assert(nf::wgmma_gemm_smem<" + num(terms) +
+                    ">() == " + num(wgmmaSmem) + ", \"shared memory size\");\n";
+    addLaunch(fn,
+              gridOf(std::max(tiles, gemvBlocks),
+                     int64_t(opts.smCount) * std::max<int64_t>(perSm, 1)),
+              ws ? 384 : 256,
+              sizeChecks + "  nf::linear<" + spec + ", " + num(terms) +
+                  ", true, " + (opts.wgmma ? "true" : "false") + ", " +
+                  num(ws ? wsTile : 0) + ">(a);\n",
+              comment +
+                  (ws ? ": warp-specialised wgmma GEMM on the bf16 plane, "
+                        "128 x " +
+                            num(wsTile) + " tiles (sm_90a; else mma.sync)"
+                   : opts.wgmma ? ": tensor-core tiles on the bf16 planes "
+                                  "(wgmma on sm_90a, else mma.sync)"
+                                : ": pipelined tensor-core tiles on the bf16 "
+                                  "planes"));
+    launches.back().sharedBytes = static_cast<uint32_t>(smem);
+    return;
+  }
+  // Decode with bf16 weights: the skinny tensor-core kernel (weights as mma's
+  // A operand, K split across a block's warps), which reads each weight byte
+  // once at any batch size up to 64 rows per group.
+  // Two variants: up to kNarrowTokens tokens (16 features a block, 4 K
+  // steps in flight) and more (32 features a block; with bf16 inputs each
+  // warp's next activations staged in shared memory: batch-32 experts 93 ->
+  // 79 us a launch, step 11.5 -> 10.9 ms on the H200; exact products keep
+  // loads at use: staged, their three terms took the variant from 112 to
+  // 154 registers, one block per SM, and batch 32 from 13.3 to 15.0 ms);
+  // the plan says which runs for how many tokens. (64 features a block streamed
+  // the batch-32 experts 19% faster alone, skinny_sweep.cu with
+  // NF_SWEEP_WIDE=1, but made the plan's batch-32 step 10% slower on the H200,
+  // bench/results/2026-11-30g/run39-wide64: the generated 32-feature
+  // variant takes 111 registers, two blocks per SM, the sweep's more than
+  // 128; the 64-feature one 176, one block.)
+  if (phase == "decode" && s.wtype == "nf::bf16" && s.K % 32 == 0) {
+    constexpr int64_t kWarps = 8;
+    // Blocks loop over items, so the group scan at their start is paid
+    // once (measured on the H200: equal to or faster than a block per item,
+    // at batch 1 to 32). Two blocks per SM, three for the narrow variant
+    // with bf16 inputs (its registers allow it): that streamed the batch-1
+    // expert and in_proj weights 15-22% faster (bench/kernels/skinny_sweep.cu)
+    // but slowed batch 64 when the wide variant did the same.
+    // (No minimum-blocks launch bound: with one, ptxas spills to reach it,
+    // where without one the narrow variant fits three blocks unspilled.)
+    const int64_t cap = int64_t(opts.smCount) * 2;
+    // The wide variant: 4 warps split an item's K, four blocks an SM (each
+    // warp's weight stream twice as long between folds), for routed experts
+    // and layers of at least a feature tile an SM; layers of fewer tiles
+    // keep 8 warps (more bytes in flight per item). On the H200, Nano at
+    // batch 32: routed experts 84 + 80 -> 81 + 79 us a layer, in_proj 31.1
+    // -> 28.6, qkv 23.8 -> 19.1, but out_proj (84 tiles) 14.4 -> 19.4.
+    const bool wide4 = s.G > 1 || s.wideWithExperts ||
+                       ceilDiv(s.N, 32) >= int64_t(opts.smCount);
+    const int64_t kWideWarps = wide4 ? 4 : kWarps;
+    const int64_t kWideCap = int64_t(opts.smCount) * (wide4 ? 4 : 2);
+    const int64_t narrowCap =
+        opts.matmulTerms == 1 ? int64_t(opts.smCount) * 3 : cap;
+    const std::string terms = num(opts.matmulTerms);
+    const int64_t narrowRows = std::min(s.maxRows, kNarrowTokens);
+    const int64_t narrowItems =
+        (std::min(s.G, narrowRows) + 1) * ceilDiv(s.N, 16);
+    const bool wide = maxTokens > kNarrowTokens;
+    // One weight (not the routed experts), not run beside the experts.
+    const bool dense = s.G == 1 && !s.wideWithExperts;
+    // Dynamic shared memory (nf::skinny_smem): the fold's sums and, when
+    // staged, the activation ring (the two parts of a co-launch share it).
+    // The wide variant reads the input's bf16 copy where it has one (its
+    // steps are the ones whose activation reads through L2 rival the
+    // weights'); the narrow one reads f32 rows (bf16 rows there slowed
+    // batch 1-8 by 2-3%, bench/results/2026-11-30f/run4-decode-rows).
+    // rows: an item's rows at most (16, or 32 for wide dense layers whose
+    // 16-row items would not all fit on the GPU at once).
+    auto variant = [&](const std::string &name, int64_t grid, int64_t mt,
+                       int64_t stages, int64_t warps, bool stageX, bool rows16,
+                       uint32_t minT, uint32_t maxT, int64_t rows = 16) {
+      const int64_t nt = rows / 8;
+      const int64_t smem =
+          (warps / 2) * mt * nt * 4 * 32 * 4 +
+          (stageX ? warps * 2 * nt * (rows16 ? 1 : 2) * 32 * 16 : 0);
+      const std::string x = stageX ? "true" : "false";
+      const std::string &variantSpec =
+          minT > uint32_t(kNarrowTokens) ? wideSpec : spec;
+      std::string tail = rows16 ? ", true" : "";
+      if (rows != 16)
+        tail = (rows16 ? ", true, " : ", false, ") + num(rows);
+      addLaunch(name, static_cast<uint32_t>(grid), 32 * warps,
+                "  static_assert(nf::skinny_smem<" + variantSpec + ", " +
+                    num(mt) + ", " + num(warps) + ", " + x + tail +
+                    ">() == " + num(smem) +
+                    ", \"shared memory size\");\n"
+                    "  nf::skinny_linear<" +
+                    variantSpec + ", " + num(mt) + ", " + num(stages) + ", " +
+                    num(warps) + ", " + terms + ", " + x + tail + ">(a);\n",
+                comment, minT, maxT, /*bodyWaits=*/true, s.groupsAfterWait);
+      launches.back().sharedBytes = static_cast<uint32_t>(smem);
+      functions.back().sliceable = true;
+    };
+    // Steps of one token: row_linear, a warp per feature on CUDA cores
+    // (nf_linear.cuh), three blocks an SM (every step, where steps have one
+    // token at most). On the H200, Nano at batch 1: see row_linear's
+    // comment.
+    const bool row = opts.rowLinear || s.rowOnly;
+    if (row) {
+      addLaunch(fn + "_row",
+                gridOf(ceilDiv(s.G * s.N, kWarps), int64_t(opts.smCount) * 3),
+                32 * kWarps,
+                s.rowBody.empty() ? "  nf::row_linear<" + spec + ", " +
+                                        num(kRowChunks) + ">(a);\n"
+                                  : s.rowBody,
+                comment + " (one token: a warp per feature)", 0,
+                maxTokens > 1 ? 1 : 0, /*bodyWaits=*/true, s.groupsAfterWait);
+      functions.back().sliceable = s.rowBody.empty();
+      if (s.rowOnly)
+        return;
+    }
+    if (!row || maxTokens > 1)
+      variant(fn + (row || wide ? "_narrow" : ""),
+              gridOf(narrowItems, narrowCap), 1, 4, kWarps, false, false,
+              row ? 2 : 0, wide ? kNarrowTokens : 0);
+    if (wide && x16 && s.wideFeatureTiles && s.G == 1) {
+      // A block's 8 warps own 16 features each (128 a tile) and share the
+      // tile's 32 rows, staged once in shared memory: each weight byte is
+      // read once per 32 rows, the rows once per 128 features (skinny items
+      // read weights once per 16 rows and rows once per 32 features). The
+      // LM head alone on the H200: 32 rows 288 -> 189 us, 64 rows 543 ->
+      // 284 (bench/kernels/feature_tile_sweep.cu).
+      constexpr int64_t kMt = 1, kNt = 4, kW = 8, kStages = 4, kKp = 8;
+      const int64_t items =
+          ceilDiv(s.N, kW * kMt * 16) * ceilDiv(s.maxRows, 8 * kNt);
+      const int64_t smem = 2 * kKp * 8 * kNt * 64;
+      addLaunch(fn + "_wide", gridOf(items, cap), 32 * kW,
+                "  static_assert(nf::feature_tile_smem<" + num(kNt) + ", " +
+                    num(kKp) + ">() == " + num(smem) +
+                    ", \"shared memory size\");\n"
+                    "  nf::feature_tile_linear<" +
+                    wideSpec + ", " + num(kMt) + ", " + num(kNt) + ", " +
+                    num(kW) + ", " + num(kStages) + ", " + num(kKp) + ">(a);\n",
+                comment + " (feature tiles of 128, rows staged once)",
+                kNarrowTokens + 1, 0, /*bodyWaits=*/true);
+      launches.back().sharedBytes = static_cast<uint32_t>(smem);
+    } else if (wide && x16 && dense && opts.hopperOrLater &&
+               opts.matmulTerms == 1 && s.groups == "nf::DenseGroups" &&
+               s.weightIndex >= 0 && s.shadowOffset >= 0 && s.rowIndex == "r" &&
+               s.K % 8 == 0 && kTmaSmem <= opts.maxSharedBytes) {
+      // One dense weight read from the rows' bf16 copy: TMA (nf_tma.cuh).
+      emitTmaLinear(fn, wideSpec, s, comment);
+    } else if (wide && dense && wide4 && 2 * ceilDiv(s.N, 32) > kWideCap) {
+      // Wide layers whose 16-row items at 32 rows would not all fit on the
+      // GPU at once (in_proj: 644 items for 528 blocks): items of up to 32
+      // rows, each weight tile read once, in one round of three blocks an
+      // SM (142 registers). On the H200, the Nano in_proj alone at 32 rows
+      // 28.9 -> 21.9 us, at 64 rows 41.6 -> 36.7
+      // (bench/kernels/dense_wide_sweep.cu); the bf16 plan's step at batch
+      // 32 7.34 / 7.33 -> 7.23 / 7.20 ms, batch 64 10.88 / 10.80 -> 10.77
+      // / 10.71 (bench/results/2026-12-01e/ab-rows32).
+      const int64_t items = ceilDiv(s.maxRows, 32) * ceilDiv(s.N, 32);
+      variant(fn + "_wide", gridOf(items, int64_t(opts.smCount) * 3), 2, 2,
+              kWideWarps, opts.matmulTerms == 1, x16, kNarrowTokens + 1, 0, 32);
+      functions.back().minBlocks = 3;
+    } else if (wide) {
+      const int64_t items =
+          (std::min(s.G, s.maxRows) + ceilDiv(s.maxRows, 16)) *
+          ceilDiv(s.N, 32);
+      variant(fn + "_wide", gridOf(items, kWideCap), 2, 2, kWideWarps,
+              opts.matmulTerms == 1, x16, kNarrowTokens + 1, 0);
+      if (wide4) // 128 registers: ptxas took 140 for the routed experts'
+        functions.back().minBlocks = 4; // up (co-launch), three an SM
+    }
+    return;
+  }
+  const int64_t nt = ceilDiv(s.N, 64);
+  const int64_t tiles = (ceilDiv(s.maxRows, 64) + (s.G > 1 ? s.G : 0)) * nt;
+  const int64_t gemvBlocks = ceilDiv(s.G * s.N, 8);
+  addLaunch(fn, gridOf(std::max(tiles, gemvBlocks), int64_t(opts.smCount) * 4),
+            256,
+            "  nf::linear<" + spec + ", " + num(opts.matmulTerms) + ">(a);\n",
+            comment);
+}
+
+void KernelEmitter::emitTmaLinear(const std::string &fn,
+                                  const std::string &spec, const LinearSpec &s,
+                                  const std::string &comment) {
+  // Weights and rows stream into shared memory by TMA, ~200 KB in flight a
+  // block, one block an SM. On the H200 alone (bench/kernels/
+  // tma_gemv_sweep.cu), against the register-ring skinny variant: 32 rows
+  // out_proj 14.2 -> 8.9 us, in_proj 21.8 -> 18.0, qkv 17.3 -> 11.8; 64 rows
+  // 23.0 -> 10.8, 36.9 -> 23.9, 19.8 -> 15.3; the bf16 Nano plan's step at
+  // batch 32 7.13 / 7.09 -> 6.86 / 6.83 ms, batch 64 10.76 / 10.70 -> 9.66
+  // / 9.72. (Narrow steps keep skinny_linear: on TMA, with the copies
+  // written in every step, batch 1 went 3.07 -> 3.14 ms and batch 8 5.02
+  // -> 5.14, though out_proj alone at 8 rows took 10.5 -> 8.6 us: a block
+  // of ~210 KB of shared memory cannot start on an SM before the launch
+  // before it has left, where the skinny blocks fetch weights beside it.)
+  includes.insert("nf_tma.cuh");
+  const size_t wmap = tensorMap("NF_TENSOR_MAP_WEIGHT", s.weightIndex, 0, s.K,
+                                s.N, 16 * kTmaMt);
+  const int64_t tiles = ceilDiv(s.N, 16 * kTmaMt);
+  auto launch = [&](const std::string &name, const TmaLinearConfig &c,
+                    uint32_t minT, uint32_t maxT) {
+    const size_t xmap = tensorMap("NF_TENSOR_MAP_ARENA", 0, s.shadowOffset, s.K,
+                                  maxTokens, c.rows);
+    const int64_t lastRows = maxT > 0 ? int64_t(maxT) : maxTokens;
+    const int64_t items = tiles * ceilDiv(lastRows, c.rows);
+    const std::string cfg = num(kTmaMt) + ", " + num(kTmaBk) + ", " +
+                            num(c.stages) + ", " + num(c.warps) + ", " +
+                            num(c.rows);
+    addLaunch(name, gridOf(items, opts.smCount), 32 * (c.warps + 1),
+              "  static_assert(nf::tma_linear_smem<" + cfg +
+                  ">() == " + num(tmaLinearSmem(c)) +
+                  ", \"shared memory size\");\n"
+                  "  nf::tma_linear<" +
+                  spec + ", " + cfg + ">(a, &nf_tensor_maps[" +
+                  num(int64_t(wmap)) + "], &nf_tensor_maps[" +
+                  num(int64_t(xmap)) + "]);\n",
+              comment + " (TMA, items of " + num(c.rows) + " rows)", minT, maxT,
+              /*bodyWaits=*/true);
+    launches.back().sharedBytes = static_cast<uint32_t>(tmaLinearSmem(c));
+  };
+  const int64_t split = kTmaRows32.rows;
+  launch(fn + "_wide", kTmaRows32, kNarrowTokens + 1,
+         maxTokens > split ? uint32_t(split) : 0);
+  if (maxTokens > split)
+    launch(fn + "_wide64", kTmaRows64, uint32_t(split + 1), 0);
+}
+
+StatusOr<size_t> KernelEmitter::linear(size_t i) {
+  const pl::Op &op = *ops[i];
+  auto in = operands(op), out = results(op);
+  if (in.size() != 2 || out.size() != 1 || !isAct(in[0]) || !isAct(out[0]))
+    return fail(i, "expects (input, weight) -> result, f32 rows");
+  auto shape = weightShape(in[1]);
+  auto wt = weightType(in[1]);
+  if (!wt || shape.size() != 2 || shape[1] != V(in[0]).cols ||
+      shape[0] != V(out[0]).cols)
+    return fail(i, "weight does not match the input and result");
+  LinearSpec s;
+  s.wtype = *wt;
+  s.N = shape[0];
+  s.K = shape[1];
+  s.weight = weightPtr(in[1]);
+  s.weightIndex = V(in[1]).weight;
+  setInput(s, in[0]);
+  s.rowIndex = "r";
+  s.maxRows = maxTokens;
+  std::string rn = "static_cast<long long>(r) * ";
+  std::string label = opName(op) == "nf.lm_head"           ? "lm_head"
+                      : opName(op) == "nf_moe.latent_proj" ? "latent_proj"
+                                                           : "linear";
+  // The LM head computes only the rows whose logits the runtime reads
+  // (a->logit_rows: the last token of each sequence unless every token's
+  // logits are asked for), when nothing else reads its result.
+  if (label == "lm_head" && usersOf(out[0]).empty()) {
+    s.wideFeatureTiles = true;
+    s.groups = "nf::LogitRowGroups";
+    s.rowIndex = "nf::logit_row(a, r)";
+    rn = "static_cast<long long>(nf::logit_row(a, r)) * ";
+  }
+  std::string comment = opName(op);
+  size_t consumed = 1;
+  std::string store, store2;
+  // With a decode conv fused (below): the split piece it reads, and the
+  // store without the conv.
+  int convPiece = -1;
+  std::string rawStore;
+  std::vector<size_t> fused;
+
+  // linear + split [+ append]: the epilogue writes the split columns.
+  if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.split" &&
+      operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
+    const pl::Op &sp = *ops[i + 1];
+    auto pieces = results(sp);
+    auto sizes = listAttr(sp, "sizes");
+    if (!sizes || sizes->size() != pieces.size())
+      return fail(i + 1, "missing or mismatched 'sizes'");
+    int64_t sum = 0;
+    for (size_t r = 0; r < pieces.size(); ++r) {
+      if (!isAct(pieces[r]) || V(pieces[r]).cols != (*sizes)[r])
+        return fail(i + 1,
+                    "result " + std::to_string(r) + " does not match its size");
+      sum += (*sizes)[r];
+    }
+    if (sum != s.N)
+      return fail(i + 1, "sizes do not sum to the input's columns");
+    // K/V rows of a following append, by split piece.
+    std::map<int, std::string> cacheOf;
+    if (i + 2 < ops.size() && opName(*ops[i + 2]) == "nf_kv.append") {
+      const pl::Op &ap = *ops[i + 2];
+      auto ain = operands(ap);
+      const pl::Storage *st = storageOf(ap, pl::StorageKind::KVCache);
+      if (st && ain.size() == 3 && V(ain[0]).kind == pl::ValueKind::Batch) {
+        auto k = std::find(pieces.begin(), pieces.end(), ain[1]);
+        auto v = std::find(pieces.begin(), pieces.end(), ain[2]);
+        const int64_t row = st->kv_heads() * st->head_dim();
+        if (k != pieces.end() && v != pieces.end() && V(ain[1]).cols == row &&
+            V(ain[2]).cols == row && st->dtype() == pl::DType::F32) {
+          includes.insert("nf_attention.cuh");
+          // The row's cache offset (page table lookups) is the store's
+          // row context: GEMM epilogues compute it once per row.
+          s.rowCtx = "nf::kv_row_offset<" + num(row) + ", " +
+                     num(st->page_size()) + ">(a, r)";
+          cacheOf[static_cast<int>(k - pieces.begin())] =
+              "nf::storage(a, " + num(2 * ap.storage()) + ")[ctx + ";
+          cacheOf[static_cast<int>(v - pieces.begin())] =
+              "nf::storage(a, " + num(2 * ap.storage() + 1) + ")[ctx + ";
+          consumed = 3;
+          label = "qkv_append";
+          comment += " + nf.split + nf_kv.append";
+        }
+      }
+    }
+    // A decode conv of a split piece (one token per sequence): the
+    // piece's store is the conv of its channel (nf::causal_conv_decode),
+    // and the piece itself is stored only if something else reads it.
+    std::string convStore;
+    if (consumed == 1 && phase == "decode" && i + 2 < ops.size() &&
+        opName(*ops[i + 2]) == "nf_kv.causal_conv" &&
+        stringAttr(*ops[i + 2], "mode").value_or("") == "decode") {
+      const pl::Op &cv = *ops[i + 2];
+      auto cin = operands(cv), cout = results(cv);
+      const pl::Storage *st = storageOf(cv, pl::StorageKind::MambaState);
+      auto piece = cin.size() >= 3
+                       ? std::find(pieces.begin(), pieces.end(), cin[1])
+                       : pieces.end();
+      if (st && piece != pieces.end() && (cin.size() == 3 || cin.size() == 4) &&
+          cout.size() == 1 && isAct(cout[0]) &&
+          V(cin[0]).kind == pl::ValueKind::Batch) {
+        const int64_t CD = st->conv_dim(), KW = st->conv_window() + 1;
+        auto wt = weightType(cin[2]);
+        const bool bias = cin.size() == 4;
+        auto bt = bias ? weightType(cin[3]) : wt;
+        if (wt && bt && V(cin[1]).cols == CD && V(cout[0]).cols == CD &&
+            weightNumel(cin[2]) == CD * KW &&
+            (!bias || weightNumel(cin[3]) == CD)) {
+          includes.insert("nf_mamba.cuh");
+          convPiece = static_cast<int>(piece - pieces.begin());
+          convStore = "      nf::causal_conv_decode<" + *wt + ", " + *bt +
+                      ", " + num(CD) + ", " + num(KW) + ", " +
+                      (bias ? "true" : "false") + ">(a, r, COL, v, " +
+                      weightPtr(cin[2]) + ", " +
+                      (bias ? weightPtr(cin[3])
+                            : "static_cast<const " + *bt + " *>(nullptr)") +
+                      ", nf::storage(a, " + num(2 * cv.storage()) + "), " +
+                      arenaPtr(cout[0]) + ");\n";
+          consumed = 3;
+          label += "_split_conv";
+          comment += " + nf.split + nf_kv.causal_conv (decode, per channel "
+                     "in the epilogue)";
+        }
+      }
+    }
+    if (consumed == 1) {
+      consumed = 2;
+      label += "_split";
+      comment += " + nf.split";
+    }
+    fused = {i + 1};
+    if (consumed == 3)
+      fused.push_back(i + 2);
+    int64_t c0 = 0;
+    // Column pairs never straddle pieces of even widths: then store2 too.
+    bool pairs = cacheOf.empty();
+    for (size_t r = 0; r < pieces.size(); ++r) {
+      const int64_t w = (*sizes)[r];
+      pairs = pairs && w % 2 == 0;
+      const std::string col = c0 ? "(n - " + num(c0) + ")" : std::string("n");
+      std::string piece = "      " + arenaPtr(pieces[r]) + "[" + rn + num(w) +
+                          " + " + col + "] = v;\n";
+      const std::string rawPiece = piece;
+      if (static_cast<int>(r) == convPiece) {
+        std::string conv = convStore;
+        conv.replace(conv.find("COL"), 3, col);
+        piece = (needed(pieces[r], {i + 2}) ? piece : std::string()) + conv;
+        pairs = false; // per element: the conv's store has no pair form
+      }
+      std::string piece2 = "      nf::store_act2(" + arenaPtr(pieces[r]) +
+                           " + " + rn + num(w) + " + " + col + ", v0, v1);\n";
+      if (auto it = cacheOf.find(static_cast<int>(r)); it != cacheOf.end())
+        piece += "      " + it->second + col + "] = v;\n";
+      const bool last = r + 1 == pieces.size();
+      const std::string open =
+          r == 0 ? (last ? "    {" : "    if (n < " + num(c0 + w) + ") {")
+                 : (last ? " else {" : " else if (n < " + num(c0 + w) + ") {");
+      store += open + "\n" + piece + "    }";
+      store2 += open + "\n" + piece2 + "    }";
+      rawStore += open + "\n" + rawPiece + "    }";
+      c0 += w;
+    }
+    store += "\n";
+    rawStore += "\n";
+    store2 = pairs ? store2 + "\n" : std::string();
+  } else if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.activation" &&
+             operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
+    // linear + activation: in the epilogue.
+    const pl::Op &act = *ops[i + 1];
+    auto aout = results(act);
+    auto kind = activationKind(i + 1, "kind", true);
+    if (!kind)
+      return kind.status();
+    if (aout.size() != 1 || !isAct(aout[0]) || V(aout[0]).cols != s.N)
+      return fail(i + 1, "result does not match the linear layer");
+    store = storeAct(aout[0], rn + num(s.N) + " + n",
+                     "nf::activate<" + *kind + ">(v)");
+    store2 = storeAct2(aout[0], rn + num(s.N) + " + n",
+                       "nf::activate<" + *kind + ">(v0)",
+                       "nf::activate<" + *kind + ">(v1)");
+    fused = {i + 1};
+    consumed = 2;
+    label += std::string("_") + stringAttr(act, "kind").value_or("act");
+    comment += " + nf.activation";
+  }
+  bool raw = consumed == 1;
+  if (!raw) {
+    raw = isOutput(out[0]);
+    for (size_t u : usersOf(out[0]))
+      raw |= std::find(fused.begin(), fused.end(), u) == fused.end();
+  }
+  if (raw) {
+    store = storeAct(out[0], rn + num(s.N) + " + n", "v") + store;
+    // Pairs for the result alone (fused stores besides it keep per element).
+    store2 = consumed == 1
+                 ? storeAct2(out[0], rn + num(s.N) + " + n", "v0", "v1")
+                 : std::string();
+  }
+  s.store = store;
+  s.store2 = store2;
+  // The conv in the epilogue pays its window's dependent loads once per
+  // element, one element after another (the stores may alias the next
+  // loads): cheap for the few rows of narrow steps (Nano at batch 1: 3.19
+  // -> 3.16 ms), but 44 us against 22 + 3.3 for in_proj and the conv at
+  // batch 32 on the H200. The wide variants store xBC, and a conv launch
+  // follows for their steps.
+  const bool wideConv = convPiece >= 0 && phase == "decode" &&
+                        s.wtype == "nf::bf16" && s.K % 32 == 0 &&
+                        maxTokens > kNarrowTokens;
+  if (wideConv)
+    s.wideStore = rawStore;
+  emitLinear(fnName(i, label), s, comment);
+  if (wideConv)
+    if (auto conv = causalConv(i + 2, kNarrowTokens + 1); !conv)
+      return conv;
+  return consumed;
+}
+
+} // namespace nf::codegen::detail

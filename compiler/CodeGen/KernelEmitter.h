@@ -1,0 +1,646 @@
+//===- KernelEmitter.h - one plan kernel -> CUDA C++ ------------*- C++ -*-===//
+//
+// Private to compiler/CodeGen. KernelEmitter turns one plan kernel into one
+// CUDA module; CudaCodegen.cpp runs it for each kernel of a step and
+// assembles the step, and the op emitters are defined by op family in
+// Emit*.cpp. Also here: what those files share (the step's value table and
+// row formats, the expert statistics layout, the linear layer spec, literal
+// and launch-size helpers).
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include "CodeGen/CudaCodegen.h"
+
+#include "nf/plan_attrs.h"
+#include "nf/plan_generated.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace nf::codegen::detail {
+
+namespace pl = ::nf::plan;
+
+constexpr int64_t kAlignment = 256;
+
+// Threads of the row kernels (norms): kRowThreads in kernels/nf_rows.cuh.
+constexpr uint32_t kRowThreads = 256;
+
+inline int64_t alignTo(int64_t v) {
+  return (v + kAlignment - 1) / kAlignment * kAlignment;
+}
+inline int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/// Bytes left beside a kernel's dynamic shared memory for its static
+/// shared variables when checking a target's limit (the limit is for both).
+constexpr int64_t kStaticSharedAllowance = 2048;
+
+/// A linear layer with these weights and K runs on the bf16-plane GEMMs
+/// (emitLinear): outside decode, bf16 weights, K a multiple of 8.
+inline bool onBf16Planes(const std::string &phase, bool bf16Weights,
+                         int64_t K) {
+  return phase != "decode" && bf16Weights && K % 8 == 0;
+}
+/// Plane GEMM inputs may be stored as bf16 rows by their producers
+/// (bf16RowValues): one bf16 term, targets with mma.sync's bf16 shapes.
+inline bool bf16RowsAllowed(const CudaCodegenOptions &opts) {
+  return opts.matmulTerms == 1 && opts.ampereOrLater;
+}
+
+inline uint32_t gridOf(int64_t blocks, int64_t cap) {
+  return static_cast<uint32_t>(std::clamp<int64_t>(blocks, 1, cap));
+}
+
+struct ValueInfo {
+  pl::ValueKind kind = pl::ValueKind::Tensor;
+  pl::DType dtype = pl::DType::F32;
+  pl::Rows rows = pl::Rows::None;
+  std::vector<int64_t> shape;
+  int64_t cols = 1; // elements per row (all elements when rows == None)
+  int64_t offset = -1, bytes = 0;
+  int weight = -1;
+  int numExperts = 0, maxPerToken = 0;
+};
+
+/// How the step's activation rows are stored beyond plain f32 rows.
+struct RowFormats {
+  /// Stored as bf16 rows instead of f32 (bf16RowValues: prefill).
+  std::set<int> bf16;
+  /// Stored as f32 with a bf16 copy at this arena offset (decodeShadows).
+  std::map<int, int64_t> shadow;
+  /// End of the copies' region (0: none); generated scratch goes after it.
+  int64_t shadowEnd = 0;
+};
+
+/// The step's expert statistics region (Step.expert_stats_offset, plan
+/// 1.8): after the copies' region, for each nf_moe.select in step order
+/// (layer l of L), counts i32 [rows] at offset + 4 l rows, then experts i32
+/// [rows, k_l] at offset + 4 (L rows + l rows maxK). The ranking writes
+/// them besides its own results; the runtime reads the region back after
+/// the step instead of copying each layer's results between launches
+/// (graph nodes there would break the programmatic launch chain).
+struct ExpertStatsLayout {
+  int64_t offset = -1, rows = 0, maxK = 0, layers = 0;
+  std::map<const pl::Op *, int64_t> layerOf; // select op -> layer
+  int64_t bytes() const { return 4 * layers * rows * (1 + maxK); }
+  std::string counts(const pl::Op *select) const {
+    return ptr(offset + 4 * layerOf.at(select) * rows);
+  }
+  std::string experts(const pl::Op *select) const {
+    return ptr(offset + 4 * (layers * rows + layerOf.at(select) * rows * maxK));
+  }
+  static std::string ptr(int64_t off) {
+    return "nf::arena<int32_t>(a, " + std::to_string(off) + "ll)";
+  }
+};
+
+/// Decode steps of 2 to this many tokens run the narrow skinny variants
+/// (f32 rows), longer ones the wide variants, one-token steps row_linear
+/// (emitLinear).
+constexpr int64_t kNarrowTokens = 16;
+/// row_linear's 16-byte weight chunks in flight a lane (steps of one token):
+/// 6 was the best of 4 to 11 on the Nano shapes alone on the H200
+/// (bench/kernels/row_linear_sweep.cu).
+constexpr int64_t kRowChunks = 6;
+
+/// Rows that skinny GEMVs read get bf16 copies for their wide variants
+/// (decodeShadows): decode steps of bf16 inputs that have wide variants.
+inline bool decodeCopiesOn(const std::string &phase,
+                           const CudaCodegenOptions &opts, int64_t maxTokens) {
+  return phase == "decode" && bf16RowsAllowed(opts) &&
+         maxTokens > kNarrowTokens;
+}
+
+inline std::string num(int64_t v) { return std::to_string(v); }
+
+/// A double as a C++ literal (exact), or an expression for inf / nan.
+inline std::string doubleLit(double v) {
+  if (std::isnan(v))
+    return "__longlong_as_double(0x7ff8000000000000ll)";
+  if (std::isinf(v))
+    return v > 0 ? "nf::f64_inf()" : "(-nf::f64_inf())";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eE") == std::string::npos)
+    s += ".0";
+  return s;
+}
+/// A float parameter's value (the double attribute rounded as on the CPU).
+inline std::string floatLit(double v) {
+  if (std::isnan(v))
+    return "__int_as_float(0x7fc00000)";
+  if (std::isinf(v))
+    return v > 0 ? "nf::f32_inf()" : "(-nf::f32_inf())";
+  return "static_cast<float>(" + doubleLit(v) + ")";
+}
+
+using pl::floatAttr;
+using pl::intAttr;
+using pl::listAttr;
+using pl::stringAttr;
+
+inline std::string opName(const pl::Op &op) {
+  return op.name() ? op.name()->str() : std::string("<unnamed>");
+}
+inline std::vector<int> operands(const pl::Op &op) {
+  return op.operands()
+             ? std::vector<int>(op.operands()->begin(), op.operands()->end())
+             : std::vector<int>();
+}
+inline std::vector<int> results(const pl::Op &op) {
+  return op.results()
+             ? std::vector<int>(op.results()->begin(), op.results()->end())
+             : std::vector<int>();
+}
+
+/// The fixed part of a linear layer spec (nf_linear.cuh).
+struct LinearSpec {
+  std::string wtype;
+  int64_t N = 0, K = 0, G = 1;
+  std::string groups = "nf::DenseGroups";
+  std::string weight; // expression of `const W *` for group g
+  /// One weight (not stacked): its Plan.weights index, for a tensor map.
+  int weightIndex = -1;
+  std::string input; // expression of the f32 input activation [rows, K]
+  /// Instead of `input`: an expression of `const unsigned short *`, the
+  /// input stored as bf16 rows by its producer (bf16RowValues).
+  std::string input16;
+  /// Decode: an expression of `const unsigned short *`, the input's bf16
+  /// copy (RowFormats::shadow), which the wide skinny variant reads.
+  std::string shadow16;
+  int64_t shadowOffset = -1; // arena offset of that copy (rows of K bf16)
+  std::string rowIndex;      // expression of row r's index in `input`
+  /// Optional: an expression (long long) of row r that the store uses as
+  /// `ctx`, computed once per row where a kernel supports it (HasRowCtx).
+  std::string rowCtx;
+  int64_t rowsPerToken = 1; // input rows per token (assignments: top-k)
+  std::string store;        // statements storing v at (r, n)
+  /// Optional: the store of the wide decode variants (steps of more than
+  /// kNarrowTokens tokens) where it differs (S::store of `<spec>_wide`).
+  std::string wideStore;
+  /// Optional (N even): statements storing v0 at (r, n) and v1 at (r, n + 1)
+  /// for an even n, in one store each (S::store2).
+  std::string store2;
+  int64_t maxRows = 0;
+  /// Decode steps of more than kNarrowTokens tokens with a bf16 copy of the
+  /// input: split_k_linear instead of skinny_linear's wide variant (for
+  /// layers with enough feature tiles to fill the GPU without splitting K).
+  bool wideFeatureTiles = false;
+  /// The shared expert: its wide variant runs side by side with the routed
+  /// experts' and takes their block size.
+  bool wideWithExperts = false;
+  /// Decode: the groups are the previous launch's output (DispatchGroups
+  /// without kEarly), so skinny_linear lets the next launch start only
+  /// after its wait.
+  bool groupsAfterWait = false;
+  /// Decode: only the one-token variant (row_linear), for steps of one
+  /// token (every step where steps have one token at most).
+  bool rowOnly = false;
+  /// With rowOnly: the variant's body instead of the row_linear call (a
+  /// template that takes the spec and more arguments).
+  std::string rowBody;
+};
+
+class KernelEmitter {
+public:
+  KernelEmitter(const pl::Plan &plan, const std::vector<ValueInfo> &values,
+                const RowFormats &rowFormats, const std::string &phase,
+                int index, const pl::Kernel &kernel, int64_t maxTokens,
+                int64_t arenaBytes, const CudaCodegenOptions &opts)
+      : plan(plan), values(values), rowFormats(rowFormats), phase(phase),
+        index(index), kernel(kernel), maxTokens(maxTokens),
+        arenaBytes(arenaBytes), opts(opts) {}
+
+  StatusOr<CudaKernelSource> run(int64_t &scratchEnd);
+
+private:
+  /// Each launch's function, written after every spec (run()).
+  struct FunctionText {
+    std::string comment, body;
+    bool ownsStep = false; // the body declares its own nf::Step (co-launch)
+    /// Its template indexes blocks through nf::Step (block(), grid()), so
+    /// it can run on a slice of a co-launch's grid.
+    bool sliceable = false;
+    /// > 0: the blocks an SM must fit (__launch_bounds__' minimum blocks).
+    int minBlocks = 0;
+    /// > 0: blocks a cluster (__cluster_dims__; the grid a multiple of it).
+    int clusterBlocks = 0;
+  };
+  // Diagnostics
+  Status fail(size_t op, const std::string &message) const {
+    std::string where =
+        phase + " kernel " + std::to_string(index) + " '" + kname() + "'";
+    if (op < ops.size())
+      where += " op " + std::to_string(op) + " " + opName(*ops[op]);
+    return Status::error("cuda: " + where + ": " + message);
+  }
+  std::string kname() const {
+    return kernel.name() ? kernel.name()->str() : std::string("kernel");
+  }
+
+  // Values
+  const ValueInfo &V(int v) const { return values[static_cast<size_t>(v)]; }
+  bool isTensor(int v, pl::DType dt) const {
+    return v >= 0 && v < static_cast<int>(values.size()) &&
+           V(v).kind == pl::ValueKind::Tensor && V(v).dtype == dt;
+  }
+  bool isAct(int v) const {
+    return isTensor(v, pl::DType::F32) && V(v).rows == pl::Rows::Tokens;
+  }
+  const pl::Weight *weightOf(int v) const {
+    if (v < 0 || v >= static_cast<int>(values.size()) ||
+        V(v).kind != pl::ValueKind::Weight || !plan.weights() ||
+        V(v).weight < 0 ||
+        V(v).weight >= static_cast<int>(plan.weights()->size()))
+      return nullptr;
+    return plan.weights()->Get(static_cast<unsigned>(V(v).weight));
+  }
+  std::vector<int64_t> weightShape(int v) const {
+    const pl::Weight *w = weightOf(v);
+    return w && w->shape()
+               ? std::vector<int64_t>(w->shape()->begin(), w->shape()->end())
+               : std::vector<int64_t>();
+  }
+  int64_t weightNumel(int v) const {
+    int64_t n = 1;
+    for (int64_t d : weightShape(v))
+      n *= d;
+    return n;
+  }
+  std::optional<std::string> weightType(int v) const {
+    const pl::Weight *w = weightOf(v);
+    if (!w)
+      return std::nullopt;
+    switch (w->dtype()) {
+    case pl::DType::F32:
+      return std::string("float");
+    case pl::DType::BF16:
+      return std::string("nf::bf16");
+    case pl::DType::F16:
+      return std::string("nf::f16");
+    default:
+      return std::nullopt;
+    }
+  }
+  std::string arenaPtr(int v, const char *type = "float") const {
+    return "nf::arena<" + std::string(type) + ">(a, " + num(V(v).offset) +
+           "ll)";
+  }
+  /// Value v is stored as bf16 rows (bf16RowValues).
+  bool rowsBf16(int v) const { return rowFormats.bf16.count(v) != 0; }
+  /// Value v has a bf16 copy (decodeShadows).
+  bool shadowed(int v) const { return rowFormats.shadow.count(v) != 0; }
+  std::string shadowPtr(int v) const {
+    return "nf::arena<unsigned short>(a, " + num(rowFormats.shadow.at(v)) +
+           "ll)";
+  }
+  /// f32 rows with a bf16 copy that steps of more than kNarrowTokens
+  /// tokens write (nf::ShadowedRows).
+  static std::string shadowedRows(const std::string &f32,
+                                  const std::string &bf16) {
+    return "nf::shadowed_rows<" + num(kNarrowTokens) + ">(a->num_tokens, " +
+           f32 + ", " + bf16 + ")";
+  }
+  /// Pointer expression of activation v as its producer writes it: f32,
+  /// `unsigned short *` for bf16 rows, or nf::ShadowedRows for f32 rows
+  /// with a bf16 copy (written with nf::store_act).
+  std::string outPtr(int v) {
+    if (shadowed(v)) {
+      wroteShadow.insert(v);
+      return shadowedRows(arenaPtr(v), shadowPtr(v));
+    }
+    if (!rowsBf16(v))
+      return arenaPtr(v);
+    wroteBf16.insert(v);
+    return arenaPtr(v, "unsigned short");
+  }
+  /// A statement storing `value` to element `index` of activation v.
+  std::string storeAct(int v, const std::string &index,
+                       const std::string &value) {
+    if (!rowsBf16(v) && !shadowed(v))
+      return "    " + arenaPtr(v) + "[" + index + "] = " + value + ";\n";
+    return "    nf::store_act(" + outPtr(v) + " + " + index + ", " + value +
+           ");\n";
+  }
+  /// A statement storing `v0`, `v1` to elements `index`, `index` + 1 of
+  /// activation v (index even) in one store.
+  std::string storeAct2(int v, const std::string &index, const std::string &v0,
+                        const std::string &v1) {
+    return "    nf::store_act2(" + outPtr(v) + " + " + index + ", " + v0 +
+           ", " + v1 + ");\n";
+  }
+  /// The input of a linear spec: activation v, as f32 or as bf16 rows,
+  /// and its bf16 copy if it has one.
+  void setInput(LinearSpec &s, int v) const {
+    s.input = arenaPtr(v);
+    if (rowsBf16(v))
+      s.input16 = arenaPtr(v, "unsigned short");
+    if (shadowed(v)) {
+      s.shadow16 = shadowPtr(v);
+      s.shadowOffset = rowFormats.shadow.at(v);
+    }
+  }
+  std::string weightPtr(int v) const {
+    return "nf::weight<" + *weightType(v) + ">(a, " + num(V(v).weight) + ")";
+  }
+  const pl::Storage *storageOf(const pl::Op &op, pl::StorageKind kind) const {
+    if (op.storage() < 0 || !plan.storage() ||
+        op.storage() >= static_cast<int>(plan.storage()->size()))
+      return nullptr;
+    const pl::Storage *s =
+        plan.storage()->Get(static_cast<unsigned>(op.storage()));
+    return s->kind() == kind ? s : nullptr;
+  }
+  /// Users of value v among this kernel's ops (op indices).
+  std::vector<size_t> usersOf(int v) const {
+    std::vector<size_t> u;
+    for (size_t i = 0; i < ops.size(); ++i)
+      for (int o : operands(*ops[i]))
+        if (o == v) {
+          u.push_back(i);
+          break;
+        }
+    return u;
+  }
+  bool isOutput(int v) const { return outputs.count(v) != 0; }
+  /// v must be stored unless every reader is among `fused`.
+  bool needed(int v, std::initializer_list<size_t> fused) const {
+    if (isOutput(v))
+      return true;
+    for (size_t u : usersOf(v))
+      if (std::find(fused.begin(), fused.end(), u) == fused.end())
+        return true;
+    return false;
+  }
+
+  // Emission
+  std::string fnName(size_t op, const std::string &label) const {
+    return std::string(phase == "prefill" ? "p" : "d") + "k" +
+           std::to_string(index) + "_op" + std::to_string(op) + "_" + label;
+  }
+  /// One __global__ function and its launch, a programmatic dependent of
+  /// the launch before it (nf_common.cuh). The function first waits for the
+  /// grids before it (unless `bodyWaits`: the body waits itself, after
+  /// fetching what does not depend on them). Decode functions then let the
+  /// next launch start at once (unless `bodyTriggers`: the body does, after
+  /// its wait), so its blocks are resident and fetching weights as this
+  /// grid's blocks retire; prefill functions only when their work is done.
+  void addLaunch(const std::string &fn, uint32_t grid, uint32_t block,
+                 const std::string &body, const std::string &comment,
+                 uint32_t minTokens = 0, uint32_t maxTokens = 0,
+                 bool bodyWaits = false, bool bodyTriggers = false) {
+    FunctionText f;
+    f.comment = comment;
+    if (!opts.injectError.empty() &&
+        fn.find(opts.injectError) != std::string::npos)
+      f.body = "  nf_injected_error(; // NF_CUDA_INJECT_ERROR\n";
+    // Measured on the H200 (Nano shape, bf16 inputs): batch-1 decode 3.69
+    // ms/step against 3.86 with the late trigger and 3.85 without
+    // programmatic launches; batch 32 12.98 against 12.72 and 12.81.
+    const bool early = phase == "decode";
+    f.body += (bodyWaits ? "" : "  nf::wait_for_previous_grids();\n") +
+              std::string(early && !bodyTriggers ? "  nf::allow_next_grid();\n"
+                                                 : "") +
+              body + (early ? "" : "  nf::allow_next_grid();\n");
+    functions.push_back(f);
+    CudaLaunchInfo l;
+    l.function = fn;
+    l.grid = grid;
+    l.block = block;
+    l.minTokens = minTokens;
+    l.maxTokens = maxTokens;
+    l.programmatic = true;
+    launches.push_back(l);
+  }
+  /// Launches `a` and `b` as one launch: `a`'s first `ga` blocks, then
+  /// `b`'s grid, each part on its slice (nf::Step::block()); it takes `b`'s
+  /// token range. Both must be co-launchable templates with the same block
+  /// size.
+  using Merged = std::pair<CudaLaunchInfo, FunctionText>;
+  Merged sideBySide(size_t a, size_t b, uint32_t ga, const std::string &name) {
+    return sideBySideOf(launches[a], functions[a], launches[b], functions[b],
+                        ga, name);
+  }
+  Merged sideBySideOf(const CudaLaunchInfo &la, const FunctionText &fa,
+                      const CudaLaunchInfo &lb, const FunctionText &fb,
+                      uint32_t ga, const std::string &name) {
+    if (lb.block != la.block)
+      internalError = "co-launch of " + la.function + " and " + lb.function +
+                      " with different block sizes";
+    CudaLaunchInfo l = lb;
+    l.function = name;
+    l.grid = ga + lb.grid;
+    l.sharedBytes = std::max(la.sharedBytes, lb.sharedBytes);
+    auto part = [&](const FunctionText &f, uint32_t block0, uint32_t blocks) {
+      return "    const nf::Step a{args, " +
+             std::string(phase == "decode" ? "nullptr" : "arena") + ", " +
+             std::to_string(block0) + ", " + std::to_string(blocks) + "};\n" +
+             indent(f.body);
+    };
+    FunctionText f;
+    f.comment = fa.comment + ";\n// side by side with " + fb.comment;
+    f.minBlocks = std::max(fa.minBlocks, fb.minBlocks);
+    f.body = "  if (blockIdx.x < " + std::to_string(ga) + "u) {\n" +
+             part(fa, 0, ga) + "  } else {\n" + part(fb, ga, lb.grid) + "  }\n";
+    f.ownsStep = true;
+    return std::make_pair(l, f);
+  }
+  /// A function name without its "dk<k>_op<i>_" prefix.
+  static std::string unprefixed(const std::string &fn) {
+    return fn.substr(fn.find('_', fn.find('_') + 1) + 1);
+  }
+  /// Runs launches [b, b + nb) (variants of one op by step size) side by side
+  /// with launch `a` (an independent op): one launch per variant whose grid
+  /// is `a`'s blocks followed by the variant's (sideBySide). `aBlocks(t)`:
+  /// the blocks `a` needs for steps of up to t tokens (its grid serves the
+  /// step's most tokens). `a` must run for every step size (the merged
+  /// launches take the variants' token ranges); they replace `a` and the
+  /// variants, in `a`'s place.
+  void coLaunch(size_t a, size_t b, size_t nb,
+                const std::function<uint32_t(int64_t)> &aBlocks) {
+    std::vector<CudaLaunchInfo> merged;
+    std::vector<FunctionText> mergedText;
+    const CudaLaunchInfo la = launches[a];
+    if (la.minTokens || la.maxTokens) {
+      internalError = "co-launch of " + la.function +
+                      ", which runs for some step sizes only";
+      return;
+    }
+    for (size_t v = b; v < b + nb; ++v) {
+      const CudaLaunchInfo &lb = launches[v];
+      const uint32_t ga = std::min<uint32_t>(
+          la.grid, aBlocks(lb.maxTokens ? int64_t(lb.maxTokens) : maxTokens));
+      auto [l, f] =
+          sideBySide(a, v, ga, la.function + "_and_" + unprefixed(lb.function));
+      merged.push_back(l);
+      mergedText.push_back(f);
+    }
+    // Replace: drop the variants, then put the merged ones in a's place.
+    launches.erase(launches.begin() + b, launches.begin() + b + nb);
+    functions.erase(functions.begin() + b, functions.begin() + b + nb);
+    const size_t at = a > b ? a - nb : a;
+    launches.erase(launches.begin() + at);
+    functions.erase(functions.begin() + at);
+    launches.insert(launches.begin() + at, merged.begin(), merged.end());
+    functions.insert(functions.begin() + at, mergedText.begin(),
+                     mergedText.end());
+  }
+  /// Variant v of one op (launches [a, a + n)) side by side with variant v
+  /// of another ([b, b + n)), the same token ranges: `a`'s whole grid first.
+  /// Returns the n merged launches (the caller places them).
+  std::vector<Merged> pairVariants(size_t a, size_t b, size_t n) {
+    std::vector<Merged> merged;
+    for (size_t v = 0; v < n; ++v) {
+      const CudaLaunchInfo &la = launches[a + v], &lb = launches[b + v];
+      if (la.minTokens != lb.minTokens || la.maxTokens != lb.maxTokens)
+        internalError = "co-launch of " + la.function + " and " + lb.function +
+                        " for different step sizes";
+      // "dk6_op4_expert_up_wide" + "dk6_op0_shared_up_wide" ->
+      // "dk6_op4_expert_up_and_shared_up_wide".
+      const std::string nb = lb.function, na = unprefixed(la.function);
+      const size_t cut = nb.rfind('_');
+      const size_t cutA = na.rfind('_');
+      const bool suffixed = la.minTokens || la.maxTokens;
+      const std::string name =
+          suffixed && cut != std::string::npos && cutA != std::string::npos
+              ? nb.substr(0, cut) + "_and_" + na.substr(0, cutA) +
+                    nb.substr(cut)
+              : nb + "_and_" + na;
+      merged.push_back(sideBySide(a + v, b + v, la.grid, name));
+    }
+    return merged;
+  }
+  static std::string indent(const std::string &body) {
+    std::string out;
+    size_t start = 0;
+    while (start < body.size()) {
+      size_t end = body.find('\n', start);
+      if (end == std::string::npos)
+        end = body.size();
+      out += "  " + body.substr(start, end - start) + "\n";
+      start = end + 1;
+    }
+    return out;
+  }
+  uint32_t elementGrid(int64_t elements) const {
+    return gridOf(ceilDiv(elements, 256), int64_t(opts.smCount) * 8);
+  }
+  uint32_t blockGrid(int64_t items) const { // a block per item
+    return gridOf(items, int64_t(opts.smCount) * 8);
+  }
+  void emitLinear(const std::string &fn, const LinearSpec &s,
+                  const std::string &comment);
+  int64_t newScratch(int64_t bytes) {
+    const int64_t off = alignTo(scratchTop);
+    scratchTop = off + alignTo(bytes);
+    return off;
+  }
+
+  // Op handlers: each returns the number of ops it consumed.
+  StatusOr<size_t> embed(size_t i);
+  StatusOr<size_t> rmsNorm(size_t i);
+  StatusOr<size_t> add(size_t i);
+  StatusOr<size_t> linear(size_t i);
+  StatusOr<size_t> split(size_t i);
+  StatusOr<size_t> activation(size_t i);
+  StatusOr<size_t> gatedRmsNorm(size_t i, uint32_t minTokens = 0);
+  StatusOr<size_t> causalConv(size_t i, uint32_t minTokens = 0);
+  StatusOr<size_t> ssm(size_t i);
+  StatusOr<size_t> kvAppend(size_t i);
+  StatusOr<size_t> kvAttend(size_t i);
+  StatusOr<size_t> route(size_t i);
+  StatusOr<size_t> dispatch(size_t i);
+  StatusOr<size_t> expert(size_t i, bool up);
+  StatusOr<size_t> combine(size_t i);
+  /// A decode MoE layer's end from the combine at op i: the combine, the
+  /// add of the shared expert's rows, the residual add and an RMSNorm of
+  /// the sum (FuseKernels' hoisted shared experts).
+  struct CombineTail {
+    int shared, residual, sum, out, normWeight;
+    std::string normType;
+    double eps;
+  };
+  std::optional<CombineTail> combineTail(size_t i) const;
+  bool oneTokenExperts(size_t d);
+  StatusOr<size_t> sharedExpert(size_t i);
+  StatusOr<size_t> routeSharedExpert(size_t i);
+
+  StatusOr<std::string> activationKind(size_t i, const char *attr,
+                                       bool required) const {
+    std::optional<std::string> k = stringAttr(*ops[i], attr);
+    if (!k && !required)
+      return std::string("nf::kActRelu2");
+    if (!k)
+      return fail(i, std::string("missing attribute '") + attr + "'");
+    if (*k == "relu2")
+      return std::string("nf::kActRelu2");
+    if (*k == "silu")
+      return std::string("nf::kActSilu");
+    return fail(i, "unsupported activation '" + *k + "'");
+  }
+
+public:
+  /// The step's expert statistics (none: offset -1).
+  const ExpertStatsLayout *expertStats = nullptr;
+
+private:
+  const pl::Plan &plan;
+  const std::vector<ValueInfo> &values;
+  const RowFormats &rowFormats;
+  std::set<int> wroteBf16;   // bf16 rows this kernel's code writes
+  std::set<int> wroteShadow; // bf16 copies this kernel's code writes
+  std::string internalError; // an emitter broke an invariant
+  std::string phase;
+  int index;
+  const pl::Kernel &kernel;
+  int64_t maxTokens, arenaBytes;
+  const CudaCodegenOptions &opts;
+
+  std::vector<const pl::Op *> ops;
+  std::set<int> outputs;
+  std::set<std::string> includes;
+  std::ostringstream text;
+  std::vector<FunctionText> functions;
+  std::vector<CudaLaunchInfo> launches;
+  int64_t scratchTop = 0;
+  bool hopperFeatures = false; // some launch uses wgmma
+  /// Initializers of the module's nf_tensor_map_descs (nf_abi.h).
+  std::vector<std::string> tensorMaps;
+  /// A 2D bf16 tensor map (nf_abi.h) of `outer` rows of `inner` elements,
+  /// boxes of 64 x boxOuter; its index in nf_tensor_maps.
+  size_t tensorMap(const char *source, int64_t index, int64_t offset,
+                   int64_t inner, int64_t outer, int64_t boxOuter) {
+    tensorMaps.push_back("{" + std::string(source) + ", " + num(index) + ", " +
+                         num(offset) + "ll, {" + num(inner) + "ll, " +
+                         num(outer) + "ll}, " + num(inner * 2) + "ll, {64, " +
+                         num(boxOuter) + "}}");
+    return tensorMaps.size() - 1;
+  }
+  /// The wide decode variants of a dense linear on TMA (nf_tma.cuh).
+  void emitTmaLinear(const std::string &fn, const std::string &spec,
+                     const LinearSpec &s, const std::string &comment);
+};
+
+// Row formats of a step (RowFormats.cpp): the values stored as bf16 rows
+// (prefill) and the bf16 copies beside f32 rows (decode).
+std::set<int> bf16RowValues(const pl::Plan &plan, const pl::Step &step,
+                            const std::vector<ValueInfo> &values,
+                            const std::string &phase,
+                            const CudaCodegenOptions &opts);
+void decodeShadows(const pl::Plan &plan, const pl::Step &step,
+                   const std::vector<ValueInfo> &values,
+                   const std::string &phase, const CudaCodegenOptions &opts,
+                   RowFormats &out);
+
+} // namespace nf::codegen::detail
