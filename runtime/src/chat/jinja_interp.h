@@ -1,5 +1,7 @@
 // The evaluator of the Jinja renderer (jinja_render.cpp) and the builtins it
-// calls (jinja_builtins.cpp): filters, tests, Python methods and globals.
+// calls: filters (jinja_filters.cpp), tests and globals
+// (jinja_tests_globals.cpp), Python methods (jinja_methods.cpp) and Python's
+// operators (jinja_operators.cpp).
 #pragma once
 
 #include "chat/jinja_ast.h"
