@@ -1,4 +1,5 @@
-// The syntax tree of a parsed Jinja template (jinja_parser.cpp builds it,
+// The syntax tree of a parsed Jinja template (jinja_parser.cpp and
+// jinja_parser_expr.cpp build it from jinja_lexer.cpp's tokens,
 // jinja_render.cpp walks it). Node kinds follow jinja2's nodes.py.
 #pragma once
 
