@@ -12,7 +12,7 @@
 //    the work into a graph, which cuGraphLaunch replays;
 //  - modules are PTX text or ELF images; a function exists when its name is
 //    an entry of the PTX or a string of the image, and runs if it is one of
-//    the smoke kernels of cuda_engine_test.cpp (implemented here as loops).
+//    the smoke kernels of cuda_smoke_plan.cpp (implemented here as loops).
 // nfFakeCudaLiveAllocations() reports device and pinned allocations still
 // held, to check that engines free everything.
 #include "nf_abi.h"
@@ -91,7 +91,7 @@ CUresult enqueue(Stream *s, Op op) {
 }
 
 // ---------------------------------------------------------------------------
-// Kernels (host versions of cuda_engine_test.cpp's smoke kernels)
+// Kernels (host versions of cuda_smoke_plan.cpp's smoke kernels)
 
 using Kernel = CUresult (*)(const nf_step_args *);
 

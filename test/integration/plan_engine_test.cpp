@@ -12,6 +12,7 @@
 
 #include "ReferenceUtil.h"
 #include "TestUtil.h"
+#include "engine_test_util.h"
 
 #include <flatbuffers/flatbuffers.h>
 #include <gtest/gtest.h>
@@ -28,6 +29,7 @@ namespace {
 
 using namespace nf;
 using namespace nf::test::ref;
+using namespace nf::test::integration;
 namespace fs = std::filesystem;
 
 std::string planPath(const std::string &name) {
@@ -39,75 +41,8 @@ std::string modelDir(const std::string &name) {
                              : test::fixtureDir(name);
 }
 
-// Tests run on one thread (results do not depend on the thread count) with
-// a small KV cache.
-EngineOptions testOptions() {
-  EngineOptions o;
-  o.numThreads = 1;
-  o.kvPages = 96;
-  o.maxSequences = 8;
-  return o;
-}
-
-std::unique_ptr<Engine> loadEngine(const std::string &plan,
-                                   const EngineOptions &o = testOptions()) {
-  StatusOr<std::unique_ptr<Engine>> e = Engine::load(plan, o);
-  EXPECT_TRUE(e.ok()) << e.message();
-  return e ? std::move(*e) : nullptr;
-}
-
-Status stepOne(Engine &e, int32_t seq, std::span<const int32_t> tokens,
-               LogitsFor which, std::vector<float> &logits,
-               StepStats *stats = nullptr, int32_t expertsPerToken = 0) {
-  SequenceInput in;
-  in.sequence = seq;
-  in.tokens = tokens;
-  in.expertsPerToken = expertsPerToken;
-  return e.step({&in, 1}, which, logits, stats);
-}
-
-double maxAbsDiff(const float *a, const float *b, size_t n) {
-  double m = 0;
-  for (size_t i = 0; i < n; ++i)
-    m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
-  return m;
-}
-
 int64_t countMoeLayers(const ModelInfo &info) {
   return std::count(info.layerKinds.begin(), info.layerKinds.end(), 'E');
-}
-
-/// Per prompt: prefill logits [T, V] then one row per greedy step.
-struct SingleRun {
-  std::vector<float> prefill;
-  std::vector<std::vector<float>> decode;
-};
-
-/// Each prompt alone: prefill, then its greedy tokens one step at a time.
-std::vector<SingleRun> runOneAtATime(Engine &e,
-                                     const std::vector<Prompt> &prompts) {
-  const int64_t V = e.info().vocabSize;
-  std::vector<SingleRun> out(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    StatusOr<int32_t> seq = e.addSequence();
-    EXPECT_TRUE(seq.ok()) << seq.message();
-    if (!seq)
-      return {};
-    Status s = stepOne(e, *seq, prompts[i].tokens, LogitsFor::AllTokens,
-                       out[i].prefill);
-    EXPECT_TRUE(s.ok()) << s.message();
-    int32_t tok = argmax(
-        out[i].prefill.data() + int64_t(prompts[i].tokens.size() - 1) * V, V);
-    for (size_t st = 0; st < prompts[i].greedyTokens.size(); ++st) {
-      std::vector<float> l;
-      s = stepOne(e, *seq, {&tok, 1}, LogitsFor::LastTokenPerSequence, l);
-      EXPECT_TRUE(s.ok()) << s.message();
-      tok = argmax(l.data(), V);
-      out[i].decode.push_back(std::move(l));
-    }
-    EXPECT_TRUE(e.removeSequence(*seq).ok());
-  }
-  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -334,11 +269,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, PlanFixture,
                          ::testing::Values("tiny-hybrid", "tiny-hybrid-bf16",
                                            "tiny-nano", "tiny-dense",
                                            "tiny-latent"),
-                         [](const auto &param) {
-                           std::string n = param.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         ParamName());
 
 // ---------------------------------------------------------------------------
 // Steps larger than the plan's arena: prefill in chunks of 16 tokens (a

@@ -1,0 +1,293 @@
+// nf::Engine's CUDA backend on particular plans compiled with `nfc compile
+// --target=cuda` (GPU only): pydoc-moe with bf16 GEMM inputs in the wide
+// decode bucket (CudaBf16Plans); a small arena (chunked steps), expert
+// statistics, budgets, the step-wide selection and overrides against the CPU
+// backend (CudaPlans). See cuda_test_util.h for the environment.
+#include "engine/engine.h"
+
+#include "ReferenceUtil.h"
+#include "cuda_test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace nf;
+using namespace nf::test::ref;
+using namespace nf::test::integration;
+using namespace nf::test::gpu;
+
+// pydoc-moe compiled with --matmul-inputs=bf16 (pydoc-moe-bf16): decode
+// steps of more than 16 tokens read the bf16 copies of their GEMM inputs
+// (the wide skinny variants), shorter ones the f32 rows; both round them the
+// same way. Rounding inputs to bf16 can turn a 1e-7 difference between step
+// sizes (exact plans: kBatchTol) into another expert choice (0.061 relative
+// on the plans of 2026-12-01, bench/results/2026-12-01b), so the bound is
+// loose: it catches copies that are stale, misplaced or never written
+// (logits of another token, differences of order 1), not rounding.
+// pydoc-moe-bf16-sm4: the same plan with grids sized for 4 SMs
+// (NF_CUDA_SM_COUNT=4), whose layers then take the variants that only
+// Nano-sized layers take on 132 SMs (items of 32 rows, 4-warp blocks).
+constexpr double kBf16BatchTol = 0.2;
+class CudaBf16Plans : public ::testing::TestWithParam<const char *> {};
+TEST_P(CudaBf16Plans, WideDecodeMatchesOneAtATime) {
+  NF_REQUIRE_GPU();
+  const std::string plan = cudaPlan(GetParam());
+  NF_REQUIRE_PLAN(plan);
+  const std::string dir = modelDir("pydoc-moe");
+  std::unique_ptr<Engine> single = loadEngine(plan, testOptions("cuda", dir));
+  ASSERT_NE(single, nullptr);
+  RefFile ref(dir + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  ASSERT_FALSE(prompts.empty());
+  const double diff = wideDecodeDifference(*single, plan, dir, prompts);
+  ASSERT_GE(diff, 0) << "the plan decodes fewer than 24 sequences at once";
+  EXPECT_LE(diff, kBf16BatchTol) << "wide decode differs from one at a time";
+  std::cout << "[ cuda ] " << GetParam()
+            << " wide decode (24 sequences): max rel "
+            << "|batched - single| " << diff
+            << (diff == 0 ? " (bit-identical)" : "") << "\n";
+}
+INSTANTIATE_TEST_SUITE_P(PydocMoe, CudaBf16Plans,
+                         ::testing::Values("pydoc-moe-bf16",
+                                           "pydoc-moe-bf16-sm4"),
+                         ParamName());
+
+// Steps split into runs of 16 tokens / 2 sequences (tiny-hybrid-small).
+TEST(CudaPlans, SmallArenaMatchesLargeArena) {
+  NF_REQUIRE_GPU();
+  const std::string small = cudaPlan("tiny-hybrid-small"),
+                    large = cudaPlan("tiny-hybrid");
+  NF_REQUIRE_PLAN(small);
+  NF_REQUIRE_PLAN(large);
+  const std::string dir = modelDir("tiny-hybrid");
+  std::unique_ptr<Engine> a = loadEngine(small, testOptions("cuda", dir));
+  std::unique_ptr<Engine> b = loadEngine(large, testOptions("cuda", dir));
+  ASSERT_TRUE(a && b);
+  RefFile ref(dir + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  const int64_t V = a->info().vocabSize;
+  // Every prompt at once (more than 16 tokens and 2 sequences), then decode.
+  std::vector<float> la, lb;
+  std::vector<int32_t> sa, sb;
+  std::vector<SequenceInput> ia, ib;
+  for (const Prompt &p : prompts) {
+    sa.push_back(*a->addSequence());
+    sb.push_back(*b->addSequence());
+    SequenceInput in;
+    in.tokens = p.tokens;
+    in.sequence = sa.back();
+    ia.push_back(in);
+    in.sequence = sb.back();
+    ib.push_back(in);
+  }
+  ASSERT_TRUE(a->step(ia, LogitsFor::AllTokens, la).ok());
+  ASSERT_TRUE(b->step(ib, LogitsFor::AllTokens, lb).ok());
+  ASSERT_EQ(la.size(), lb.size());
+  double worst = relError(la.data(), lb.data(), la.size());
+  std::vector<int32_t> next(prompts.size());
+  for (size_t st = 0; st < prompts[0].greedyTokens.size(); ++st) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      next[i] = static_cast<int32_t>(prompts[i].greedyTokens[st]);
+      ia[i].tokens = ib[i].tokens = {&next[i], 1};
+    }
+    ASSERT_TRUE(a->step(ia, LogitsFor::LastTokenPerSequence, la).ok());
+    ASSERT_TRUE(b->step(ib, LogitsFor::LastTokenPerSequence, lb).ok());
+    worst = std::max(worst, relError(la.data(), lb.data(), la.size()));
+    for (size_t i = 0; i < prompts.size(); ++i)
+      ASSERT_LE(relError(la.data() + i * V,
+                         prompts[i].greedyLogits.data() + st * V, V),
+                kCudaTol);
+  }
+  EXPECT_LE(worst, kBatchTol);
+  std::cout << "[ cuda ] small arena vs large: " << worst << "\n";
+}
+
+// pydoc-moe (budget policy, default budget 1.0 = static top-4): expert calls
+// of a batched prefill and of decode steps, and a budget of 0.5 spent as on
+// the CPU.
+TEST(CudaPlans, PydocExpertCalls) {
+  NF_REQUIRE_GPU();
+  const std::string plan = cudaPlan("pydoc-moe");
+  NF_REQUIRE_PLAN(plan);
+  const std::string dir = modelDir("pydoc-moe");
+  std::unique_ptr<Engine> gpu = loadEngine(plan, testOptions("cuda", dir));
+  std::unique_ptr<Engine> cpu = loadEngine(plan, testOptions("cpu", dir));
+  ASSERT_TRUE(gpu && cpu);
+  if (!gpu->info().expertStats)
+    GTEST_SKIP() << "expert statistics unavailable on this plan";
+  RefFile ref(dir + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  const int64_t layers = gpu->info().numMoeLayers, k = gpu->info().topK;
+  std::vector<SequenceInput> in(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    in[i].sequence = *gpu->addSequence();
+    in[i].tokens = prompts[i].tokens;
+  }
+  std::vector<float> logits;
+  StepStats stats;
+  Status s = gpu->step(in, LogitsFor::LastTokenPerSequence, logits, &stats);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<int32_t> next(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(stats.expertCalls[i],
+              int64_t(prompts[i].tokens.size()) * layers * k)
+        << "p" << i;
+    next[i] = argmax(logits.data() + i * gpu->info().vocabSize,
+                     gpu->info().vocabSize);
+    in[i].tokens = {&next[i], 1};
+  }
+  s = gpu->step(in, LogitsFor::LastTokenPerSequence, logits, &stats);
+  ASSERT_TRUE(s.ok()) << s.message();
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(stats.expertCalls[i], layers * k) << "p" << i;
+  for (const SequenceInput &x : in)
+    ASSERT_TRUE(gpu->removeSequence(x.sequence).ok());
+
+  // Half the budget: the same calls as the CPU's scheduler.
+  for (float budget : {0.5f, 0.25f}) {
+    StepStats sg, sc;
+    std::vector<float> lg, lc;
+    SequenceInput a;
+    a.tokens = prompts[0].tokens;
+    a.expertBudget = budget;
+    a.sequence = *gpu->addSequence();
+    ASSERT_TRUE(gpu->step({&a, 1}, LogitsFor::AllTokens, lg, &sg).ok());
+    ASSERT_TRUE(gpu->removeSequence(a.sequence).ok());
+    a.sequence = *cpu->addSequence();
+    ASSERT_TRUE(cpu->step({&a, 1}, LogitsFor::AllTokens, lc, &sc).ok());
+    ASSERT_TRUE(cpu->removeSequence(a.sequence).ok());
+    EXPECT_EQ(sg.expertCalls, sc.expertCalls) << "budget " << budget;
+    EXPECT_EQ(sg.expertCallsPerLayer, sc.expertCallsPerLayer);
+    std::cout << "[ cuda ] pydoc-moe budget " << budget << ": "
+              << sg.expertCalls[0] << " expert calls (CPU " << sc.expertCalls[0]
+              << "), max rel |cuda - cpu| logits "
+              << relError(lg.data(), lc.data(), lg.size()) << "\n";
+  }
+}
+
+// The step budget scope and the distinct-expert cap on the device (moe_budget
+// in prefill, moe_route's last block in decode): the same experts as the
+// CPU backend's decision on the same plan, step after step, and logits
+// within the backends' tolerance.
+TEST(CudaPlans, StepWideSelectionMatchesTheCpu) {
+  NF_REQUIRE_GPU();
+  const std::string plan = cudaPlan("pydoc-moe");
+  NF_REQUIRE_PLAN(plan);
+  const std::string dir = modelDir("pydoc-moe");
+  RefFile ref(dir + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  ASSERT_GE(prompts.size(), 2u);
+  struct Policy {
+    bool step;
+    double cap;
+  };
+  for (const Policy policy : {Policy{true, 0.0}, Policy{false, 0.5},
+                              Policy{true, 0.5}, Policy{true, 5.0}}) {
+    const std::string what = std::string(policy.step ? "step" : "request") +
+                             " scope, cap " + std::to_string(policy.cap);
+    EngineOptions og = testOptions("cuda", dir), oc = testOptions("cpu", dir);
+    og.budgetStepScope = oc.budgetStepScope = policy.step;
+    og.distinctExpertCap = oc.distinctExpertCap = policy.cap;
+    std::unique_ptr<Engine> gpu = loadEngine(plan, og);
+    std::unique_ptr<Engine> cpu = loadEngine(plan, oc);
+    ASSERT_TRUE(gpu && cpu) << what;
+    if (!gpu->info().expertStats)
+      GTEST_SKIP() << "expert statistics unavailable on this plan";
+    // Sequences at different budgets: a prefill step of all prompts, then
+    // decode steps of one token each, fed the CPU's greedy tokens.
+    const size_t n = prompts.size();
+    std::vector<SequenceInput> ig(n), ic(n);
+    for (size_t i = 0; i < n; ++i) {
+      ig[i].sequence = *gpu->addSequence();
+      ic[i].sequence = *cpu->addSequence();
+      ig[i].tokens = ic[i].tokens = prompts[i].tokens;
+      ig[i].expertBudget = ic[i].expertBudget = i % 2 ? 0.5f : 0.75f;
+    }
+    std::vector<int32_t> next(n);
+    for (int step = 0; step < 4; ++step) {
+      std::vector<float> lg, lc;
+      StepStats sg, sc;
+      Status s = gpu->step(ig, LogitsFor::LastTokenPerSequence, lg, &sg);
+      ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+      s = cpu->step(ic, LogitsFor::LastTokenPerSequence, lc, &sc);
+      ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+      EXPECT_EQ(sg.expertCallsPerLayer, sc.expertCallsPerLayer)
+          << what << ", step " << step;
+      EXPECT_EQ(gpu->expertUtilization(), cpu->expertUtilization())
+          << what << ", step " << step << ": different experts";
+      EXPECT_LE(relError(lg.data(), lc.data(), lg.size()), kCudaTol)
+          << what << ", step " << step;
+      const int32_t V = cpu->info().vocabSize;
+      for (size_t i = 0; i < n; ++i) {
+        next[i] = argmax(lc.data() + i * V, V);
+        ig[i].tokens = ic[i].tokens = {&next[i], 1};
+      }
+    }
+  }
+  // Plans whose selection is static top-k have no budget decision to pool.
+  const std::string topk = cudaPlan("tiny-hybrid-topk");
+  if (!std::filesystem::exists(topk))
+    return;
+  EngineOptions o = testOptions("cuda", modelDir("tiny-hybrid"));
+  o.budgetStepScope = true;
+  StatusOr<std::unique_ptr<Engine>> e = Engine::load(topk, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.message().find("--expert-policy=budget"), std::string::npos)
+      << e.message();
+}
+
+// MoE statistics and the static top-k override on a "topk" plan.
+TEST(CudaPlans, ExpertStatisticsAndOverride) {
+  NF_REQUIRE_GPU();
+  const std::string plan = cudaPlan("tiny-hybrid-topk");
+  NF_REQUIRE_PLAN(plan);
+  const std::string dir = modelDir("tiny-hybrid");
+  std::unique_ptr<Engine> gpu = loadEngine(plan, testOptions("cuda", dir));
+  std::unique_ptr<Engine> cpu = loadEngine(plan, testOptions("cpu", dir));
+  ASSERT_TRUE(gpu && cpu);
+  const ModelInfo &info = gpu->info();
+  ASSERT_GT(info.topK, 1);
+  const int64_t layers = info.numMoeLayers;
+  std::vector<int32_t> toks = {1, 5, 9, 13, 17, 21, 25, 29};
+  for (int32_t k : {0, 1}) {
+    std::vector<float> lg, lc;
+    StepStats sg, sc;
+    const int32_t g = *gpu->addSequence(), c = *cpu->addSequence();
+    ASSERT_TRUE(stepOne(*gpu, g, toks, LogitsFor::AllTokens, lg, &sg, k).ok());
+    ASSERT_TRUE(stepOne(*cpu, c, toks, LogitsFor::AllTokens, lc, &sc, k).ok());
+    EXPECT_LE(relError(lg.data(), lc.data(), lg.size()), kCudaTol)
+        << "experts per token " << k;
+    const int64_t want =
+        static_cast<int64_t>(toks.size()) * (k > 0 ? k : info.topK) * layers;
+    EXPECT_EQ(sc.expertCalls[0], want);
+    if (info.expertStats)
+      EXPECT_EQ(sg.expertCalls[0], want) << "experts per token " << k;
+    else
+      std::cout << "[ cuda ] expert statistics unavailable on this plan "
+                   "(select results stay inside kernels)\n";
+    ASSERT_TRUE(gpu->removeSequence(g).ok());
+    ASSERT_TRUE(cpu->removeSequence(c).ok());
+  }
+  // Mixed overrides in one step are rejected before anything runs.
+  const int32_t a = *gpu->addSequence(), b = *gpu->addSequence();
+  std::vector<SequenceInput> in(2);
+  in[0].sequence = a;
+  in[0].tokens = toks;
+  in[0].expertsPerToken = 1;
+  in[1].sequence = b;
+  in[1].tokens = toks;
+  std::vector<float> logits;
+  Status s = gpu->step(in, LogitsFor::LastTokenPerSequence, logits);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("one override per step"), std::string::npos);
+  EXPECT_EQ(gpu->sequenceLength(a), 0);
+}
+
+} // namespace
