@@ -17,7 +17,7 @@ CI does not need `tokenizers`: the tests read these committed files.
   python3 scripts/make_tokenizer_reference.py
 
 With --print-unicode-table it instead prints the general-category table that
-runtime/src/tokenizer/unicode_table.cpp embeds. It must be Unicode 16.0, the
+runtime/src/text/unicode_table.cpp embeds. It must be Unicode 16.0, the
 version of the Oniguruma (6.9.10) inside `tokenizers` 0.23, whose \\p{L} etc.
 the table reproduces: `pip install unicodedata2==16.0.0` (Python's own
 unicodedata is older).

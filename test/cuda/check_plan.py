@@ -16,8 +16,9 @@ the state storage, and runs steps launch by launch. Checks:
   - chunked prefill (--chunk N tokens per sequence and step): the conv window,
     SSM state and KV cache carry over between steps;
   - the budget policy at --budget B: each select's counts against a port of
-    runtime/src/cpu/expert_budget.cpp run on the kernel's own candidates, and
-    the dispatch layout against the counts; experts_per_token = 1 override;
+    runtime/src/backends/cpu/expert_budget.cpp run on the kernel's own
+    candidates, and the dispatch layout against the counts;
+    experts_per_token = 1 override;
   - --time: per-launch times (CUDA events) of a max-token prefill and a full
     decode step.
 Needs numpy and cupy (both on the H200 image); the plan is read with a small
@@ -375,7 +376,7 @@ class Runner:
 
 
 # ---------------------------------------------------------------------------
-# Budget policy (port of runtime/src/cpu/expert_budget.cpp)
+# Budget policy (port of runtime/src/backends/cpu/expert_budget.cpp)
 
 def allocate_budget(w, k, min_k, groups, counts):
     min_k = max(0, min(min_k, k))

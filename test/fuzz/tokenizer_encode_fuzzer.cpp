@@ -1,5 +1,5 @@
 // Fuzz target: encode/decode of arbitrary bytes with real tokenizers
-// (runtime/src/tokenizer/): examples/pydoc-moe/tokenizer.json and the
+// (runtime/src/text/): examples/pydoc-moe/tokenizer.json and the
 // variants of test/data/tokenizer/variants (Split regexes, byte fallback,
 // added tokens with lstrip/rstrip/single_word, template post-processors).
 //

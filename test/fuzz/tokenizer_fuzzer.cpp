@@ -1,4 +1,4 @@
-// Fuzz target: tokenizer.json loading (runtime/src/tokenizer/) and
+// Fuzz target: tokenizer.json loading (runtime/src/text/) and
 // encode/decode with the tokenizer loaded.
 //
 // The input is "<tokenizer.json text>\0<text>": the JSON is loaded, and a

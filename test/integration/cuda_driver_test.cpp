@@ -5,7 +5,7 @@
 // CUDA plans fall back to the CPU with one line on stderr under "auto" and
 // fail under "cuda", and run on the fake driver (fake_cuda_driver.cpp)
 // through the C API. See cuda_test_util.h for the environment.
-#include "cuda/driver.h"
+#include "backends/cuda/driver.h"
 #include "engine/engine.h"
 #include "nf/nf.h"
 

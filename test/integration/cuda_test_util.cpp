@@ -1,6 +1,6 @@
 #include "cuda_test_util.h"
 
-#include "cuda/driver.h"
+#include "backends/cuda/driver.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -1,5 +1,5 @@
-// What the tests of nf::Engine's CUDA backend (runtime/src/cuda) share; the
-// tests themselves, all in the nf-cuda-tests binary:
+// What the tests of nf::Engine's CUDA backend (runtime/src/backends/cuda)
+// share; the tests themselves, all in the nf-cuda-tests binary:
 //  - cuda_driver_test.cpp (CudaDriver, CudaBackend): the driver loader and
 //    backend selection, on every machine;
 //  - cuda_smoke_test.cpp (CudaSmoke): synthetic plans (cuda_smoke_plan.h)

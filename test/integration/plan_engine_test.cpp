@@ -4,7 +4,7 @@
 // (bit-identical to one sequence at a time), steps split over a small arena,
 // MoE expert statistics and overrides, and clean errors for broken plans,
 // broken weights and bad steps.
-#include "cpu/kernels.h"
+#include "backends/cpu/kernels.h"
 #include "engine/engine.h"
 #include "engine/plan_common.h"
 #include "nf/plan_generated.h"

@@ -79,7 +79,7 @@ public:
   /// The path (or source name) the tokenizer was loaded from.
   const std::string &source() const;
 
-  struct Impl; // implementation detail (runtime/src/tokenizer/)
+  struct Impl; // implementation detail (runtime/src/text/)
 
 private:
   explicit Tokenizer(std::shared_ptr<const Impl> impl)

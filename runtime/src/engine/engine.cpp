@@ -1,7 +1,7 @@
 #include "engine/engine.h"
 
-#include "cuda/cuda_engine.h"
-#include "engine/cpu_engine.h"
+#include "backends/cpu/cpu_engine.h"
+#include "backends/cuda/cuda_engine.h"
 #include "engine/plan_loader.h"
 
 #include <cmath>

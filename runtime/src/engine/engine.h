@@ -92,7 +92,7 @@ struct ModelInfo {
   std::string device;
   /// Whether StepStats and expertUtilization() are reported (always on the
   /// CPU; on CUDA when the plan leaves the select results of every MoE layer
-  /// in the arena, see cuda/cuda_engine.h).
+  /// in the arena, see backends/cuda/cuda_engine.h).
   bool expertStats = true;
   /// Length of the top-logits lists decode steps can return
   /// (LogitsFor::LastTokenTop); 0: none.

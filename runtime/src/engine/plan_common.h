@@ -6,8 +6,7 @@
 // backend checks, numbers and batches exactly as it does. Internal.
 #pragma once
 
-#include "cpu/caches.h"
-#include "cpu/kernels.h"
+#include "engine/caches.h"
 #include "engine/engine.h"
 #include "engine/plan_loader.h"
 #include "nf/plan_attrs.h"

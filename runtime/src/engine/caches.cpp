@@ -1,0 +1,232 @@
+// The CPU backend's per-sequence storage (see caches.h).
+#include "engine/caches.h"
+
+#include <algorithm>
+#include <new>
+#include <string>
+
+namespace nf::cpu {
+
+// ---------------------------------------------------------------------------
+// StateCache
+
+StatusOr<StateCache> StateCache::create(std::span<const MambaShape> layers,
+                                        int32_t numSlots) {
+  if (numSlots <= 0)
+    return Status::error("state cache: numSlots must be positive");
+  try {
+    StateCache c;
+    for (const MambaShape &s : layers) {
+      c.shapes_.push_back(s);
+      c.conv_.emplace_back(static_cast<size_t>(s.convStateSize() * numSlots),
+                           0.0f);
+      c.ssm_.emplace_back(static_cast<size_t>(s.ssmStateSize() * numSlots),
+                          0.0f);
+    }
+    c.live_.assign(static_cast<size_t>(numSlots), false);
+    return c;
+  } catch (const std::bad_alloc &) {
+    return Status::error("state cache: out of memory for " +
+                         std::to_string(numSlots) + " slots");
+  }
+}
+
+StatusOr<int32_t> StateCache::allocateSlot() {
+  for (int32_t s = 0; s < numSlots(); ++s) {
+    if (live_[s])
+      continue;
+    live_[s] = true;
+    for (size_t l = 0; l < shapes_.size(); ++l) {
+      std::fill_n(conv(static_cast<int32_t>(l), s), shapes_[l].convStateSize(),
+                  0.0f);
+      std::fill_n(ssm(static_cast<int32_t>(l), s), shapes_[l].ssmStateSize(),
+                  0.0f);
+    }
+    return s;
+  }
+  return Status::error("state cache: all " + std::to_string(numSlots()) +
+                       " slots are in use");
+}
+
+Status StateCache::freeSlot(int32_t slot) {
+  if (!isLive(slot))
+    return Status::error("state cache: slot " + std::to_string(slot) +
+                         " is not in use");
+  live_[slot] = false;
+  return Status::success();
+}
+
+bool StateCache::isLive(int32_t slot) const {
+  return slot >= 0 && slot < numSlots() && live_[slot];
+}
+
+int32_t StateCache::numFree() const {
+  return static_cast<int32_t>(std::count(live_.begin(), live_.end(), false));
+}
+
+float *StateCache::conv(int32_t l, int32_t slot) {
+  return conv_[l].data() + shapes_[l].convStateSize() * slot;
+}
+
+float *StateCache::ssm(int32_t l, int32_t slot) {
+  return ssm_[l].data() + shapes_[l].ssmStateSize() * slot;
+}
+
+// ---------------------------------------------------------------------------
+// KvCache
+
+StatusOr<KvCache> KvCache::create(std::span<const KvLayerShape> layers,
+                                  int32_t numPages, int32_t pageSize) {
+  if (numPages <= 0 || pageSize <= 0)
+    return Status::error("kv cache: numPages and pageSize must be positive");
+  try {
+    KvCache c;
+    c.pageSize_ = pageSize;
+    for (const KvLayerShape &shape : layers) {
+      Storage s;
+      s.numKvHeads = shape.numKvHeads;
+      s.headDim = shape.headDim;
+      const size_t n = static_cast<size_t>(numPages) * pageSize *
+                       static_cast<size_t>(s.numKvHeads * s.headDim);
+      s.k.assign(n, 0.0f);
+      s.v.assign(n, 0.0f);
+      c.layers_.push_back(std::move(s));
+    }
+    c.used_.assign(static_cast<size_t>(numPages), false);
+    return c;
+  } catch (const std::bad_alloc &) {
+    return Status::error("kv cache: out of memory for " +
+                         std::to_string(numPages) + " pages of " +
+                         std::to_string(pageSize));
+  }
+}
+
+StatusOr<int32_t> KvCache::allocatePage() {
+  for (int32_t p = 0; p < numPages(); ++p)
+    if (!used_[p]) {
+      used_[p] = true;
+      ++numUsed_;
+      return p;
+    }
+  return Status::error("kv cache: all " + std::to_string(numPages()) +
+                       " pages are in use");
+}
+
+Status KvCache::freePage(int32_t page) {
+  if (page < 0 || page >= numPages() || !used_[page])
+    return Status::error("kv cache: page " + std::to_string(page) +
+                         " is not in use");
+  used_[page] = false;
+  --numUsed_;
+  return Status::success();
+}
+
+int32_t KvCache::numFreePages() const { return numPages() - numUsed_; }
+
+Status KvCache::reserve(std::vector<int32_t> &pageTable, int64_t numTokens) {
+  const int64_t need = (numTokens + pageSize_ - 1) / pageSize_;
+  while (static_cast<int64_t>(pageTable.size()) < need) {
+    StatusOr<int32_t> p = allocatePage();
+    if (!p)
+      return p.status();
+    pageTable.push_back(*p);
+  }
+  return Status::success();
+}
+
+void KvCache::release(std::vector<int32_t> &pageTable) {
+  for (int32_t p : pageTable)
+    (void)freePage(p); // a foreign page id is ignored: nothing to undo
+  pageTable.clear();
+}
+
+PagedKvLayer KvCache::layer(int32_t l) {
+  Storage &s = layers_[l];
+  PagedKvLayer out;
+  out.k = s.k.data();
+  out.v = s.v.data();
+  out.numPages = numPages();
+  out.pageSize = pageSize_;
+  out.numKvHeads = s.numKvHeads;
+  out.headDim = s.headDim;
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Caches
+
+StatusOr<Caches> Caches::create(std::span<const MambaShape> mambaLayers,
+                                std::span<const KvLayerShape> attentionLayers,
+                                const CacheConfig &cfg) {
+  StatusOr<StateCache> st = StateCache::create(mambaLayers, cfg.numSlots);
+  if (!st)
+    return st.status();
+  StatusOr<KvCache> kv =
+      KvCache::create(attentionLayers, cfg.numPages, cfg.pageSize);
+  if (!kv)
+    return kv.status();
+  try {
+    Caches c;
+    c.state_ = std::move(*st);
+    c.kv_ = std::move(*kv);
+    c.pageTables_.resize(static_cast<size_t>(cfg.numSlots));
+    c.lengths_.assign(static_cast<size_t>(cfg.numSlots), 0);
+    return c;
+  } catch (const std::bad_alloc &) {
+    return Status::error("caches: out of memory");
+  }
+}
+
+StatusOr<int32_t> Caches::addSequence() {
+  StatusOr<int32_t> slot = state_.allocateSlot();
+  if (!slot)
+    return slot;
+  pageTables_[*slot].clear();
+  lengths_[*slot] = 0;
+  return slot;
+}
+
+Status Caches::removeSequence(int32_t slot) {
+  if (Status s = state_.freeSlot(slot); !s)
+    return s;
+  kv_.release(pageTables_[slot]);
+  lengths_[slot] = 0;
+  return Status::success();
+}
+
+int64_t Caches::length(int32_t slot) const {
+  return isLive(slot) ? lengths_[slot] : 0;
+}
+
+const std::vector<int32_t> &Caches::pageTable(int32_t slot) const {
+  static const std::vector<int32_t> empty;
+  return isLive(slot) ? pageTables_[slot] : empty;
+}
+
+Status Caches::reserve(int32_t slot, int64_t numTokens) {
+  if (!isLive(slot))
+    return Status::error("caches: slot " + std::to_string(slot) +
+                         " is not in use");
+  if (kv_.numAttentionLayers() == 0)
+    return Status::success(); // no attention: pages would never be read
+  return kv_.reserve(pageTables_[slot], numTokens);
+}
+
+int64_t Caches::pagesNeeded(int32_t slot, int64_t numTokens) const {
+  if (!isLive(slot) || kv_.numAttentionLayers() == 0)
+    return 0;
+  const int64_t ps = kv_.pageSize();
+  const int64_t need = (numTokens + ps - 1) / ps;
+  return std::max<int64_t>(
+      0, need - static_cast<int64_t>(pageTables_[slot].size()));
+}
+
+Status Caches::advance(int32_t slot, int64_t count) {
+  if (!isLive(slot))
+    return Status::error("caches: slot " + std::to_string(slot) +
+                         " is not in use");
+  lengths_[slot] += count;
+  return Status::success();
+}
+
+} // namespace nf::cpu

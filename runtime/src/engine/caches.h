@@ -1,0 +1,164 @@
+// Per-sequence storage: the recurrent state of every Mamba layer per slot,
+// the paged K/V cache of every attention layer, and the bookkeeping of the
+// sequences holding them (slot, page table, length). Shared by both
+// backends, so it lives with the plan layer (nf_plan): the CPU engine keeps
+// its state here, the CUDA engine's sequence table only the bookkeeping
+// (slots, page ids), and the reference executor (test/support) uses it too.
+// MambaShape and PagedKvLayer, the layouts the CPU kernels
+// (backends/cpu/kernels.h) read and write, are defined here for that reason.
+#pragma once
+
+#include "nf/status.h"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace nf::cpu {
+
+class Executor;
+
+/// Geometry of one Mamba2 layer (its recurrent state and projections).
+struct MambaShape {
+  int64_t numHeads = 0;   // nh
+  int64_t headDim = 0;    // P
+  int64_t stateSize = 0;  // N
+  int64_t nGroups = 0;    // G
+  int64_t convKernel = 0; // K
+  int64_t inner() const { return numHeads * headDim; }
+  int64_t convDim() const { return inner() + 2 * nGroups * stateSize; }
+  int64_t inProjDim() const { return inner() + convDim() + numHeads; }
+  int64_t convStateSize() const { return convDim() * (convKernel - 1); }
+  int64_t ssmStateSize() const { return numHeads * headDim * stateSize; }
+};
+
+/// One attention layer's cache storage: K and V each [numPages, pageSize,
+/// nkv, hd] f32. A sequence's logical page j (positions j·pageSize ...) lives
+/// in physical page pageTable[j].
+struct PagedKvLayer {
+  float *k = nullptr;
+  float *v = nullptr;
+  int32_t numPages = 0;
+  int32_t pageSize = 0;
+  int64_t numKvHeads = 0;
+  int64_t headDim = 0;
+};
+
+/// Recurrent state of every Mamba layer, per slot: conv [CD, K-1] and ssm
+/// [nh, P, N], f32.
+class StateCache {
+public:
+  /// One state per entry of `mambaLayers` (e.g. from a plan's Storage table).
+  static StatusOr<StateCache> create(std::span<const MambaShape> mambaLayers,
+                                     int32_t numSlots);
+  StateCache() = default;
+
+  /// The lowest free slot, its state zeroed.
+  StatusOr<int32_t> allocateSlot();
+  Status freeSlot(int32_t slot);
+  bool isLive(int32_t slot) const;
+  int32_t numSlots() const { return static_cast<int32_t>(live_.size()); }
+  int32_t numFree() const;
+
+  int32_t numMambaLayers() const {
+    return static_cast<int32_t>(shapes_.size());
+  }
+  float *conv(int32_t mambaLayer, int32_t slot);
+  float *ssm(int32_t mambaLayer, int32_t slot);
+
+private:
+  std::vector<MambaShape> shapes_;
+  std::vector<std::vector<float>> conv_, ssm_; // per Mamba layer
+  std::vector<bool> live_;
+};
+
+/// K/V row layout of one attention layer's cache.
+struct KvLayerShape {
+  int64_t numKvHeads = 0;
+  int64_t headDim = 0;
+};
+
+/// Paged K/V storage of every attention layer and its page allocator.
+class KvCache {
+public:
+  /// One layer per entry of `attentionLayers`, all sharing the page ids.
+  static StatusOr<KvCache> create(std::span<const KvLayerShape> attentionLayers,
+                                  int32_t numPages, int32_t pageSize);
+  KvCache() = default;
+
+  /// The lowest free page.
+  StatusOr<int32_t> allocatePage();
+  Status freePage(int32_t page);
+  int32_t numPages() const { return static_cast<int32_t>(used_.size()); }
+  int32_t numFreePages() const;
+  int32_t pageSize() const { return pageSize_; }
+
+  /// Grows `pageTable` with fresh pages until positions [0, numTokens) are
+  /// covered; on failure the table keeps the pages it got.
+  Status reserve(std::vector<int32_t> &pageTable, int64_t numTokens);
+  /// Frees every page of `pageTable` and clears it.
+  void release(std::vector<int32_t> &pageTable);
+
+  int32_t numAttentionLayers() const {
+    return static_cast<int32_t>(layers_.size());
+  }
+  PagedKvLayer layer(int32_t attentionLayer);
+
+private:
+  struct Storage {
+    int64_t numKvHeads = 0, headDim = 0;
+    std::vector<float> k, v;
+  };
+  std::vector<Storage> layers_;
+  std::vector<bool> used_;
+  int32_t numUsed_ = 0; // pages in use (a server reads the count per step)
+  int32_t pageSize_ = 0;
+};
+
+struct CacheConfig {
+  int32_t numSlots = 8;  // concurrent sequences
+  int32_t numPages = 64; // KV pages shared by all sequences
+  int32_t pageSize = 16; // positions per page
+};
+
+/// Both caches plus per-sequence bookkeeping (page table, length), keyed by
+/// slot. Sequences join and leave between steps.
+class Caches {
+public:
+  /// Caches for the layer shapes of a model (a plan's Storage table, or
+  /// createCaches of a ModelDesc).
+  static StatusOr<Caches> create(std::span<const MambaShape> mambaLayers,
+                                 std::span<const KvLayerShape> attentionLayers,
+                                 const CacheConfig &c);
+  Caches() = default;
+
+  /// A new, empty sequence: a slot with zeroed state and no pages.
+  StatusOr<int32_t> addSequence();
+  /// Frees the sequence's slot and pages.
+  Status removeSequence(int32_t slot);
+  bool isLive(int32_t slot) const { return state_.isLive(slot); }
+  /// Tokens of the sequence processed so far (the next step's startPos).
+  int64_t length(int32_t slot) const;
+  const std::vector<int32_t> &pageTable(int32_t slot) const;
+  /// Pages for positions [0, numTokens) of the sequence.
+  Status reserve(int32_t slot, int64_t numTokens);
+  /// Pages that reserve(slot, numTokens) would still have to allocate.
+  int64_t pagesNeeded(int32_t slot, int64_t numTokens) const;
+  /// Records that `count` more tokens of the sequence were processed (for
+  /// executors other than Executor, which advances lengths itself).
+  Status advance(int32_t slot, int64_t count);
+
+  StateCache &state() { return state_; }
+  KvCache &kv() { return kv_; }
+  const StateCache &state() const { return state_; }
+  const KvCache &kv() const { return kv_; }
+
+private:
+  friend class Executor;
+  StateCache state_;
+  KvCache kv_;
+  std::vector<std::vector<int32_t>> pageTables_; // per slot
+  std::vector<int64_t> lengths_;                 // per slot
+};
+
+} // namespace nf::cpu
