@@ -2,10 +2,10 @@
 // (test/data/fixtures, examples/pydoc-moe): prefill and greedy-decode logits,
 // MoE routes, hidden states, continuous batching (mixed prefill/decode steps,
 // sequences joining and leaving, scattered KV pages), plus kernel checks.
-#include "cpu/kernels.h"
-#include "cpu/reference_model.h"
+#include "backends/cpu/kernels.h"
 #include "hf/HFConfig.h"
 #include "nf/safetensors.h"
+#include "reference_model.h"
 #include "weights.h"
 
 #include "ReferenceUtil.h"

@@ -1,5 +1,5 @@
 // Budget scheduler: counts per token from ranked candidate weights.
-#include "cpu/expert_budget.h"
+#include "backends/cpu/expert_budget.h"
 
 #include <gtest/gtest.h>
 
