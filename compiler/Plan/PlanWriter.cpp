@@ -91,6 +91,15 @@ StatusOr<int> Writer::weightIndex(nfir::WeightOp op) {
       key += "," + std::to_string(r);
   if (auto it = weightKeys.find(key); it != weightKeys.end())
     return it->second;
+  // The plan has no way to say how codes and scales combine, and a runtime
+  // that read codes as values would compute garbage: refuse until quantised
+  // weights are lowered (the plan then records each weight's scheme).
+  if (auto quant = op.getQuant())
+    return error(op, "quantised weights (" +
+                         nfir::stringifyQuantScheme(quant->getScheme()).str() +
+                         ") are not lowered yet: '" +
+                         cast<StringAttr>(op.getTensors()[0]).getValue().str() +
+                         "'");
   auto type = op.getResult().getType();
   auto dtype = dtypeOf(type.getElementType());
   if (failed(dtype))

@@ -18,6 +18,61 @@ namespace nfir = ::mlir::nf;
 namespace nf::compiler {
 namespace {
 
+/// Scale element type of a quant's first part (every part of a weight that
+/// packing produces must agree).
+Type scaleElementType(ArrayAttr types) {
+  return cast<RankedTensorType>(cast<TypeAttr>(types[0]).getValue())
+      .getElementType();
+}
+
+/// Quantised weights concatenate when they are quantised the same way (one
+/// GEMM, one kernel variant); each part keeps its own scales. Unquantised
+/// weights concatenate only with unquantised ones.
+bool sameQuantFormat(nfir::QuantAttr a, nfir::QuantAttr b) {
+  if (!a || !b)
+    return !a && !b;
+  auto inputType = [](nfir::QuantAttr q) {
+    return q.getInputScaleTypes() ? scaleElementType(q.getInputScaleTypes())
+                                  : Type();
+  };
+  return a.getScheme() == b.getScheme() && a.getStorage() == b.getStorage() &&
+         a.getPack() == b.getPack() &&
+         a.getGranularity() == b.getGranularity() &&
+         a.getGroupSize() == b.getGroupSize() &&
+         a.getSymmetric() == b.getSymmetric() &&
+         a.getActivations() == b.getActivations() &&
+         scaleElementType(a.getScaleTypes()) ==
+             scaleElementType(b.getScaleTypes()) &&
+         inputType(a) == inputType(b);
+}
+
+/// The quant of the concatenation of `parts`: the first part's format with
+/// every part's scales, in order. Null when the parts are unquantised.
+nfir::QuantAttr concatQuant(MutableArrayRef<nfir::WeightOp> parts) {
+  nfir::QuantAttr first = parts.front().getQuantAttr();
+  if (!first)
+    return {};
+  SmallVector<Attribute> scales, scaleTypes, inputScales, inputTypes;
+  for (nfir::WeightOp w : parts) {
+    nfir::QuantAttr q = w.getQuantAttr();
+    llvm::append_range(scales, q.getScales());
+    llvm::append_range(scaleTypes, q.getScaleTypes());
+    if (q.getInputScales()) {
+      llvm::append_range(inputScales, q.getInputScales());
+      llvm::append_range(inputTypes, q.getInputScaleTypes());
+    }
+  }
+  MLIRContext *ctx = first.getContext();
+  auto array = [&](ArrayRef<Attribute> a) {
+    return a.empty() ? ArrayAttr() : ArrayAttr::get(ctx, a);
+  };
+  return nfir::QuantAttr::get(
+      ctx, first.getScheme(), first.getStorage(), first.getPack(),
+      first.getGranularity(), first.getGroupSize(), first.getSymmetric(),
+      array(scales), array(scaleTypes), first.getActivations(),
+      array(inputScales), array(inputTypes));
+}
+
 /// A plain (unstacked, unpacked) weight that can be concatenated.
 nfir::WeightOp plainWeight(Value v) {
   auto w = v.getDefiningOp<nfir::WeightOp>();
@@ -48,7 +103,9 @@ struct PackWeightsPass : impl::PackWeightsBase<PackWeightsPass> {
     return llvm::all_of(group, [&](nfir::LinearOp op) {
       auto t = plainWeight(op.getWeight()).getResult().getType();
       return t.getElementType() == first.getElementType() &&
-             t.getDimSize(1) == first.getDimSize(1);
+             t.getDimSize(1) == first.getDimSize(1) &&
+             sameQuantFormat(plainWeight(op.getWeight()).getQuantAttr(),
+                             plainWeight(group[0].getWeight()).getQuantAttr());
     });
   }
 
@@ -56,8 +113,10 @@ struct PackWeightsPass : impl::PackWeightsBase<PackWeightsPass> {
     OpBuilder b(group.front());
     SmallVector<Attribute> names;
     SmallVector<int64_t> weightRows;
+    SmallVector<nfir::WeightOp> parts;
     for (nfir::LinearOp op : group) {
       auto w = plainWeight(op.getWeight());
+      parts.push_back(w);
       names.push_back(w.getTensors()[0]);
       weightRows.push_back(w.getResult().getType().getDimSize(0));
     }
@@ -69,9 +128,9 @@ struct PackWeightsPass : impl::PackWeightsBase<PackWeightsPass> {
                                             first.getElementType());
     Location loc = b.getFusedLoc(llvm::to_vector(
         llvm::map_range(group, [](nfir::LinearOp op) { return op.getLoc(); })));
-    auto packed =
-        nfir::WeightOp::create(b, loc, packedType, b.getArrayAttr(names),
-                               UnitAttr(), b.getDenseI64ArrayAttr(weightRows));
+    auto packed = nfir::WeightOp::create(
+        b, loc, packedType, b.getArrayAttr(names), UnitAttr(),
+        b.getDenseI64ArrayAttr(weightRows), concatQuant(parts));
     auto resultType =
         RankedTensorType::get({ShapedType::kDynamic, total}, b.getF32Type());
     Value fused =

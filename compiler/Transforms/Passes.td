@@ -58,7 +58,10 @@ def PackWeights : Pass<"nf-pack-weights", "mlir::ModuleOp"> {
   let description = [{
     A weight layout decision: q/k/v projections reading the same input
     become one GEMM over a `concat_rows` weight followed by a split. The
-    runtime packs the concatenated weight at load time.
+    runtime packs the concatenated weight at load time. Quantised weights
+    are concatenated only with weights quantised the same way (scheme,
+    granularity, activation scheme, scale dtype), and the packed weight's
+    `#nf.quant` lists every part's scales in order.
   }];
 }
 

@@ -6,6 +6,7 @@
 // weight of a block kind present in the model is required. nlohmann::json
 // exceptions never escape: type checks happen before every get<>().
 #include "hf/HFConfig.h"
+#include "hf/HFInternal.h"
 #include "nf/file.h"
 
 #include <nlohmann/json.hpp>
@@ -22,9 +23,7 @@
 
 namespace nf::hf {
 
-namespace {
-
-using json = nlohmann::json;
+namespace detail {
 
 std::string shapeString(const std::vector<int64_t> &shape) {
   std::string s = "[";
@@ -34,14 +33,6 @@ std::string shapeString(const std::vector<int64_t> &shape) {
     s += std::to_string(shape[i]);
   }
   return s + "]";
-}
-
-// A JSON value for a message: short enough to stay on one line.
-std::string brief(const json &j) {
-  std::string s = j.dump();
-  if (s.size() > 40)
-    s = s.substr(0, 37) + "...";
-  return s;
 }
 
 // Strings from config.json; keep messages on one line by escaping control
@@ -58,6 +49,21 @@ std::string printable(const std::string &s) {
     }
   }
   return out;
+}
+
+} // namespace detail
+
+namespace {
+
+using json = nlohmann::json;
+using detail::printable;
+
+// A JSON value for a message: short enough to stay on one line.
+std::string brief(const json &j) {
+  std::string s = j.dump();
+  if (s.size() > 40)
+    s = s.substr(0, 37) + "...";
+  return s;
 }
 
 std::string fmtDouble(double v) {
@@ -579,312 +585,15 @@ StatusOr<ModelConfig> parseConfigJson(const json &root,
   }
   if (r.failed())
     return Status::error(r.error());
+  if (auto q = root.find("quantization_config");
+      q != root.end() && !q->is_null()) {
+    StatusOr<QuantConfig> quant = detail::parseQuantizationConfig(*q, source);
+    if (!quant)
+      return quant.status();
+    c.quantization = std::move(*quant);
+  }
   return c;
 }
-
-//===----------------------------------------------------------------------===//
-// Checkpoint binding.
-//===----------------------------------------------------------------------===//
-
-class Binder {
-public:
-  Binder(const ModelConfig &cfg, const Checkpoint &ckpt)
-      : cfg_(cfg), ckpt_(ckpt) {
-    // Hub checkpoints use "backbone.", HF's in-memory names "model."; report
-    // missing tensors in the spelling this checkpoint uses.
-    bool anyBackbone = false, anyModel = false;
-    for (const auto &[name, t] : ckpt.tensors) {
-      anyBackbone |= name.rfind("backbone.", 0) == 0;
-      anyModel |= name.rfind("model.", 0) == 0;
-    }
-    prefixes_ = (anyModel && !anyBackbone)
-                    ? std::vector<std::string>{"model.", "backbone."}
-                    : std::vector<std::string>{"backbone.", "model."};
-  }
-
-  /// Where a missing tensor is reported: the only file, or the directory.
-  std::string where() const {
-    return ckpt_.files.size() == 1 ? ckpt_.files.front() : ckpt_.dir;
-  }
-
-  /// Names of `suffix` under every accepted prefix, preferred one first.
-  std::vector<std::string> withPrefixes(const std::string &suffix) const {
-    std::vector<std::string> out;
-    for (const std::string &p : prefixes_)
-      out.push_back(p + suffix);
-    return out;
-  }
-
-  const TensorInfo *findFirst(const std::vector<std::string> &names) const {
-    for (const std::string &n : names)
-      if (const TensorInfo *t = ckpt_.find(n))
-        return t;
-    return nullptr;
-  }
-
-  Status check(const TensorInfo &t, const std::vector<int64_t> &shape) const {
-    if (t.shape != shape)
-      return Status::error(t.file + ": tensor '" + t.name + "' has shape " +
-                           shapeString(t.shape) + ", expected " +
-                           shapeString(shape));
-    if (!isSupportedWeightDType(t.dtype))
-      return Status::error(t.file + ": tensor '" + t.name +
-                           "' has unsupported dtype " + dtypeName(t.dtype) +
-                           " (supported: F32, BF16, F16)");
-    return Status::success();
-  }
-
-  /// Binds the first existing name of `names`; a miss names names[0].
-  Status bind(WeightBinding &w, const std::string &role,
-              const std::vector<std::string> &names,
-              const std::vector<int64_t> &shape, const std::string &context) {
-    const TensorInfo *t = findFirst(names);
-    if (!t)
-      return Status::error(where() + ": missing tensor '" + names.front() +
-                           "' (" + context + ")");
-    if (Status s = check(*t, shape); !s)
-      return s;
-    w.role = role;
-    w.tensors = {t->name};
-    w.stacked = false;
-    w.dtype = t->dtype;
-    w.shape = shape;
-    w.file = t->file;
-    return Status::success();
-  }
-
-  Status bindLayerWeight(LayerBinding &lb, const std::string &role,
-                         const std::string &suffix,
-                         const std::vector<int64_t> &shape) {
-    WeightBinding w;
-    if (Status s = bind(w, role, withPrefixes(layerPath(lb.index) + suffix),
-                        shape, context(lb));
-        !s)
-      return s;
-    lb.mixer.push_back(std::move(w));
-    return Status::success();
-  }
-
-  /// Routed experts, per-expert (Hub: experts.{j}.up_proj.weight) or stacked
-  /// (HF memory: experts.up_proj [E, ...]).
-  Status bindExperts(LayerBinding &lb, const std::string &role,
-                     const std::string &proj,
-                     const std::vector<int64_t> &perExpert) {
-    const int64_t numExperts = cfg_.nRoutedExperts;
-    const std::string base = layerPath(lb.index) + "mixer.experts.";
-    std::vector<int64_t> stackedShape = {numExperts};
-    stackedShape.insert(stackedShape.end(), perExpert.begin(), perExpert.end());
-    WeightBinding w;
-    w.role = role;
-    w.stacked = true;
-    w.shape = stackedShape;
-
-    auto expertNames = [&](int64_t j) {
-      return withPrefixes(base + std::to_string(j) + "." + proj + ".weight");
-    };
-    if (const TensorInfo *first = findFirst(expertNames(0))) {
-      for (int64_t j = 0; j < numExperts; ++j) {
-        std::vector<std::string> names = expertNames(j);
-        const TensorInfo *t = findFirst(names);
-        if (!t)
-          return Status::error(where() + ": missing tensor '" + names.front() +
-                               "' (" + context(lb) + ", expert " +
-                               std::to_string(j) + ")");
-        if (Status s = check(*t, perExpert); !s)
-          return s;
-        if (t->dtype != first->dtype)
-          return Status::error(
-              t->file + ": tensor '" + t->name + "' has dtype " +
-              dtypeName(t->dtype) + " but '" + first->name + "' has " +
-              dtypeName(first->dtype) + " (the experts of layer " +
-              std::to_string(lb.index) + " must share one dtype)");
-        w.tensors.push_back(t->name);
-      }
-      // More experts than the config says means config and weights disagree.
-      if (const TensorInfo *extra = findFirst(expertNames(numExperts)))
-        return Status::error(extra->file + ": tensor '" + extra->name +
-                             "' exists but n_routed_experts is " +
-                             std::to_string(numExperts));
-      w.dtype = first->dtype;
-      w.file = first->file;
-      lb.mixer.push_back(std::move(w));
-      return Status::success();
-    }
-    std::vector<std::string> stackedNames;
-    for (const std::string &n : withPrefixes(base + proj)) {
-      stackedNames.push_back(n);
-      stackedNames.push_back(n + ".weight");
-    }
-    const TensorInfo *t = findFirst(stackedNames);
-    if (!t)
-      return Status::error(
-          where() + ": missing tensor '" + expertNames(0).front() + "' (" +
-          context(lb) + "; no stacked '" + stackedNames.front() + "' either)");
-    if (Status s = check(*t, stackedShape); !s)
-      return s;
-    w.tensors = {t->name};
-    w.dtype = t->dtype;
-    w.file = t->file;
-    lb.mixer.push_back(std::move(w));
-    return Status::success();
-  }
-
-  Status bindLayer(LayerBinding &lb) {
-    const ModelConfig &c = cfg_;
-    const int64_t H = c.hiddenSize;
-    if (Status s = bind(lb.norm, "norm",
-                        withPrefixes(layerPath(lb.index) + "norm.weight"), {H},
-                        context(lb));
-        !s)
-      return s;
-    switch (lb.kind) {
-    case BlockKind::Mamba: {
-      const int64_t I = c.mambaInner(), CD = c.convDim(), nh = c.mambaNumHeads;
-      if (Status s = bindLayerWeight(lb, "in_proj", "mixer.in_proj.weight",
-                                     {c.inProjDim(), H});
-          !s)
-        return s;
-      if (Status s = bindLayerWeight(lb, "conv_weight", "mixer.conv1d.weight",
-                                     {CD, 1, c.convKernel});
-          !s)
-        return s;
-      if (c.useConvBias)
-        if (Status s =
-                bindLayerWeight(lb, "conv_bias", "mixer.conv1d.bias", {CD});
-            !s)
-          return s;
-      if (Status s = bindLayerWeight(lb, "dt_bias", "mixer.dt_bias", {nh}); !s)
-        return s;
-      if (Status s = bindLayerWeight(lb, "A_log", "mixer.A_log", {nh}); !s)
-        return s;
-      if (Status s = bindLayerWeight(lb, "D", "mixer.D", {nh}); !s)
-        return s;
-      if (Status s = bindLayerWeight(lb, "norm", "mixer.norm.weight", {I}); !s)
-        return s;
-      return bindLayerWeight(lb, "out_proj", "mixer.out_proj.weight", {H, I});
-    }
-    case BlockKind::Attention: {
-      const int64_t q = c.numAttentionHeads * c.headDim;
-      const int64_t kv = c.numKeyValueHeads * c.headDim;
-      if (Status s =
-              bindLayerWeight(lb, "q_proj", "mixer.q_proj.weight", {q, H});
-          !s)
-        return s;
-      if (Status s =
-              bindLayerWeight(lb, "k_proj", "mixer.k_proj.weight", {kv, H});
-          !s)
-        return s;
-      if (Status s =
-              bindLayerWeight(lb, "v_proj", "mixer.v_proj.weight", {kv, H});
-          !s)
-        return s;
-      return bindLayerWeight(lb, "o_proj", "mixer.o_proj.weight", {H, q});
-    }
-    case BlockKind::Mlp: {
-      const int64_t I = c.intermediateSize;
-      if (Status s =
-              bindLayerWeight(lb, "up_proj", "mixer.up_proj.weight", {I, H});
-          !s)
-        return s;
-      return bindLayerWeight(lb, "down_proj", "mixer.down_proj.weight", {H, I});
-    }
-    case BlockKind::Moe: {
-      const int64_t E = c.nRoutedExperts, Ie = c.moeIntermediateSize,
-                    He = c.expertInputDim(),
-                    Is = c.moeSharedExpertIntermediateSize;
-      if (Status s = bindLayerWeight(lb, "gate", "mixer.gate.weight", {E, H});
-          !s)
-        return s;
-      if (Status s = bindLayerWeight(lb, "correction_bias",
-                                     "mixer.gate.e_score_correction_bias", {E});
-          !s)
-        return s;
-      if (Status s = bindExperts(lb, "experts_up", "up_proj", {Ie, He}); !s)
-        return s;
-      if (Status s = bindExperts(lb, "experts_down", "down_proj", {He, Ie}); !s)
-        return s;
-      if (Status s = bindLayerWeight(
-              lb, "shared_up", "mixer.shared_experts.up_proj.weight", {Is, H});
-          !s)
-        return s;
-      if (Status s =
-              bindLayerWeight(lb, "shared_down",
-                              "mixer.shared_experts.down_proj.weight", {H, Is});
-          !s)
-        return s;
-      if (c.moeLatentSize) {
-        const int64_t L = *c.moeLatentSize;
-        if (Status s = bindLayerWeight(lb, "latent_down",
-                                       "mixer.fc1_latent_proj.weight", {L, H});
-            !s)
-          return s;
-        if (Status s = bindLayerWeight(lb, "latent_up",
-                                       "mixer.fc2_latent_proj.weight", {H, L});
-            !s)
-          return s;
-      }
-      return Status::success();
-    }
-    }
-    return Status::success();
-  }
-
-  StatusOr<ModelBinding> run() {
-    const ModelConfig &c = cfg_;
-    const int64_t H = c.hiddenSize, V = c.vocabSize;
-    ModelBinding mb;
-    mb.files = ckpt_.files;
-
-    std::vector<std::string> embNames;
-    for (const std::string &p : prefixes_) {
-      embNames.push_back(p + "embeddings.weight");
-      embNames.push_back(p + "embedding.weight");
-    }
-    if (Status s =
-            bind(mb.embedding, "embedding", embNames, {V, H}, "embedding");
-        !s)
-      return s;
-
-    for (size_t i = 0; i < c.layers.size(); ++i) {
-      LayerBinding lb;
-      lb.index = static_cast<int64_t>(i);
-      lb.kind = c.layers[i];
-      if (Status s = bindLayer(lb); !s)
-        return s;
-      mb.layers.push_back(std::move(lb));
-    }
-
-    if (Status s = bind(mb.finalNorm, "final_norm",
-                        withPrefixes("norm_f.weight"), {H}, "final norm");
-        !s)
-      return s;
-
-    // A checkpoint that carries lm_head.weight is used as is, even when tied
-    // (the HF reference outputs of tied fixtures were computed with it).
-    if (ckpt_.find("lm_head.weight") || !c.tieWordEmbeddings) {
-      if (Status s = bind(mb.lmHead, "lm_head", {"lm_head.weight"}, {V, H},
-                          "lm_head; tie_word_embeddings is false");
-          !s)
-        return s;
-    } else {
-      mb.lmHead = mb.embedding;
-      mb.lmHead.role = "lm_head";
-    }
-    return mb;
-  }
-
-private:
-  static std::string layerPath(int64_t i) {
-    return "layers." + std::to_string(i) + ".";
-  }
-  static std::string context(const LayerBinding &lb) {
-    return "layer " + std::to_string(lb.index) + ", " + blockKindName(lb.kind);
-  }
-
-  const ModelConfig &cfg_;
-  const Checkpoint &ckpt_;
-  std::vector<std::string> prefixes_;
-};
 
 } // namespace
 
@@ -959,21 +668,27 @@ StatusOr<ModelConfig> parseConfigFile(const std::string &path) {
   }
 }
 
-const WeightBinding *LayerBinding::find(const std::string &role) const {
-  for (const WeightBinding &w : mixer)
-    if (w.role == role)
-      return &w;
-  return nullptr;
-}
-
-StatusOr<ModelBinding> bindCheckpoint(const ModelConfig &config,
-                                      const Checkpoint &ckpt) {
-  try {
-    return Binder(config, ckpt).run();
-  } catch (const std::exception &e) {
-    return Status::error(config.sourcePath +
-                         ": cannot bind checkpoint: " + e.what());
-  }
+StatusOr<ModelConfig> parseCheckpointConfig(const std::string &dir) {
+  const std::filesystem::path root(dir);
+  StatusOr<ModelConfig> config =
+      parseConfigFile((root / "config.json").string());
+  if (!config)
+    return config;
+  // Anything at that path is read (and a FIFO or directory refused there).
+  const std::string descriptor = (root / "hf_quant_config.json").string();
+  std::error_code ec;
+  if (std::filesystem::symlink_status(descriptor, ec).type() ==
+      std::filesystem::file_type::not_found)
+    return config;
+  StatusOr<QuantConfig> quant = parseHfQuantConfigFile(descriptor);
+  if (!quant)
+    return quant.status();
+  StatusOr<QuantConfig> merged =
+      mergeQuantConfigs(std::move(*quant), config->quantization);
+  if (!merged)
+    return merged.status();
+  config->quantization = std::move(*merged);
+  return config;
 }
 
 } // namespace nf::hf

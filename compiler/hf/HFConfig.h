@@ -5,6 +5,7 @@
 // tests exercise them without an MLIR build.
 #pragma once
 
+#include "hf/HFQuant.h"
 #include "nf/safetensors.h"
 #include "nf/status.h"
 
@@ -67,11 +68,17 @@ struct ModelConfig {
   std::string activation = "relu2"; // mlp_hidden_act
   std::string weightDtype;          // config "dtype"/"torch_dtype", informative
 
+  /// The declared quantisation: config.json's `quantization_config`, or
+  /// hf_quant_config.json when parseCheckpointConfig found one.
+  std::optional<QuantConfig> quantization;
+
   // Derived sizes.
   int64_t mambaInner() const { return mambaNumHeads * mambaHeadDim; }
   int64_t convDim() const { return mambaInner() + 2 * nGroups * ssmStateSize; }
   int64_t inProjDim() const { return mambaInner() + convDim() + mambaNumHeads; }
-  int64_t expertInputDim() const { return moeLatentSize ? *moeLatentSize : hiddenSize; }
+  int64_t expertInputDim() const {
+    return moeLatentSize ? *moeLatentSize : hiddenSize;
+  }
   bool hasKind(BlockKind k) const;
 };
 
@@ -81,18 +88,25 @@ struct ModelConfig {
 /// required fields and internal consistency (heads divide, top-k <= experts).
 StatusOr<ModelConfig> parseConfigFile(const std::string &path);
 /// Same, from JSON text; `source` names the file in messages.
-StatusOr<ModelConfig> parseConfigText(const std::string &text, const std::string &source);
+StatusOr<ModelConfig> parseConfigText(const std::string &text,
+                                      const std::string &source);
+/// `dir`/config.json, and `dir`/hf_quant_config.json (ModelOpt) when it
+/// exists, which then describes the quantisation (see mergeQuantConfigs).
+StatusOr<ModelConfig> parseCheckpointConfig(const std::string &dir);
 
 /// A weight as the model sees it, bound to checkpoint tensors. A stacked
 /// weight (routed experts) lists one tensor per expert in expert order, or a
 /// single tensor that already holds all experts.
 struct WeightBinding {
-  std::string role;                // "in_proj", "experts_up", "embedding", ...
+  std::string role;                 // "in_proj", "experts_up", "embedding", ...
   std::vector<std::string> tensors; // checkpoint tensor names
-  bool stacked = false;            // true: shape[0] indexes `tensors` (or the one stacked tensor)
-  DType dtype = DType::F32;
-  std::vector<int64_t> shape;      // logical shape (stacked shape for experts)
-  std::string file;                // file holding tensors[0] (messages, plans)
+  /// True: shape[0] indexes `tensors` (or the one stacked tensor).
+  bool stacked = false;
+  DType dtype = DType::F32;   // quantised: the codes' storage (F8_E4M3, I32)
+  std::vector<int64_t> shape; // logical shape (stacked shape for experts)
+  std::string file;           // file holding tensors[0] (messages, plans)
+  /// Set for a quantised linear: its scales, one per tensor.
+  std::optional<WeightQuant> quant;
 };
 
 struct LayerBinding {
@@ -114,7 +128,10 @@ struct ModelBinding {
 /// Look up every tensor the model needs: `backbone.` (Hub) or `model.` (HF
 /// memory) prefixes, per-expert or stacked experts. Fails on a missing tensor,
 /// a wrong shape, a dtype other than f32/bf16/f16, or mixed dtypes inside a
-/// stacked weight, with a message naming the file and tensor.
-StatusOr<ModelBinding> bindCheckpoint(const ModelConfig &config, const Checkpoint &ckpt);
+/// stacked weight, with a message naming the file and tensor. Linear
+/// projections may be quantised as `config.quantization` declares (see
+/// findLinear); routed experts then come one tensor per expert.
+StatusOr<ModelBinding> bindCheckpoint(const ModelConfig &config,
+                                      const Checkpoint &ckpt);
 
 } // namespace nf::hf

@@ -1,8 +1,8 @@
 //===- Importer.cpp - Hugging Face checkpoint -> nf dialect ---------------===//
 //
-// The checkpoint layer (compiler/hf) has already checked names, shapes and
-// dtypes against the config; this file only turns the bound model into IR and
-// runs the verifier as a second, independent check.
+// The checkpoint layer (compiler/hf) has already checked names, shapes,
+// dtypes and quantisation scales against the config; this file only turns the
+// bound model into IR and runs the verifier as a second, independent check.
 //
 //===----------------------------------------------------------------------===//
 
@@ -41,6 +41,61 @@ Type elementType(MLIRContext *ctx, DType dtype) {
   }
 }
 
+/// `#nf.quant` of a quantised binding: the same facts in the IR's terms. Null
+/// (after a diagnostic at `loc`) when they break the attribute's invariants.
+nfir::QuantAttr quantAttr(MLIRContext *ctx, Location loc,
+                          const hf::WeightQuant &q) {
+  Builder b(ctx);
+  auto tensors = [&](const std::vector<hf::TensorRef> &refs, ArrayAttr &names,
+                     ArrayAttr &types) {
+    if (refs.empty())
+      return;
+    SmallVector<Attribute> n, t;
+    for (const hf::TensorRef &r : refs) {
+      n.push_back(b.getStringAttr(r.name));
+      t.push_back(TypeAttr::get(
+          RankedTensorType::get(r.shape, elementType(ctx, r.dtype))));
+    }
+    names = b.getArrayAttr(n);
+    types = b.getArrayAttr(t);
+  };
+  ArrayAttr scales, scaleTypes, inputScales, inputTypes;
+  tensors(q.scales, scales, scaleTypes);
+  tensors(q.inputScales, inputScales, inputTypes);
+  auto scheme = q.scheme == hf::QuantScheme::Int4 ? nfir::QuantScheme::Int4
+                                                  : nfir::QuantScheme::Fp8E4M3;
+  Type storage = q.storage == DType::I32 ? Type(b.getI32Type())
+                                         : Type(b.getType<Float8E4M3FNType>());
+  nfir::QuantGranularity granularity = nfir::QuantGranularity::PerTensor;
+  switch (q.granularity) {
+  case hf::QuantGranularity::PerTensor:
+    granularity = nfir::QuantGranularity::PerTensor;
+    break;
+  case hf::QuantGranularity::PerChannel:
+    granularity = nfir::QuantGranularity::PerChannel;
+    break;
+  case hf::QuantGranularity::PerGroup:
+    granularity = nfir::QuantGranularity::PerGroup;
+    break;
+  }
+  nfir::ActivationQuant activations = nfir::ActivationQuant::None;
+  switch (q.activations) {
+  case hf::ActivationQuant::None:
+    activations = nfir::ActivationQuant::None;
+    break;
+  case hf::ActivationQuant::StaticPerTensor:
+    activations = nfir::ActivationQuant::StaticPerTensor;
+    break;
+  case hf::ActivationQuant::DynamicPerToken:
+    activations = nfir::ActivationQuant::DynamicPerToken;
+    break;
+  }
+  return nfir::QuantAttr::getChecked(
+      [&] { return emitError(loc); }, ctx, scheme, storage, q.pack, granularity,
+      q.groupSize, q.symmetric, scales, scaleTypes, activations, inputScales,
+      inputTypes);
+}
+
 /// A valid bare symbol name from a directory name ("pydoc-moe" -> pydoc_moe).
 std::string symbolName(const std::string &dir) {
   std::string base = std::filesystem::path(dir).lexically_normal().filename();
@@ -71,12 +126,19 @@ private:
       key += t + '\n';
     if (auto it = weights.find(key); it != weights.end())
       return it->second;
-    auto type = RankedTensorType::get(w.shape, elementType(&ctx, w.dtype));
+    // A quantised weight keeps its logical shape; its element type is the
+    // codes' (f8E4M3FN, i4), and #nf.quant says how they are stored.
+    Location loc = NameLoc::get(b.getStringAttr(w.tensors[0]));
+    nfir::QuantAttr quant =
+        w.quant ? quantAttr(&ctx, loc, *w.quant) : nfir::QuantAttr();
+    Type element = quant ? quant.getCodeType() : elementType(&ctx, w.dtype);
+    if (!element) // a quant that failed: the diagnostic is out already
+      element = b.getF32Type();
+    auto type = RankedTensorType::get(w.shape, element);
     SmallVector<StringRef> names(w.tensors.begin(), w.tensors.end());
-    auto op = nfir::WeightOp::create(
-        b, NameLoc::get(b.getStringAttr(w.tensors[0])), type,
-        b.getStrArrayAttr(names), w.stacked ? b.getUnitAttr() : UnitAttr(),
-        DenseI64ArrayAttr());
+    auto op = nfir::WeightOp::create(b, loc, type, b.getStrArrayAttr(names),
+                                     w.stacked ? b.getUnitAttr() : UnitAttr(),
+                                     DenseI64ArrayAttr(), quant);
     return weights[key] = op.getResult();
   }
 
@@ -192,8 +254,7 @@ StatusOr<OwningOpRef<ModuleOp>> importCheckpoint(MLIRContext &context,
   context.getOrLoadDialect<nfir::NfDialect>();
   if (!std::filesystem::is_directory(dir))
     return Status::error(dir + ": not a checkpoint directory");
-  auto config = hf::parseConfigFile(
-      (std::filesystem::path(dir) / "config.json").string());
+  auto config = hf::parseCheckpointConfig(dir);
   if (!config)
     return config.status();
   auto checkpoint = openCheckpoint(dir);
@@ -203,12 +264,9 @@ StatusOr<OwningOpRef<ModuleOp>> importCheckpoint(MLIRContext &context,
   if (!binding)
     return binding.status();
 
-  OwningOpRef<ModuleOp> module =
-      ModuleOp::create(FileLineColLoc::get(&context, config->sourcePath, 1, 1));
-  ModelBuilder(context, *config, *binding).build(*module, dir);
-
   // The checkpoint layer validated shapes already; a verifier failure here is
-  // an inconsistency the config checks missed, reported with its op.
+  // an inconsistency the config checks missed, reported with its op (a
+  // #nf.quant the binding got wrong is reported while building).
   std::string diag;
   {
     ScopedDiagnosticHandler handler(&context, [&](Diagnostic &d) {
@@ -216,12 +274,15 @@ StatusOr<OwningOpRef<ModuleOp>> importCheckpoint(MLIRContext &context,
         diag = d.str();
       return success();
     });
-    if (failed(verify(*module)))
+    OwningOpRef<ModuleOp> module = ModuleOp::create(
+        FileLineColLoc::get(&context, config->sourcePath, 1, 1));
+    ModelBuilder(context, *config, *binding).build(*module, dir);
+    if (!diag.empty() || failed(verify(*module)))
       return Status::error(
           config->sourcePath + ": imported model does not verify: " +
           (diag.empty() ? std::string("unknown error") : diag));
+    return std::move(module);
   }
-  return std::move(module);
 }
 
 } // namespace nf::import

@@ -9,6 +9,7 @@ using namespace mlir::nf;
 #include "nf/IR/NfDialect.cpp.inc"
 
 void NfDialect::initialize() {
+  registerAttributes();
   addOperations<
 #define GET_OP_LIST
 #include "nf/IR/NfOps.cpp.inc"

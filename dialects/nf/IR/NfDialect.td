@@ -25,6 +25,12 @@ def Nf_Dialect : Dialect {
     Recurrent state and KV caches are implicit here; the `nf_kv` lowering
     makes them explicit.
   }];
+  let useDefaultAttributePrinterParser = 1;
+  let extraClassDeclaration = [{
+    /// Adds the attributes of NfAttrs.td (in NfAttrs.cpp, where their
+    /// storage classes are complete).
+    void registerAttributes();
+  }];
 }
 
 class Nf_Op<string mnemonic, list<Trait> traits = []>

@@ -69,13 +69,83 @@ LogicalResult ModelOp::verify() {
 // WeightOp
 //===----------------------------------------------------------------------===//
 
+/// Scale shapes per part against the weight: see `#nf.quant`.
+static LogicalResult verifyQuant(WeightOp op, QuantAttr quant) {
+  auto type = op.getResult().getType();
+  auto names = op.getTensors();
+  StringRef first = cast<StringAttr>(names[0]).getValue();
+  StringRef scheme = stringifyQuantScheme(quant.getScheme());
+  if (type.getElementType() != quant.getCodeType())
+    return op.emitOpError()
+           << "quantised weight '" << first << "' (" << scheme
+           << ") must have element type " << quant.getCodeType() << ", got "
+           << type.getElementType();
+  const int64_t rank = op.getStacked() ? 3 : 2;
+  if (type.getRank() != rank)
+    return op.emitOpError() << "quantised weight '" << first << "' must be "
+                            << (op.getStacked() ? "a stack of matrices "
+                                                  "[experts, rows, cols]"
+                                                : "a matrix [rows, cols]")
+                            << ", got " << type;
+  if (op.getStacked() && type.getDimSize(0) != (int64_t)names.size())
+    return op.emitOpError() << "quantised stacked weight '" << first
+                            << "' must list one tensor per expert ("
+                            << type.getDimSize(0) << "), got " << names.size();
+  if (quant.getNumParts() != names.size())
+    return op.emitOpError() << "quant of '" << first << "' lists "
+                            << quant.getNumParts() << " scales for "
+                            << names.size() << " weight tensors (one per part)";
+  const int64_t cols = type.getDimSize(rank - 1);
+  const int64_t group = quant.getGroupSize();
+  if (quant.getGranularity() == QuantGranularity::PerGroup && cols % group != 0)
+    return op.emitOpError()
+           << "quant group_size " << group << " does not divide the " << cols
+           << " input columns of '" << first << "'";
+  auto concat = op.getConcatRows();
+  for (auto [i, scale, scaleType] :
+       llvm::enumerate(quant.getScales(), quant.getScaleTypes())) {
+    const int64_t rows = concat ? (*concat)[i] : type.getDimSize(rank - 2);
+    auto shape =
+        cast<RankedTensorType>(cast<TypeAttr>(scaleType).getValue()).getShape();
+    bool ok = false;
+    std::string expected;
+    switch (quant.getGranularity()) {
+    case QuantGranularity::PerTensor:
+      ok = shape.empty() || shape == ArrayRef<int64_t>{1};
+      expected = "[] or [1] (per_tensor)";
+      break;
+    case QuantGranularity::PerChannel:
+      ok = shape == ArrayRef<int64_t>{rows} ||
+           shape == ArrayRef<int64_t>{rows, 1};
+      expected = shapeString({rows}) + " or " + shapeString({rows, 1}) +
+                 " (per_channel)";
+      break;
+    case QuantGranularity::PerGroup:
+      ok = shape == ArrayRef<int64_t>{rows, cols / group};
+      expected = shapeString({rows, cols / group}) + " (per_group, " +
+                 std::to_string(group) + " columns per scale)";
+      break;
+    }
+    if (!ok)
+      return op.emitOpError()
+             << "scale '" << cast<StringAttr>(scale).getValue() << "' of '"
+             << cast<StringAttr>(names[i]).getValue() << "' has shape "
+             << shapeString(shape) << ", expected " << expected;
+  }
+  return success();
+}
+
 LogicalResult WeightOp::verify() {
   auto type = getResult().getType();
   auto names = getTensors();
   if (names.empty())
     return emitOpError() << "must name at least one checkpoint tensor";
   StringRef first = cast<StringAttr>(names[0]).getValue();
-  if (!isWeightElementType(type.getElementType()))
+  if (!getQuant() && isQuantCodeType(type.getElementType()))
+    return emitOpError() << "weight '" << first << "' has element type "
+                         << type.getElementType()
+                         << " (quantised codes) but no quant attribute";
+  if (!getQuant() && !isWeightElementType(type.getElementType()))
     return emitOpError() << "weight '" << first
                          << "' has unsupported element type "
                          << type.getElementType()
@@ -106,6 +176,8 @@ LogicalResult WeightOp::verify() {
       return emitOpError() << "concatenated rows sum to " << total
                            << " but the weight has " << type.getDimSize(0);
   }
+  if (auto quant = getQuant())
+    return verifyQuant(*this, *quant);
   return success();
 }
 
@@ -168,13 +240,15 @@ LogicalResult Mamba2Op::verify() {
                          << nh << ")";
   const int64_t inner = nh * p, convDim = inner + 2 * g * n;
   const int64_t inProj = inner + convDim + nh;
-  if (failed(checkWeight(*this, "in_proj", getInProj(), {inProj, hidden})) ||
+  if (failed(
+          checkLinearWeight(*this, "in_proj", getInProj(), {inProj, hidden})) ||
       failed(checkWeight(*this, "conv", getConvWeight(), {convDim, 1, k})) ||
       failed(checkWeight(*this, "dt_bias", getDtBias(), {nh})) ||
       failed(checkWeight(*this, "A_log", getALog(), {nh})) ||
       failed(checkWeight(*this, "D", getD(), {nh})) ||
       failed(checkWeight(*this, "gated norm", getNormWeight(), {inner})) ||
-      failed(checkWeight(*this, "out_proj", getOutProj(), {hidden, inner})))
+      failed(
+          checkLinearWeight(*this, "out_proj", getOutProj(), {hidden, inner})))
     return failure();
   if (getConvBias() &&
       failed(checkWeight(*this, "conv bias", getConvBias(), {convDim})))
@@ -201,10 +275,13 @@ LogicalResult AttentionOp::verify() {
   if (nq % nkv != 0)
     return emitOpError() << "num_kv_heads (" << nkv
                          << ") must divide num_heads (" << nq << ")";
-  if (failed(checkWeight(*this, "q_proj", getQProj(), {nq * hd, hidden})) ||
-      failed(checkWeight(*this, "k_proj", getKProj(), {nkv * hd, hidden})) ||
-      failed(checkWeight(*this, "v_proj", getVProj(), {nkv * hd, hidden})) ||
-      failed(checkWeight(*this, "o_proj", getOProj(), {hidden, nq * hd})))
+  if (failed(
+          checkLinearWeight(*this, "q_proj", getQProj(), {nq * hd, hidden})) ||
+      failed(
+          checkLinearWeight(*this, "k_proj", getKProj(), {nkv * hd, hidden})) ||
+      failed(
+          checkLinearWeight(*this, "v_proj", getVProj(), {nkv * hd, hidden})) ||
+      failed(checkLinearWeight(*this, "o_proj", getOProj(), {hidden, nq * hd})))
     return failure();
   if (auto theta = getRopeTheta(); theta && !(theta->convertToDouble() > 0))
     return emitOpError() << "rope_theta must be positive";
@@ -226,8 +303,10 @@ LogicalResult MLPOp::verify() {
     return failure();
   auto up = cast<RankedTensorType>(getUpProj().getType());
   int64_t inter = up.getRank() == 2 ? up.getDimSize(0) : -1;
-  if (failed(checkWeight(*this, "up_proj", getUpProj(), {inter, hidden})) ||
-      failed(checkWeight(*this, "down_proj", getDownProj(), {hidden, inter})))
+  if (failed(
+          checkLinearWeight(*this, "up_proj", getUpProj(), {inter, hidden})) ||
+      failed(checkLinearWeight(*this, "down_proj", getDownProj(),
+                               {hidden, inter})))
     return failure();
   return success();
 }
@@ -266,10 +345,10 @@ LogicalResult MoEOp::verify() {
   if (hasLatent()) {
     auto down = cast<RankedTensorType>(getLatent()[0].getType());
     expertIn = down.getRank() == 2 ? down.getDimSize(0) : -1;
-    if (failed(checkWeight(*this, "latent_down", getLatent()[0],
-                           {expertIn, hidden})) ||
-        failed(checkWeight(*this, "latent_up", getLatent()[1],
-                           {hidden, expertIn})))
+    if (failed(checkLinearWeight(*this, "latent_down", getLatent()[0],
+                                 {expertIn, hidden})) ||
+        failed(checkLinearWeight(*this, "latent_up", getLatent()[1],
+                                 {hidden, expertIn})))
       return failure();
   }
   auto up = cast<RankedTensorType>(getExpertsUp().getType());
@@ -278,14 +357,14 @@ LogicalResult MoEOp::verify() {
   int64_t sharedInter = shared.getRank() == 2 ? shared.getDimSize(0) : -1;
   if (failed(checkWeight(*this, "router", getRouter(), {e, hidden})) ||
       failed(checkWeight(*this, "correction_bias", getCorrectionBias(), {e})) ||
-      failed(checkWeight(*this, "experts_up", getExpertsUp(),
-                         {e, inter, expertIn})) ||
-      failed(checkWeight(*this, "experts_down", getExpertsDown(),
-                         {e, expertIn, inter})) ||
-      failed(checkWeight(*this, "shared_up", getSharedUp(),
-                         {sharedInter, hidden})) ||
-      failed(checkWeight(*this, "shared_down", getSharedDown(),
-                         {hidden, sharedInter})))
+      failed(checkLinearWeight(*this, "experts_up", getExpertsUp(),
+                               {e, inter, expertIn})) ||
+      failed(checkLinearWeight(*this, "experts_down", getExpertsDown(),
+                               {e, expertIn, inter})) ||
+      failed(checkLinearWeight(*this, "shared_up", getSharedUp(),
+                               {sharedInter, hidden})) ||
+      failed(checkLinearWeight(*this, "shared_down", getSharedDown(),
+                               {hidden, sharedInter})))
     return failure();
   if (!(getRoutedScalingFactor().convertToDouble() > 0))
     return emitOpError() << "routed_scaling_factor must be positive";
@@ -298,7 +377,7 @@ LogicalResult LMHeadOp::verify() {
       failed(checkActivation(*this, "result", getType(), vocab)) ||
       failed(checkSameTokens(*this, getInput().getType(), getType())))
     return failure();
-  if (failed(checkWeight(*this, "lm_head", getWeight(), {vocab, hidden})))
+  if (failed(checkLinearWeight(*this, "lm_head", getWeight(), {vocab, hidden})))
     return failure();
   if (!getType().getElementType().isF32())
     return emitOpError() << "logits must be f32, got " << getType();
@@ -315,7 +394,7 @@ LogicalResult LinearOp::verify() {
       failed(checkActivation(*this, "result", getType(), out)) ||
       failed(checkSameTokens(*this, getInput().getType(), getType())))
     return failure();
-  return checkWeight(*this, "linear", getWeight(), {out, in});
+  return checkLinearWeight(*this, "linear", getWeight(), {out, in});
 }
 
 LogicalResult SplitOp::verify() {

@@ -8,6 +8,7 @@
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+#include "nf/IR/NfAttrs.h"
 #include "nf/IR/NfDialect.h"
 
 #define GET_OP_CLASSES

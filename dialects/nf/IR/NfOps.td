@@ -2,7 +2,8 @@
 //
 // Activations are ranked tensors [tokens, features] with a dynamic token
 // dimension; weights are static-shaped tensors of f32, bf16 or f16 produced by
-// `nf.weight`. Every op verifies the shapes of its weights against its
+// `nf.weight` (quantised matrices: fp8 E4M3 or int4 codes, see
+// `#nf.quant`). Every op verifies the shapes of its weights against its
 // hyperparameters and reports the first inconsistency at the op.
 //
 //===----------------------------------------------------------------------===//
@@ -11,6 +12,7 @@
 #define NF_OPS_TD
 
 include "NfDialect.td"
+include "NfAttrs.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
@@ -79,12 +81,40 @@ def Nf_WeightOp : Nf_Op<"weight", [Pure]> {
     says that the listed tensors are concatenated along dimension 0, with
     these row counts (fused QKV projections); the runtime packs them at load
     time.
+
+    **Quantised weights.** With `quant` (a `#nf.quant`), the tensors hold
+    quantised codes and the attribute names the scale tensors that turn them
+    into values. The result type keeps the weight's logical shape [out, in]
+    (stacked: [experts, out, in]); its element type is then the type of one
+    code, not of a value: `f8E4M3FN` for fp8_e4m3, `i4` for int4 (stored
+    packed, 8 codes per `i32` word, as `quant` says). The value of an
+    element is its code times its scale, as `#nf.quant` defines; consumers
+    compute in f32 as for any weight. Only linear projections may be
+    quantised, and a quantised weight is a matrix (or a stack of matrices
+    with one tensor per expert). Each part (tensor) of a stacked or
+    concatenated weight keeps its own scales.
+
+    ```mlir
+    %w = nf.weight ["l0.in_proj.weight"] quant <scheme = fp8_e4m3,
+        storage = f8E4M3FN, granularity = per_channel, symmetric = true,
+        scales = ["l0.in_proj.weight_scale"], scale_types = [tensor<126x1xf32>],
+        activations = dynamic_per_token> : tensor<126x48xf8E4M3FN>
+    ```
   }];
   let arguments = (ins StrArrayAttr:$tensors, UnitAttr:$stacked,
-                       OptionalAttr<DenseI64ArrayAttr>:$concat_rows);
+                       OptionalAttr<DenseI64ArrayAttr>:$concat_rows,
+                       OptionalAttr<Nf_QuantAttr>:$quant);
   let results = (outs AnyRankedTensor:$result);
-  let assemblyFormat = "(`stacked` $stacked^)? $tensors attr-dict `:` type($result)";
+  let assemblyFormat = [{
+    (`stacked` $stacked^)? $tensors (`quant` $quant^)? attr-dict `:`
+    type($result)
+  }];
   let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The checkpoint tensors the weight is made of: one per expert of a
+    /// stacked weight that lists them, one per concatenated part, else 1.
+    size_t getNumParts() { return getTensors().size(); }
+  }];
 }
 
 //===----------------------------------------------------------------------===//

@@ -22,19 +22,42 @@ bool isWeightElementType(Type t) {
   return t.isF32() || t.isBF16() || t.isF16();
 }
 
-/// A weight operand: static shape `expected`, element type f32/bf16/f16.
-LogicalResult checkWeight(Operation *op, StringRef role, Value v,
-                          ArrayRef<int64_t> expected) {
+bool isQuantCodeType(Type t) {
+  return isa<Float8E4M3FNType>(t) || t.isSignlessInteger(4);
+}
+
+static LogicalResult checkWeightOf(Operation *op, StringRef role, Value v,
+                                   ArrayRef<int64_t> expected, bool linear) {
   auto type = cast<RankedTensorType>(v.getType());
-  if (!isWeightElementType(type.getElementType()))
-    return op->emitOpError()
-           << role << " weight has unsupported element type "
-           << type.getElementType() << " (expected f32, bf16 or f16)";
+  Type element = type.getElementType();
+  if (!isWeightElementType(element) && !(linear && isQuantCodeType(element))) {
+    auto diag = op->emitOpError()
+                << role << " weight has unsupported element type " << element;
+    if (linear)
+      diag << " (expected f32, bf16, f16, or quantised codes f8E4M3FN or i4)";
+    else if (isQuantCodeType(element))
+      diag << " (expected f32, bf16 or f16; only linear projections may be "
+              "quantised)";
+    else
+      diag << " (expected f32, bf16 or f16)";
+    return diag;
+  }
   if (type.getShape() != expected)
     return op->emitOpError()
            << role << " weight has shape " << shapeString(type.getShape())
            << ", expected " << shapeString(expected);
   return success();
+}
+
+/// A weight operand: static shape `expected`, element type f32/bf16/f16.
+LogicalResult checkWeight(Operation *op, StringRef role, Value v,
+                          ArrayRef<int64_t> expected) {
+  return checkWeightOf(op, role, v, expected, /*linear=*/false);
+}
+
+LogicalResult checkLinearWeight(Operation *op, StringRef role, Value v,
+                                ArrayRef<int64_t> expected) {
+  return checkWeightOf(op, role, v, expected, /*linear=*/true);
 }
 
 /// An activation: [tokens, features] with a static feature dimension and a

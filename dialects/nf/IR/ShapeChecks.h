@@ -16,9 +16,15 @@ namespace mlir::nf {
 std::string shapeString(ArrayRef<int64_t> shape);
 /// f32, bf16 or f16.
 bool isWeightElementType(Type t);
+/// The element type of quantised codes (see `#nf.quant`): f8E4M3FN or i4.
+bool isQuantCodeType(Type t);
 /// A weight operand: static shape `expected`, element type f32/bf16/f16.
 LogicalResult checkWeight(Operation *op, StringRef role, Value v,
                           ArrayRef<int64_t> expected);
+/// The weight of a linear projection: as checkWeight, and quantised codes
+/// (f8E4M3FN, i4) are accepted too; `nf.weight` checks their scales.
+LogicalResult checkLinearWeight(Operation *op, StringRef role, Value v,
+                                ArrayRef<int64_t> expected);
 /// An activation [tokens, features] with static features and a float element
 /// type; returns the feature count through `features`.
 LogicalResult checkActivation(Operation *op, StringRef role, Type t,

@@ -12,6 +12,7 @@
 using namespace mlir;
 using namespace mlir::nf_moe;
 using mlir::nf::checkActivation;
+using mlir::nf::checkLinearWeight;
 using mlir::nf::checkPositive;
 using mlir::nf::checkSameTokens;
 using mlir::nf::checkWeight;
@@ -105,7 +106,8 @@ static LogicalResult checkExpertGemm(Operation *op, Value input,
   if (failed(checkActivation(op, "input", input.getType(), in)) ||
       failed(checkActivation(op, "result", result, out)))
     return failure();
-  return checkWeight(op, "expert", weight, {dispatch.getNumExperts(), out, in});
+  return checkLinearWeight(op, "expert", weight,
+                           {dispatch.getNumExperts(), out, in});
 }
 
 LogicalResult ExpertUpOp::verify() {
@@ -127,8 +129,9 @@ LogicalResult SharedExpertOp::verify() {
     return failure();
   auto up = cast<RankedTensorType>(getUp().getType());
   int64_t inter = up.getRank() == 2 ? up.getDimSize(0) : -1;
-  if (failed(checkWeight(*this, "shared_up", getUp(), {inter, hidden})) ||
-      failed(checkWeight(*this, "shared_down", getDown(), {hidden, inter})))
+  if (failed(checkLinearWeight(*this, "shared_up", getUp(), {inter, hidden})) ||
+      failed(
+          checkLinearWeight(*this, "shared_down", getDown(), {hidden, inter})))
     return failure();
   if (getType() != getInput().getType())
     return emitOpError() << "result type differs from the input type";
@@ -143,7 +146,7 @@ LogicalResult LatentProjOp::verify() {
       failed(checkActivation(*this, "result", getType(), out)) ||
       failed(checkSameTokens(*this, getInput().getType(), getType())))
     return failure();
-  return checkWeight(*this, "latent", getWeight(), {out, in});
+  return checkLinearWeight(*this, "latent", getWeight(), {out, in});
 }
 
 #define GET_OP_CLASSES
