@@ -4,7 +4,7 @@
 // byte swizzle), which the runtime encodes at load from the module's
 // nf_tensor_map_descs (nf_abi.h). No registers hold bytes in flight, so a
 // block keeps ST stages of (16 MT features + ROWS rows) x BK x 2 bytes in
-// flight, where the register-ring skinny_linear (nf_linear.cuh) keeps
+// flight, where the register-ring skinny_linear (nf_linear_skinny.cuh) keeps
 // ~16 KB: layers with few feature tiles (out_proj, o_proj: 84 items of 32
 // features on 132 SMs) stream near the copy rate from fewer blocks.
 //

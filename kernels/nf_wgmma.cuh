@@ -1,6 +1,6 @@
 // Hopper (sm_90a) GEMM tiles on warpgroup MMA (wgmma): prefill linears with
 // bf16 weights, after the activation rows were split into TERMS bf16 planes
-// (split_rows_bf16). Same contract as pipelined_mma_tile (nf_linear.cuh):
+// (split_rows_bf16). Same contract as pipelined_mma_tile (nf_linear_gemm.cuh):
 // 128 x 128 outputs of group g, rows [row0, row0 + rows), features
 // [n0, n0 + 128), 256 threads, dynamic shared memory wgmma_gemm_smem<TERMS>().
 //

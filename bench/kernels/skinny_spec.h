@@ -27,10 +27,10 @@ __global__ void fillBf16(unsigned short *w, size_t n) {
   }
 }
 
-template <int N_, int K_, int E> struct Spec {
+// Groups: the dispatch offsets at arena offset 0, read after the wait.
+template <int N_, int K_, int E> struct Spec : nf::DispatchGroups<E, 0> {
   using W = nf::bf16;
-  static constexpr int N = N_, K = K_, G = E;
-  static constexpr bool kGroupsEarly = false; // groups from the arena
+  static constexpr int N = N_, K = K_;
   __device__ static __forceinline__ const W *weight(nf::Step a, int g) {
     return static_cast<const W *>(a->weights[0]) +
            static_cast<long long>(g) * N * K;
@@ -41,12 +41,6 @@ template <int N_, int K_, int E> struct Spec {
   __device__ static __forceinline__ void store(nf::Step a, int r, int n,
                                                float v) {
     nf::arena<float>(a, kYOff)[static_cast<long long>(r) * N + n] = v;
-  }
-  __device__ static __forceinline__ void group(nf::Step a, int g, int &begin,
-                                               int &count) {
-    const int32_t *off = nf::arena<int32_t>(a, 0);
-    begin = off[g];
-    count = off[g + 1] - off[g];
   }
 };
 

@@ -36,11 +36,13 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-// A dense layer as the plan has it (rows from the step's arguments: the
-// first weights are fetched before the kernel would wait for the previous
-// launch), one of E copies a step.
-template <int N_, int K_, int E> struct DenseSpec : Spec<N_, K_, 1> {
-  static constexpr bool kGroupsEarly = true;
+// A dense layer as the plan has it (nf::DenseGroups, rows from the step's
+// arguments: the first weights are fetched before the kernel would wait for
+// the previous launch), one of E copies a step.
+template <int N_, int K_, int E>
+struct DenseSpec : nf::DenseGroups, Spec<N_, K_, 1> {
+  using nf::DenseGroups::G, nf::DenseGroups::kGroupsEarly,
+      nf::DenseGroups::group;
   __device__ static __forceinline__ const nf::bf16 *weight(nf::Step a, int) {
     const int32_t *off = nf::arena<int32_t>(a, 0);
     int copy = 0;
@@ -48,11 +50,6 @@ template <int N_, int K_, int E> struct DenseSpec : Spec<N_, K_, 1> {
       copy = off[g + 1] > off[g] ? g : copy;
     return static_cast<const nf::bf16 *>(a->weights[0]) +
            static_cast<long long>(copy) * N_ * K_;
-  }
-  __device__ static __forceinline__ void group(nf::Step a, int, int &begin,
-                                               int &count) {
-    begin = 0;
-    count = a->num_tokens;
   }
 };
 

@@ -1,0 +1,219 @@
+// Decode linears of one-token steps on CUDA cores, a warp per output
+// feature over the whole of K: row_linear, and row_experts_combine (a
+// one-token step's routed expert down projections with the MoE combine,
+// the residual add and the next RMSNorm in one launch). The spec S:
+// nf_linear_groups.cuh.
+#ifndef NF_KERNELS_LINEAR_ROW_CUH
+#define NF_KERNELS_LINEAR_ROW_CUH
+
+#include "nf_common.cuh"
+#include "nf_linear_groups.cuh"
+#include "nf_rows.cuh"
+
+namespace nf {
+
+/// acc + the products of eight weights with the eight activations at x
+/// (f32, or bf16 bits), one FMA each in element order.
+template <class T>
+__device__ __forceinline__ float row_fma8(const float *wf, const T *x,
+                                          float acc) {
+  float xv[8];
+  load4_act(x, xv);
+  load4_act(x + 4, xv + 4);
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    acc = fmaf(wf[i], xv[i], acc);
+  return acc;
+}
+
+// Decode linears of one-token steps: row_linear.
+// One warp per output feature over the whole of K, on CUDA cores: each lane
+// streams 16 contiguous weight bytes a chunk, U chunks in flight, and adds
+// their products with the group's row (f32, read through L1, which the
+// block's warps share) into its own sum; the warp's sums are added by a
+// fixed butterfly (deterministic). No K split across warps, so no fold
+// through shared memory and no barrier between items, and the items (one
+// weight row each) spread evenly over the GPU. The products are exact: an
+// FMA forms w * x exactly and rounds only the sum, as the three bf16 terms
+// of the tensor-core kernels do with a rounding per term. Activations stay
+// f32 with --matmul-inputs=bf16 too: rounding them here cost more than it
+// saved (a cvt per two elements: the Nano expert up projection 14 -> 19 us
+// alone on the H200, bench/kernels/row_linear_sweep.cu).
+// On the H200, alone at 3 blocks an SM, against skinny_linear's narrow
+// variant with three terms (the exact plan) and one (bf16 inputs): Nano's
+// routed expert up 14.7 us against 27.7 and 18.9, in_proj 12.7 against
+// 21.0 and 16.6, out_proj 5.8 against 11.4 and 9.4. With two rows the
+// weights would be read twice (once from L2) and the skinny kernel wins,
+// so plans run it for steps of one token (rows past R take further items).
+template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
+  static_assert(S::K % 8 == 0, "16-byte chunks");
+  constexpr int C = S::K / 8;       // chunks a weight row
+  constexpr int J = (C + 31) / 32;  // chunks a lane
+  constexpr int UU = U < J ? U : J; // chunks in flight a lane
+  constexpr bool kEarly = S::kGroupsEarly;
+  using T = RowElem<S>;
+  __shared__ GroupItems<S> s_groups;
+  if constexpr (!kEarly) {
+    wait_for_previous_grids(); // the groups are the previous launch's output
+    allow_next_grid();
+  }
+  // Items per group: chunks of R rows x features.
+  s_groups.build(a, [](int c) { return (c + R - 1) / R * S::N; });
+  const int items = s_groups.total();
+  const int lane = lane_id();
+  bool waited = !kEarly;
+  // (Measured on the H200 and dropped, bench/results/2026-12-04: asking for
+  // the next item's first chunks before this item's sums are added and
+  // stored, batch-1 step 2.74 -> 2.93 ms; the results stored 32 at a time,
+  // one per lane, so that a store's own loads (in_proj's conv) do not hold
+  // up the next item, no change, 2.75 -> 2.74.)
+  for (long long item = global_warp(a); item < items; item += grid_warps(a)) {
+    const int g = s_groups.group_of(static_cast<int>(item));
+    const int local = static_cast<int>(item) - s_groups.first[g];
+    const int chunk = local / S::N, n = local % S::N;
+    const int row0 = s_groups.begin[g] + chunk * R;
+    const int rows = min(R, s_groups.count[g] - chunk * R);
+    const bf16 *wrow = S::weight(a, g) + static_cast<long long>(n) * S::K;
+    auto fetch = [&](int c) {
+      return c < C ? load_stream16(wrow + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
+    };
+    uint4 w[UU]; // chunk j in slot j % UU
+#pragma unroll
+    for (int j = 0; j < UU; ++j)
+      w[j] = fetch(lane + 32 * j);
+    if (!waited) {
+      wait_for_previous_grids(); // the rows next
+      waited = true;
+    }
+    const T *xr[R];
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      xr[r] = r < rows ? S::row(a, row0 + r) : nullptr;
+      acc[r] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int c = lane + 32 * j;
+      const uint4 wv = w[j % UU];
+      if (j + UU < J)
+        w[j % UU] = fetch(c + 32 * UU);
+      if (c < C) {
+        float wf[8];
+        unpack_bf16x8(wv, wf);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (r < rows)
+            acc[r] = row_fma8(wf, xr[r] + 8 * c, acc[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float v = warp_sum(acc[r]); // fixed butterfly: deterministic
+      if (lane == 0 && r < rows)
+        S::store(a, row0 + r, n, v);
+    }
+  }
+  if (!waited)
+    wait_for_previous_grids(); // a warp without items
+}
+
+// ---------------------------------------------------------------------------
+// A one-token step's MoE layer end: row_experts_combine.
+// The routed experts' down projections (S: SlotGroups, one hidden row per
+// used slot), nf_moe.combine, the add of the shared expert's rows, the
+// residual add and the next RMSNorm in one launch, so that neither the
+// dispatch nor moe_combine_add_rms_norm runs for one token. A warp per
+// output feature n streams row n of each used slot's expert in slot order,
+// U 16-byte chunks a lane in flight across the slots, and sums each slot's
+// products as row_linear does (same lanes, same butterfly); then
+//   sum[n] = x[n] + (shared[n] + sum_g wts[g] * dot_g)   (g in slot order)
+// as moe_combine_add_rms_norm adds them. The last block to finish (a
+// grid-wide counter, `done`, zero between launches: it resets it)
+// normalises the row: out = rms_norm(sum) with rms_norm_row_of's sums.
+template <class S, int U, class W, class O>
+__device__ void row_experts_combine(Step a, const float *wts,
+                                    const float *shared, const float *x,
+                                    float *sum, const W *norm_w, double eps,
+                                    O out, unsigned *done) {
+  static_assert(S::K % 8 == 0, "16-byte chunks");
+  static_assert(S::kGroupsEarly, "slots read before the wait");
+  constexpr int KW = S::G;
+  constexpr int C = S::K / 8;      // chunks a weight row
+  constexpr int J = (C + 31) / 32; // chunks a lane, a slot
+  constexpr int Q = KW * J;        // chunks a lane, an item
+  constexpr int UU = U < Q ? U : Q;
+  const int lane = lane_id();
+  // The used slots (a warp-uniform mask) and their experts' weights.
+  const unsigned used =
+      __ballot_sync(0xffffffffu, lane < KW && S::used(a, lane));
+  const bf16 *wbase[KW];
+#pragma unroll
+  for (int g = 0; g < KW; ++g)
+    wbase[g] = (used >> g) & 1u ? S::weight(a, g) : nullptr;
+  bool waited = false;
+  for (long long item = global_warp(a); item < S::N; item += grid_warps(a)) {
+    const int n = static_cast<int>(item);
+    auto fetch = [&](int q) {
+      const int g = q / J, c = lane + 32 * (q % J);
+      return ((used >> g) & 1u) && c < C
+                 ? load_stream16(wbase[g] + static_cast<long long>(n) * S::K +
+                                 8 * c)
+                 : make_uint4(0u, 0u, 0u, 0u);
+    };
+    uint4 w[UU]; // chunk q in slot q % UU
+#pragma unroll
+    for (int q = 0; q < UU; ++q)
+      w[q] = fetch(q);
+    if (!waited) {
+      wait_for_previous_grids(); // the hidden rows next
+      waited = true;
+    }
+    float acc[KW];
+#pragma unroll
+    for (int g = 0; g < KW; ++g)
+      acc[g] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      const int g = q / J, c = lane + 32 * (q % J);
+      const uint4 wv = w[q % UU];
+      if (q + UU < Q)
+        w[q % UU] = fetch(q + UU);
+      if (((used >> g) & 1u) && c < C) {
+        float wf[8];
+        unpack_bf16x8(wv, wf);
+        acc[g] = row_fma8(wf, S::row(a, g) + 8 * c, acc[g]);
+      }
+    }
+    float v = 0.0f;
+#pragma unroll
+    for (int g = 0; g < KW; ++g) {
+      const float d = warp_sum(acc[g]); // as row_linear sums each row
+      if ((used >> g) & 1u)
+        v += wts[g] * d;
+    }
+    if (lane == 0)
+      sum[n] = x[n] + (shared[n] + v);
+  }
+  if (!waited)
+    wait_for_previous_grids(); // a warp without items
+  // The last block normalises: every block's sums are visible to it once
+  // its counter increment comes last (fence before the increment).
+  __shared__ bool s_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    s_last = atomicAdd(done, 1u) == static_cast<unsigned>(a.grid()) - 1u;
+  __syncthreads();
+  if (!s_last)
+    return;
+  __threadfence();
+  rms_norm_row_of<W, S::N>([&](int, int i) { return __ldcg(sum + i); }, nullptr,
+                           norm_w, eps, out);
+  if (threadIdx.x == 0)
+    *done = 0u; // for the next launch
+}
+
+} // namespace nf
+
+#endif // NF_KERNELS_LINEAR_ROW_CUH
