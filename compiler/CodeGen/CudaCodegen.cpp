@@ -54,46 +54,69 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
         return fail(0, "operand value " + std::to_string(v) + " out of range");
 
   for (size_t i = 0; i < ops.size();) {
-    const std::string name = opName(*ops[i]);
     StatusOr<size_t> n = fail(i, "no CUDA implementation");
-    if (name == "nf.embed")
+    switch (opCode(*ops[i])) {
+    case OpCode::Embed:
       n = embed(i);
-    else if (name == "nf.rms_norm")
+      break;
+    case OpCode::RmsNorm:
       n = rmsNorm(i);
-    else if (name == "nf.add")
+      break;
+    case OpCode::Add:
       n = add(i);
-    else if (name == "nf.linear" || name == "nf.lm_head" ||
-             name == "nf_moe.latent_proj")
+      break;
+    case OpCode::Linear:
+    case OpCode::LmHead:
+    case OpCode::LatentProj:
       n = linear(i);
-    else if (name == "nf.split")
+      break;
+    case OpCode::Split:
       n = split(i);
-    else if (name == "nf.activation")
+      break;
+    case OpCode::Activation:
       n = activation(i);
-    else if (name == "nf.gated_rms_norm")
+      break;
+    case OpCode::GatedRmsNorm:
       n = gatedRmsNorm(i);
-    else if (name == "nf_kv.causal_conv")
+      break;
+    case OpCode::CausalConv:
       n = causalConv(i);
-    else if (name == "nf_kv.ssm_scan" || name == "nf_kv.ssm_update")
+      break;
+    case OpCode::SsmScan:
+    case OpCode::SsmUpdate:
       n = ssm(i);
-    else if (name == "nf_kv.append")
+      break;
+    case OpCode::KvAppend:
       n = kvAppend(i);
-    else if (name == "nf_kv.attend")
+      break;
+    case OpCode::KvAttend:
       n = kvAttend(i);
-    else if (name == "nf_moe.router" || name == "nf_moe.select")
+      break;
+    case OpCode::Router:
+    case OpCode::Select:
       n = route(i);
-    else if (name == "nf_moe.dispatch")
+      break;
+    case OpCode::Dispatch:
       n = dispatch(i);
-    else if (name == "nf_moe.expert_up")
+      break;
+    case OpCode::ExpertUp:
       n = expert(i, true);
-    else if (name == "nf_moe.expert_down")
+      break;
+    case OpCode::ExpertDown:
       n = expert(i, false);
-    else if (name == "nf_moe.combine")
+      break;
+    case OpCode::Combine:
       n = combine(i);
-    else if (name == "nf_moe.shared_expert" && phase == "decode" &&
-             i + 1 < ops.size() && opName(*ops[i + 1]) == "nf_moe.router")
-      n = routeSharedExpert(i);
-    else if (name == "nf_moe.shared_expert")
-      n = sharedExpert(i);
+      break;
+    case OpCode::SharedExpert:
+      n = phase == "decode" && i + 1 < ops.size() &&
+                  opCode(*ops[i + 1]) == OpCode::Router
+              ? routeSharedExpert(i)
+              : sharedExpert(i);
+      break;
+    case OpCode::Unknown:
+      break;
+    }
     if (!n)
       return n.status();
     i += *n;
@@ -320,8 +343,8 @@ StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
   for (const pl::Kernel *kernel : *step->kernels())
     if (kernel->ops())
       for (const pl::Op *op : *kernel->ops())
-        if (op->name() && op->name()->string_view() == "nf_moe.select" &&
-            op->results() && op->results()->size() == 3) {
+        if (opCode(*op) == OpCode::Select && op->results() &&
+            op->results()->size() == 3) {
           const int e = op->results()->Get(0);
           if (e < 0 || e >= static_cast<int>(values.size()))
             continue;

@@ -39,8 +39,8 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   const pl::Storage *st = storageOf(op, pl::StorageKind::KVCache);
   if (!st)
     return fail(i, "needs a KVCache storage");
-  auto heads = intAttr(op, "num_heads");
-  auto scale = floatAttr(op, "scale");
+  auto heads = intAttr(op, attr::NumHeads);
+  auto scale = floatAttr(op, attr::Scale);
   const int64_t HD = st->head_dim(), NKV = st->kv_heads();
   if (in.size() != 2 || out.size() != 1 ||
       V(in[0]).kind != pl::ValueKind::Batch || !isAct(in[1]) ||

@@ -410,9 +410,9 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   s.rowIndex = "r";
   s.maxRows = maxTokens;
   std::string rn = "static_cast<long long>(r) * ";
-  std::string label = opName(op) == "nf.lm_head"           ? "lm_head"
-                      : opName(op) == "nf_moe.latent_proj" ? "latent_proj"
-                                                           : "linear";
+  std::string label = opCode(op) == OpCode::LmHead       ? "lm_head"
+                      : opCode(op) == OpCode::LatentProj ? "latent_proj"
+                                                         : "linear";
   // The LM head computes only the rows whose logits the runtime reads
   // (a->logit_rows: the last token of each sequence unless every token's
   // logits are asked for), when nothing else reads its result.
@@ -432,11 +432,11 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   std::vector<size_t> fused;
 
   // linear + split [+ append]: the epilogue writes the split columns.
-  if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.split" &&
+  if (i + 1 < ops.size() && opCode(*ops[i + 1]) == OpCode::Split &&
       operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
     const pl::Op &sp = *ops[i + 1];
     auto pieces = results(sp);
-    auto sizes = listAttr(sp, "sizes");
+    auto sizes = listAttr(sp, attr::Sizes);
     if (!sizes || sizes->size() != pieces.size())
       return fail(i + 1, "missing or mismatched 'sizes'");
     int64_t sum = 0;
@@ -450,7 +450,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
       return fail(i + 1, "sizes do not sum to the input's columns");
     // K/V rows of a following append, by split piece.
     std::map<int, std::string> cacheOf;
-    if (i + 2 < ops.size() && opName(*ops[i + 2]) == "nf_kv.append") {
+    if (i + 2 < ops.size() && opCode(*ops[i + 2]) == OpCode::KvAppend) {
       const pl::Op &ap = *ops[i + 2];
       auto ain = operands(ap);
       const pl::Storage *st = storageOf(ap, pl::StorageKind::KVCache);
@@ -480,8 +480,8 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     // and the piece itself is stored only if something else reads it.
     std::string convStore;
     if (consumed == 1 && phase == "decode" && i + 2 < ops.size() &&
-        opName(*ops[i + 2]) == "nf_kv.causal_conv" &&
-        stringAttr(*ops[i + 2], "mode").value_or("") == "decode") {
+        opCode(*ops[i + 2]) == OpCode::CausalConv &&
+        stringAttr(*ops[i + 2], attr::Mode).value_or("") == "decode") {
       const pl::Op &cv = *ops[i + 2];
       auto cin = operands(cv), cout = results(cv);
       const pl::Storage *st = storageOf(cv, pl::StorageKind::MambaState);
@@ -555,12 +555,12 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     store += "\n";
     rawStore += "\n";
     store2 = pairs ? store2 + "\n" : std::string();
-  } else if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.activation" &&
+  } else if (i + 1 < ops.size() && opCode(*ops[i + 1]) == OpCode::Activation &&
              operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
     // linear + activation: in the epilogue.
     const pl::Op &act = *ops[i + 1];
     auto aout = results(act);
-    auto kind = activationKind(i + 1, "kind", true);
+    auto kind = activationKind(i + 1, attr::Kind, true);
     if (!kind)
       return kind.status();
     if (aout.size() != 1 || !isAct(aout[0]) || V(aout[0]).cols != s.N)
@@ -572,7 +572,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
                        "nf::activate<" + *kind + ">(v1)");
     fused = {i + 1};
     consumed = 2;
-    label += std::string("_") + stringAttr(act, "kind").value_or("act");
+    label += std::string("_") + stringAttr(act, attr::Kind).value_or("act");
     comment += " + nf.activation";
   }
   bool raw = consumed == 1;

@@ -18,8 +18,8 @@ StatusOr<size_t> KernelEmitter::gatedRmsNorm(size_t i, uint32_t minTokens) {
       !isAct(out[0]))
     return fail(i, "expects (y, z, weight) -> result, f32 rows");
   const int64_t I = V(in[0]).cols;
-  auto groups = intAttr(op, "groups");
-  auto eps = floatAttr(op, "epsilon");
+  auto groups = intAttr(op, attr::Groups);
+  auto eps = floatAttr(op, attr::Epsilon);
   auto wt = weightType(in[2]);
   if (V(in[1]).cols != I || V(out[0]).cols != I || !wt ||
       weightNumel(in[2]) != I || !groups || *groups <= 0 || I % *groups || !eps)
@@ -69,7 +69,7 @@ StatusOr<size_t> KernelEmitter::causalConv(size_t i, uint32_t minTokens) {
   const std::string biasPtr =
       bias ? weightPtr(in[3]) : "static_cast<const " + *bt + " *>(nullptr)";
   const std::string window = "nf::storage(a, " + num(2 * op.storage()) + ")";
-  const std::string mode = stringAttr(op, "mode").value_or("prefill");
+  const std::string mode = stringAttr(op, attr::Mode).value_or("prefill");
   if (mode == "decode") {
     addLaunch(fnName(i, "causal_conv"), elementGrid(maxTokens * CD), 256,
               "  nf::causal_conv_seq" + targs + "(a, " + arenaPtr(in[1]) +
@@ -115,7 +115,8 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
       weightNumel(in[3]) != NH || weightNumel(in[4]) != NH ||
       weightNumel(in[5]) != NH)
     return fail(i, "operands do not match the state");
-  auto lo = floatAttr(op, "time_step_min"), hi = floatAttr(op, "time_step_max");
+  auto lo = floatAttr(op, attr::TimeStepMin),
+       hi = floatAttr(op, attr::TimeStepMax);
   if (!lo || !hi)
     return fail(i, "missing time_step_min / time_step_max");
   // Tiling (nf_mamba.cuh): NS threads per head channel, each holding
@@ -131,7 +132,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   // (a token per sequence) stages one: chunks sized for prefill (11 tokens
   // at the Nano shape, 42 KB a block) would limit it to 5 blocks per SM.
   const int64_t perToken = ((2 * N + PT + 1) * 3 + 2 + PT * NS) * 4;
-  const int64_t TC = opName(op) == "nf_kv.ssm_update"
+  const int64_t TC = opCode(op) == OpCode::SsmUpdate
                          ? 1
                          : std::clamp<int64_t>(45056 / perToken, 1, 32);
   const int64_t block = PT * NS;
@@ -140,7 +141,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   // Decode: a warp per (sequence, head, 32 / NS channels), no shared
   // memory or barriers (ssm_decode); the H200, Nano at batch 32: see
   // docs/performance.md.
-  if (opName(op) == "nf_kv.ssm_update" && 32 % NS == 0 && N % (4 * NS) == 0 &&
+  if (opCode(op) == OpCode::SsmUpdate && 32 % NS == 0 && N % (4 * NS) == 0 &&
       P % (32 / NS) == 0 && (NH * P) % 4 == 0 && CD % 4 == 0) {
     // With the gated norm of its result (groups = the state's groups):
     // steps whose clusters fit the GPU at a block an SM (a block per head:
@@ -154,14 +155,14 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
     const int64_t HPG = NH / G, warpsPerHead = P / (32 / NS);
     const int64_t fusedTokens = std::max<int64_t>(opts.smCount / NH, 1);
     bool fuseNorm = opts.hopperOrLater && i + 1 < ops.size() &&
-                    opName(*ops[i + 1]) == "nf.gated_rms_norm" &&
+                    opCode(*ops[i + 1]) == OpCode::GatedRmsNorm &&
                     !needed(out[0], {i + 1}) && HPG <= 8 && P % 4 == 0 &&
                     warpsPerHead * 32 <= 1024;
     if (fuseNorm) {
       const pl::Op &nop = *ops[i + 1];
       auto nin = operands(nop), nout = results(nop);
-      auto groups = intAttr(nop, "groups");
-      auto eps = floatAttr(nop, "epsilon");
+      auto groups = intAttr(nop, attr::Groups);
+      auto eps = floatAttr(nop, attr::Epsilon);
       auto wt = nin.size() == 3 ? weightType(nin[2]) : std::nullopt;
       fuseNorm = nin.size() == 3 && nout.size() == 1 && nin[0] == out[0] &&
                  isAct(nin[1]) && isAct(nout[0]) && V(nin[1]).cols == NH * P &&
@@ -231,7 +232,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
     return smemOf(q, false) + kStaticSharedAllowance <= opts.maxSharedBytes;
   };
   const int64_t kSub = fits(64) ? 64 : 32;
-  if (opName(op) == "nf_kv.ssm_scan" && opts.ampereOrLater && P % 16 == 0 &&
+  if (opCode(op) == OpCode::SsmScan && opts.ampereOrLater && P % 16 == 0 &&
       N % 16 == 0 && P <= 128 && st->slots() > 0 && fits(kSub)) {
     const int64_t cmax = ceilDiv(maxTokens, kChunk);
     auto smemOfSub = [&](bool states) { return smemOf(kSub, states); };
@@ -280,7 +281,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   }
   // Prefill steps longer than a chunk: the chunked scan (nf_mamba.cuh), so
   // a long sequence's chunks walk in parallel.
-  const bool chunked = opName(op) == "nf_kv.ssm_scan" && maxTokens > kChunk &&
+  const bool chunked = opCode(op) == OpCode::SsmScan && maxTokens > kChunk &&
                        P % 4 == 0 && N % 8 == 0 && st->slots() > 0;
   std::string chunkArgs, chunkInit;
   if (chunked) {
@@ -309,7 +310,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
     chunkInit = ", " + local;
   }
   addLaunch(
-      fnName(i, opName(op) == "nf_kv.ssm_update" ? "ssm_update" : "ssm_scan"),
+      fnName(i, opCode(op) == OpCode::SsmUpdate ? "ssm_update" : "ssm_scan"),
       gridOf(items, int64_t(opts.smCount) * 8), static_cast<uint32_t>(block),
       "  nf::ssm_scan<" + *t3 + ", " + *t4 + ", " + *t5 + ", " + num(NH) +
           ", " + num(P) + ", " + num(N) + ", " + num(G) + ", " + num(PT) +

@@ -13,7 +13,7 @@ namespace nf::codegen::detail {
 
 StatusOr<size_t> KernelEmitter::route(size_t i) {
   const pl::Op &first = *ops[i];
-  const bool isRouter = opName(first) == "nf_moe.router";
+  const bool isRouter = opCode(first) == OpCode::Router;
   std::string wg = "float", wb = "float", x = "nullptr", gate = "nullptr",
               bias = "nullptr";
   int64_t E = 0, H = 1;
@@ -44,7 +44,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
     selV = out[1];
     sel = i + 1;
     // A select that reads both scores fuses with the router.
-    if (!(sel < ops.size() && opName(*ops[sel]) == "nf_moe.select" &&
+    if (!(sel < ops.size() && opCode(*ops[sel]) == OpCode::Select &&
           operands(*ops[sel]).size() == 3 &&
           operands(*ops[sel])[0] == scoresV && operands(*ops[sel])[1] == selV))
       sel = ops.size();
@@ -87,15 +87,15 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
     budget = arenaPtr(in[2]);
   else
     return fail(sel, "budget must be the step's per-token budget");
-  auto K = intAttr(op, "top_k"), nGroup = intAttr(op, "n_group"),
-       topkGroup = intAttr(op, "topk_group"),
-       norm = intAttr(op, "norm_topk_prob");
-  auto rsf = floatAttr(op, "routed_scaling_factor");
+  auto K = intAttr(op, attr::TopK), nGroup = intAttr(op, attr::NGroup),
+       topkGroup = intAttr(op, attr::TopkGroup),
+       norm = intAttr(op, attr::NormTopkProb);
+  auto rsf = floatAttr(op, attr::RoutedScalingFactor);
   if (!K || !nGroup || !topkGroup || !norm || !rsf)
     return fail(sel, "missing top_k, n_group, topk_group, norm_topk_prob or "
                      "routed_scaling_factor");
-  const int64_t minK = intAttr(op, "min_k").value_or(*K);
-  const std::string policy = stringAttr(op, "policy").value_or("topk");
+  const int64_t minK = intAttr(op, attr::MinK).value_or(*K);
+  const std::string policy = stringAttr(op, attr::Policy).value_or("topk");
   if (policy != "topk" && policy != "budget")
     return fail(sel, "unknown policy '" + policy + "'");
   if (*nGroup <= 0 || E % *nGroup || *topkGroup <= 0 || *topkGroup > *nGroup ||
@@ -299,7 +299,7 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
   // 3.09 ms, batch 32 7.19 -> 7.16 with the router's prefetch moved,
   // bench/results/2026-12-02).
   const bool groupsEarly =
-      !up && i > 0 && opName(*ops[i - 1]) == "nf_moe.expert_up" &&
+      !up && i > 0 && opCode(*ops[i - 1]) == OpCode::ExpertUp &&
       operands(*ops[i - 1]).size() == 3 && operands(*ops[i - 1])[1] == in[1];
   s.groups = "nf::DispatchGroups<" + num(d.numExperts) + ", " + num(d.offset) +
              "ll" + (groupsEarly ? ", true>" : ">");
@@ -311,7 +311,7 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
   s.rowsPerToken = up ? 1 : d.maxPerToken;
   std::string act;
   if (up) {
-    auto kind = activationKind(i, "activation", false);
+    auto kind = activationKind(i, attr::Activation, false);
     if (!kind)
       return kind.status();
     act = *kind;
@@ -336,9 +336,9 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
 /// projections' "_row" launches (token range: as emitLinear's row variant);
 /// false (nothing appended) where the layer does not fit this form.
 bool KernelEmitter::oneTokenExperts(size_t d) {
-  if (d + 3 >= ops.size() || opName(*ops[d]) != "nf_moe.dispatch" ||
-      opName(*ops[d + 1]) != "nf_moe.expert_up" ||
-      opName(*ops[d + 2]) != "nf_moe.expert_down")
+  if (d + 3 >= ops.size() || opCode(*ops[d]) != OpCode::Dispatch ||
+      opCode(*ops[d + 1]) != OpCode::ExpertUp ||
+      opCode(*ops[d + 2]) != OpCode::ExpertDown)
     return false;
   std::optional<CombineTail> c = combineTail(d + 3);
   if (!c)
@@ -366,7 +366,7 @@ bool KernelEmitter::oneTokenExperts(size_t d) {
       !isTensor(uin[0], pl::DType::F32) || V(uin[0]).cols != upShape[2] ||
       downShape[2] != upShape[1] || downShape[1] != V(c->sum).cols)
     return false;
-  auto act = activationKind(d + 1, "activation", false);
+  auto act = activationKind(d + 1, attr::Activation, false);
   if (!act)
     return false;
   const std::string groups =
@@ -418,9 +418,10 @@ bool KernelEmitter::oneTokenExperts(size_t d) {
 
 std::optional<KernelEmitter::CombineTail>
 KernelEmitter::combineTail(size_t i) const {
-  if (i + 3 >= ops.size() || opName(*ops[i]) != "nf_moe.combine" ||
-      opName(*ops[i + 1]) != "nf.add" || opName(*ops[i + 2]) != "nf.add" ||
-      opName(*ops[i + 3]) != "nf.rms_norm")
+  if (i + 3 >= ops.size() || opCode(*ops[i]) != OpCode::Combine ||
+      opCode(*ops[i + 1]) != OpCode::Add ||
+      opCode(*ops[i + 2]) != OpCode::Add ||
+      opCode(*ops[i + 3]) != OpCode::RmsNorm)
     return std::nullopt;
   auto out = results(*ops[i]);
   auto a1 = operands(*ops[i + 1]), r1 = results(*ops[i + 1]);
@@ -429,7 +430,7 @@ KernelEmitter::combineTail(size_t i) const {
   if (out.size() != 1)
     return std::nullopt;
   auto wt = nin.size() == 2 ? weightType(nin[1]) : std::nullopt;
-  auto eps = floatAttr(*ops[i + 3], "epsilon");
+  auto eps = floatAttr(*ops[i + 3], attr::Epsilon);
   const int64_t HE = V(out[0]).cols;
   if (!(a1.size() == 2 && r1.size() == 1 &&
         (a1[0] == out[0]) != (a1[1] == out[0]) && !needed(out[0], {i + 1}) &&

@@ -41,7 +41,7 @@ StatusOr<size_t> KernelEmitter::rmsNorm(size_t i) {
     return fail(i, "expects (input, weight) -> result, f32 rows");
   const int64_t H = V(in[0]).cols;
   auto wt = weightType(in[1]);
-  auto eps = floatAttr(op, "epsilon");
+  auto eps = floatAttr(op, attr::Epsilon);
   if (!wt || weightNumel(in[1]) != H || V(out[0]).cols != H || !eps)
     return fail(i, "weight, result or epsilon does not match " +
                        std::to_string(H) + " features");
@@ -64,11 +64,11 @@ StatusOr<size_t> KernelEmitter::add(size_t i) {
   const int64_t H = V(out[0]).cols;
   includes.insert("nf_rows.cuh");
   // add + rms_norm of the sum: one row kernel.
-  if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.rms_norm") {
+  if (i + 1 < ops.size() && opCode(*ops[i + 1]) == OpCode::RmsNorm) {
     const pl::Op &norm = *ops[i + 1];
     auto nin = operands(norm), nout = results(norm);
     auto wt = nin.size() == 2 ? weightType(nin[1]) : std::nullopt;
-    auto eps = floatAttr(norm, "epsilon");
+    auto eps = floatAttr(norm, attr::Epsilon);
     if (nin.size() == 2 && nin[0] == out[0] && nout.size() == 1 &&
         isAct(nout[0]) && V(nout[0]).cols == H && wt &&
         weightNumel(nin[1]) == H && eps) {
@@ -91,7 +91,7 @@ StatusOr<size_t> KernelEmitter::add(size_t i) {
 StatusOr<size_t> KernelEmitter::split(size_t i) {
   const pl::Op &op = *ops[i];
   auto in = operands(op), out = results(op);
-  auto sizes = listAttr(op, "sizes");
+  auto sizes = listAttr(op, attr::Sizes);
   if (in.size() != 1 || !isAct(in[0]) || !sizes || sizes->size() != out.size())
     return fail(i, "expects one f32 input and one result per size");
   const int64_t ld = V(in[0]).cols;
@@ -120,7 +120,7 @@ StatusOr<size_t> KernelEmitter::activation(size_t i) {
   if (in.size() != 1 || out.size() != 1 || !isAct(in[0]) || !isAct(out[0]) ||
       V(in[0]).cols != V(out[0]).cols)
     return fail(i, "expects one f32 row tensor and a result of its shape");
-  auto act = activationKind(i, "kind", true);
+  auto act = activationKind(i, attr::Kind, true);
   if (!act)
     return act.status();
   includes.insert("nf_rows.cuh");

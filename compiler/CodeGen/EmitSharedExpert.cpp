@@ -22,7 +22,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   if (!ut || !dt || up.size() != 2 || down.size() != 2 || up[1] != H ||
       down[1] != up[0] || down[0] != V(out[0]).cols)
     return fail(i, "weights do not match the input");
-  auto act = activationKind(i, "activation", false);
+  auto act = activationKind(i, attr::Activation, false);
   if (!act)
     return act.status();
   const int64_t I = up[0];
@@ -75,7 +75,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   // writes the sum instead (same value as the add: one f32 addition).
   std::string dst = arenaPtr(out[0]), addend, addend2;
   size_t consumed = 1;
-  if (i + 1 < ops.size() && opName(*ops[i + 1]) == "nf.add" &&
+  if (i + 1 < ops.size() && opCode(*ops[i + 1]) == OpCode::Add &&
       !needed(out[0], {i + 1})) {
     auto ain = operands(*ops[i + 1]), aout = results(*ops[i + 1]);
     if (ain.size() == 2 && aout.size() == 1 &&
@@ -145,9 +145,9 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
   // The rest of "moe_shared_and_routed_experts": dispatch, up, down.
   const size_t d = i + consumed;
   const bool withExperts = d + 2 < ops.size() &&
-                           opName(*ops[d]) == "nf_moe.dispatch" &&
-                           opName(*ops[d + 1]) == "nf_moe.expert_up" &&
-                           opName(*ops[d + 2]) == "nf_moe.expert_down";
+                           opCode(*ops[d]) == OpCode::Dispatch &&
+                           opCode(*ops[d + 1]) == OpCode::ExpertUp &&
+                           opCode(*ops[d + 2]) == OpCode::ExpertDown;
   size_t l3 = l2, l4 = l2, l5 = l2; // ends of dispatch, ups, downs
   if (withExperts) {
     for (size_t k = 0; k < 3; ++k) {

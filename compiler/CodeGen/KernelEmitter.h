@@ -14,6 +14,7 @@
 
 #include "nf/plan_attrs.h"
 #include "nf/plan_generated.h"
+#include "nf/plan_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -149,6 +150,9 @@ using pl::floatAttr;
 using pl::intAttr;
 using pl::listAttr;
 using pl::stringAttr;
+namespace attr = pl::attr;
+using pl::OpCode;
+using pl::opCode;
 
 inline std::string opName(const pl::Op &op) {
   return op.name() ? op.name()->str() : std::string("<unnamed>");
@@ -576,13 +580,13 @@ private:
   StatusOr<size_t> sharedExpert(size_t i);
   StatusOr<size_t> routeSharedExpert(size_t i);
 
-  StatusOr<std::string> activationKind(size_t i, const char *attr,
+  StatusOr<std::string> activationKind(size_t i, std::string_view key,
                                        bool required) const {
-    std::optional<std::string> k = stringAttr(*ops[i], attr);
+    std::optional<std::string> k = stringAttr(*ops[i], key);
     if (!k && !required)
       return std::string("nf::kActRelu2");
     if (!k)
-      return fail(i, std::string("missing attribute '") + attr + "'");
+      return fail(i, "missing attribute '" + std::string(key) + "'");
     if (*k == "relu2")
       return std::string("nf::kActRelu2");
     if (*k == "silu")

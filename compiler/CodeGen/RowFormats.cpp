@@ -61,28 +61,28 @@ std::set<int> bf16RowValues(const pl::Plan &plan, const pl::Step &step,
     const unsigned n = k->ops()->size();
     for (unsigned i = 0; i < n; ++i) {
       const pl::Op &op = *k->ops()->Get(i);
-      const std::string name = opName(op);
+      const OpCode code = opCode(op);
       auto in = operands(op);
       int gemmInput = -1; // the operand read as a GEMM's bf16 input
       // The plane path's K (its bf16 weights are checked per op below).
       if (!in.empty() && valid(in[0]) &&
           onBf16Planes(phase, true, values[in[0]].cols)) {
-        if ((name == "nf.linear" || name == "nf.lm_head" ||
-             name == "nf_moe.latent_proj") &&
+        if ((code == OpCode::Linear || code == OpCode::LmHead ||
+             code == OpCode::LatentProj) &&
             in.size() == 2 && bf16Weight(in[1]))
           gemmInput = in[0];
-        else if ((name == "nf_moe.expert_up" || name == "nf_moe.expert_down") &&
+        else if ((code == OpCode::ExpertUp || code == OpCode::ExpertDown) &&
                  in.size() == 3 && bf16Weight(in[2]))
           gemmInput = in[0];
-        else if (name == "nf_moe.shared_expert" && in.size() == 3 &&
+        else if (code == OpCode::SharedExpert && in.size() == 3 &&
                  bf16Weight(in[1]))
           gemmInput = in[0];
-        else if (name == "nf_moe.router" && in.size() == 3 &&
+        else if (code == OpCode::Router && in.size() == 3 &&
                  bf16Weight(in[1]) && i + 1 < n) {
           // Only when route() fuses the select (the router alone reads f32).
           const pl::Op &next = *k->ops()->Get(i + 1);
           auto rout = results(op), nin = operands(next);
-          if (opName(next) == "nf_moe.select" && rout.size() == 2 &&
+          if (opCode(next) == OpCode::Select && rout.size() == 2 &&
               nin.size() == 3 && nin[0] == rout[0] && nin[1] == rout[1])
             gemmInput = in[0];
         }
@@ -95,9 +95,9 @@ std::set<int> bf16RowValues(const pl::Plan &plan, const pl::Step &step,
           gemmOnly[in[o]] = 0;
       }
       const bool canWriteBf16 =
-          name == "nf.rms_norm" || name == "nf.gated_rms_norm" ||
-          name == "nf.activation" || name == "nf_moe.expert_up" ||
-          name == "nf.linear";
+          code == OpCode::RmsNorm || code == OpCode::GatedRmsNorm ||
+          code == OpCode::Activation || code == OpCode::ExpertUp ||
+          code == OpCode::Linear;
       for (int r : results(op))
         if (valid(r))
           producible[r] = canWriteBf16;
@@ -139,26 +139,26 @@ void decodeShadows(const pl::Plan &plan, const pl::Step &step,
     if (!k->ops())
       continue;
     for (const pl::Op *op : *k->ops()) {
-      const std::string name = opName(*op);
+      const OpCode code = opCode(*op);
       auto in = operands(*op);
       int weight = -1;
-      if ((name == "nf.linear" || name == "nf.lm_head" ||
-           name == "nf_moe.latent_proj") &&
+      if ((code == OpCode::Linear || code == OpCode::LmHead ||
+           code == OpCode::LatentProj) &&
           in.size() == 2)
         weight = in[1];
-      else if ((name == "nf_moe.expert_up" || name == "nf_moe.expert_down") &&
+      else if ((code == OpCode::ExpertUp || code == OpCode::ExpertDown) &&
                in.size() == 3)
         weight = in[2];
-      else if (name == "nf_moe.shared_expert" && in.size() == 3)
+      else if (code == OpCode::SharedExpert && in.size() == 3)
         weight = in[1];
       if (weight >= 0 && valid(in[0]) && bf16Weight(weight) &&
           values[in[0]].cols % 32 == 0)
         gemmRead[in[0]] = 1;
       // Emitters that store these results through outPtr / storeAct.
       const bool writesCopy =
-          name == "nf.rms_norm" || name == "nf.gated_rms_norm" ||
-          name == "nf.activation" || name == "nf_moe.expert_up" ||
-          name == "nf_kv.attend";
+          code == OpCode::RmsNorm || code == OpCode::GatedRmsNorm ||
+          code == OpCode::Activation || code == OpCode::ExpertUp ||
+          code == OpCode::KvAttend;
       for (int r : results(*op))
         if (valid(r))
           producible[r] = writesCopy;

@@ -3,7 +3,8 @@
 // Every SSA value a step touches becomes a plan Value: step inputs, weights,
 // kernel outputs (at their planned arena offsets) and kernel-internal values
 // (in a scratch region after the arena, reused by every kernel). Ops keep
-// their names and attributes, so the runtime interprets exactly the IR.
+// their names and attributes, so the runtime interprets exactly the IR, and
+// carry their code from nf/plan_ops.def: an op outside that list is an error.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,6 +14,7 @@
 #include "Transforms/StepUtils.h"
 #include "nf/IR/NfOps.h"
 #include "nf/plan_generated.h"
+#include "nf/plan_ops.h"
 #include "nf/plan_version.h"
 #include "nf_kv/IR/NfKvOps.h"
 #include "nf_moe/IR/NfMoeOps.h"
@@ -235,6 +237,10 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
     int64_t scratch = 0;
     std::vector<fb::Offset<pl::Op>> ops;
     for (Operation &op : body.without_terminator()) {
+      const pl::OpCode code = pl::opCodeOf(op.getName().getStringRef());
+      if (code == pl::OpCode::Unknown)
+        return error(&op, "op has no plan op code (runtime/include/nf/"
+                          "plan_ops.def)");
       std::vector<int> operands, results;
       for (Value operand : op.getOperands()) {
         auto it = index.find(operand);
@@ -288,13 +294,13 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
       }
       if (auto select = dyn_cast<moe::SelectOp>(op))
         policy = select.getPolicy().str();
-      ops.push_back(
-          pl::CreateOp(b, b.CreateString(op.getName().getStringRef().str()),
-                       b.CreateVector(operands), b.CreateVector(results),
-                       storage, b.CreateVectorOfSortedTables(&ints),
-                       b.CreateVectorOfSortedTables(&floats),
-                       b.CreateVectorOfSortedTables(&strings),
-                       b.CreateVectorOfSortedTables(&lists)));
+      ops.push_back(pl::CreateOp(
+          b, b.CreateString(op.getName().getStringRef().str()),
+          b.CreateVector(operands), b.CreateVector(results), storage,
+          b.CreateVectorOfSortedTables(&ints),
+          b.CreateVectorOfSortedTables(&floats),
+          b.CreateVectorOfSortedTables(&strings),
+          b.CreateVectorOfSortedTables(&lists), static_cast<uint16_t>(code)));
     }
     scratchBytes = std::max(scratchBytes, scratch);
     if (!cuda) {

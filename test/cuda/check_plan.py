@@ -34,6 +34,9 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import plan_ops  # noqa: E402  (runtime/include/nf/plan_ops.def)
+
 try:
     import cupy as cp
 except ImportError:  # parsing works without a GPU (tests of this script)
@@ -164,7 +167,8 @@ def parse_plan(path):
                             "results": op.scalars(2, "i"),
                             "ints": {a.string(0): a.scalar(1, "q") for a in op.tables(4)},
                             "floats": {a.string(0): a.scalar(1, "d") for a in op.tables(5)},
-                            "strings": {a.string(0): a.string(1) for a in op.tables(6)}})
+                            "strings": {a.string(0): a.string(1) for a in op.tables(6)},
+                            "code": op.scalar(8, "H")})
             step["kernels"].append({
                 "name": k.string(0), "ops": ops, "archs": k.strings(4),
                 "cubins": [c.bytes(0) for c in k.tables(5)], "ptx": k.string(6),
@@ -498,7 +502,7 @@ def check_budget(runner, budget, tokens_per_seq):
     state = {"bad": 0, "checked": 0}
 
     def hook(st, kernel, fn, T, descs):
-        sel = next((op for op in kernel["ops"] if op["name"] == "nf_moe.select"), None)
+        sel = next((op for op in kernel["ops"] if plan_ops.is_op(op, "nf_moe.select")), None)
         if sel is None:
             return
         ex, wv, cv = sel["results"]
@@ -528,7 +532,7 @@ def check_budget(runner, budget, tokens_per_seq):
                     print("  FAIL %s: token %d weights/experts" % (fn, t))
                     break
         elif "moe_dispatch" in fn:
-            disp_v = next(op for op in kernel["ops"] if op["name"] == "nf_moe.dispatch")["results"][0]
+            disp_v = next(op for op in kernel["ops"] if plan_ops.is_op(op, "nf_moe.dispatch"))["results"][0]
             dv = st["values"][disp_v]
             E, M = dv["num_experts"], dv["max_per_token"]
             raw = cp.asnumpy(runner.arena[dv["offset"]: dv["offset"] + 4 * (E + 1 + 2 * T * M)].view(cp.int32))
@@ -558,7 +562,7 @@ def check_budget(runner, budget, tokens_per_seq):
     inputs = [(s, [int(x) for x in rng.integers(0, V, n)]) for s, n in zip(seqs, tokens_per_seq)]
 
     def hook1(st, kernel, fn, T, descs):
-        sel = next((op for op in kernel["ops"] if op["name"] == "nf_moe.select"), None)
+        sel = next((op for op in kernel["ops"] if plan_ops.is_op(op, "nf_moe.select")), None)
         if sel is not None and "moe_dispatch" in fn:
             counts = runner.value(st, sel["results"][2], T)[:, 0]
             state["checked"] += 1

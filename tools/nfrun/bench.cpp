@@ -13,7 +13,8 @@
 #include "nf/file.h"
 
 #include "nf/nf.h"
-#include "nf/plan_generated.h"
+#include "nf/plan_attrs.h"
+#include "nf/plan_ops.h"
 
 #include <algorithm>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -125,10 +127,9 @@ bool readShape(const std::string &path, Shape &s, std::string &error) {
   }
   for (const pl::Kernel *k : *plan->decode()->kernels())
     for (const pl::Op *op : *k->ops())
-      if (op->name()->str() == "nf_kv.attend" && op->ints())
-        for (const pl::IntAttr *a : *op->ints())
-          if (a->name()->str() == "num_heads")
-            s.attnWidth = a->value();
+      if (pl::opCode(*op) == pl::OpCode::KvAttend)
+        if (std::optional<int64_t> h = pl::intAttr(*op, pl::attr::NumHeads))
+          s.attnWidth = *h;
   return true;
 }
 

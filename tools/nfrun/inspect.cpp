@@ -4,7 +4,8 @@
 
 #include "nf/file.h"
 
-#include "nf/plan_generated.h"
+#include "nf/plan_attrs.h"
+#include "nf/plan_ops.h"
 #include "nf/plan_version.h"
 
 #include <flatbuffers/flatbuffers.h>
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -125,16 +127,13 @@ StepSummary summarize(const pl::Step *step) {
         continue;
       s.ops += k->ops()->size();
       for (const pl::Op *op : *k->ops()) {
-        if (!op || str(op->name()) != "nf_moe.select")
+        if (!op || pl::opCode(*op) != pl::OpCode::Select)
           continue;
-        if (op->ints())
-          for (const pl::IntAttr *a : *op->ints())
-            if (a && str(a->name()) == "top_k")
-              s.topK = a->value();
-        if (op->strings())
-          for (const pl::StringAttr *a : *op->strings())
-            if (a && str(a->name()) == "policy")
-              s.policy = str(a->value());
+        if (std::optional<int64_t> k = pl::intAttr(*op, pl::attr::TopK))
+          s.topK = *k;
+        if (std::optional<std::string> p =
+                pl::stringAttr(*op, pl::attr::Policy))
+          s.policy = *p;
       }
     }
   return s;

@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/plan_loader.h"
 #include "nf/plan_attrs.h"
+#include "nf/plan_ops.h"
 
 #include <cstdint>
 #include <functional>
@@ -96,6 +97,7 @@ using nf::plan::floatAttr;
 using nf::plan::intAttr;
 using nf::plan::listAttr;
 using nf::plan::stringAttr;
+namespace attr = nf::plan::attr;
 
 // ---------------------------------------------------------------------------
 // Sequences

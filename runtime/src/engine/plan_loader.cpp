@@ -3,6 +3,7 @@
 #include <map>
 
 #include "nf/file.h"
+#include "nf/plan_ops.h"
 #include "nf/plan_version.h"
 
 #include <flatbuffers/flatbuffers.h>
@@ -97,6 +98,29 @@ bool printable(const fb::Vector<fb::Offset<fb::String>> *v) {
       if (!printable(s))
         return false;
   return true;
+}
+
+/// Where a stored op code (format 1.10) disagrees with its op's name, as
+/// "decode kernel 3 op 1: unknown op code 77", or "" if none does.
+std::string inconsistentOpCode(const pl::Plan &p) {
+  for (const pl::Step *step : {p.prefill(), p.decode()}) {
+    if (!step->kernels())
+      continue;
+    const std::string phase = step == p.prefill() ? "prefill" : "decode";
+    for (fb::uoffset_t k = 0; k < step->kernels()->size(); ++k) {
+      const pl::Kernel *kernel = step->kernels()->Get(k);
+      if (!kernel->ops())
+        continue;
+      for (fb::uoffset_t j = 0; j < kernel->ops()->size(); ++j) {
+        const pl::Op *op = kernel->ops()->Get(j);
+        if (std::optional<std::string_view> why = pl::opCodeMismatch(*op))
+          return phase + " kernel " + std::to_string(k) + " op " +
+                 std::to_string(j) + ": " + std::string(*why) + " " +
+                 std::to_string(op->code());
+      }
+    }
+  }
+  return "";
 }
 
 std::string unprintableString(const pl::Plan &p) {
@@ -242,6 +266,8 @@ StatusOr<std::unique_ptr<PlanFile>> openPlan(const std::string &path) {
                          ": corrupted plan (a control character in a "
                          "name of " +
                          where + ")");
+  if (std::string where = inconsistentOpCode(*p); !where.empty())
+    return Status::error(path + ": corrupted plan (" + where + ")");
   return pf;
 }
 

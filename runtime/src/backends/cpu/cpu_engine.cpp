@@ -32,33 +32,6 @@
 
 namespace nf::engine {
 namespace cpu_detail {
-namespace {
-
-constexpr std::pair<std::string_view, Code> kOpNames[] = {
-    {"nf.embed", Code::Embed},
-    {"nf.rms_norm", Code::RmsNorm},
-    {"nf.add", Code::Add},
-    {"nf.linear", Code::Linear},
-    {"nf.split", Code::Split},
-    {"nf.activation", Code::Activation},
-    {"nf.gated_rms_norm", Code::GatedRmsNorm},
-    {"nf.lm_head", Code::LmHead},
-    {"nf_kv.causal_conv", Code::CausalConv},
-    {"nf_kv.ssm_scan", Code::SsmScan},
-    {"nf_kv.ssm_update", Code::SsmUpdate},
-    {"nf_kv.append", Code::KvAppend},
-    {"nf_kv.attend", Code::KvAttend},
-    {"nf_moe.router", Code::Router},
-    {"nf_moe.select", Code::Select},
-    {"nf_moe.dispatch", Code::Dispatch},
-    {"nf_moe.expert_up", Code::ExpertUp},
-    {"nf_moe.expert_down", Code::ExpertDown},
-    {"nf_moe.combine", Code::Combine},
-    {"nf_moe.shared_expert", Code::SharedExpert},
-    {"nf_moe.latent_proj", Code::LatentProj},
-};
-
-} // namespace
 
 // ---------------------------------------------------------------------------
 // Load
@@ -118,14 +91,10 @@ Status CpuEngine::compileProgram(const pl::Step *step, const char *phase,
 Status CpuEngine::compileOp(Program &prog, const pl::Op &op,
                             const std::string &where, OpInfo &o) {
   o.where = where;
-  const std::string_view name =
-      op.name() ? op.name()->string_view() : std::string_view();
-  auto it = std::find_if(std::begin(kOpNames), std::end(kOpNames),
-                         [&](const auto &p) { return p.first == name; });
-  if (it == std::end(kOpNames))
+  o.code = pl::opCode(op);
+  if (o.code == OpCode::Unknown)
     return Status::error(where + ": unknown op (not supported by the CPU "
                                  "backend)");
-  o.code = it->second;
   const int32_t nv = static_cast<int32_t>(prog.values.size());
   if (op.operands())
     o.in.assign(op.operands()->begin(), op.operands()->end());
@@ -172,7 +141,7 @@ Status CpuEngine::init(const EngineOptions &options) {
   // The model's k: the smallest top_k of any select (they agree in practice).
   for (const Program *p : {&prefill_, &decode_})
     for (const OpInfo &o : p->ops)
-      if (o.code == Code::Select)
+      if (o.code == OpCode::Select)
         maxExpertsOverride_ =
             maxExpertsOverride_ == 0
                 ? static_cast<int32_t>(o.topK)
@@ -183,7 +152,7 @@ Status CpuEngine::init(const EngineOptions &options) {
   for (Program *p : {&prefill_, &decode_}) {
     int32_t moe = 0;
     for (OpInfo &o : p->ops)
-      if (o.code == Code::Select) {
+      if (o.code == OpCode::Select) {
         o.ordinal = moe++;
         info_.numMoeLayers = std::max(info_.numMoeLayers, moe);
         info_.numExperts = std::max<int32_t>(

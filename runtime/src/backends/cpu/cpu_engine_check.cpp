@@ -54,28 +54,28 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
                ? w
                : nullptr;
   };
-  auto needF = [&](const char *n, double &out) -> Status {
+  auto needF = [&](std::string_view n, double &out) -> Status {
     std::optional<double> v = floatAttr(op, n);
     if (!v)
-      return fail(std::string("missing attribute '") + n + "'");
+      return fail("missing attribute '" + std::string(n) + "'");
     out = *v;
     return Status::success();
   };
-  auto needI = [&](const char *n, int64_t &out) -> Status {
+  auto needI = [&](std::string_view n, int64_t &out) -> Status {
     std::optional<int64_t> v = intAttr(op, n);
     if (!v)
-      return fail(std::string("missing attribute '") + n + "'");
+      return fail("missing attribute '" + std::string(n) + "'");
     out = *v;
     return Status::success();
   };
-  auto activation = [&](const char *attr, bool required) -> Status {
-    std::optional<std::string> k = stringAttr(op, attr);
+  auto activation = [&](std::string_view key, bool required) -> Status {
+    std::optional<std::string> k = stringAttr(op, key);
     if (!k && !required) {
       o.act = Act::Relu2; // the dialect's default
       return Status::success();
     }
     if (!k)
-      return fail(std::string("missing attribute '") + attr + "'");
+      return fail("missing attribute '" + std::string(key) + "'");
     if (*k == "relu2")
       o.act = Act::Relu2;
     else if (*k == "silu")
@@ -100,7 +100,7 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
   auto dims = [&](int32_t v) { return shapeString(V(v).shape); };
 
   switch (o.code) {
-  case Code::Embed: {
+  case OpCode::Embed: {
     if (!arity(2, 2, 1))
       return fail("expects (tokens, table) -> 1 result");
     const ValueInfo &t = V(o.in[0]);
@@ -119,16 +119,16 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
                   shapeString(w->shape));
     return Status::success();
   }
-  case Code::RmsNorm: {
+  case OpCode::RmsNorm: {
     if (!arity(2, 2, 1) || !isAct(o.in[0]) || !isAct(o.out[0]))
       return fail("expects (input, weight) -> result, f32 rows");
     const int64_t H = V(o.in[0]).cols;
     if (!vector(o.in[1], H) || V(o.out[0]).cols != H)
       return fail("weight or result does not have " + std::to_string(H) +
                   " features");
-    return needF("epsilon", o.eps);
+    return needF(attr::Epsilon, o.eps);
   }
-  case Code::Add:
+  case OpCode::Add:
     if (!arity(2, 2, 1) || !isAct(o.in[0]) || !isAct(o.in[1]) ||
         !isAct(o.out[0]))
       return fail("expects two f32 row tensors");
@@ -137,9 +137,9 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
       return fail("operands " + dims(o.in[0]) + " and " + dims(o.in[1]) +
                   " differ");
     return Status::success();
-  case Code::Linear:
-  case Code::LmHead:
-  case Code::LatentProj: {
+  case OpCode::Linear:
+  case OpCode::LmHead:
+  case OpCode::LatentProj: {
     if (!arity(2, 2, 1) || !isAct(o.in[0]) || !isAct(o.out[0]))
       return fail("expects (input, weight) -> result, f32 rows");
     const BoundWeight *w = matrix(o.in[1]);
@@ -148,12 +148,12 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
                   (W(o.in[1]) ? shapeString(W(o.in[1])->shape)
                               : std::string("(not a weight)")) +
                   " and result " + dims(o.out[0]) + " do not match");
-    if (o.code == Code::LatentProj && !stringAttr(op, "direction"))
+    if (o.code == OpCode::LatentProj && !stringAttr(op, attr::Direction))
       return fail("missing attribute 'direction'");
     return Status::success();
   }
-  case Code::Split: {
-    std::optional<std::vector<int64_t>> sizes = listAttr(op, "sizes");
+  case OpCode::Split: {
+    std::optional<std::vector<int64_t>> sizes = listAttr(op, attr::Sizes);
     if (!sizes)
       return fail("missing attribute 'sizes'");
     o.sizes = *sizes;
@@ -172,12 +172,12 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
                   dims(o.in[0]));
     return Status::success();
   }
-  case Code::Activation:
+  case OpCode::Activation:
     if (!arity(1, 1, 1) || !isAct(o.in[0]) || !isAct(o.out[0]) ||
         V(o.in[0]).cols != V(o.out[0]).cols)
       return fail("expects one f32 row tensor and a result of its shape");
-    return activation("kind", true);
-  case Code::GatedRmsNorm: {
+    return activation(attr::Kind, true);
+  case OpCode::GatedRmsNorm: {
     if (!arity(3, 3, 1) || !isAct(o.in[0]) || !isAct(o.in[1]) ||
         !isAct(o.out[0]))
       return fail("expects (y, z, weight) -> result, f32 rows");
@@ -185,14 +185,14 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
     if (V(o.in[1]).cols != I || V(o.out[0]).cols != I || !vector(o.in[2], I))
       return fail("y, z, weight and result must all have " + std::to_string(I) +
                   " features");
-    if (Status s = needI("groups", o.groups); !s)
+    if (Status s = needI(attr::Groups, o.groups); !s)
       return s;
     if (o.groups <= 0 || I % o.groups != 0)
       return fail(std::to_string(I) + " features in " +
                   std::to_string(o.groups) + " groups");
-    return needF("epsilon", o.eps);
+    return needF(attr::Epsilon, o.eps);
   }
-  case Code::CausalConv: {
+  case OpCode::CausalConv: {
     const StorageInfo *st = mambaStorage();
     if (!st)
       return fail("needs a MambaState storage");
@@ -213,13 +213,13 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
     o.hasBias = o.in.size() == 4;
     if (o.hasBias && !vector(o.in[3], CD))
       return fail("bias must have " + std::to_string(CD) + " elements");
-    std::optional<std::string> mode = stringAttr(op, "mode");
+    std::optional<std::string> mode = stringAttr(op, attr::Mode);
     if (mode && *mode != "prefill" && *mode != "decode")
       return fail("unknown mode '" + *mode + "'");
     return Status::success();
   }
-  case Code::SsmScan:
-  case Code::SsmUpdate: {
+  case OpCode::SsmScan:
+  case OpCode::SsmUpdate: {
     const StorageInfo *st = mambaStorage();
     if (!st)
       return fail("needs a MambaState storage");
@@ -236,15 +236,15 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
                   std::to_string(s.headDim) + ", state " +
                   std::to_string(s.stateSize) + ")");
     int64_t g = 0;
-    if (Status e = needI("n_groups", g); !e)
+    if (Status e = needI(attr::NGroups, g); !e)
       return e;
     if (g != s.nGroups)
       return fail("n_groups " + std::to_string(g) + " but the state implies " +
                   std::to_string(s.nGroups));
     double lo = 0, hi = 0;
-    if (Status e = needF("time_step_min", lo); !e)
+    if (Status e = needF(attr::TimeStepMin, lo); !e)
       return e;
-    if (Status e = needF("time_step_max", hi); !e)
+    if (Status e = needF(attr::TimeStepMax, hi); !e)
       return e;
     if (!(lo <= hi))
       return fail("time_step_min > time_step_max");
@@ -252,7 +252,7 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
     o.dtMax = static_cast<float>(hi);
     return Status::success();
   }
-  case Code::KvAppend: {
+  case OpCode::KvAppend: {
     const StorageInfo *st = kvStorage();
     if (!st)
       return fail("needs a KVCache storage");
@@ -266,17 +266,17 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
                   " features");
     return Status::success();
   }
-  case Code::KvAttend: {
+  case OpCode::KvAttend: {
     const StorageInfo *st = kvStorage();
     if (!st)
       return fail("needs a KVCache storage");
     if (!arity(2, 2, 1) || !isBatch(o.in[0]) || !isAct(o.in[1]) ||
         !isAct(o.out[0]))
       return fail("expects (batch, query) -> result");
-    if (Status e = needI("num_heads", o.numHeads); !e)
+    if (Status e = needI(attr::NumHeads, o.numHeads); !e)
       return e;
     double scale = 0;
-    if (Status e = needF("scale", scale); !e)
+    if (Status e = needF(attr::Scale, scale); !e)
       return e;
     o.scale = static_cast<float>(scale);
     const int64_t hd = st->kv.headDim, nkv = st->kv.numKvHeads;
@@ -289,7 +289,7 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
                   std::to_string(hd));
     return Status::success();
   }
-  case Code::Router: {
+  case OpCode::Router: {
     if (!arity(3, 3, 2) || !isAct(o.in[0]) || !isAct(o.out[0]) ||
         !isAct(o.out[1]))
       return fail("expects (input, weight, correction_bias) -> (scores, "
@@ -303,7 +303,7 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
                   " experts");
     return Status::success();
   }
-  case Code::Select: {
+  case OpCode::Select: {
     if (!arity(3, 3, 3) || !isAct(o.in[0]) || !isAct(o.in[1]))
       return fail("expects (scores, selection_scores, budget) -> (experts, "
                   "weights, counts)");
@@ -315,20 +315,20 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
       return fail("scores and selection scores differ");
     int64_t norm = 1;
     double rsf = 1.0;
-    if (Status s = needI("top_k", o.topK); !s)
+    if (Status s = needI(attr::TopK, o.topK); !s)
       return s;
-    if (Status s = needI("n_group", o.nGroup); !s)
+    if (Status s = needI(attr::NGroup, o.nGroup); !s)
       return s;
-    if (Status s = needI("topk_group", o.topkGroup); !s)
+    if (Status s = needI(attr::TopkGroup, o.topkGroup); !s)
       return s;
-    if (Status s = needI("norm_topk_prob", norm); !s)
+    if (Status s = needI(attr::NormTopkProb, norm); !s)
       return s;
-    if (Status s = needF("routed_scaling_factor", rsf); !s)
+    if (Status s = needF(attr::RoutedScalingFactor, rsf); !s)
       return s;
-    o.minK = intAttr(op, "min_k").value_or(o.topK);
+    o.minK = intAttr(op, attr::MinK).value_or(o.topK);
     o.normTopkProb = norm != 0;
     o.routedScalingFactor = static_cast<float>(rsf);
-    std::optional<std::string> policy = stringAttr(op, "policy");
+    std::optional<std::string> policy = stringAttr(op, attr::Policy);
     if (policy && *policy != "topk" && *policy != "budget")
       return fail("unknown policy '" + *policy + "'");
     o.budgetPolicy = policy && *policy == "budget";
@@ -354,7 +354,7 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
       return fail("results must be i32 [T, top_k], f32 [T, top_k], i32 [T]");
     return Status::success();
   }
-  case Code::Dispatch: {
+  case OpCode::Dispatch: {
     if (!arity(2, 2, 1) || !isRows(o.in[0], pl::Rows::Tokens, pl::DType::I32) ||
         !isRows(o.in[1], pl::Rows::Tokens, pl::DType::I32) ||
         V(o.in[1]).cols != 1 || V(o.out[0]).kind != pl::ValueKind::Dispatch)
@@ -365,9 +365,9 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
                   std::to_string(V(o.out[0]).maxPerToken));
     return Status::success();
   }
-  case Code::ExpertUp:
-  case Code::ExpertDown: {
-    const bool up = o.code == Code::ExpertUp;
+  case OpCode::ExpertUp:
+  case OpCode::ExpertDown: {
+    const bool up = o.code == OpCode::ExpertUp;
     if (!arity(3, 3, 1) || V(o.in[1]).kind != pl::ValueKind::Dispatch ||
         !isRows(o.out[0], pl::Rows::Assignments, pl::DType::F32))
       return fail("expects (input, dispatch, weight) -> assignment rows");
@@ -393,10 +393,10 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
         V(o.in[0]).bytes < prog.maxTokens * d.maxPerToken * V(o.in[0]).cols * 4)
       return fail("input has too few bytes for the dispatch");
     if (up)
-      return activation("activation", false);
+      return activation(attr::Activation, false);
     return Status::success();
   }
-  case Code::Combine: {
+  case OpCode::Combine: {
     if (!arity(3, 3, 1) || V(o.in[1]).kind != pl::ValueKind::Dispatch ||
         !isRows(o.in[0], pl::Rows::Assignments, pl::DType::F32) ||
         !isRows(o.in[2], pl::Rows::Tokens, pl::DType::F32) || !isAct(o.out[0]))
@@ -406,7 +406,7 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
       return fail("shapes do not match");
     return Status::success();
   }
-  case Code::SharedExpert: {
+  case OpCode::SharedExpert: {
     if (!arity(3, 3, 1) || !isAct(o.in[0]) || !isAct(o.out[0]))
       return fail("expects (input, up, down) -> result");
     const BoundWeight *up = matrix(o.in[1]), *down = matrix(o.in[2]);
@@ -414,7 +414,7 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
     if (!up || !down || up->shape[1] != H || down->shape[1] != up->shape[0] ||
         down->shape[0] != V(o.out[0]).cols)
       return fail("weights do not match the input " + dims(o.in[0]));
-    return activation("activation", false);
+    return activation(attr::Activation, false);
   }
   }
   return fail("unhandled op");

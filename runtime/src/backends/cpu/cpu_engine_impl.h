@@ -1,5 +1,5 @@
 // The CPU backend's engine class (CpuEngine) and its decoded programs
-// (opcodes, OpInfo, Program), shared by the files that define its methods:
+// (OpInfo, Program), shared by the files that define its methods:
 // cpu_engine.cpp (load, sequences, steps), cpu_engine_check.cpp (load-time
 // op checks), cpu_ops.cpp (op execution, dense/row and mixer ops) and
 // cpu_ops_moe.cpp (MoE ops). Internal to the CPU backend.
@@ -7,6 +7,7 @@
 
 #include "backends/cpu/cpu_engine.h"
 #include "engine/plan_common.h"
+#include "nf/plan_ops.h"
 
 #include "backends/cpu/kernels.h"
 
@@ -31,34 +32,12 @@ using cpu::SeqSpan;
 // ---------------------------------------------------------------------------
 // Decoded programs
 
-enum class Code {
-  Embed,
-  RmsNorm,
-  Add,
-  Linear,
-  Split,
-  Activation,
-  GatedRmsNorm,
-  LmHead,
-  CausalConv,
-  SsmScan,
-  SsmUpdate,
-  KvAppend,
-  KvAttend,
-  Router,
-  Select,
-  Dispatch,
-  ExpertUp,
-  ExpertDown,
-  Combine,
-  SharedExpert,
-  LatentProj,
-};
+using pl::OpCode;
 
 enum class Act { Relu2, Silu };
 
 struct OpInfo {
-  Code code = Code::Add;
+  OpCode code = OpCode::Unknown;
   std::string where; // "<plan>: prefill kernel 3 'name' op nf.linear"
   std::vector<int32_t> in, out;
   int32_t storage = -1; // Plan.storage index

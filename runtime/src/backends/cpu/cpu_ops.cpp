@@ -16,7 +16,7 @@ void CpuEngine::execOp(Program &p, const OpInfo &o) {
   const int64_t T = run_.T;
   auto cols = [&](int32_t v) { return p.values[v].cols; };
   switch (o.code) {
-  case Code::Embed: {
+  case OpCode::Embed: {
     const ValueInfo &tv = p.values[o.in[0]];
     std::span<const int32_t> toks =
         tv.kind == pl::ValueKind::Tokens
@@ -25,11 +25,11 @@ void CpuEngine::execOp(Program &p, const OpInfo &o) {
     cpu::embedding(weight(p, o.in[1]).view, toks, f32(p, o.out[0]));
     return;
   }
-  case Code::RmsNorm:
+  case OpCode::RmsNorm:
     cpu::rmsNorm(f32(p, o.in[0]), T, cols(o.in[0]), weight(p, o.in[1]).view,
                  o.eps, f32(p, o.out[0]));
     return;
-  case Code::Add: {
+  case OpCode::Add: {
     const int64_t n = T * cols(o.out[0]);
     float *out = f32(p, o.out[0]);
     const float *a = f32(p, o.in[0]), *b = f32(p, o.in[1]);
@@ -40,15 +40,15 @@ void CpuEngine::execOp(Program &p, const OpInfo &o) {
     cpu::addInPlace(out, b, n);
     return;
   }
-  case Code::Linear:
-  case Code::LatentProj:
+  case OpCode::Linear:
+  case OpCode::LatentProj:
     cpu::linear(f32(p, o.in[0]), T, cols(o.in[0]), weight(p, o.in[1]).view,
                 f32(p, o.out[0]), cols(o.out[0]));
     return;
-  case Code::LmHead:
+  case OpCode::LmHead:
     opLmHead(p, o);
     return;
-  case Code::Split: {
+  case OpCode::Split: {
     const float *x = f32(p, o.in[0]);
     const int64_t ld = cols(o.in[0]);
     int64_t c0 = 0;
@@ -62,7 +62,7 @@ void CpuEngine::execOp(Program &p, const OpInfo &o) {
     }
     return;
   }
-  case Code::Activation: {
+  case OpCode::Activation: {
     const int64_t n = T * cols(o.out[0]);
     float *out = f32(p, o.out[0]);
     const float *in = f32(p, o.in[0]);
@@ -71,13 +71,13 @@ void CpuEngine::execOp(Program &p, const OpInfo &o) {
     activate(o.act, out, n);
     return;
   }
-  case Code::GatedRmsNorm: {
+  case OpCode::GatedRmsNorm: {
     const int64_t I = cols(o.in[0]);
     cpu::gatedRmsNorm(f32(p, o.in[0]), I, f32(p, o.in[1]), I, T, I, o.groups,
                       weight(p, o.in[2]).view, o.eps, f32(p, o.out[0]));
     return;
   }
-  case Code::CausalConv: {
+  case OpCode::CausalConv: {
     const MambaShape &s = storage_[o.storage].mamba;
     std::vector<float *> conv;
     for (const SeqSpan &sp : run_.spans)
@@ -89,8 +89,8 @@ void CpuEngine::execOp(Program &p, const OpInfo &o) {
                         f32(p, o.out[0]), CD);
     return;
   }
-  case Code::SsmScan:
-  case Code::SsmUpdate: {
+  case OpCode::SsmScan:
+  case OpCode::SsmUpdate: {
     const MambaShape &s = storage_[o.storage].mamba;
     const int64_t nh = s.numHeads;
     float *dt = scratchF(0, static_cast<size_t>(T * nh));
@@ -104,38 +104,38 @@ void CpuEngine::execOp(Program &p, const OpInfo &o) {
                  f32(p, o.out[0]), s.inner());
     return;
   }
-  case Code::KvAppend: {
+  case OpCode::KvAppend: {
     const int64_t row = cols(o.in[1]);
     cpu::kvAppend(f32(p, o.in[1]), row, f32(p, o.in[2]), row, run_.spans,
                   run_.pageTables, caches_.kv().layer(o.ordinal));
     return;
   }
-  case Code::KvAttend: {
+  case OpCode::KvAttend: {
     const int64_t qd = cols(o.in[1]);
     cpu::pagedAttention(f32(p, o.in[1]), qd, o.numHeads, run_.spans,
                         run_.pageTables, caches_.kv().layer(o.ordinal),
                         f32(p, o.out[0]), qd, o.scale);
     return;
   }
-  case Code::Router:
+  case OpCode::Router:
     opRouter(p, o);
     return;
-  case Code::Select:
+  case OpCode::Select:
     opSelect(p, o);
     return;
-  case Code::Dispatch:
+  case OpCode::Dispatch:
     opDispatch(p, o);
     return;
-  case Code::ExpertUp:
+  case OpCode::ExpertUp:
     opExperts(p, o, true);
     return;
-  case Code::ExpertDown:
+  case OpCode::ExpertDown:
     opExperts(p, o, false);
     return;
-  case Code::Combine:
+  case OpCode::Combine:
     opCombine(p, o);
     return;
-  case Code::SharedExpert: {
+  case OpCode::SharedExpert: {
     const WeightView &up = weight(p, o.in[1]).view;
     const WeightView &down = weight(p, o.in[2]).view;
     if (o.act == Act::Relu2) {

@@ -145,8 +145,8 @@ Status stepWideSelection(const PlanFile &file, const EngineOptions &options) {
       if (!kernel->ops())
         continue;
       for (const pl::Op *op : *kernel->ops())
-        if (op->name() && op->name()->string_view() == "nf_moe.select" &&
-            pl::stringAttr(*op, "policy").value_or("topk") != "budget")
+        if (pl::opCode(*op) == pl::OpCode::Select &&
+            pl::stringAttr(*op, pl::attr::Policy).value_or("topk") != "budget")
           return Status::error(
               file.path + ": CUDA: " + what +
               " needs a plan compiled with --expert-policy=budget");

@@ -81,11 +81,11 @@ Status CudaEngine::readPrograms() {
       };
       for (fb::uoffset_t j = 0; j < ops.size(); ++j) {
         const pl::Op *op = ops.Get(j);
-        if (!op->name() || op->name()->string_view() != "nf_moe.select")
+        if (pl::opCode(*op) != pl::OpCode::Select)
           continue;
         const std::string ctx =
             kernelWhere(*plan_, phase, k, kernel) + " op nf_moe.select";
-        std::optional<int64_t> topK = intAttr(*op, "top_k");
+        std::optional<int64_t> topK = intAttr(*op, attr::TopK);
         if (!topK || *topK <= 0 || *topK > 4096)
           return Status::error(ctx + ": missing or bad attribute 'top_k'");
         const int32_t K = static_cast<int32_t>(*topK);
