@@ -14,10 +14,9 @@
 // for op, with the same kernels, so results agree with it and are independent
 // of batch composition and thread count.
 //
-// This file: the op table, load (storage, program decoding, init),
-// sequences, and the step / run loop. The class is in cpu_engine_impl.h; op
-// checks in cpu_engine_check.cpp; op execution in cpu_ops.cpp and
-// cpu_ops_moe.cpp.
+// This file: the op table, load (storage, program decoding, init), and the
+// step / run loop. The class is in cpu_engine_impl.h; op checks in
+// cpu_engine_check.cpp; op execution in cpu_ops.cpp and cpu_ops_moe.cpp.
 #include "backends/cpu/cpu_engine.h"
 #include "backends/cpu/cpu_engine_impl.h"
 
@@ -178,78 +177,48 @@ Status CpuEngine::init(const EngineOptions &options) {
 }
 
 // ---------------------------------------------------------------------------
-// Sequences
-
-StatusOr<int32_t> CpuEngine::addSequence() {
-  return sequences_.add(info_.maxSequences);
-}
-
-Status CpuEngine::removeSequence(int32_t sequence) {
-  return sequences_.remove(sequence);
-}
-
-int64_t CpuEngine::sequenceLength(int32_t sequence) const {
-  return sequences_.length(sequence);
-}
-
-// ---------------------------------------------------------------------------
 // Steps
 
-Status CpuEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
-                       std::vector<float> &logits, StepStats *stats,
-                       TopLogits *top) {
+Status CpuEngine::runStep(std::span<const SequenceInput> inputs,
+                          LogitsFor which, std::vector<float> &logits,
+                          StepStats *stats, TopLogits *top) {
   cpu::ThreadCountScope threads(numThreads_);
   if (which == LogitsFor::LastTokenTop) { // the rows are in host memory
     which = LogitsFor::LastTokenPerSequence;
     if (top)
       top->k = 0;
   }
-  try {
-    const size_t n = inputs.size();
-    const int64_t V = info_.vocabSize;
-    StepRows sr;
-    if (Status s = checkStep(inputs, which, info_, maxExpertsOverride_,
-                             hasAttention_, sequences_, caches_, sr);
-        !s)
-      return s;
-    const std::vector<int32_t> &slots = sr.slots;
-    const std::vector<int64_t> &tokenBase = sr.tokenBase;
-    const bool allOne = sr.allOne;
-    const int64_t rows = sr.rows;
-    logits.resize(static_cast<size_t>(rows * V));
-    std::vector<int64_t> *calls = nullptr;
-    if (stats) {
-      stats->expertCalls.assign(n, 0);
-      stats->expertCallsPerLayer.assign(
-          n, std::vector<int64_t>(static_cast<size_t>(info_.numMoeLayers), 0));
-      stats->budgetSpent.assign(n, 0.0);
-      calls = &stats->expertCalls;
-      run_.callsPerLayer = &stats->expertCallsPerLayer;
-    } else {
-      run_.callsPerLayer = nullptr;
-    }
-
-    // Chunks of at most max_tokens rows; a sequence split across chunks
-    // continues from its state in the next one.
-    Program &prog = allOne ? decode_ : prefill_;
-    for (const std::vector<Chunk> &chunks :
-         splitIntoRuns(inputs, prog.maxTokens)) {
-      runProgram(prog, inputs, chunks, which, tokenBase, logits.data(), calls);
-      for (const Chunk &c : chunks)
-        (void)caches_.advance(slots[c.input], c.count);
-    }
-    if (stats && info_.numMoeLayers > 0 && info_.topK > 0)
-      for (size_t i = 0; i < n; ++i)
-        stats->budgetSpent[i] =
-            static_cast<double>(stats->expertCalls[i]) /
-            (static_cast<double>(info_.topK) * info_.numMoeLayers *
-             static_cast<double>(inputs[i].tokens.size()));
-    return Status::success();
-  } catch (const std::bad_alloc &) {
-    return Status::error("step: out of memory");
-  } catch (const std::exception &e) {
-    return Status::error(std::string("step: ") + e.what());
+  const size_t n = inputs.size();
+  const int64_t V = info_.vocabSize;
+  StepRows sr;
+  if (Status s = checkStep(inputs, which, info_, maxExpertsOverride_,
+                           hasAttention_, sequences_, caches_, sr);
+      !s)
+    return s;
+  const std::vector<int32_t> &slots = sr.slots;
+  const std::vector<int64_t> &tokenBase = sr.tokenBase;
+  const bool allOne = sr.allOne;
+  const int64_t rows = sr.rows;
+  logits.resize(static_cast<size_t>(rows * V));
+  std::vector<int64_t> *calls = nullptr;
+  if (stats) {
+    resetStats(*stats, n);
+    calls = &stats->expertCalls;
+    run_.callsPerLayer = &stats->expertCallsPerLayer;
+  } else {
+    run_.callsPerLayer = nullptr;
   }
+
+  // Chunks of at most max_tokens rows; a sequence split across chunks
+  // continues from its state in the next one.
+  Program &prog = allOne ? decode_ : prefill_;
+  for (const std::vector<Chunk> &chunks :
+       splitIntoRuns(inputs, prog.maxTokens)) {
+    runProgram(prog, inputs, chunks, which, tokenBase, logits.data(), calls);
+    for (const Chunk &c : chunks)
+      (void)caches_.advance(slots[c.input], c.count);
+  }
+  return Status::success();
 }
 
 void CpuEngine::runProgram(Program &prog, std::span<const SequenceInput> inputs,
@@ -316,15 +285,8 @@ StatusOr<std::unique_ptr<Engine>>
 createCpuEngine(std::unique_ptr<PlanFile> plan,
                 std::unique_ptr<BoundWeights> weights,
                 const EngineOptions &options) {
-  try {
-    auto engine = std::make_unique<cpu_detail::CpuEngine>(std::move(plan),
-                                                          std::move(weights));
-    if (Status s = engine->init(options); !s)
-      return s;
-    return std::unique_ptr<Engine>(std::move(engine));
-  } catch (const std::bad_alloc &) {
-    return Status::error("engine: out of memory loading the plan");
-  }
+  return createEngine<cpu_detail::CpuEngine>(options, std::move(plan),
+                                             std::move(weights));
 }
 
 } // namespace nf::engine

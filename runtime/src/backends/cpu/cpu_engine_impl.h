@@ -1,12 +1,13 @@
 // The CPU backend's engine class (CpuEngine) and its decoded programs
 // (OpInfo, Program), shared by the files that define its methods:
-// cpu_engine.cpp (load, sequences, steps), cpu_engine_check.cpp (load-time
-// op checks), cpu_ops.cpp (op execution, dense/row and mixer ops) and
-// cpu_ops_moe.cpp (MoE ops). Internal to the CPU backend.
+// cpu_engine.cpp (load, steps), cpu_engine_check.cpp (load-time op checks),
+// cpu_ops.cpp (op execution, dense/row and mixer ops) and cpu_ops_moe.cpp
+// (MoE ops). What it shares with the CUDA engine is in
+// engine/backend_engine.h. Internal to the CPU backend.
 #pragma once
 
 #include "backends/cpu/cpu_engine.h"
-#include "engine/plan_common.h"
+#include "engine/backend_engine.h"
 #include "nf/plan_ops.h"
 
 #include "backends/cpu/kernels.h"
@@ -84,7 +85,7 @@ struct FreeDeleter {
 // ---------------------------------------------------------------------------
 // The engine
 
-class CpuEngine final : public Engine {
+class CpuEngine final : public BackendEngine {
 public:
   CpuEngine(std::unique_ptr<PlanFile> plan,
             std::unique_ptr<BoundWeights> weights)
@@ -92,23 +93,12 @@ public:
 
   Status init(const EngineOptions &options);
 
-  const ModelInfo &info() const override { return info_; }
-  StatusOr<int32_t> addSequence() override;
-  Status removeSequence(int32_t sequence) override;
-  int64_t sequenceLength(int32_t sequence) const override;
+  StatusOr<int32_t> addSequence() override {
+    return sequences_.add(info_.maxSequences);
+  }
   CacheUsage cacheUsage() const override {
     return sequences_.usage(hasAttention_);
   }
-  const std::vector<std::vector<int64_t>> &expertUtilization() const override {
-    return utilization_;
-  }
-  void resetExpertUtilization() override {
-    for (auto &layer : utilization_)
-      std::fill(layer.begin(), layer.end(), 0);
-  }
-  Status step(std::span<const SequenceInput> inputs, LogitsFor which,
-              std::vector<float> &logits, StepStats *stats,
-              TopLogits *top) override;
 
 private:
   // Load
@@ -119,6 +109,9 @@ private:
   Status checkOp(const Program &prog, OpInfo &o, const pl::Op &op);
 
   // Step
+  Status runStep(std::span<const SequenceInput> inputs, LogitsFor which,
+                 std::vector<float> &logits, StepStats *stats,
+                 TopLogits *top) override;
   void runProgram(Program &prog, std::span<const SequenceInput> inputs,
                   std::span<const Chunk> chunks, LogitsFor which,
                   std::span<const int64_t> tokenBase, float *logitsOut,
@@ -151,17 +144,13 @@ private:
 
   std::unique_ptr<PlanFile> plan_;
   std::unique_ptr<BoundWeights> weights_;
-  ModelInfo info_;
   int numThreads_ = 0;
   Program prefill_, decode_;
   std::vector<StorageInfo> storage_;
-  cpu::Caches caches_;
   bool hasAttention_ = false;
   int32_t maxExpertsOverride_ = 0; // largest expertsPerToken accepted
   bool budgetStepScope_ = false;   // EngineOptions::budgetStepScope
   double distinctExpertCap_ = 0.0; // EngineOptions::distinctExpertCap
-  std::vector<std::vector<int64_t>> utilization_; // [moe layer][expert]
-  SequenceTable sequences_{caches_}; // sequence id -> slot of caches_
   std::unique_ptr<uint8_t, FreeDeleter> arena_;
   int64_t arenaSize_ = 0;
 

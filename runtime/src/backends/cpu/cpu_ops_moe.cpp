@@ -12,47 +12,13 @@
 #include <cstring>
 #include <numeric>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 namespace nf::engine::cpu_detail {
 namespace {
 
-// ---------------------------------------------------------------------------
-// Numerical helpers (the same arithmetic as backends/cpu/kernels.cpp)
-
-inline double dotF64(const float *a, const float *b, int64_t n) {
-  double acc[4] = {0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (int j = 0; j < 4; ++j)
-      acc[j] += static_cast<double>(a[i + j]) * static_cast<double>(b[i + j]);
-  double tail = 0.0;
-  for (; i < n; ++i)
-    tail += static_cast<double>(a[i]) * static_cast<double>(b[i]);
-  return ((acc[0] + acc[2]) + (acc[1] + acc[3])) + tail;
-}
-
-inline bool worthParallel(int64_t work) {
-  return work > cpu::parallelThreshold();
-}
-
-int maxThreads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
-int threadId() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
+using cpu::dotF64;
+using cpu::maxThreads;
+using cpu::threadId;
+using cpu::worthParallel;
 
 // Dispatch layout (i32, in the value's arena bytes):
 //   offsets[E + 1]   first assignment row of each expert (grouped order)

@@ -13,6 +13,13 @@ namespace nf::cpu {
 
 namespace {
 
+// Below this many multiply-adds (or elements) a parallel region costs more
+// than it saves: ~100 us of work against a few us of fork/join when cores are
+// idle (much more when they are oversubscribed).
+std::atomic<int64_t> gParallelWork{1 << 18};
+
+} // namespace
+
 int maxThreads() {
 #ifdef _OPENMP
   return omp_get_max_threads();
@@ -29,14 +36,23 @@ int threadId() {
 #endif
 }
 
-// Below this many multiply-adds (or elements) a parallel region costs more
-// than it saves: ~100 us of work against a few us of fork/join when cores are
-// idle (much more when they are oversubscribed).
-std::atomic<int64_t> gParallelWork{1 << 18};
-
-inline bool worthParallel(int64_t work) {
+bool worthParallel(int64_t work) {
   return work > gParallelWork.load(std::memory_order_relaxed);
 }
+
+double dotF64(const float *a, const float *b, int64_t n) {
+  double acc[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int j = 0; j < 4; ++j)
+      acc[j] += static_cast<double>(a[i + j]) * static_cast<double>(b[i + j]);
+  double tail = 0.0;
+  for (; i < n; ++i)
+    tail += static_cast<double>(a[i]) * static_cast<double>(b[i]);
+  return ((acc[0] + acc[2]) + (acc[1] + acc[3])) + tail;
+}
+
+namespace {
 
 // Eight independent partial sums: vectorisable without reassociation (no
 // -ffast-math), and more accurate than one running sum.
@@ -51,18 +67,6 @@ inline float dotF32(const float *a, const float *b, int64_t n) {
     tail += a[i] * b[i];
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
          ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
-}
-
-inline double dotF64(const float *a, const float *b, int64_t n) {
-  double acc[4] = {0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (int j = 0; j < 4; ++j)
-      acc[j] += static_cast<double>(a[i + j]) * static_cast<double>(b[i + j]);
-  double tail = 0.0;
-  for (; i < n; ++i)
-    tail += static_cast<double>(a[i]) * static_cast<double>(b[i]);
-  return ((acc[0] + acc[2]) + (acc[1] + acc[3])) + tail;
 }
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
@@ -385,14 +389,14 @@ void pagedAttention(const float *q, int64_t ldQ, int64_t numHeads,
       const int64_t t = sp.begin + j;
       const int64_t len = sp.startPos + j + 1; // causal: positions [0, pos]
       const float *qh = q + t * ldQ + h * hd;
+      // Where position p's K and V rows of this KV head are (paged).
+      auto kvOffset = [&](int64_t p) {
+        const int64_t page = pt[static_cast<size_t>(p / ps)];
+        return (page * ps + p % ps) * row + kvh * hd;
+      };
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t p = 0; p < len; ++p) {
-        const int64_t off =
-            (static_cast<int64_t>(pt[static_cast<size_t>(p / ps)]) * ps +
-             p % ps) *
-                row +
-            kvh * hd;
-        score[p] = dotF32(qh, cache.k + off, hd) * scale;
+        score[p] = dotF32(qh, cache.k + kvOffset(p), hd) * scale;
         mx = std::max(mx, score[p]);
       }
       double denom = 0.0;
@@ -402,12 +406,7 @@ void pagedAttention(const float *q, int64_t ldQ, int64_t numHeads,
       }
       std::fill(acc, acc + hd, 0.0f);
       for (int64_t p = 0; p < len; ++p) {
-        const int64_t off =
-            (static_cast<int64_t>(pt[static_cast<size_t>(p / ps)]) * ps +
-             p % ps) *
-                row +
-            kvh * hd;
-        const float *vp = cache.v + off;
+        const float *vp = cache.v + kvOffset(p);
         const float sc = score[p];
         for (int64_t d = 0; d < hd; ++d)
           acc[d] += sc * vp[d];

@@ -47,6 +47,20 @@ struct SeqSpan {
 void setParallelThreshold(int64_t work);
 int64_t parallelThreshold();
 
+// Helpers of the kernels that the CPU engine's own ops (cpu_ops_moe.cpp) use
+// too, so that both thread and sum the same way.
+
+/// OpenMP's thread count for a parallel region, and the calling thread's
+/// number in it (1 and 0 without OpenMP).
+int maxThreads();
+int threadId();
+
+/// Whether `work` is above parallelThreshold().
+bool worthParallel(int64_t work);
+
+/// Σ a[i] · b[i] in f64, in four interleaved partial sums plus a tail.
+double dotF64(const float *a, const float *b, int64_t n);
+
 // ---------------------------------------------------------------------------
 // Dense building blocks
 

@@ -180,7 +180,7 @@ Status CudaEngine::init(const EngineOptions &options) {
     StatusOr<cpu::Caches> book = cpu::Caches::create({}, kv, storage_.cache);
     if (!book)
       return Status::error(plan_->path + ": " + book.message());
-    book_ = std::move(*book);
+    caches_ = std::move(*book);
   }
   if (Status s = readPrograms(); !s)
     return s;
@@ -229,10 +229,8 @@ Status CudaEngine::init(const EngineOptions &options) {
       gpu_->decodeBuckets.clear();
       graphNote = " (graph capture failed: " + s.message() + ")";
     }
-  if (Status s = d_->check(d_->cuStreamSynchronize(gpu_->stream.get()),
-                           "cuStreamSynchronize");
-      !s)
-    return Status::error(where() + ": " + s.message());
+  if (Status s = syncStream(where()); !s)
+    return s;
 
   info_.backend = "cuda";
   const double gib = static_cast<double>(dev.totalMemory) / (1u << 30);
@@ -295,28 +293,13 @@ Status CudaEngine::clearState(int32_t slot) {
   return Status::success();
 }
 
-Status CudaEngine::removeSequence(int32_t sequence) {
-  return sequences_.remove(sequence);
-}
-
-int64_t CudaEngine::sequenceLength(int32_t sequence) const {
-  return sequences_.length(sequence);
-}
-
 } // namespace cuda_detail
 
 StatusOr<std::unique_ptr<Engine>> createCudaEngine(
     std::unique_ptr<PlanFile> plan, std::unique_ptr<BoundWeights> weights,
     std::unique_ptr<CudaProbe> probe, const EngineOptions &options) {
-  try {
-    auto engine = std::make_unique<CudaEngine>(
-        std::move(plan), std::move(weights), std::move(probe));
-    if (Status s = engine->init(options); !s)
-      return s;
-    return std::unique_ptr<Engine>(std::move(engine));
-  } catch (const std::bad_alloc &) {
-    return Status::error("engine: out of memory loading the plan");
-  }
+  return createEngine<CudaEngine>(options, std::move(plan), std::move(weights),
+                                  std::move(probe));
 }
 
 } // namespace nf::engine

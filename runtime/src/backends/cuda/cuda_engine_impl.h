@@ -5,11 +5,13 @@
 // cuda_engine.cpp (probe, init, sequences), cuda_load.cpp (programs,
 // modules, launches, device buffers, weights upload, tensor maps) and
 // cuda_step.cpp (enqueue, decode graphs, steps and runs: arguments, logits,
-// top logits, expert statistics). Internal to the CUDA backend.
+// top logits, expert statistics). What it shares with the CPU engine
+// (sequences, statistics) is in engine/backend_engine.h. Internal to the CUDA
+// backend.
 #pragma once
 
 #include "backends/cuda/cuda_engine.h"
-#include "engine/plan_common.h"
+#include "engine/backend_engine.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -130,7 +132,7 @@ struct Gpu {
   Event profileStart, profileEnd; // NF_CUDA_PROFILE with CUDA events
 };
 
-class CudaEngine final : public Engine {
+class CudaEngine final : public BackendEngine {
 public:
   CudaEngine(std::unique_ptr<PlanFile> plan,
              std::unique_ptr<BoundWeights> weights,
@@ -176,24 +178,11 @@ public:
                    rows[i].second.c_str());
   }
 
-  const ModelInfo &info() const override { return info_; }
   StatusOr<int32_t> addSequence() override;
-  Status removeSequence(int32_t sequence) override;
   Status clearState(int32_t slot);
-  int64_t sequenceLength(int32_t sequence) const override;
   CacheUsage cacheUsage() const override {
     return sequences_.usage(storage_.hasAttention);
   }
-  const std::vector<std::vector<int64_t>> &expertUtilization() const override {
-    return utilization_;
-  }
-  void resetExpertUtilization() override {
-    for (auto &layer : utilization_)
-      std::fill(layer.begin(), layer.end(), 0);
-  }
-  Status step(std::span<const SequenceInput> inputs, LogitsFor which,
-              std::vector<float> &logits, StepStats *stats,
-              TopLogits *top) override;
   Status lastTokenRow(size_t input, std::span<float> row) override;
 
 private:
@@ -205,7 +194,21 @@ private:
   Status allocate();
   Status uploadWeights();
   Status bindTensorMaps();
+  /// A device array of `ptrs` (room for one at least), copied on the stream:
+  /// the weight and state tables; the caller syncs before `ptrs` goes.
+  Status uploadTable(const std::vector<CUdeviceptr> &ptrs, DeviceBuffer &out,
+                     const char *what);
+  /// Waits for the engine's stream (host sources of copies must outlive
+  /// them); a failure reads "<context>: <driver message>".
+  Status syncStream(const std::string &context) const {
+    Status s = d_->check(d_->cuStreamSynchronize(gpu_->stream.get()),
+                         "cuStreamSynchronize");
+    return s ? s : Status::error(context + ": " + s.message());
+  }
   Status captureDecode();
+  Status runStep(std::span<const SequenceInput> inputs, LogitsFor which,
+                 std::vector<float> &logits, StepStats *stats,
+                 TopLogits *top) override;
   /// "graph", or "graphs for <= 16 | <= 64 tokens".
   std::string decodeGraphs() const {
     const std::vector<int64_t> &b = gpu_->decodeBuckets;
@@ -234,7 +237,6 @@ private:
   bool usePdl_ = false;
   std::unique_ptr<CudaProbe> probe_;
   const Driver *d_;
-  ModelInfo info_;
   StorageLayout storage_;
   /// The arena row of each input's last token in the last step, when that
   /// step returned top lists (lastTokenRow); empty otherwise.
@@ -249,11 +251,6 @@ private:
   int32_t budgetPooled_ = 0;
   double distinctExpertCap_ = 0.0;
   int32_t maxK_ = 0; // largest k of any select (stats buffer columns)
-  std::vector<std::vector<int64_t>> utilization_;
-  // Sequence bookkeeping as the CPU backend's: slots, lengths, page tables
-  // (cpu::Caches without state memory: the state lives on the device).
-  cpu::Caches book_;
-  SequenceTable sequences_{book_}; // sequence id -> slot of book_
   // Device objects: the context first, so that it is released last.
   Context ctx_;
   std::unique_ptr<Gpu> gpu_;

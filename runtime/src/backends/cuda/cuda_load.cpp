@@ -388,25 +388,29 @@ Status CudaEngine::uploadWeights() {
         return Status::error(ctx + ": " + s.message());
     }
   }
+  if (Status s = uploadTable(ptrs, g.weightPtrs, "weight table"); !s)
+    return s;
+  g.weightAddr = ptrs;
+  g.weightBytes = sizes;
+  // The sources (the table, the mapped checkpoint) must outlive the copies.
+  return syncStream(where() + ": uploading the weights");
+}
+
+Status CudaEngine::uploadTable(const std::vector<CUdeviceptr> &ptrs,
+                               DeviceBuffer &out, const char *what) {
   StatusOr<DeviceBuffer> table =
       allocDevice(*d_, std::max<size_t>(ptrs.size(), 1) * sizeof(CUdeviceptr));
   if (!table)
-    return Status::error(where() + ": weight table: " + table.message());
-  g.weightPtrs = std::move(*table);
-  g.weightAddr = ptrs;
-  g.weightBytes = sizes;
+    return Status::error(where() + ": " + what + ": " + table.message());
+  out = std::move(*table);
   if (!ptrs.empty())
-    if (Status s = d_->check(
-            d_->cuMemcpyHtoDAsync(g.weightPtrs.ptr(), ptrs.data(),
-                                  ptrs.size() * sizeof(CUdeviceptr), stream),
-            "cuMemcpyHtoDAsync");
+    if (Status s =
+            d_->check(d_->cuMemcpyHtoDAsync(out.ptr(), ptrs.data(),
+                                            ptrs.size() * sizeof(CUdeviceptr),
+                                            gpu_->stream.get()),
+                      "cuMemcpyHtoDAsync");
         !s)
-      return Status::error(where() + ": weight table: " + s.message());
-  // The sources (the table, the mapped checkpoint) must outlive the copies.
-  if (Status s =
-          d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
-      !s)
-    return Status::error(where() + ": uploading the weights: " + s.message());
+      return Status::error(where() + ": " + what + ": " + s.message());
   return Status::success();
 }
 
@@ -447,10 +451,8 @@ Status CudaEngine::bindTensorMaps() {
             "cuMemcpyDtoHAsync");
         !s)
       return Status::error(mw + ": " + s.message());
-    if (Status s =
-            d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
-        !s)
-      return Status::error(mw + ": " + s.message());
+    if (Status s = syncStream(mw); !s)
+      return s;
     std::vector<CUtensorMap> maps(n);
     for (size_t i = 0; i < n; ++i) {
       const nf_tensor_map_desc &t = descs[i];
@@ -507,10 +509,8 @@ Status CudaEngine::bindTensorMaps() {
         !s)
       return Status::error(mw + ": " + s.message());
     // `maps` must outlive the copy.
-    if (Status s =
-            d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
-        !s)
-      return Status::error(mw + ": " + s.message());
+    if (Status s = syncStream(mw); !s)
+      return s;
   }
   return Status::success();
 }
@@ -566,23 +566,11 @@ Status CudaEngine::allocate() {
       g.storage.push_back(std::move(buf));
     }
   }
-  if (Status s = alloc(g.storagePtrs,
-                       std::max<size_t>(sptrs.size(), 1) * sizeof(CUdeviceptr),
-                       "state table", false);
-      !s)
+  if (Status s = uploadTable(sptrs, g.storagePtrs, "state table"); !s)
     return s;
-  if (!sptrs.empty())
-    if (Status s = d_->check(
-            d_->cuMemcpyHtoDAsync(g.storagePtrs.ptr(), sptrs.data(),
-                                  sptrs.size() * sizeof(CUdeviceptr), stream),
-            "cuMemcpyHtoDAsync");
-        !s)
-      return Status::error(where() + ": state table: " + s.message());
   // `sptrs` must outlive its copy.
-  if (Status s =
-          d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
-      !s)
-    return Status::error(where() + ": state table: " + s.message());
+  if (Status s = syncStream(where() + ": state table"); !s)
+    return s;
 
   // Step arguments: the struct, then the per-run arrays. A run has at most
   // max_tokens rows and at most one sequence per row or per slot; a page

@@ -139,88 +139,71 @@ Status CudaEngine::captureDecode() {
 // ---------------------------------------------------------------------------
 // Steps
 
-Status CudaEngine::step(std::span<const SequenceInput> inputs, LogitsFor which,
-                        std::vector<float> &logits, StepStats *stats,
-                        TopLogits *top) {
+Status CudaEngine::runStep(std::span<const SequenceInput> inputs,
+                           LogitsFor which, std::vector<float> &logits,
+                           StepStats *stats, TopLogits *top) {
   lastTopRows_.clear();
   const bool wantTop = which == LogitsFor::LastTokenTop;
   if (top)
     top->k = 0;
   if (wantTop)
     which = LogitsFor::LastTokenPerSequence;
-  try {
-    const size_t n = inputs.size();
-    const int64_t V = info_.vocabSize;
-    // One static top-k override per step: nf_step_args has one.
-    for (size_t i = 1; i < n; ++i)
-      if (inputs[i].expertsPerToken != inputs[0].expertsPerToken)
-        return Status::error("step: input " + std::to_string(i) +
-                             " (sequence " +
-                             std::to_string(inputs[i].sequence) +
-                             "): " + std::to_string(inputs[i].expertsPerToken) +
-                             " experts per token, input 0 asks for " +
-                             std::to_string(inputs[0].expertsPerToken) +
-                             "; the CUDA backend runs one override per step");
-    StepRows sr;
-    if (Status s = checkStep(inputs, which, info_, maxExpertsOverride_,
-                             storage_.hasAttention, sequences_, book_, sr);
-        !s)
-      return s;
-    // Top lists where the decode program ranks them, in one run (a later
-    // run would overwrite an earlier one's rows, which lastTokenRow reads).
-    const Program &prog = sr.allOne ? decode_ : prefill_;
-    const std::vector<std::vector<Chunk>> runs =
-        splitIntoRuns(inputs, prog.maxTokens);
-    if (wantTop && top && !top->noise.empty() && top->noise.size() != n)
-      return Status::error("step: top-list noise for " +
-                           std::to_string(top->noise.size()) + " of " +
-                           std::to_string(n) + " inputs");
-    bool keys = false, totals = false;
-    if (wantTop && top)
-      for (const TopNoise &z : top->noise) {
-        keys = keys || z.keys;
-        totals = totals || z.total;
-      }
-    const bool served = wantTop && top && sr.allOne && decode_.top.k > 0 &&
-                        runs.size() == 1 && (!keys || info_.topLogitsNoise) &&
-                        (!totals || info_.topLogitsTotals);
-    if (served)
-      which = LogitsFor::LastTokenTop;
-    else
-      logits.resize(static_cast<size_t>(sr.rows * V));
-    if (stats) {
-      stats->expertCalls.assign(n, 0);
-      stats->expertCallsPerLayer.assign(
-          n, std::vector<int64_t>(static_cast<size_t>(info_.numMoeLayers), 0));
-      stats->budgetSpent.assign(n, 0.0);
+  const size_t n = inputs.size();
+  const int64_t V = info_.vocabSize;
+  // One static top-k override per step: nf_step_args has one.
+  for (size_t i = 1; i < n; ++i)
+    if (inputs[i].expertsPerToken != inputs[0].expertsPerToken)
+      return Status::error("step: input " + std::to_string(i) + " (sequence " +
+                           std::to_string(inputs[i].sequence) +
+                           "): " + std::to_string(inputs[i].expertsPerToken) +
+                           " experts per token, input 0 asks for " +
+                           std::to_string(inputs[0].expertsPerToken) +
+                           "; the CUDA backend runs one override per step");
+  StepRows sr;
+  if (Status s = checkStep(inputs, which, info_, maxExpertsOverride_,
+                           storage_.hasAttention, sequences_, caches_, sr);
+      !s)
+    return s;
+  // Top lists where the decode program ranks them, in one run (a later
+  // run would overwrite an earlier one's rows, which lastTokenRow reads).
+  const Program &prog = sr.allOne ? decode_ : prefill_;
+  const std::vector<std::vector<Chunk>> runs =
+      splitIntoRuns(inputs, prog.maxTokens);
+  if (wantTop && top && !top->noise.empty() && top->noise.size() != n)
+    return Status::error("step: top-list noise for " +
+                         std::to_string(top->noise.size()) + " of " +
+                         std::to_string(n) + " inputs");
+  bool keys = false, totals = false;
+  if (wantTop && top)
+    for (const TopNoise &z : top->noise) {
+      keys = keys || z.keys;
+      totals = totals || z.total;
     }
-    if (n == 0)
-      return Status::success();
-
-    ContextScope scope(*d_, ctx_.get());
-    if (!scope.status())
-      return Status::error("step: " + scope.status().message());
-    for (const std::vector<Chunk> &chunks : runs) {
-      if (Status s =
-              runProgram(prog, inputs, chunks, which, sr.tokenBase,
-                         logits.data(), stats, inputs[0].expertsPerToken, top);
-          !s)
-        return Status::error("step: " + s.message());
-      for (const Chunk &c : chunks)
-        (void)book_.advance(sr.slots[c.input], c.count);
-    }
-    if (stats && info_.numMoeLayers > 0 && info_.topK > 0)
-      for (size_t i = 0; i < n; ++i)
-        stats->budgetSpent[i] =
-            static_cast<double>(stats->expertCalls[i]) /
-            (static_cast<double>(info_.topK) * info_.numMoeLayers *
-             static_cast<double>(inputs[i].tokens.size()));
+  const bool served = wantTop && top && sr.allOne && decode_.top.k > 0 &&
+                      runs.size() == 1 && (!keys || info_.topLogitsNoise) &&
+                      (!totals || info_.topLogitsTotals);
+  if (served)
+    which = LogitsFor::LastTokenTop;
+  else
+    logits.resize(static_cast<size_t>(sr.rows * V));
+  if (stats)
+    resetStats(*stats, n);
+  if (n == 0)
     return Status::success();
-  } catch (const std::bad_alloc &) {
-    return Status::error("step: out of memory");
-  } catch (const std::exception &e) {
-    return Status::error(std::string("step: ") + e.what());
+
+  ContextScope scope(*d_, ctx_.get());
+  if (!scope.status())
+    return Status::error("step: " + scope.status().message());
+  for (const std::vector<Chunk> &chunks : runs) {
+    if (Status s =
+            runProgram(prog, inputs, chunks, which, sr.tokenBase, logits.data(),
+                       stats, inputs[0].expertsPerToken, top);
+        !s)
+      return Status::error("step: " + s.message());
+    for (const Chunk &c : chunks)
+      (void)caches_.advance(sr.slots[c.input], c.count);
   }
+  return Status::success();
 }
 
 Status CudaEngine::lastTokenRow(size_t input, std::span<float> row) {
@@ -246,11 +229,7 @@ Status CudaEngine::lastTokenRow(size_t input, std::span<float> row) {
                     "cuMemcpyDtoHAsync");
       !s)
     return Status::error(where() + ": logits row: " + s.message());
-  if (Status s =
-          d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
-      !s)
-    return Status::error(where() + ": logits row: " + s.message());
-  return Status::success();
+  return syncStream(where() + ": logits row");
 }
 
 Status CudaEngine::runProgram(const Program &p,
@@ -276,7 +255,7 @@ Status CudaEngine::runProgram(const Program &p,
     maxPages = std::max<int64_t>(
         maxPages,
         static_cast<int64_t>(
-            book_.pageTable(sequences_.slot(inputs[c.input].sequence).value())
+            caches_.pageTable(sequences_.slot(inputs[c.input].sequence).value())
                 .size()));
   if (numSeqs > L.maxSeqs || maxPages > L.maxPages)
     return Status::error("internal: run of " + std::to_string(numSeqs) +
@@ -292,7 +271,7 @@ Status CudaEngine::runProgram(const Program &p,
     nf_seq_desc &sd = seqs[ci];
     sd.begin = static_cast<int32_t>(c.row);
     sd.count = static_cast<int32_t>(c.count);
-    sd.start_pos = static_cast<int32_t>(book_.length(slot));
+    sd.start_pos = static_cast<int32_t>(caches_.length(slot));
     sd.slot = slot;
     for (int64_t j = 0; j < c.count; ++j) {
       tokens[T] = in.tokens[static_cast<size_t>(c.first + j)];
@@ -303,7 +282,7 @@ Status CudaEngine::runProgram(const Program &p,
     }
     if (which != LogitsFor::AllTokens && c.last)
       logitRows[numLogitRows++] = static_cast<int32_t>(c.row + c.count - 1);
-    const std::vector<int32_t> &pt = book_.pageTable(slot);
+    const std::vector<int32_t> &pt = caches_.pageTable(slot);
     int32_t *row = pages + ci * maxPages;
     std::copy(pt.begin(), pt.end(), row);
     std::fill(row + pt.size(), row + maxPages, 0);
@@ -459,10 +438,8 @@ Status CudaEngine::runProgram(const Program &p,
             "cuMemcpyDtoHAsync");
         !s)
       return Status::error(where() + ": expert statistics: " + s.message());
-  if (Status s =
-          d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
-      !s)
-    return Status::error(where() + ": " + p.phase + " run: " + s.message());
+  if (Status s = syncStream(where() + ": " + p.phase + " run"); !s)
+    return s;
 
   if (ranked) {
     // List j is that of the j-th sequence's last token (the logit rows'

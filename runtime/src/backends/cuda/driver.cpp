@@ -291,7 +291,7 @@ StatusOr<DeviceBuffer> allocDevice(const Driver &d, size_t bytes) {
     return Status::error(s.message() + " (allocating " + std::to_string(n) +
                          " bytes)");
   DeviceBuffer b;
-  b.mem = Owned<DevicePtrTraits>(d, p);
+  b.mem = DeviceMemory(d, p);
   b.bytes = bytes;
   return b;
 }
@@ -303,7 +303,7 @@ StatusOr<PinnedBuffer> allocPinned(const Driver &d, size_t bytes) {
     return Status::error(s.message() + " (allocating " + std::to_string(n) +
                          " bytes of pinned host memory)");
   PinnedBuffer b;
-  b.mem = Owned<HostPtrTraits>(d, p);
+  b.mem = HostMemory(d, p);
   b.bytes = bytes;
   return b;
 }

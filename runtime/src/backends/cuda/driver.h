@@ -243,11 +243,11 @@ StatusOr<DeviceInfo> queryDevice(const Driver &d, int ordinal);
 // RAII handles. Each owns one driver object and releases it on destruction
 // (errors at release are ignored: nothing can be done about them then).
 // Move-only. The device objects must be released while their context is
-// current (see ContextScope).
+// current (see ContextScope). `Release` is the Driver entry point that frees
+// a T (&Driver::cuMemFree), so that one template serves every kind of handle.
 
-template <typename Traits> class Owned {
+template <typename T, auto Release> class Owned {
 public:
-  using T = typename Traits::Type;
   Owned() = default;
   Owned(const Driver &d, T h) : d_(&d), h_(h) {}
   Owned(Owned &&o) noexcept : d_(o.d_), h_(std::exchange(o.h_, T{})) {}
@@ -265,7 +265,7 @@ public:
 
   void reset() noexcept {
     if (h_ != T{})
-      Traits::release(*d_, h_);
+      (void)(d_->*Release)(h_);
     h_ = T{};
   }
   T get() const { return h_; }
@@ -276,58 +276,24 @@ private:
   T h_{};
 };
 
-struct DevicePtrTraits {
-  using Type = CUdeviceptr;
-  static void release(const Driver &d, CUdeviceptr p) { (void)d.cuMemFree(p); }
-};
-struct HostPtrTraits {
-  using Type = void *;
-  static void release(const Driver &d, void *p) { (void)d.cuMemFreeHost(p); }
-};
-struct ModuleTraits {
-  using Type = CUmodule;
-  static void release(const Driver &d, CUmodule m) {
-    (void)d.cuModuleUnload(m);
-  }
-};
-struct StreamTraits {
-  using Type = CUstream;
-  static void release(const Driver &d, CUstream s) {
-    (void)d.cuStreamDestroy(s);
-  }
-};
-struct GraphTraits {
-  using Type = CUgraph;
-  static void release(const Driver &d, CUgraph g) { (void)d.cuGraphDestroy(g); }
-};
-struct GraphExecTraits {
-  using Type = CUgraphExec;
-  static void release(const Driver &d, CUgraphExec g) {
-    (void)d.cuGraphExecDestroy(g);
-  }
-};
-
-struct EventTraits {
-  using Type = CUevent;
-  static void release(const Driver &d, CUevent e) { (void)d.cuEventDestroy(e); }
-};
-
-using Module = Owned<ModuleTraits>;
-using Event = Owned<EventTraits>;
-using Stream = Owned<StreamTraits>;
-using Graph = Owned<GraphTraits>;
-using GraphExec = Owned<GraphExecTraits>;
+using DeviceMemory = Owned<CUdeviceptr, &Driver::cuMemFree>;
+using HostMemory = Owned<void *, &Driver::cuMemFreeHost>;
+using Module = Owned<CUmodule, &Driver::cuModuleUnload>;
+using Event = Owned<CUevent, &Driver::cuEventDestroy>;
+using Stream = Owned<CUstream, &Driver::cuStreamDestroy>;
+using Graph = Owned<CUgraph, &Driver::cuGraphDestroy>;
+using GraphExec = Owned<CUgraphExec, &Driver::cuGraphExecDestroy>;
 
 /// Device memory (cuMemAlloc).
 struct DeviceBuffer {
-  Owned<DevicePtrTraits> mem;
+  DeviceMemory mem;
   size_t bytes = 0;
   CUdeviceptr ptr() const { return mem.get(); }
 };
 
 /// Page-locked host memory (cuMemAllocHost), for asynchronous copies.
 struct PinnedBuffer {
-  Owned<HostPtrTraits> mem;
+  HostMemory mem;
   size_t bytes = 0;
   uint8_t *data() const { return static_cast<uint8_t *>(mem.get()); }
 };
