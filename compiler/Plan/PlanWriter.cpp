@@ -83,6 +83,12 @@ private:
   std::string policy = "topk";
 };
 
+// The plan's quantisation enums mirror the IR's (NfAttrs.td) value for value.
+static_assert(static_cast<int>(nfir::QuantGranularity::PerGroup) ==
+              static_cast<int>(pl::QuantGranularity::PerGroup));
+static_assert(static_cast<int>(nfir::ActivationQuant::DynamicPerToken) ==
+              static_cast<int>(pl::ActivationQuant::DynamicPerToken));
+
 StatusOr<int> Writer::weightIndex(nfir::WeightOp op) {
   std::string key;
   for (Attribute a : op.getTensors())
@@ -93,17 +99,13 @@ StatusOr<int> Writer::weightIndex(nfir::WeightOp op) {
       key += "," + std::to_string(r);
   if (auto it = weightKeys.find(key); it != weightKeys.end())
     return it->second;
-  // The plan has no way to say how codes and scales combine, and a runtime
-  // that read codes as values would compute garbage: refuse until quantised
-  // weights are lowered (the plan then records each weight's scheme).
-  if (auto quant = op.getQuant())
-    return error(op, "quantised weights (" +
-                         nfir::stringifyQuantScheme(quant->getScheme()).str() +
-                         ") are not lowered yet: '" +
-                         cast<StringAttr>(op.getTensors()[0]).getValue().str() +
-                         "'");
   auto type = op.getResult().getType();
-  auto dtype = dtypeOf(type.getElementType());
+  // A quantised weight's tensors hold codes of its storage type.
+  auto quant = op.getQuant();
+  auto dtype =
+      quant && isa<Float8E4M3FNType>(quant->getStorage())
+          ? FailureOr<pl::DType>(pl::DType::F8E4M3)
+          : dtypeOf(quant ? quant->getStorage() : type.getElementType());
   if (failed(dtype))
     return error(op, "unsupported weight dtype");
   std::vector<fb::Offset<fb::String>> names;
@@ -112,11 +114,33 @@ StatusOr<int> Writer::weightIndex(nfir::WeightOp op) {
   std::vector<int64_t> rows;
   if (auto r = op.getConcatRows())
     rows.assign(r->begin(), r->end());
+  fb::Offset<pl::WeightQuant> quantTable;
+  if (quant) {
+    auto strings = [&](ArrayAttr list) {
+      std::vector<fb::Offset<fb::String>> out;
+      if (list)
+        for (Attribute a : list)
+          out.push_back(b.CreateString(cast<StringAttr>(a).getValue().str()));
+      return b.CreateVector(out);
+    };
+    auto scales = strings(quant->getScales());
+    auto inputScales = strings(quant->getInputScales());
+    quantTable = pl::CreateWeightQuant(
+        b,
+        quant->getScheme() == nfir::QuantScheme::Int4
+            ? pl::QuantScheme::Int4
+            : pl::QuantScheme::Fp8E4M3,
+        static_cast<int32_t>(quant->getPack()),
+        static_cast<pl::QuantGranularity>(quant->getGranularity()),
+        quant->getGroupSize(), scales,
+        static_cast<pl::ActivationQuant>(quant->getActivations()), inputScales);
+  }
   auto w =
       pl::CreateWeight(b, b.CreateVector(names), op.getStacked(),
                        rows.empty() ? 0 : b.CreateVector(rows), *dtype,
                        b.CreateVector(std::vector<int64_t>(
-                           type.getShape().begin(), type.getShape().end())));
+                           type.getShape().begin(), type.getShape().end())),
+                       quantTable);
   weights.push_back(w);
   return weightKeys[key] = static_cast<int>(weights.size() - 1);
 }
@@ -464,6 +488,13 @@ StatusOr<std::vector<uint8_t>> writePlan(ModuleOp module,
   fb::Verifier verifier(plan->data(), plan->size());
   if (!pl::VerifyPlanBuffer(verifier))
     return Status::error("plan: internal error: the CPU plan does not verify");
+  for (const pl::Weight *w : *pl::GetPlan(plan->data())->weights())
+    if (w->quant())
+      return Status::error(
+          std::string("plan: quantised weights (") +
+          pl::EnumNameQuantScheme(w->quant()->scheme()) +
+          ") have no CUDA kernels yet; compile for the CPU target: '" +
+          w->tensors()->Get(0)->str() + "'");
   auto compiled = codegen::compileCudaPlan(*pl::GetPlan(plan->data()), *cuda);
   if (!compiled)
     return compiled.status();

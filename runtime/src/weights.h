@@ -9,8 +9,11 @@
 #include "nf/safetensors.h"
 #include "nf/status.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -78,6 +81,34 @@ inline float f16ToF32(uint16_t h) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+
+/// OCP float8 E4M3 ("FN": no infinities, max 448, S.1111.111 is NaN) ->
+/// f32, exactly.
+inline float e4m3ToF32(uint8_t v) {
+  const int exp = (v >> 3) & 0xf, mant = v & 0x7;
+  float mag;
+  if (exp == 0xf && mant == 0x7)
+    mag = std::numeric_limits<float>::quiet_NaN();
+  else if (exp == 0)
+    mag = std::ldexp(static_cast<float>(mant), -9); // subnormal: mant * 2^-9
+  else
+    mag = std::ldexp(static_cast<float>(8 + mant), exp - 10);
+  return (v & 0x80) ? -mag : mag;
+}
+
+/// `v` rounded to the nearest E4M3 value, ties to even, for |v| <= 448 (the
+/// callers clamp first); the value, not the code.
+inline float roundToE4M3(float v) {
+  const float a = std::fabs(v);
+  if (!(a > 0.0f))
+    return v; // zeros (and NaN) stay
+  int e;
+  std::frexp(a, &e); // a = m * 2^e, m in [0.5, 1): unit exponent e - 1
+  // 3 mantissa bits; below 2^-6 the subnormal spacing 2^-9.
+  const float step = std::ldexp(1.0f, std::max(e - 1, -6) - 3);
+  // a / step is exact (a power of two); nearbyint rounds ties to even.
+  return std::copysign(std::min(std::nearbyint(a / step) * step, 448.0f), v);
 }
 
 /// Element `i` of an f32/bf16/f16 view as f32 (0 for other dtypes).

@@ -18,7 +18,8 @@ inline constexpr uint32_t kPlanVersionMajor = 1;
 // CUDA steps' kernels write the expert statistics into the arena
 // (Step.expert_stats_offset); 1.9: the kernels' expert selection reads the
 // budget scope and the distinct-expert cap from nf_step_args; 1.10: ops
-// carry their code from nf/plan_ops.def (Op.code).
-inline constexpr uint32_t kPlanVersionMinor = 10;
+// carry their code from nf/plan_ops.def (Op.code); 1.11: quantised weights
+// (Weight.quant, DType.F8E4M3).
+inline constexpr uint32_t kPlanVersionMinor = 11;
 inline constexpr char kPlanFileIdentifier[] = "NFPL";
 } // namespace nf

@@ -36,6 +36,8 @@ nf::DType toDType(pl::DType t) {
     return nf::DType::I32;
   case pl::DType::I64:
     return nf::DType::I64;
+  case pl::DType::F8E4M3:
+    return nf::DType::F8E4M3;
   }
   return nf::DType::F32;
 }
@@ -283,54 +285,54 @@ std::vector<int64_t> toVector(const fb::Vector<int64_t> *v) {
   return out;
 }
 
-struct Finder {
-  const BoundWeights &bw;
-
-  /// The tensor `name` and the file holding it.
-  StatusOr<std::pair<WeightView, std::string>>
-  find(const std::string &name) const {
-    for (size_t i = 0; i < bw.stores.size(); ++i)
-      if (bw.stores[i].contains(name)) {
-        StatusOr<WeightView> v = bw.stores[i].find(name);
-        if (!v)
-          return v.status();
-        return std::make_pair(std::move(*v), bw.files[i]);
-      }
-    if (bw.files.size() == 1)
-      return Status::error(bw.files[0] + ": no tensor '" + name + "'");
-    std::string list;
-    for (const std::string &f : bw.files)
-      list += (list.empty() ? "" : ", ") +
-              std::filesystem::path(f).filename().string();
-    return Status::error(bw.dir + ": no tensor '" + name + "' in " + list);
-  }
-
-  /// The tensor `name`, checked to have `dtype` and `shape`.
-  StatusOr<WeightView> get(const std::string &name, nf::DType dtype,
-                           const std::vector<int64_t> &shape) const {
-    auto found = find(name);
-    if (!found)
-      return found.status();
-    const auto &[view, file] = *found;
-    if (view.dtype != dtype)
-      return Status::error(file + ": tensor '" + name + "' has dtype " +
-                           dtypeName(view.dtype) + ", expected " +
-                           dtypeName(dtype));
-    if (view.shape != shape)
-      return Status::error(file + ": tensor '" + name + "' has shape " +
-                           shapeString(view.shape) + ", expected " +
-                           shapeString(shape));
-    return view;
-  }
-};
-
 } // namespace
+
+StatusOr<std::pair<WeightView, std::string>>
+WeightFinder::find(const std::string &name) const {
+  for (size_t i = 0; i < bw_.stores.size(); ++i)
+    if (bw_.stores[i].contains(name)) {
+      StatusOr<WeightView> v = bw_.stores[i].find(name);
+      if (!v)
+        return v.status();
+      return std::make_pair(std::move(*v), bw_.files[i]);
+    }
+  if (bw_.files.size() == 1)
+    return Status::error(bw_.files[0] + ": no tensor '" + name + "'");
+  std::string list;
+  for (const std::string &f : bw_.files)
+    list += (list.empty() ? "" : ", ") +
+            std::filesystem::path(f).filename().string();
+  return Status::error(bw_.dir + ": no tensor '" + name + "' in " + list);
+}
+
+StatusOr<WeightView>
+WeightFinder::get(const std::string &name, nf::DType dtype,
+                  const std::vector<int64_t> &shape) const {
+  auto found = find(name);
+  if (!found)
+    return found.status();
+  const auto &[view, file] = *found;
+  if (view.dtype != dtype)
+    return Status::error(file + ": tensor '" + name + "' has dtype " +
+                         dtypeName(view.dtype) + ", expected " +
+                         dtypeName(dtype));
+  if (view.shape != shape)
+    return Status::error(file + ": tensor '" + name + "' has shape " +
+                         shapeString(view.shape) + ", expected " +
+                         shapeString(shape));
+  return view;
+}
 
 StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &pf,
                                                          uint64_t seed) {
   const pl::Plan &plan = *pf.plan;
   auto bw = std::make_unique<BoundWeights>();
   bw->dir = "<synthetic weights, seed " + std::to_string(seed) + ">";
+  for (const pl::Weight *w : *plan.weights())
+    if (w->quant())
+      return Status::error(pf.path +
+                           ": random weights for quantised plans are not "
+                           "supported; give the checkpoint");
   // The largest weight of each dtype sizes that dtype's random block.
   std::map<nf::DType, size_t> largest;
   for (const pl::Weight *w : *plan.weights()) {
@@ -454,13 +456,20 @@ bindWeights(const PlanFile &pf, const std::string &weightsDir) {
       bw->files.push_back(full);
     }
 
-    Finder finder{*bw};
+    WeightFinder finder(*bw);
     const auto &weights = *plan.weights();
     for (fb::uoffset_t wi = 0; wi < weights.size(); ++wi) {
       const pl::Weight &w = *weights.Get(wi);
       const std::string ctx = pf.path + ": weight " + std::to_string(wi);
       if (!w.tensors() || w.tensors()->size() == 0)
         return Status::error(ctx + " names no tensors");
+      if (w.quant()) {
+        BoundWeight b;
+        if (Status s = bindQuantisedWeight(finder, w, ctx, b, bw->packed); !s)
+          return s;
+        bw->weights.push_back(std::move(b));
+        continue;
+      }
       const pl::DType pdt = w.dtype();
       if (pdt != pl::DType::F32 && pdt != pl::DType::BF16 &&
           pdt != pl::DType::F16)

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nf::engine {
@@ -37,6 +38,17 @@ struct BoundWeight {
   WeightView view;
   /// stacked: one view per expert (shape = plan shape[1:]).
   std::vector<WeightView> experts;
+  /// Quantised weights (Weight.quant): `view` and `experts` hold the
+  /// dequantised f32 values, and this says how a linear's input is quantised
+  /// before the matmul, per part of the weight.
+  struct InputQuant {
+    nf::plan::ActivationQuant kind = nf::plan::ActivationQuant::None;
+    /// StaticPerTensor: the scale of each part (experts: one per expert).
+    std::vector<float> scales;
+    /// concat_rows parts' row counts (empty: one part, or experts).
+    std::vector<int64_t> partRows;
+  } input;
+  bool quantised = false;
 };
 
 /// The checkpoint files of a plan, mapped, and every plan Weight bound.
@@ -70,5 +82,29 @@ std::string shapeString(const std::vector<int64_t> &shape);
 
 /// The safetensors dtype of a plan dtype.
 nf::DType toDType(nf::plan::DType t);
+
+/// Finds checkpoint tensors among a plan's bound weight files.
+class WeightFinder {
+public:
+  explicit WeightFinder(const BoundWeights &bw) : bw_(bw) {}
+  /// The tensor `name` and the file holding it; the error names the file.
+  StatusOr<std::pair<WeightView, std::string>>
+  find(const std::string &name) const;
+  /// The tensor `name`, checked to have `dtype` and `shape`.
+  StatusOr<WeightView> get(const std::string &name, nf::DType dtype,
+                           const std::vector<int64_t> &shape) const;
+
+private:
+  const BoundWeights &bw_;
+};
+
+/// Binds quantised plan weight `w` (its `quant` table): reads each part's
+/// codes and scales through `finder`, checks their dtypes and shapes, and
+/// fills `out` with the dequantised f32 values (owned by `packed`) and the
+/// input quantisation. `ctx` prefixes errors ("plan.nfb: weight 3").
+Status bindQuantisedWeight(const WeightFinder &finder,
+                           const nf::plan::Weight &w, const std::string &ctx,
+                           BoundWeight &out,
+                           std::vector<std::unique_ptr<uint8_t[]>> &packed);
 
 } // namespace nf::engine

@@ -141,6 +141,10 @@ private:
   void opExperts(const Program &p, const OpInfo &o, bool up);
   void opCombine(const Program &p, const OpInfo &o);
   void opLmHead(const Program &p, const OpInfo &o);
+  /// y = x · Wᵀ over a bound weight; a quantised one's input is quantised
+  /// first, part by part (BoundWeight::input).
+  void linearOf(const float *x, int64_t T, int64_t ldx, const BoundWeight &w,
+                float *y, int64_t ldy);
 
   std::unique_ptr<PlanFile> plan_;
   std::unique_ptr<BoundWeights> weights_;

@@ -42,8 +42,8 @@ void CpuEngine::execOp(Program &p, const OpInfo &o) {
   }
   case OpCode::Linear:
   case OpCode::LatentProj:
-    cpu::linear(f32(p, o.in[0]), T, cols(o.in[0]), weight(p, o.in[1]).view,
-                f32(p, o.out[0]), cols(o.out[0]));
+    linearOf(f32(p, o.in[0]), T, cols(o.in[0]), weight(p, o.in[1]),
+             f32(p, o.out[0]), cols(o.out[0]));
     return;
   case OpCode::LmHead:
     opLmHead(p, o);
@@ -136,19 +136,44 @@ void CpuEngine::execOp(Program &p, const OpInfo &o) {
     opCombine(p, o);
     return;
   case OpCode::SharedExpert: {
-    const WeightView &up = weight(p, o.in[1]).view;
-    const WeightView &down = weight(p, o.in[2]).view;
-    if (o.act == Act::Relu2) {
-      cpu::mlpRelu2(f32(p, o.in[0]), T, up, down, f32(p, o.out[0]));
+    const BoundWeight &up = weight(p, o.in[1]), &down = weight(p, o.in[2]);
+    if (o.act == Act::Relu2 && !up.quantised && !down.quantised) {
+      cpu::mlpRelu2(f32(p, o.in[0]), T, up.view, down.view, f32(p, o.out[0]));
       return;
     }
-    const int64_t I = up.rows();
+    const int64_t I = up.view.rows();
     float *hidden = scratchF(0, static_cast<size_t>(T * I));
-    cpu::linear(f32(p, o.in[0]), T, up.cols(), up, hidden, I);
+    linearOf(f32(p, o.in[0]), T, up.view.cols(), up, hidden, I);
     activate(o.act, hidden, T * I);
-    cpu::linear(hidden, T, I, down, f32(p, o.out[0]), down.rows());
+    linearOf(hidden, T, I, down, f32(p, o.out[0]), down.view.rows());
     return;
   }
+  }
+}
+
+void CpuEngine::linearOf(const float *x, int64_t T, int64_t ldx,
+                         const BoundWeight &w, float *y, int64_t ldy) {
+  using pl::ActivationQuant;
+  if (w.input.kind == ActivationQuant::None) {
+    cpu::linear(x, T, ldx, w.view, y, ldy);
+    return;
+  }
+  const int64_t K = w.view.cols();
+  float *xq = scratchF(3, static_cast<size_t>(T * K));
+  if (w.input.kind == ActivationQuant::DynamicPerToken) {
+    cpu::fakeQuantE4M3(x, T, K, ldx, 0.0f, xq);
+    cpu::linear(xq, T, K, w.view, y, ldy);
+    return;
+  }
+  // Static per tensor: each part (fused QKV's q, k, v) its own input scale.
+  const std::vector<int64_t> rows = w.input.partRows.empty()
+                                        ? std::vector<int64_t>{w.view.rows()}
+                                        : w.input.partRows;
+  int64_t row0 = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    cpu::fakeQuantE4M3(x, T, K, ldx, w.input.scales[i], xq);
+    cpu::linear(xq, T, K, w.view.slice(row0, rows[i]), y + row0, ldy);
+    row0 += rows[i];
   }
 }
 

@@ -221,7 +221,10 @@ void CpuEngine::opExperts(const Program &p, const OpInfo &o, bool up) {
   constexpr int64_t kBlock = 64;
   const bool parallel = worthParallel(A * In * Out) && d.E > 1;
   const int nt = parallel ? maxThreads() : 1;
-  const size_t per = up ? static_cast<size_t>(kBlock * In) : 0;
+  // Quantised experts quantise their input rows (a copy) per expert.
+  const pl::ActivationQuant quant = w.input.kind;
+  const bool copyRows = up || quant != pl::ActivationQuant::None;
+  const size_t per = copyRows ? static_cast<size_t>(kBlock * In) : 0;
   float *gather = scratchF(2, per * static_cast<size_t>(nt) + 1);
 #pragma omp parallel num_threads(nt) if (parallel)
   {
@@ -240,6 +243,13 @@ void CpuEngine::opExperts(const Program &p, const OpInfo &o, bool up) {
           xs = g;
         } else {
           xs = x + a0 * In;
+        }
+        if (quant != pl::ActivationQuant::None) {
+          const float s = quant == pl::ActivationQuant::StaticPerTensor
+                              ? w.input.scales[static_cast<size_t>(e)]
+                              : 0.0f;
+          cpu::fakeQuantE4M3(xs, rows, In, In, s, g);
+          xs = g;
         }
         cpu::linear(xs, rows, In, we, y + a0 * Out, Out);
         if (up)

@@ -177,6 +177,25 @@ void linear(const float *x, int64_t T, int64_t ldx, const WeightView &W,
   }
 }
 
+void fakeQuantE4M3(const float *x, int64_t T, int64_t K, int64_t ldx,
+                   float scale, float *out) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float *xr = x + t * ldx;
+    double s = scale;
+    if (scale == 0.0f) {
+      double amax = 0.0;
+      for (int64_t k = 0; k < K; ++k)
+        amax = std::max(amax, static_cast<double>(std::fabs(xr[k])));
+      s = amax == 0.0 ? 1.0 : amax / 448.0;
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      const double v = std::clamp(xr[k] / s, -448.0, 448.0);
+      out[t * K + k] = static_cast<float>(
+          static_cast<double>(roundToE4M3(static_cast<float>(v))) * s);
+    }
+  }
+}
+
 void relu2InPlace(float *x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float r = x[i] > 0.0f ? x[i] : 0.0f;

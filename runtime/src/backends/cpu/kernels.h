@@ -80,6 +80,13 @@ void addInPlace(float *h, const float *x, int64_t n);
 void linear(const float *x, int64_t T, int64_t ldx, const WeightView &W,
             float *y, int64_t ldy, Accum acc = Accum::F32);
 
+/// The fp8 E4M3 quantisation of a quantised linear's input, as values:
+/// out[t, k] = e4m3(clamp(x[t, k] / s, ±448)) · s, with s = `scale` (static
+/// per tensor) or, when `scale` is 0, max_k |x[t, k]| / 448 per row (dynamic
+/// per token; 1 for a row of zeros). x has row stride ldx, out is [T, K].
+void fakeQuantE4M3(const float *x, int64_t T, int64_t K, int64_t ldx,
+                   float scale, float *out);
+
 /// x = relu(x)².
 void relu2InPlace(float *x, int64_t n);
 

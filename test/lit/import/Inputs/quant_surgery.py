@@ -111,6 +111,13 @@ def main():
         dtype, shape, raw = tensors[in_proj + ".weight_scale"]
         n = numel(shape)
         tensors[in_proj + ".weight_scale"] = (dtype, [2, n // 2] if n > 1 else [1, 1], raw)
+    # Tensors the importer accepts (it reads headers only) but nfrun, which
+    # reads the values, must refuse when binding the plan's weights.
+    elif case == "bind-scale-shape":
+        dtype, shape, raw = tensors[in_proj + ".weight_scale"]
+        tensors[in_proj + ".weight_scale"] = (dtype, [2], raw + raw)
+    elif case == "bind-zero-input-scale":
+        tensors[in_proj + ".input_scale"] = ("F32", [], bytes(4))
     elif case == "zero-point":
         dtype, shape, raw = tensors[in_proj + ".weight_scale"]
         tensors[in_proj + ".weight_zero_point"] = ("I32", [shape[0], 1], bytes(4 * shape[0]))
