@@ -172,9 +172,13 @@ int runBench(const BenchFlags &f) {
   for (int64_t b : batches)
     maxB = std::max(maxB, b);
   p.max_sequences = static_cast<int32_t>(maxB);
-  // KV pages for maxB sequences of context + timed steps (+ warm-up).
+  // KV pages for maxB sequences of context + timed steps of every budget
+  // (they run on the same sequences, whose context grows) + warm-up.
+  const int64_t timedSteps =
+      f.steps * static_cast<int64_t>(std::max<size_t>(budgets.size(), 1));
   p.kv_pages = static_cast<int32_t>(
-      maxB * ((f.context + f.steps + 4 + shape.pageSize - 1) / shape.pageSize +
+      maxB * ((f.context + timedSteps + 4 + shape.pageSize - 1) /
+                  shape.pageSize +
               1) +
       16);
   p.synthetic_weights = f.syntheticWeights ? 1 : 0;
