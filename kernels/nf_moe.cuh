@@ -318,6 +318,10 @@ for_each_candidate(const float *w, const int32_t *ex, int n, int mk, F f) {
   }
 }
 
+/// Ranges of up to this many tokens keep budget_allocate's candidate keys in
+/// shared memory (8 bytes a candidate).
+constexpr int kBudgetCachedTokens = 128;
+
 /// The calls a sequence of n tokens may spend at budget b
 /// (cpu::expertCallsForBudget).
 template <int K>
@@ -343,6 +347,14 @@ __device__ void budget_allocate(const int32_t *experts, const float *weights,
   __shared__ int s_hist[256];
   __shared__ unsigned long long s_prefix;
   __shared__ long long s_want;
+  // Up to kBudgetCachedTokens tokens (decode steps of up to that many
+  // sequences; prefill sequences that short) keep their limits and keys in
+  // shared memory: the radix
+  // rounds then read them there instead of recomputing each key from L2
+  // loads, one dependent chain per token, eight times over.
+  __shared__ unsigned long long s_keys[kBudgetCachedTokens * K];
+  __shared__ signed char s_limit[kBudgetCachedTokens];
+  const bool cached = n <= kBudgetCachedTokens;
   const int lane = lane_id(), warp = threadIdx.x >> 5;
   const float *w = weights + static_cast<long long>(begin) * K;
   const int32_t *ex = experts + static_cast<long long>(begin) * K;
@@ -351,17 +363,28 @@ __device__ void budget_allocate(const int32_t *experts, const float *weights,
   // covers them all needs no selection (B = 1 without a cap: every token
   // runs its limit).
   int local = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    local +=
-        max(candidate_limit<K>(ex + static_cast<long long>(i) * K) - mk, 0);
-  const long long candidates = block_sum(local);
-  const bool all = R >= candidates;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int limit = candidate_limit<K>(ex + static_cast<long long>(i) * K);
+    if (cached)
+      s_limit[i] = static_cast<signed char>(limit);
+    local += max(limit - mk, 0);
+  }
+  const long long candidates = block_sum(local); // syncs: s_limit is written
+  const bool all = R >= candidates;
+  auto limitOf = [&](int i) {
+    return cached ? static_cast<int>(s_limit[i])
+                  : candidate_limit<K>(ex + static_cast<long long>(i) * K);
+  };
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int limit = limitOf(i);
     cnt[i] = all ? limit : min(mk, limit);
   }
   if (all || R <= 0)
     return;
+  if (cached)
+    for_each_candidate<K>(
+        w, ex, n, mk,
+        [&](int i, int c, unsigned long long k) { s_keys[i * K + c] = k; });
   __syncthreads(); // cnt is counted up below by the thread owning each token
   // Radix select of v* = the R-th largest key, most significant byte first;
   // `want` ends as the number of keys equal to v* to take.
@@ -372,10 +395,18 @@ __device__ void budget_allocate(const int32_t *experts, const float *weights,
     for (int i = threadIdx.x; i < 256; i += blockDim.x)
       s_hist[i] = 0;
     __syncthreads();
-    for_each_candidate<K>(w, ex, n, mk, [&](int, int, unsigned long long k) {
+    auto count = [&](int, int, unsigned long long k) {
       if ((k & mask) == prefix)
         atomicAdd(&s_hist[(k >> shift) & 255], 1);
-    });
+    };
+    if (cached) // every thread over every candidate
+      for (int j = threadIdx.x; j < n * K; j += blockDim.x) {
+        const int i = j / K, c = j - i * K;
+        if (c >= mk && c < s_limit[i])
+          count(i, c, s_keys[j]);
+      }
+    else // recomputed, a thread per token
+      for_each_candidate<K>(w, ex, n, mk, count);
     __syncthreads();
     if (warp == 0) {
       // Lane l holds bins [8 * (31 - l), 8 * (31 - l) + 8): lane 0 the
@@ -416,10 +447,19 @@ __device__ void budget_allocate(const int32_t *experts, const float *weights,
     mask |= 255ull << shift;
   }
   const unsigned long long vstar = prefix;
-  for_each_candidate<K>(w, ex, n, mk, [&](int i, int, unsigned long long k) {
-    if (k > vstar)
-      ++cnt[i];
-  });
+  if (cached) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      int more = 0;
+      for (int c = mk; c < s_limit[i]; ++c)
+        more += s_keys[i * K + c] > vstar;
+      cnt[i] += more;
+    }
+  } else {
+    for_each_candidate<K>(w, ex, n, mk, [&](int i, int, unsigned long long k) {
+      if (k > vstar)
+        ++cnt[i];
+    });
+  }
   // Ties at v*, in (c, i) order.
   long long need = want;
   for (int c = mk; c < K && need > 0; ++c) {
@@ -505,25 +545,59 @@ __device__ void budget_cap_distinct(Step a, int32_t *experts, float *weights) {
   __shared__ double s_w[E];
   __shared__ unsigned char s_named[E], s_kept[E];
   __shared__ int s_cap;
+  // Steps of up to kBudgetCachedTokens tokens are staged in shared memory
+  // first (rows and each row's candidate weight): every expert's pass over
+  // the tokens then reads them there, not from L2.
+  __shared__ int32_t s_ex[kBudgetCachedTokens * K];
+  __shared__ float s_wt[kBudgetCachedTokens * K];
+  __shared__ double s_sum[kBudgetCachedTokens];
   const int T = a->num_tokens;
+  const bool staged = T <= kBudgetCachedTokens;
+  if (staged) {
+    for (int j = threadIdx.x; j < T * K; j += blockDim.x) {
+      s_ex[j] = __ldcg(experts + j);
+      s_wt[j] = __ldcg(weights + j);
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+      double sum = 0.0;
+      for (int r = 0; r < K; ++r)
+        if (s_ex[t * K + r] >= 0)
+          sum += s_wt[t * K + r];
+      s_sum[t] = sum;
+    }
+    __syncthreads();
+  }
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     double acc = 0.0;
     bool named = false;
     for (int t = 0; t < T; ++t) {
-      const int32_t *ex = experts + static_cast<long long>(t) * K;
-      const float *w = weights + static_cast<long long>(t) * K;
       double sum = 0.0;
-      int at = -1;
-      for (int r = 0; r < K; ++r) {
-        const int x = __ldcg(ex + r);
-        if (x >= 0)
-          sum += __ldcg(w + r);
-        if (x == e)
-          at = r;
+      bool names = false; // the token names e, with weight `at`
+      float at = 0.0f;
+      if (staged) {
+        sum = s_sum[t];
+        for (int r = 0; r < K; ++r)
+          if (s_ex[t * K + r] == e) {
+            names = true;
+            at = s_wt[t * K + r];
+          }
+      } else {
+        const int32_t *ex = experts + static_cast<long long>(t) * K;
+        const float *w = weights + static_cast<long long>(t) * K;
+        for (int r = 0; r < K; ++r) {
+          const int x = __ldcg(ex + r);
+          if (x >= 0)
+            sum += __ldcg(w + r);
+          if (x == e) {
+            names = true;
+            at = __ldcg(w + r);
+          }
+        }
       }
-      if (at >= 0) {
+      if (names) {
         named = true;
-        acc += sum > 0 ? static_cast<double>(__ldcg(w + at)) / sum : 0.0;
+        acc += sum > 0 ? static_cast<double>(at) / sum : 0.0;
       }
     }
     s_w[e] = acc;

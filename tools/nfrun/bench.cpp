@@ -176,10 +176,15 @@ int runBench(const BenchFlags &f) {
   // (they run on the same sequences, whose context grows) + warm-up.
   const int64_t timedSteps =
       f.steps * static_cast<int64_t>(std::max<size_t>(budgets.size(), 1));
+  // Prefill runs one prompt at a time: at least that prompt's pages.
+  int64_t longest = 0;
+  for (int64_t len : prompts)
+    longest = std::max(longest, len);
+  auto pagesFor = [&](int64_t tokens) {
+    return (tokens + shape.pageSize - 1) / shape.pageSize + 1;
+  };
   p.kv_pages = static_cast<int32_t>(
-      maxB * ((f.context + timedSteps + 4 + shape.pageSize - 1) /
-                  shape.pageSize +
-              1) +
+      std::max(maxB * pagesFor(f.context + timedSteps + 4), pagesFor(longest)) +
       16);
   p.synthetic_weights = f.syntheticWeights ? 1 : 0;
   p.synthetic_seed = f.seed;
