@@ -68,12 +68,14 @@ std::optional<std::string> parseSampling(const json &body,
         r.chat ? number("max_completion_tokens", 1, 1 << 30, maxTokens)
                : std::nullopt,
         number("temperature", 0, 100, temperature),
-        number("top_p", 0, 1, topP, true), number("n", 1, 1, n),
+        number("top_p", 0, 1, topP, true), number("n", 1, 1e9, n),
         number("seed", 0, 9.0e15, seed), number("top_k", 0, 1 << 30, topK),
         number("min_p", 0, 1, minP),
         number("max_new_tokens_soft", 1, 1 << 30, soft)})
     if (err)
       return *err;
+  if (n != 1)
+    return std::string("'n' above 1 is not supported yet");
   // Context left after the prompt; a model without attention has no limit.
   int64_t room = int64_t{1} << 30;
   if (model.maxContext() >= 0) {
@@ -143,6 +145,18 @@ std::optional<std::string> parseSampling(const json &body,
     for (const std::string &s : r.params.stopStrings)
       if (s.empty())
         return std::string("'stop' strings must not be empty");
+  }
+  if (body.contains("stop_token_ids") && !body["stop_token_ids"].is_null()) {
+    const json &ids = body["stop_token_ids"];
+    if (!ids.is_array())
+      return std::string("'stop_token_ids' must be an array of token ids");
+    for (const json &v : ids) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+          v.get<int64_t>() >= model.vocabSize())
+        return "'stop_token_ids' must hold token ids in [0, " +
+               std::to_string(model.vocabSize()) + ")";
+      r.params.stopTokens.push_back(static_cast<int32_t>(v.get<int64_t>()));
+    }
   }
   return std::nullopt;
 }
@@ -231,6 +245,107 @@ std::optional<std::string> parseTraffic(const json &body,
   return std::nullopt;
 }
 
+/// Refuses, with one line, every field this server does not implement where
+/// it asks for something (a non-default value), and every field it does
+/// not know: a request is never answered as if a field had been applied.
+/// `chat`: /v1/chat/completions, else /v1/completions.
+std::optional<std::string> unsupportedField(const json &body, bool chat) {
+  // Read elsewhere (parseCompletion/parseChat, parseSampling, parseTraffic);
+  // `user` is the client's end-user id, informational only.
+  static const char *const kCommon[] = {"model",
+                                        "max_tokens",
+                                        "temperature",
+                                        "top_p",
+                                        "top_k",
+                                        "min_p",
+                                        "n",
+                                        "seed",
+                                        "stream",
+                                        "stream_options",
+                                        "stop",
+                                        "stop_token_ids",
+                                        "ignore_eos",
+                                        "return_token_ids",
+                                        "max_new_tokens_soft",
+                                        "priority",
+                                        "expert_budget",
+                                        "user"};
+  static const char *const kCompletions[] = {"prompt"};
+  static const char *const kChat[] = {"messages", "max_completion_tokens",
+                                      "tools"};
+  auto isDefault = [](const json &v, const char *name) {
+    const std::string n = name;
+    if (v.is_null())
+      return true;
+    if (n == "logprobs" || n == "echo" || n == "include_stop_str_in_output" ||
+        n == "parallel_tool_calls" || n == "use_beam_search")
+      return v.is_boolean() ? !v.get<bool>()
+                            : v.is_number() && v.get<double>() == 0.0;
+    if (n == "top_logprobs" || n == "presence_penalty" ||
+        n == "frequency_penalty" || n == "min_tokens")
+      return v.is_number() && v.get<double>() == 0.0;
+    if (n == "repetition_penalty" || n == "best_of")
+      return v.is_number() && v.get<double>() == 1.0;
+    if (n == "skip_special_tokens")
+      return v.is_boolean() && v.get<bool>();
+    if (n == "logit_bias" || n == "chat_template_kwargs")
+      return v.is_object() && v.empty();
+    if (n == "suffix")
+      return v.is_string() && v.get<std::string>().empty();
+    if (n == "response_format")
+      return v.is_object() && v.value("type", json()) == "text";
+    if (n == "tool_choice")
+      return v.is_string() && v.get<std::string>() == "none";
+    return false;
+  };
+  // Not implemented yet (issue: the OpenAI API for Nemotron 3): refused
+  // unless they ask for nothing.
+  static const char *const kNotYet[] = {"logprobs",
+                                        "top_logprobs",
+                                        "echo",
+                                        "best_of",
+                                        "suffix",
+                                        "presence_penalty",
+                                        "frequency_penalty",
+                                        "repetition_penalty",
+                                        "logit_bias",
+                                        "min_tokens",
+                                        "response_format",
+                                        "tool_choice",
+                                        "parallel_tool_calls",
+                                        "chat_template_kwargs",
+                                        "include_stop_str_in_output",
+                                        "skip_special_tokens",
+                                        "use_beam_search"};
+  static const char *const kStructured[] = {
+      "guided_json",    "guided_regex",       "guided_choice",
+      "guided_grammar", "structured_outputs", "guided_decoding_backend"};
+  for (const auto &[key, value] : body.items()) {
+    auto in = [&](const auto &list) {
+      return std::find_if(std::begin(list), std::end(list), [&](const char *k) {
+               return key == k;
+             }) != std::end(list);
+    };
+    if (in(kCommon) || (chat ? in(kChat) : in(kCompletions)))
+      continue;
+    if (in(kStructured) && !value.is_null())
+      return "'" + key +
+             "': structured output (constrained decoding) is not supported "
+             "yet";
+    if (in(kNotYet)) {
+      if (isDefault(value, key.c_str()))
+        continue;
+      if (key == "response_format")
+        return std::string("'response_format' other than {\"type\": "
+                           "\"text\"} is not supported yet (no constrained "
+                           "decoding)");
+      return "'" + key + "' is not supported yet";
+    }
+    return "unknown field '" + key + "'";
+  }
+  return std::nullopt;
+}
+
 /// A template's error without the server's file path that starts it
 /// ("/srv/t.jinja: chat template line 3: ..." -> "chat template line 3:
 /// ...").
@@ -307,6 +422,8 @@ Parsed parseCompletion(const json &body, const RequestModel &model,
   ParsedRequest r;
   if (!body.is_object())
     return std::string("the body must be a JSON object");
+  if (auto err = unsupportedField(body, /*chat=*/false))
+    return *err;
   if (!body.contains("prompt"))
     return std::string("'prompt' is required");
   const json &p = body["prompt"];
@@ -399,6 +516,8 @@ Parsed parseChat(const json &body, const RequestModel &model,
                  const TrafficHeaders &headers, const TrafficPolicy &policy) {
   if (!body.is_object())
     return std::string("the body must be a JSON object");
+  if (auto err = unsupportedField(body, /*chat=*/true))
+    return *err;
   if (!model.hasChatTemplate()) {
     // Why, with the file's path, is in the server's log only.
     if (!model.chatTemplateError().empty())

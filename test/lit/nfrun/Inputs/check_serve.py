@@ -138,7 +138,38 @@ for seed in range(48):
 if replaced == 0:
     fail("no completion needed U+FFFD: the check checks nothing")
 
-# 5. Bad requests.
+# 4c. stop_token_ids: generation ends at the first of them (greedy: the
+# tokens before it are the unstopped completion's).
+free = complete(prompt, max_tokens=8, return_token_ids=True)["choices"][0]
+stop_id = free["token_ids"][3]
+stopped = complete(prompt, max_tokens=8, return_token_ids=True,
+                   stop_token_ids=[stop_id])["choices"][0]
+cut = free["token_ids"].index(stop_id)
+if (stopped["token_ids"] != free["token_ids"][:cut + 1]
+        or stopped["finish_reason"] != "stop"):
+    fail("stop_token_ids %d: %r against %r" % (stop_id, stopped, free))
+
+# 5. Bad requests: fields not implemented, or unknown, are refused, never
+# ignored.
+for field, value, words in [
+        ("logprobs", 2, "'logprobs' is not supported yet"),
+        ("echo", True, "'echo' is not supported yet"),
+        ("presence_penalty", 0.5, "'presence_penalty' is not supported yet"),
+        ("logit_bias", {"5": 10}, "'logit_bias' is not supported yet"),
+        ("guided_json", {"type": "object"}, "structured output"),
+        ("stop_token_ids", [-1], "'stop_token_ids' must hold token ids"),
+        ("best_of_n", 3, "unknown field 'best_of_n'")]:
+    status, body = request("/v1/completions", dict(prompt="x", **{field: value}))
+    err = json.loads(body).get("error", {})
+    if status != 400 or words not in err.get("message", ""):
+        fail("%s=%r: HTTP %d %s" % (field, value, status, body))
+# Their defaults ask for nothing and are accepted.
+status, body = request("/v1/completions", dict(
+    prompt="x", max_tokens=1, logprobs=None, echo=False, presence_penalty=0,
+    frequency_penalty=0.0, logit_bias={}, best_of=1, user="u1"))
+if status != 200:
+    fail("default-valued fields: HTTP %d %s" % (status, body))
+
 for path, raw, code, words in [
         ("/v1/completions", b"{\"prompt\":", 400, "not valid JSON"),
         ("/v1/completions", b"{\"max_tokens\": 3}", 400, "'prompt' is required"),

@@ -182,6 +182,18 @@ for raw, words in [
          b"\"stream\": \"yes\"}", "'stream'"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"tools\": [{\"type\": \"function\"}]}", "'tools'"),
+        # Not implemented yet: refused, never ignored.
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+         b"\"response_format\": {\"type\": \"json_object\"}}",
+         "'response_format' other than"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+         b"\"logprobs\": true, \"top_logprobs\": 2}",
+         "'logprobs' is not supported yet"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+         b"\"chat_template_kwargs\": {\"enable_thinking\": false}}",
+         "'chat_template_kwargs' is not supported yet"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+         b"\"prompt\": \"x\"}", "unknown field 'prompt'"),
         # A NUL would cut the C strings of the chat API short.
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, "
          b"{\"role\": \"assistant\", \"content\": \"b\\u0000c\"}]}",
