@@ -49,12 +49,17 @@ public:
   int64_t maxContext() const override { return kContext; }
   bool hasChatTemplate() const override { return true; }
   std::string chatTemplateError() const override { return ""; }
-  nf::StatusOr<std::string> applyChatTemplate(
-      const std::vector<nf::ChatMessage> &messages) const override {
+  nf::StatusOr<std::string>
+  applyChatTemplate(const std::vector<nf::ChatMessage> &messages,
+                    bool addGenerationPrompt) const override {
     std::vector<nf::chat::Message> m;
     for (const nf::ChatMessage &x : messages)
       m.push_back({x.role, x.content});
-    return chat_.apply(m, true);
+    return chat_.apply(m, addGenerationPrompt);
+  }
+  nf::StatusOr<std::string>
+  detokenize(const std::vector<int32_t> &tokens) const override {
+    return tokenizer_->decode(tokens, true);
   }
 
 private:
@@ -73,6 +78,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       data + 1, data + size, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded())
     return 0; // the server answers "the body is not valid JSON"
+  // The tokenizer endpoints answer or refuse every body too.
+  auto tokenized = chat ? nfrun::tokenizeRequest(body, model)
+                        : nfrun::detokenizeRequest(body, model);
+  if (const auto *err = std::get_if<std::string>(&tokenized))
+    nf::fuzz::checkError(*err, "");
   nfrun::Parsed parsed = chat ? nfrun::parseChat(body, model)
                               : nfrun::parseCompletion(body, model);
   if (const auto *err = std::get_if<std::string>(&parsed)) {

@@ -36,6 +36,10 @@
 #include <optional>
 #include <thread>
 
+#ifndef NF_VERSION
+#define NF_VERSION "unknown"
+#endif
+
 namespace nfrun {
 namespace {
 
@@ -603,6 +607,26 @@ int runServe(const ServeFlags &f) {
             dumpJson(json{{"object", "list"}, {"data", json::array({m})}}),
             "application/json");
       });
+  // vLLM's tokenizer endpoints and /version.
+  auto tokenizerEndpoint = [&](auto handler) {
+    return [&, handler](const httplib::Request &req, httplib::Response &res) {
+      if (!authorized(req, res))
+        return;
+      json body = json::parse(req.body, nullptr, false);
+      if (body.is_discarded())
+        return sendError(res, 400, "the body is not valid JSON");
+      auto answer = handler(body, requestModel);
+      if (auto *err = std::get_if<std::string>(&answer))
+        return sendError(res, 400, *err);
+      res.set_content(dumpJson(std::get<json>(answer)), "application/json");
+    };
+  };
+  server.Post("/tokenize", tokenizerEndpoint(tokenizeRequest));
+  server.Post("/detokenize", tokenizerEndpoint(detokenizeRequest));
+  server.Get("/version", [&](const httplib::Request &, httplib::Response &res) {
+    res.set_content(dumpJson(json{{"version", NF_VERSION}}),
+                    "application/json");
+  });
   server.Post("/v1/completions",
               [&](const httplib::Request &req, httplib::Response &res) {
                 if (authorized(req, res))
@@ -635,7 +659,8 @@ int runServe(const ServeFlags &f) {
         if (res.status == 404)
           sendError(res, 404,
                     "unknown endpoint (this server has /v1/completions, "
-                    "/v1/chat/completions, /v1/models, /health)");
+                    "/v1/chat/completions, /v1/models, /tokenize, "
+                    "/detokenize, /version, /health, /metrics)");
         else if (res.status == 413)
           sendError(res, 413,
                     "the request body is larger than " +

@@ -541,8 +541,8 @@ Parsed parseChat(const json &body, const RequestModel &model,
   auto messages = parseMessages(body);
   if (auto *err = std::get_if<std::string>(&messages))
     return *err;
-  auto text =
-      model.applyChatTemplate(std::get<std::vector<nf::ChatMessage>>(messages));
+  auto text = model.applyChatTemplate(
+      std::get<std::vector<nf::ChatMessage>>(messages), true);
   if (!text)
     return withoutTemplatePath(text.message());
   ParsedRequest r;
@@ -556,6 +556,82 @@ Parsed parseChat(const json &body, const RequestModel &model,
   if (auto err = parseTraffic(body, headers, policy, r))
     return *err;
   return r;
+}
+
+std::variant<json, std::string> tokenizeRequest(const json &body,
+                                                const RequestModel &model) {
+  if (!body.is_object())
+    return std::string("the body must be a JSON object");
+  if (!model.hasTokenizer())
+    return std::string("this model has no tokenizer");
+  auto flag = [&](const char *key, bool &out) -> std::optional<std::string> {
+    if (!body.contains(key) || body[key].is_null())
+      return std::nullopt;
+    if (!body[key].is_boolean())
+      return "'" + std::string(key) + "' must be true or false";
+    out = body[key].get<bool>();
+    return std::nullopt;
+  };
+  for (const auto &[key, value] : body.items())
+    if (key != "model" && key != "prompt" && key != "messages" &&
+        key != "add_special_tokens" && key != "add_generation_prompt")
+      return "unknown field '" + key + "'";
+  nf::StatusOr<std::vector<int32_t>> ids = std::vector<int32_t>();
+  if (body.contains("prompt") == body.contains("messages"))
+    return std::string("give either 'prompt' or 'messages'");
+  if (body.contains("prompt")) {
+    if (!body["prompt"].is_string())
+      return std::string("'prompt' must be a string");
+    bool addSpecial = true;
+    if (auto err = flag("add_special_tokens", addSpecial))
+      return *err;
+    ids = model.tokenize(body["prompt"].get<std::string>(), addSpecial);
+  } else {
+    if (!model.hasChatTemplate())
+      return std::string("this model has no chat template");
+    bool generation = true;
+    if (auto err = flag("add_generation_prompt", generation))
+      return *err;
+    auto messages = parseMessages(body);
+    if (auto *err = std::get_if<std::string>(&messages))
+      return *err;
+    auto text = model.applyChatTemplate(
+        std::get<std::vector<nf::ChatMessage>>(messages), generation);
+    if (!text)
+      return withoutTemplatePath(text.message());
+    ids = model.tokenize(*text, false);
+  }
+  if (!ids)
+    return "prompt: " + ids.message();
+  return json{{"count", ids->size()},
+              {"max_model_len", model.maxContext()},
+              {"tokens", *ids},
+              {"token_strs", nullptr}};
+}
+
+std::variant<json, std::string> detokenizeRequest(const json &body,
+                                                  const RequestModel &model) {
+  if (!body.is_object())
+    return std::string("the body must be a JSON object");
+  if (!model.hasTokenizer())
+    return std::string("this model has no tokenizer");
+  for (const auto &[key, value] : body.items())
+    if (key != "model" && key != "tokens")
+      return "unknown field '" + key + "'";
+  if (!body.contains("tokens") || !body["tokens"].is_array())
+    return std::string("'tokens' must be an array of token ids");
+  std::vector<int32_t> ids;
+  for (const json &v : body["tokens"]) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+        v.get<int64_t>() >= model.vocabSize())
+      return "'tokens' must hold token ids in [0, " +
+             std::to_string(model.vocabSize()) + ")";
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  auto text = model.detokenize(ids);
+  if (!text)
+    return "tokens: " + text.message();
+  return json{{"prompt", *text}};
 }
 
 } // namespace nfrun

@@ -26,7 +26,11 @@ public:
   /// Why the chat template cannot be used ("" when it can or there is none).
   virtual std::string chatTemplateError() const = 0;
   virtual nf::StatusOr<std::string>
-  applyChatTemplate(const std::vector<nf::ChatMessage> &messages) const = 0;
+  applyChatTemplate(const std::vector<nf::ChatMessage> &messages,
+                    bool addGenerationPrompt) const = 0;
+  /// Text of `tokens`, special tokens skipped.
+  virtual nf::StatusOr<std::string>
+  detokenize(const std::vector<int32_t> &tokens) const = 0;
 };
 
 /// RequestModel over a loaded model.
@@ -44,9 +48,14 @@ public:
   std::string chatTemplateError() const override {
     return model_.chatTemplateError();
   }
-  nf::StatusOr<std::string> applyChatTemplate(
-      const std::vector<nf::ChatMessage> &messages) const override {
-    return model_.applyChatTemplate(messages, true);
+  nf::StatusOr<std::string>
+  applyChatTemplate(const std::vector<nf::ChatMessage> &messages,
+                    bool addGenerationPrompt) const override {
+    return model_.applyChatTemplate(messages, addGenerationPrompt);
+  }
+  nf::StatusOr<std::string>
+  detokenize(const std::vector<int32_t> &tokens) const override {
+    return model_.detokenize(tokens);
   }
 
 private:
@@ -93,6 +102,18 @@ struct ParsedRequest {
 
 /// A validated request, or the one-line message of a 400 answer.
 using Parsed = std::variant<ParsedRequest, std::string>;
+
+/// The answer of vLLM's /tokenize (`{"count", "max_model_len", "tokens",
+/// "token_strs"}`) to a body with a `prompt` (and `add_special_tokens`,
+/// default true) or chat `messages` (and `add_generation_prompt`, default
+/// true), or a one-line error for a 400 answer.
+std::variant<nlohmann::json, std::string>
+tokenizeRequest(const nlohmann::json &body, const RequestModel &model);
+
+/// The answer of vLLM's /detokenize (`{"prompt"}`) to a body with `tokens`,
+/// or a one-line error.
+std::variant<nlohmann::json, std::string>
+detokenizeRequest(const nlohmann::json &body, const RequestModel &model);
 
 /// A /v1/completions body: prompt (text or token ids), max_tokens,
 /// max_new_tokens_soft, temperature, top_p, top_k, min_p, seed, n, stream,

@@ -149,6 +149,29 @@ if (stopped["token_ids"] != free["token_ids"][:cut + 1]
         or stopped["finish_reason"] != "stop"):
     fail("stop_token_ids %d: %r against %r" % (stop_id, stopped, free))
 
+# 4d. /tokenize and /detokenize (vLLM's shapes) agree with the completion's
+# own prompt tokens; /version answers.
+status, body = request("/tokenize", dict(prompt=prompt, add_special_tokens=False))
+tok = json.loads(body)
+if status != 200 or tok["tokens"] != free["prompt_token_ids"] or \
+        tok["count"] != len(tok["tokens"]) or "max_model_len" not in tok:
+    fail("tokenize: HTTP %d %s against %s" % (status, body, free["prompt_token_ids"]))
+status, body = request("/detokenize", dict(tokens=tok["tokens"]))
+if status != 200 or json.loads(body)["prompt"] != prompt:
+    fail("detokenize: HTTP %d %s" % (status, body))
+for path, payload, words in [
+        ("/tokenize", {}, "give either 'prompt' or 'messages'"),
+        ("/tokenize", dict(prompt="x", add_special_tokens="yes"),
+         "'add_special_tokens' must be true or false"),
+        ("/detokenize", dict(tokens=[1, 10 ** 9]), "'tokens' must hold token ids"),
+        ("/detokenize", dict(tokens=[1], extra=1), "unknown field 'extra'")]:
+    status, body = request(path, payload)
+    if status != 400 or words not in json.loads(body)["error"]["message"]:
+        fail("%s %r: HTTP %d %s" % (path, payload, status, body))
+status, body = request("/version")
+if status != 200 or not json.loads(body).get("version"):
+    fail("version: HTTP %d %s" % (status, body))
+
 # 5. Bad requests: fields not implemented, or unknown, are refused, never
 # ignored.
 for field, value, words in [

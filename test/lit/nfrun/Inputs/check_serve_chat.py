@@ -112,6 +112,11 @@ for messages in conversations:
             chat["usage"] != plain["usage"]:
         fail("chat %s differs from the completion of jinja2's prompt %r: %s"
              % (chat, rendered(messages), plain))
+    # /tokenize renders the messages as the chat endpoint does.
+    tok = post(base, "/tokenize", dict(messages=messages))
+    if tok["count"] != chat["usage"]["prompt_tokens"]:
+        fail("tokenize %s: %d tokens, the chat's prompt %d" % (
+            messages, tok["count"], chat["usage"]["prompt_tokens"]))
 reference = post(base, "/v1/chat/completions", dict(
     messages=conversations[0], max_tokens=16, temperature=0))
 text = reference["choices"][0]["message"]["content"]
