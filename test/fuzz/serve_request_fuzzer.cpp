@@ -61,6 +61,9 @@ public:
   detokenize(const std::vector<int32_t> &tokens) const override {
     return tokenizer_->decode(tokens, true);
   }
+  nf_generation_defaults generationDefaults() const override {
+    return nf_model_generation_defaults(nullptr); // OpenAI's
+  }
 
 private:
   std::optional<nf::Tokenizer> tokenizer_;

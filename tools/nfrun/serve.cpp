@@ -520,6 +520,22 @@ int runServe(const ServeFlags &f) {
     std::fprintf(stderr,
                  "nfrun: warning: %s; /v1/chat/completions is unavailable\n",
                  why.c_str());
+  if (const nf_generation_defaults g = model->generationDefaults(); g.set) {
+    std::string said;
+    auto add = [&](unsigned bit, const char *key, double v) {
+      if (g.set & bit)
+        said += (said.empty() ? "" : ", ") + std::string(key) + " " +
+                std::to_string(v).substr(0, 6);
+    };
+    add(NF_GEN_TEMPERATURE, "temperature", g.temperature);
+    add(NF_GEN_TOP_P, "top_p", g.top_p);
+    add(NF_GEN_TOP_K, "top_k", g.top_k);
+    add(NF_GEN_MIN_P, "min_p", g.min_p);
+    std::fprintf(stderr,
+                 "nfrun: requests that omit them get generation_config.json's "
+                 "%s\n",
+                 said.c_str());
+  }
   const std::string name = f.modelName.empty() ? model->name() : f.modelName;
   const int maxBatch =
       std::max(1, f.maxBatch > 0 ? std::min(f.maxBatch, model->maxSequences())

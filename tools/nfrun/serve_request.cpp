@@ -55,8 +55,17 @@ std::optional<std::string> parseSampling(const json &body,
   // Completions' default of 16 (OpenAI's), within the server's limit.
   const double completionsDefault =
       policy.maxNewTokens > 0 ? std::min(16, policy.maxNewTokens) : 16;
-  double maxTokens = r.chat ? -1 : completionsDefault, temperature = 1.0,
-         topP = 1.0, n = 1, seed = 0, topK = 0, minP = 0, soft = 0;
+  // What the request omits: generation_config.json's defaults where it has
+  // them, else OpenAI's (temperature 1, no filters).
+  const nf_generation_defaults gen = model.generationDefaults();
+  auto byDefault = [&](unsigned bit, double value, double openai) {
+    return (gen.set & bit) ? value : openai;
+  };
+  double maxTokens = r.chat ? -1 : completionsDefault,
+         temperature = byDefault(NF_GEN_TEMPERATURE, gen.temperature, 1.0),
+         topP = byDefault(NF_GEN_TOP_P, gen.top_p, 1.0), n = 1, seed = 0,
+         topK = byDefault(NF_GEN_TOP_K, gen.top_k, 0),
+         minP = byDefault(NF_GEN_MIN_P, gen.min_p, 0), soft = 0;
   const bool hasSoft = body.contains("max_new_tokens_soft") &&
                        !body["max_new_tokens_soft"].is_null();
   // A soft limit alone: the hard limits (the server's, the context) bound

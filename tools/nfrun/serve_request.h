@@ -31,6 +31,8 @@ public:
   /// Text of `tokens`, special tokens skipped.
   virtual nf::StatusOr<std::string>
   detokenize(const std::vector<int32_t> &tokens) const = 0;
+  /// Sampling defaults for fields a request omits (generation_config.json).
+  virtual nf_generation_defaults generationDefaults() const = 0;
 };
 
 /// RequestModel over a loaded model.
@@ -56,6 +58,9 @@ public:
   nf::StatusOr<std::string>
   detokenize(const std::vector<int32_t> &tokens) const override {
     return model_.detokenize(tokens);
+  }
+  nf_generation_defaults generationDefaults() const override {
+    return model_.generationDefaults();
   }
 
 private:

@@ -187,6 +187,25 @@ NF_API int32_t nf_model_n_experts(const nf_model *model);
 NF_API nf_status nf_model_expert_utilization(const nf_model *model,
                                              int64_t *counts, size_t cap);
 NF_API nf_status nf_model_reset_expert_utilization(nf_model *model);
+/* The sampling defaults of the model's generation_config.json (next to its
+   tokenizer), for requests that do not set them, as transformers and vLLM
+   apply them: `set` has a bit per field found (NF_GEN_*); the fields not
+   found keep nf_sampler_default_params' values. */
+enum {
+  NF_GEN_TEMPERATURE = 1,
+  NF_GEN_TOP_P = 2,
+  NF_GEN_TOP_K = 4,
+  NF_GEN_MIN_P = 8
+};
+typedef struct nf_generation_defaults {
+  unsigned set;
+  float temperature;
+  float top_p;
+  int32_t top_k;
+  float min_p;
+} nf_generation_defaults;
+NF_API nf_generation_defaults
+nf_model_generation_defaults(const nf_model *model);
 /* Sequences that may be alive at once. */
 NF_API int32_t nf_model_max_sequences(const nf_model *model);
 /* Tokens one sequence may hold; -1: unlimited (attention-free models). */

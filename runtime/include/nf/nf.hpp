@@ -181,6 +181,10 @@ public:
     return Status::success();
   }
   int32_t maxSequences() const { return nf_model_max_sequences(m_); }
+  /// generation_config.json's sampling defaults (nf_model_generation_defaults).
+  nf_generation_defaults generationDefaults() const {
+    return nf_model_generation_defaults(m_);
+  }
   int64_t maxContext() const { return nf_model_max_context(m_); }
   /// Storage in use now (see nf_model_live_sequences).
   int32_t liveSequences() const { return nf_model_live_sequences(m_); }

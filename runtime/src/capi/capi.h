@@ -30,6 +30,7 @@ struct nf_model {
   std::string planPath;
   std::string infoText;
   std::vector<int32_t> eos;
+  nf_generation_defaults generation{};
   std::set<int32_t> liveSequences;
   /// Each sequence's expert-budget account (budget plans): routed-expert
   /// calls per MoE layer it was due but did not run (negative: ran beyond

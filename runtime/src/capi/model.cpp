@@ -1,11 +1,16 @@
 // C API: errors, version, model loading and getters, sequences, steps.
 #include "capi/capi.h"
+#include "nf/file.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
 
 #ifndef NF_VERSION
 #define NF_VERSION "unknown"
@@ -28,6 +33,55 @@ nf_status fail(nf_status code, const std::string &message) noexcept {
 }
 
 namespace {
+
+/// The sampling defaults of a generation_config.json (none when the file
+/// does not exist): temperature, top_p, top_k and min_p, as vLLM reads them
+/// (do_sample is not consulted). A value of the wrong type or range is an
+/// error naming the file and the key.
+StatusOr<nf_generation_defaults>
+readGenerationDefaults(const std::string &path) {
+  nf_generation_defaults d{};
+  const nf_sampler_params base = nf_sampler_default_params();
+  d.temperature = base.temperature;
+  d.top_p = base.top_p;
+  d.top_k = base.top_k;
+  d.min_p = base.min_p;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    return d;
+  StatusOr<std::string> text = readWholeFile(path);
+  if (!text)
+    return text.status();
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return Status::error(path + ": not a JSON object");
+  auto number = [&](const char *key, double lo, double hi, unsigned bit,
+                    auto &out) -> Status {
+    if (!j.contains(key) || j[key].is_null())
+      return Status::success();
+    if (!j[key].is_number() || !(j[key].get<double>() >= lo) ||
+        !(j[key].get<double>() <= hi)) {
+      char range[64];
+      std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+      return Status::error(path + ": '" + key + "' must be a number in " +
+                           range);
+    }
+    out = static_cast<std::remove_reference_t<decltype(out)>>(
+        j[key].get<double>());
+    d.set |= bit;
+    return Status::success();
+  };
+  for (Status s :
+       {number("temperature", 0.0, 100.0, NF_GEN_TEMPERATURE, d.temperature),
+        number("top_p", 1e-9, 1.0, NF_GEN_TOP_P, d.top_p),
+        number("top_k", -1.0, 1 << 30, NF_GEN_TOP_K, d.top_k),
+        number("min_p", 0.0, 1.0, NF_GEN_MIN_P, d.min_p)})
+    if (!s)
+      return s;
+  if (d.top_k < 0) // transformers' "no top-k" is -1 (or 0); ours is 0
+    d.top_k = 0;
+  return d;
+}
 
 std::string describe(const nf_model &m, const std::string &tokenizerLine,
                      const std::string &chatTemplateLine) {
@@ -327,10 +381,17 @@ nf_status nf_model_load(const char *plan_path, const nf_model_params *params,
       if (auto e = model->tokenizer->eosId(); e && *e < info.vocabSize)
         model->eos.push_back(*e);
 
-    // The chat template lives with the tokenizer (whether or not there is
-    // a tokenizer.json).
+    // The chat template and generation_config.json live with the tokenizer
+    // (whether or not there is a tokenizer.json).
     const std::string chatDir =
         std::filesystem::path(tokenizerPath).parent_path().string();
+    StatusOr<nf_generation_defaults> generation =
+        nf::capi::readGenerationDefaults(
+            (std::filesystem::path(chatDir) / "generation_config.json")
+                .string());
+    if (!generation)
+      return fail(NF_ERR_LOAD, generation.status());
+    model->generation = *generation;
     StatusOr<chat::ChatConfig> chatConfig = chat::loadChatConfig(
         chatDir, p.chat_template_path ? p.chat_template_path : "");
     if (!chatConfig)
@@ -458,6 +519,19 @@ nf_status nf_model_reset_expert_utilization(nf_model *model) {
     model->engine->resetExpertUtilization();
     return NF_OK;
   });
+}
+
+nf_generation_defaults nf_model_generation_defaults(const nf_model *model) {
+  if (!model) {
+    nf_generation_defaults d{};
+    const nf_sampler_params p = nf_sampler_default_params();
+    d.temperature = p.temperature;
+    d.top_p = p.top_p;
+    d.top_k = p.top_k;
+    d.min_p = p.min_p;
+    return d;
+  }
+  return model->generation;
 }
 
 int32_t nf_model_max_sequences(const nf_model *model) {
