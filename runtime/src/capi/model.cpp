@@ -40,12 +40,7 @@ namespace {
 /// error naming the file and the key.
 StatusOr<nf_generation_defaults>
 readGenerationDefaults(const std::string &path) {
-  nf_generation_defaults d{};
-  const nf_sampler_params base = nf_sampler_default_params();
-  d.temperature = base.temperature;
-  d.top_p = base.top_p;
-  d.top_k = base.top_k;
-  d.min_p = base.min_p;
+  nf_generation_defaults d = nf_model_generation_defaults(nullptr);
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     return d;
@@ -522,16 +517,16 @@ nf_status nf_model_reset_expert_utilization(nf_model *model) {
 }
 
 nf_generation_defaults nf_model_generation_defaults(const nf_model *model) {
-  if (!model) {
-    nf_generation_defaults d{};
-    const nf_sampler_params p = nf_sampler_default_params();
-    d.temperature = p.temperature;
-    d.top_p = p.top_p;
-    d.top_k = p.top_k;
-    d.min_p = p.min_p;
-    return d;
-  }
-  return model->generation;
+  if (model)
+    return model->generation;
+  // None found: nf_sampler_default_params' values, no bit set.
+  const nf_sampler_params p = nf_sampler_default_params();
+  nf_generation_defaults d{};
+  d.temperature = p.temperature;
+  d.top_p = p.top_p;
+  d.top_k = p.top_k;
+  d.min_p = p.min_p;
+  return d;
 }
 
 int32_t nf_model_max_sequences(const nf_model *model) {
