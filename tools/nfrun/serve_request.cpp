@@ -329,7 +329,11 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
   static const char *const kStructured[] = {
       "guided_json",    "guided_regex",       "guided_choice",
       "guided_grammar", "structured_outputs", "guided_decoding_backend"};
-  for (const auto &[key, value] : body.items()) {
+  for (const auto &item : body.items()) {
+    // Named, not a structured binding: lambdas cannot capture those before
+    // C++20 as clang implements it.
+    const std::string &key = item.key();
+    const json &value = item.value();
     auto in = [&](const auto &list) {
       return std::find_if(std::begin(list), std::end(list), [&](const char *k) {
                return key == k;
