@@ -24,6 +24,15 @@ uint64_t randomSeed() {
   return gen();
 }
 
+/// A client's string (a field name, a part type) inside a one-line error:
+/// JSON-quoted, so control characters are escaped and invalid UTF-8
+/// replaced, and cut to 64 bytes.
+std::string quoted(const std::string &text) {
+  std::string q = json(text.substr(0, 64))
+                      .dump(-1, ' ', false, json::error_handler_t::replace);
+  return text.size() > 64 ? q.substr(0, q.size() - 1) + "...\"" : q;
+}
+
 /// The sampling and length fields of a request, shared by both endpoints:
 /// max_tokens (chat: also max_completion_tokens, and by default the rest
 /// of the context), temperature, top_p, top_k, min_p, seed, n, stream and
@@ -354,7 +363,7 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                            "decoding)");
       return "'" + key + "' is not supported yet";
     }
-    return "unknown field '" + key + "'";
+    return "unknown field " + quoted(key);
   }
   return std::nullopt;
 }
@@ -505,8 +514,8 @@ parseMessages(const json &body) {
             !part["type"].is_string())
           return at + " must be an object with a 'type'";
         if (part["type"] != "text")
-          return at + ": only text parts are supported, not '" +
-                 part["type"].get<std::string>() + "'";
+          return at + ": only text parts are supported, not " +
+                 quoted(part["type"].get<std::string>());
         if (!part.contains("text") || !part["text"].is_string())
           return at + ": 'text' must be a string";
         msg.content += part["text"].get<std::string>();
@@ -588,7 +597,7 @@ std::variant<json, std::string> tokenizeRequest(const json &body,
   for (const auto &[key, value] : body.items())
     if (key != "model" && key != "prompt" && key != "messages" &&
         key != "add_special_tokens" && key != "add_generation_prompt")
-      return "unknown field '" + key + "'";
+      return "unknown field " + quoted(key);
   nf::StatusOr<std::vector<int32_t>> ids = std::vector<int32_t>();
   if (body.contains("prompt") == body.contains("messages"))
     return std::string("give either 'prompt' or 'messages'");
@@ -630,7 +639,7 @@ std::variant<json, std::string> detokenizeRequest(const json &body,
     return std::string("this model has no tokenizer");
   for (const auto &[key, value] : body.items())
     if (key != "model" && key != "tokens")
-      return "unknown field '" + key + "'";
+      return "unknown field " + quoted(key);
   if (!body.contains("tokens") || !body["tokens"].is_array())
     return std::string("'tokens' must be an array of token ids");
   std::vector<int32_t> ids;

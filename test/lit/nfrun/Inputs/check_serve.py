@@ -164,7 +164,7 @@ for path, payload, words in [
         ("/tokenize", dict(prompt="x", add_special_tokens="yes"),
          "'add_special_tokens' must be true or false"),
         ("/detokenize", dict(tokens=[1, 10 ** 9]), "'tokens' must hold token ids"),
-        ("/detokenize", dict(tokens=[1], extra=1), "unknown field 'extra'")]:
+        ("/detokenize", dict(tokens=[1], extra=1), 'unknown field "extra"')]:
     status, body = request(path, payload)
     if status != 400 or words not in json.loads(body)["error"]["message"]:
         fail("%s %r: HTTP %d %s" % (path, payload, status, body))
@@ -181,7 +181,7 @@ for field, value, words in [
         ("logit_bias", {"5": 10}, "'logit_bias' is not supported yet"),
         ("guided_json", {"type": "object"}, "structured output"),
         ("stop_token_ids", [-1], "'stop_token_ids' must hold token ids"),
-        ("best_of_n", 3, "unknown field 'best_of_n'")]:
+        ("best_of_n", 3, 'unknown field "best_of_n"')]:
     status, body = request("/v1/completions", dict(prompt="x", **{field: value}))
     err = json.loads(body).get("error", {})
     if status != 400 or words not in err.get("message", ""):

@@ -198,7 +198,7 @@ for raw, words in [
          b"\"chat_template_kwargs\": {\"enable_thinking\": false}}",
          "'chat_template_kwargs' is not supported yet"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
-         b"\"prompt\": \"x\"}", "unknown field 'prompt'"),
+         b"\"prompt\": \"x\"}", 'unknown field "prompt"'),
         # A NUL would cut the C strings of the chat API short.
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, "
          b"{\"role\": \"assistant\", \"content\": \"b\\u0000c\"}]}",
