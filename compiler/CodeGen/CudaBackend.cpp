@@ -52,6 +52,21 @@ Status parseCudaTarget(const std::string &spec, CudaOptions &opts) {
 
 namespace {
 
+/// "sm_90a" -> 90.
+int capability(const std::string &arch) {
+  return arch.size() >= 5 ? std::atoi(arch.c_str() + 3) : 0;
+}
+
+} // namespace
+
+bool roundsGemmInputsToBf16(const CudaOptions &opts) {
+  return opts.matmulTerms == 1 && !opts.archs.empty() &&
+         std::all_of(opts.archs.begin(), opts.archs.end(),
+                     [](const std::string &a) { return capability(a) >= 80; });
+}
+
+namespace {
+
 struct Job {
   const CudaKernelSource *src;
   std::string hash;
@@ -90,7 +105,7 @@ std::string includedHeadersHash(const std::string &source) {
 
 } // namespace
 
-StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
+StatusOr<CudaPlanBinaries> compileCudaPlan(const compiler::PlanModel &plan,
                                            const CudaOptions &opts) {
   const auto start = std::chrono::steady_clock::now();
   if (opts.archs.empty())
@@ -109,9 +124,6 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
   // Per architecture: compute capability, and the dynamic shared memory a
   // block may opt into (CUDA C++ Programming Guide, "Technical
   // Specifications per Compute Capability").
-  auto capability = [](const std::string &a) {
-    return a.size() >= 5 ? std::atoi(a.c_str() + 3) : 0;
-  };
   cg.ampereOrLater =
       std::all_of(opts.archs.begin(), opts.archs.end(),
                   [&](const std::string &a) { return capability(a) >= 80; });

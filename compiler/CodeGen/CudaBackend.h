@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-namespace nf::plan {
-struct Plan;
+namespace nf::compiler {
+struct PlanModel;
 }
 
 namespace nf::codegen {
@@ -62,7 +62,12 @@ struct CudaPlanBinaries {
   double seconds = 0.0;
 };
 
-StatusOr<CudaPlanBinaries> compileCudaPlan(const nf::plan::Plan &plan,
+/// GEMM inputs are rounded once to bf16 (`--matmul-inputs=bf16`) and every
+/// target has mma.sync's bf16 shapes (sm_80 or later): their producers may
+/// then store them rounded (nf-cuda-row-formats).
+bool roundsGemmInputsToBf16(const CudaOptions &opts);
+
+StatusOr<CudaPlanBinaries> compileCudaPlan(const compiler::PlanModel &plan,
                                            const CudaOptions &opts);
 
 } // namespace nf::codegen

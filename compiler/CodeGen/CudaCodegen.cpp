@@ -35,20 +35,18 @@ namespace nf::codegen {
 namespace detail {
 
 StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
-  if (kernel.ops())
-    for (const pl::Op *op : *kernel.ops())
-      ops.push_back(op);
-  if (kernel.outputs())
-    outputs.insert(kernel.outputs()->begin(), kernel.outputs()->end());
+  for (const PlanOp &op : kernel.ops)
+    ops.push_back(&op);
+  outputs.insert(kernel.outputs.begin(), kernel.outputs.end());
   // Generated scratch goes after the plan's kernel-internal values and the
   // bf16 copies' region.
   scratchTop = std::max(arenaBytes, rowFormats.shadowEnd);
-  for (const pl::Op *op : ops)
+  for (const PlanOp *op : ops)
     for (int r : results(*op))
       if (r >= 0 && r < static_cast<int>(values.size()) &&
           V(r).offset >= arenaBytes)
         scratchTop = std::max(scratchTop, V(r).offset + V(r).bytes);
-  for (const pl::Op *op : ops)
+  for (const PlanOp *op : ops)
     for (int v : operands(*op))
       if (v < 0 || v >= static_cast<int>(values.size()))
         return fail(0, "operand value " + std::to_string(v) + " out of range");
@@ -133,8 +131,8 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
   if (!internalError.empty())
     return fail(ops.size(), "internal: " + internalError);
   // Every value stored as bf16 rows or with a bf16 copy must have been
-  // written so by its producer here (bf16RowValues, decodeShadows and the
-  // emitters agree).
+  // written so by its producer here (nf-cuda-row-formats, RowFormats.cpp and
+  // the emitters agree).
   for (size_t i = 0; i < ops.size(); ++i)
     for (int r : results(*ops[i])) {
       if (rowsBf16(r) && !wroteBf16.count(r))
@@ -222,19 +220,18 @@ constexpr int64_t kTopLogitNoiseBytes = 24;
 /// the kernel that computes the decode step's logits, with their output after
 /// every other scratch value (they run after the step). Vocabularies beyond
 /// 64 chunks of 4096 logits (a 32 KB shared-memory sort) get none.
-void addTopLogits(const pl::Step &step, const std::vector<ValueInfo> &values,
+void addTopLogits(const PlanStep &step, const std::vector<ValueInfo> &values,
                   const CudaCodegenOptions &opts, int64_t &scratchEnd,
                   CudaStepSources &out) {
-  const int logits = step.logits();
+  const int logits = step.logits;
   if (logits < 0 || logits >= static_cast<int>(values.size()) ||
       values[logits].dtype != pl::DType::F32 || values[logits].offset < 0)
     return;
   int kernel = -1;
-  for (unsigned k = 0; k < step.kernels()->size(); ++k)
-    if (const auto *o = step.kernels()->Get(k)->outputs())
-      for (int v : *o)
-        if (v == logits)
-          kernel = static_cast<int>(k);
+  for (size_t k = 0; k < step.kernels.size(); ++k)
+    for (int v : step.kernels[k].outputs)
+      if (v == logits)
+        kernel = static_cast<int>(k);
   const int64_t vocab = values[logits].cols;
   auto pow2AtLeast = [](int64_t n) {
     int64_t p = 1;
@@ -248,7 +245,7 @@ void addTopLogits(const pl::Step &step, const std::vector<ValueInfo> &values,
                    2048, pow2AtLeast(std::max<int64_t>(vocab, kTopLogits))));
   if (kernel < 0 || chunk > 4096)
     return;
-  const int64_t chunks = ceilDiv(vocab, chunk), rows = step.max_tokens();
+  const int64_t chunks = ceilDiv(vocab, chunk), rows = step.maxTokens;
   CudaTopLogits &t = out.topLogits;
   t.kernel = kernel;
   t.k = kTopLogits;
@@ -306,60 +303,55 @@ void addTopLogits(const pl::Step &step, const std::vector<ValueInfo> &values,
   t.launches = {c, m};
 }
 
-StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
-                                       const pl::Step *step, const char *phase,
+StatusOr<CudaStepSources> generateStep(const PlanModel &plan,
+                                       const PlanStep &step, const char *phase,
                                        const CudaCodegenOptions &opts) {
-  if (!step || !step->values() || !step->kernels())
-    return Status::error(std::string("cuda: ") + phase +
-                         " step has no values or kernels");
   std::vector<ValueInfo> values;
-  for (const pl::Value *v : *step->values()) {
+  for (const compiler::PlanValue &v : step.values) {
     ValueInfo vi;
-    vi.kind = v->kind();
-    vi.dtype = v->dtype();
-    vi.rows = v->rows();
-    if (v->shape())
-      vi.shape.assign(v->shape()->begin(), v->shape()->end());
+    vi.kind = v.kind;
+    vi.dtype = v.dtype;
+    vi.rows = v.rows;
+    vi.shape = v.shape;
     for (size_t d = vi.rows != pl::Rows::None ? 1 : 0; d < vi.shape.size(); ++d)
       vi.cols *= vi.shape[d];
-    vi.offset = v->offset();
-    vi.bytes = v->bytes();
-    vi.weight = v->weight();
-    vi.numExperts = v->num_experts();
-    vi.maxPerToken = v->max_per_token();
+    vi.offset = v.offset;
+    vi.bytes = v.bytes;
+    vi.weight = v.weight;
+    vi.numExperts = v.numExperts;
+    vi.maxPerToken = v.maxPerToken;
     values.push_back(std::move(vi));
   }
   CudaStepSources out;
-  const int64_t arena = step->arena_bytes();
-  int64_t scratchEnd = arena + step->scratch_bytes();
-  RowFormats rowFormats;
-  rowFormats.bf16 = bf16RowValues(plan, *step, values, phase, opts);
-  decodeShadows(plan, *step, values, phase, opts, rowFormats);
+  const int64_t arena = step.arenaBytes;
+  int64_t scratchEnd = arena + step.scratchBytes;
+  auto formats = rowFormatsOf(step, values);
+  if (!formats)
+    return formats.status();
+  RowFormats &rowFormats = *formats;
   scratchEnd = std::max(scratchEnd, rowFormats.shadowEnd);
   // The expert statistics region, before the generated scratch (which
   // each kernel reuses).
   ExpertStatsLayout stats;
-  stats.rows = step->max_tokens();
-  for (const pl::Kernel *kernel : *step->kernels())
-    if (kernel->ops())
-      for (const pl::Op *op : *kernel->ops())
-        if (opCode(*op) == OpCode::Select && op->results() &&
-            op->results()->size() == 3) {
-          const int e = op->results()->Get(0);
-          if (e < 0 || e >= static_cast<int>(values.size()))
-            continue;
-          stats.layerOf[op] = stats.layers++;
-          stats.maxK = std::max(stats.maxK, values[e].cols);
-        }
+  stats.rows = step.maxTokens;
+  for (const PlanKernel &kernel : step.kernels)
+    for (const PlanOp &op : kernel.ops)
+      if (opCode(op) == OpCode::Select && op.results.size() == 3) {
+        const int e = op.results[0];
+        if (e < 0 || e >= static_cast<int>(values.size()))
+          continue;
+        stats.layerOf[&op] = stats.layers++;
+        stats.maxK = std::max(stats.maxK, values[e].cols);
+      }
   if (stats.layers > 0) {
     stats.offset = alignTo(scratchEnd);
     scratchEnd = stats.offset + alignTo(stats.bytes());
     rowFormats.shadowEnd = scratchEnd; // generated scratch after it
     out.expertStatsOffset = stats.offset;
   }
-  for (unsigned k = 0; k < step->kernels()->size(); ++k) {
+  for (size_t k = 0; k < step.kernels.size(); ++k) {
     KernelEmitter e(plan, values, rowFormats, phase, static_cast<int>(k),
-                    *step->kernels()->Get(k), step->max_tokens(), arena, opts);
+                    step.kernels[k], step.maxTokens, arena, opts);
     e.expertStats = &stats;
     auto src = e.run(scratchEnd);
     if (!src)
@@ -367,7 +359,7 @@ StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
     out.kernels.push_back(std::move(*src));
   }
   if (std::string_view(phase) == "decode")
-    addTopLogits(*step, values, opts, scratchEnd, out);
+    addTopLogits(step, values, opts, scratchEnd, out);
   out.scratchBytes = alignTo(scratchEnd - arena);
   return out;
 }
@@ -375,13 +367,13 @@ StatusOr<CudaStepSources> generateStep(const pl::Plan &plan,
 } // namespace
 } // namespace detail
 
-StatusOr<CudaPlanSources> generateCudaSources(const nf::plan::Plan &plan,
+StatusOr<CudaPlanSources> generateCudaSources(const compiler::PlanModel &plan,
                                               const CudaCodegenOptions &opts) {
   CudaPlanSources out;
-  auto prefill = detail::generateStep(plan, plan.prefill(), "prefill", opts);
+  auto prefill = detail::generateStep(plan, plan.prefill, "prefill", opts);
   if (!prefill)
     return prefill.status();
-  auto decode = detail::generateStep(plan, plan.decode(), "decode", opts);
+  auto decode = detail::generateStep(plan, plan.decode, "decode", opts);
   if (!decode)
     return decode.status();
   out.prefill = std::move(*prefill);

@@ -4,9 +4,10 @@
 // module: the device templates of kernels/*.cuh, instantiated with the
 // kernel's compile-time shapes, dtypes, arena offsets, weight and storage
 // indices, behind thin `extern "C" __global__` functions that follow the
-// launch ABI of kernels/nf_abi.h. The generator reads the plan itself (the
-// same description the runtime interprets), so it needs neither MLIR nor a
-// GPU.
+// launch ABI of kernels/nf_abi.h. The generator reads the module's
+// PlanModel (Plan/PlanModel.h): the ops and attributes of the IR, numbered
+// and placed exactly as the plan the runtime interprets stores them. It
+// needs no GPU.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
@@ -18,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-namespace nf::plan {
-struct Plan;
+namespace nf::compiler {
+struct PlanModel;
 }
 
 namespace nf::codegen {
@@ -102,7 +103,7 @@ struct CudaPlanSources {
   CudaStepSources prefill, decode;
 };
 
-StatusOr<CudaPlanSources> generateCudaSources(const nf::plan::Plan &plan,
+StatusOr<CudaPlanSources> generateCudaSources(const compiler::PlanModel &plan,
                                               const CudaCodegenOptions &opts);
 
 /// The device headers embedded at build time (kernels/*.h, kernels/*.cuh):

@@ -11,50 +11,50 @@
 namespace nf::codegen::detail {
 
 StatusOr<size_t> KernelEmitter::kvAppend(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op);
-  const pl::Storage *st = storageOf(op, pl::StorageKind::KVCache);
+  const PlanStorage *st = storageOf(op, pl::StorageKind::KVCache);
   if (!st)
     return fail(i, "needs a KVCache storage");
-  const int64_t row = st->kv_heads() * st->head_dim();
+  const int64_t row = st->kvHeads * st->headDim;
   if (in.size() != 3 || V(in[0]).kind != pl::ValueKind::Batch ||
       !isAct(in[1]) || !isAct(in[2]) || V(in[1]).cols != row ||
       V(in[2]).cols != row)
     return fail(i, "expects (batch, key, value) rows of the cache's width");
-  if (st->dtype() != pl::DType::F32)
+  if (st->dtype != pl::DType::F32)
     return fail(i, "only f32 KV caches are supported");
   includes.insert("nf_attention.cuh");
   addLaunch(fnName(i, "kv_append"), elementGrid(maxTokens * row), 256,
-            "  nf::kv_append<" + num(row) + ", " + num(st->page_size()) +
-                ">(a, " + arenaPtr(in[1]) + ", " + arenaPtr(in[2]) +
-                ", nf::storage(a, " + num(2 * op.storage()) +
-                "), nf::storage(a, " + num(2 * op.storage() + 1) + "));\n",
+            "  nf::kv_append<" + num(row) + ", " + num(st->pageSize) + ">(a, " +
+                arenaPtr(in[1]) + ", " + arenaPtr(in[2]) + ", nf::storage(a, " +
+                num(2 * op.storage) + "), nf::storage(a, " +
+                num(2 * op.storage + 1) + "));\n",
             "nf_kv.append");
   return size_t(1);
 }
 
 StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
-  const pl::Storage *st = storageOf(op, pl::StorageKind::KVCache);
+  const PlanStorage *st = storageOf(op, pl::StorageKind::KVCache);
   if (!st)
     return fail(i, "needs a KVCache storage");
   auto heads = intAttr(op, attr::NumHeads);
   auto scale = floatAttr(op, attr::Scale);
-  const int64_t HD = st->head_dim(), NKV = st->kv_heads();
+  const int64_t HD = st->headDim, NKV = st->kvHeads;
   if (in.size() != 2 || out.size() != 1 ||
       V(in[0]).kind != pl::ValueKind::Batch || !isAct(in[1]) ||
       !isAct(out[0]) || !heads || !scale || *heads <= 0 || *heads % NKV ||
       V(in[1]).cols != *heads * HD || V(out[0]).cols != *heads * HD)
     return fail(i, "expects (batch, query) -> result with num_heads x "
                    "head_dim features");
-  if (st->dtype() != pl::DType::F32)
+  if (st->dtype != pl::DType::F32)
     return fail(i, "only f32 KV caches are supported");
   includes.insert("nf_attention.cuh");
   const std::string args = "(a, " + arenaPtr(in[1]) + ", nf::storage(a, " +
-                           num(2 * op.storage()) + "), nf::storage(a, " +
-                           num(2 * op.storage() + 1) + "), " +
-                           floatLit(*scale) + ", " + arenaPtr(out[0]) + ");\n";
+                           num(2 * op.storage) + "), nf::storage(a, " +
+                           num(2 * op.storage + 1) + "), " + floatLit(*scale) +
+                           ", " + arenaPtr(out[0]) + ");\n";
   // Decode: split over the context, then combine (flash decoding). Up to
   // 64 splits of at least 32 positions, as many as give about 64 warps per
   // SM for a warp per head, 16 for a warp per kv head (nf_attention.cuh
@@ -68,11 +68,10 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
         newScratch(maxTokens * *heads * kSplits * (HD + 2) * 4);
     const std::string partPtr = "nf::arena<float>(a, " + num(part) + "ll)";
     // Every split launch: (q, K cache, V cache, scale, partials).
-    const std::string splitArgs = ">(a, " + arenaPtr(in[1]) +
-                                  ", nf::storage(a, " + num(2 * op.storage()) +
-                                  "), nf::storage(a, " +
-                                  num(2 * op.storage() + 1) + "), " +
-                                  floatLit(*scale) + ", " + partPtr + ");\n";
+    const std::string splitArgs =
+        ">(a, " + arenaPtr(in[1]) + ", nf::storage(a, " + num(2 * op.storage) +
+        "), nf::storage(a, " + num(2 * op.storage + 1) + "), " +
+        floatLit(*scale) + ", " + partPtr + ");\n";
     // The combine: a block of 8 warps per (token, head), with the split
     // count's parameters of the split launches.
     auto addCombine = [&](const std::string &target,
@@ -98,22 +97,21 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
     if (opts.ampereOrLater && rep <= 16 && HD % 16 == 0 &&
         mmaSmem + kStaticSharedAllowance <= opts.maxSharedBytes) {
       const std::string mmaTarget = num(int64_t(opts.smCount) * kMmaWarps * 4);
-      addLaunch(fnName(i, "attend_split_mma"),
-                gridOf(ceilDiv(maxTokens * NKV * kSplits, kMmaWarps),
-                       int64_t(opts.smCount)),
-                32 * kMmaWarps,
-                "  static_assert(nf::kv_attend_split_mma_smem<" + num(HD) +
-                    ", " + num(kMmaWarps) + ">() == " + num(mmaSmem) +
-                    ", \"shared memory size\");\n"
-                    "  nf::kv_attend_split_mma<" +
-                    num(*heads) + ", " + num(NKV) + ", " + num(HD) + ", " +
-                    num(st->page_size()) + ", " + num(kMmaWarps) + ", " +
-                    num(kSplits) + ", " + mmaTarget + ", " +
-                    num(opts.matmulTerms) + splitArgs,
-                "nf_kv.attend (decode): a warp per (token, kv head, context "
-                "split), its " +
-                    num(rep) +
-                    " query heads one mma tile, online softmax per split");
+      addLaunch(
+          fnName(i, "attend_split_mma"),
+          gridOf(ceilDiv(maxTokens * NKV * kSplits, kMmaWarps),
+                 int64_t(opts.smCount)),
+          32 * kMmaWarps,
+          "  static_assert(nf::kv_attend_split_mma_smem<" + num(HD) + ", " +
+              num(kMmaWarps) + ">() == " + num(mmaSmem) +
+              ", \"shared memory size\");\n"
+              "  nf::kv_attend_split_mma<" +
+              num(*heads) + ", " + num(NKV) + ", " + num(HD) + ", " +
+              num(st->pageSize) + ", " + num(kMmaWarps) + ", " + num(kSplits) +
+              ", " + mmaTarget + ", " + num(opts.matmulTerms) + splitArgs,
+          "nf_kv.attend (decode): a warp per (token, kv head, context "
+          "split), its " +
+              num(rep) + " query heads one mma tile, online softmax per split");
       launches.back().sharedBytes = static_cast<uint32_t>(mmaSmem);
       addCombine(mmaTarget, "0"); // grouped from the first token
       return size_t(1);
@@ -144,9 +142,8 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                int64_t(opts.smCount) * 8),
         32 * perBlock,
         "  nf::kv_attend_split<" + num(*heads) + ", " + num(NKV) + ", " +
-            num(HD) + ", " + num(st->page_size()) + ", " + num(perBlock) +
-            ", " + num(kSplits) + ", " + warpsTarget + ", " + gqaFrom +
-            splitArgs,
+            num(HD) + ", " + num(st->pageSize) + ", " + num(perBlock) + ", " +
+            num(kSplits) + ", " + warpsTarget + ", " + gqaFrom + splitArgs,
         "nf_kv.attend (decode): a warp per (token, head, context "
         "split), online softmax per split",
         0, gqa ? uint32_t(kGqaTokens - 1) : 0);
@@ -156,7 +153,7 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                        int64_t(opts.smCount) * 8),
                 32 * kGqaWarps,
                 "  nf::kv_attend_split_gqa<" + num(*heads) + ", " + num(NKV) +
-                    ", " + num(HD) + ", " + num(st->page_size()) + ", " +
+                    ", " + num(HD) + ", " + num(st->pageSize) + ", " +
                     num(kGqaWarps) + ", " + num(kSplits) + ", " + warpsTarget +
                     ", " + gqaFrom + splitArgs,
                 "nf_kv.attend (decode): a warp per (token, kv head, context "
@@ -207,11 +204,10 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
       const std::string v16Ptr = "nf::arena<unsigned short>(a, " +
                                  num(k16 + maxTokens * row * 2) + "ll)";
       addLaunch(fnName(i, "attend_kv16"), elementGrid(maxTokens * row / 4), 256,
-                "  nf::kv_rows_to_bf16<" + num(row) + ", " +
-                    num(st->page_size()) + ">(a, nf::storage(a, " +
-                    num(2 * op.storage()) + "), nf::storage(a, " +
-                    num(2 * op.storage() + 1) + "), " + k16Ptr + ", " + v16Ptr +
-                    ");\n",
+                "  nf::kv_rows_to_bf16<" + num(row) + ", " + num(st->pageSize) +
+                    ">(a, nf::storage(a, " + num(2 * op.storage) +
+                    "), nf::storage(a, " + num(2 * op.storage + 1) + "), " +
+                    k16Ptr + ", " + v16Ptr + ");\n",
                 "nf_kv.attend: the step's K/V rows in bf16 (codegen scratch "
                 "at " +
                     num(k16) + ")");
@@ -223,7 +219,7 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
               "  static_assert(nf::kv_attend_mma_smem<" + tmpl +
                   ">() == " + num(smem) + ", \"shared memory size\");\n" +
                   "  nf::kv_attend_mma<" + num(*heads) + ", " + num(NKV) +
-                  ", " + num(HD) + ", " + num(st->page_size()) + ", " +
+                  ", " + num(HD) + ", " + num(st->pageSize) + ", " +
                   num(kWarps) + ", " + num(terms) + ", " + num(positions) +
                   (kv16 ? ", true" : "") + ">" + callArgs,
               "nf_kv.attend: tensor cores, a block per 128 (token, head) rows "
@@ -251,7 +247,7 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
               gridOf(ceilDiv(maxTokens, qt) * NKV, int64_t(opts.smCount) * 8),
               static_cast<uint32_t>(32 * warps),
               "  nf::kv_attend<" + num(*heads) + ", " + num(NKV) + ", " +
-                  num(HD) + ", " + num(st->page_size()) + ", " + num(warps) +
+                  num(HD) + ", " + num(st->pageSize) + ", " + num(warps) +
                   ", " + num(qt) + ">" + args,
               "nf_kv.attend: one block per (" + num(qt) +
                   " tokens, kv head), K/V tiles in shared memory, online "
@@ -265,7 +261,7 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
       gridOf(ceilDiv(maxTokens * *heads, perBlock), int64_t(opts.smCount) * 8),
       32 * perBlock,
       "  nf::kv_attend_warp<" + num(*heads) + ", " + num(NKV) + ", " + num(HD) +
-          ", " + num(st->page_size()) + ", " + num(perBlock) + ">" + args,
+          ", " + num(st->pageSize) + ", " + num(perBlock) + ">" + args,
       "nf_kv.attend: one warp per (token, head), online softmax");
   return size_t(1);
 }

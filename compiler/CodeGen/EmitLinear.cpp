@@ -57,7 +57,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // (s.input16) are streamed as they are.
   const bool planes = onBf16Planes(phase, s.wtype == "nf::bf16", s.K);
   const bool stored16 = !s.input16.empty();
-  if (stored16 && !planes) // bf16RowValues promised a plane-path reader
+  if (stored16 && !planes) // nf-cuda-row-formats promised a plane-path reader
     internalError = fn + " reads bf16 rows but is not a bf16-plane GEMM";
   const int64_t terms = opts.matmulTerms;
   const int64_t planeElems = maxTokens * s.rowsPerToken * s.K;
@@ -391,7 +391,7 @@ void KernelEmitter::emitTmaLinear(const std::string &fn,
 }
 
 StatusOr<size_t> KernelEmitter::linear(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
   if (in.size() != 2 || out.size() != 1 || !isAct(in[0]) || !isAct(out[0]))
     return fail(i, "expects (input, weight) -> result, f32 rows");
@@ -434,7 +434,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   // linear + split [+ append]: the epilogue writes the split columns.
   if (i + 1 < ops.size() && opCode(*ops[i + 1]) == OpCode::Split &&
       operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
-    const pl::Op &sp = *ops[i + 1];
+    const PlanOp &sp = *ops[i + 1];
     auto pieces = results(sp);
     auto sizes = listAttr(sp, attr::Sizes);
     if (!sizes || sizes->size() != pieces.size())
@@ -451,24 +451,24 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     // K/V rows of a following append, by split piece.
     std::map<int, std::string> cacheOf;
     if (i + 2 < ops.size() && opCode(*ops[i + 2]) == OpCode::KvAppend) {
-      const pl::Op &ap = *ops[i + 2];
+      const PlanOp &ap = *ops[i + 2];
       auto ain = operands(ap);
-      const pl::Storage *st = storageOf(ap, pl::StorageKind::KVCache);
+      const PlanStorage *st = storageOf(ap, pl::StorageKind::KVCache);
       if (st && ain.size() == 3 && V(ain[0]).kind == pl::ValueKind::Batch) {
         auto k = std::find(pieces.begin(), pieces.end(), ain[1]);
         auto v = std::find(pieces.begin(), pieces.end(), ain[2]);
-        const int64_t row = st->kv_heads() * st->head_dim();
+        const int64_t row = st->kvHeads * st->headDim;
         if (k != pieces.end() && v != pieces.end() && V(ain[1]).cols == row &&
-            V(ain[2]).cols == row && st->dtype() == pl::DType::F32) {
+            V(ain[2]).cols == row && st->dtype == pl::DType::F32) {
           includes.insert("nf_attention.cuh");
           // The row's cache offset (page table lookups) is the store's
           // row context: GEMM epilogues compute it once per row.
           s.rowCtx = "nf::kv_row_offset<" + num(row) + ", " +
-                     num(st->page_size()) + ">(a, r)";
+                     num(st->pageSize) + ">(a, r)";
           cacheOf[static_cast<int>(k - pieces.begin())] =
-              "nf::storage(a, " + num(2 * ap.storage()) + ")[ctx + ";
+              "nf::storage(a, " + num(2 * ap.storage) + ")[ctx + ";
           cacheOf[static_cast<int>(v - pieces.begin())] =
-              "nf::storage(a, " + num(2 * ap.storage() + 1) + ")[ctx + ";
+              "nf::storage(a, " + num(2 * ap.storage + 1) + ")[ctx + ";
           consumed = 3;
           label = "qkv_append";
           comment += " + nf.split + nf_kv.append";
@@ -482,16 +482,16 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     if (consumed == 1 && phase == "decode" && i + 2 < ops.size() &&
         opCode(*ops[i + 2]) == OpCode::CausalConv &&
         stringAttr(*ops[i + 2], attr::Mode).value_or("") == "decode") {
-      const pl::Op &cv = *ops[i + 2];
+      const PlanOp &cv = *ops[i + 2];
       auto cin = operands(cv), cout = results(cv);
-      const pl::Storage *st = storageOf(cv, pl::StorageKind::MambaState);
+      const PlanStorage *st = storageOf(cv, pl::StorageKind::MambaState);
       auto piece = cin.size() >= 3
                        ? std::find(pieces.begin(), pieces.end(), cin[1])
                        : pieces.end();
       if (st && piece != pieces.end() && (cin.size() == 3 || cin.size() == 4) &&
           cout.size() == 1 && isAct(cout[0]) &&
           V(cin[0]).kind == pl::ValueKind::Batch) {
-        const int64_t CD = st->conv_dim(), KW = st->conv_window() + 1;
+        const int64_t CD = st->convDim, KW = st->convWindow + 1;
         auto wt = weightType(cin[2]);
         const bool bias = cin.size() == 4;
         auto bt = bias ? weightType(cin[3]) : wt;
@@ -506,7 +506,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
                       weightPtr(cin[2]) + ", " +
                       (bias ? weightPtr(cin[3])
                             : "static_cast<const " + *bt + " *>(nullptr)") +
-                      ", nf::storage(a, " + num(2 * cv.storage()) + "), " +
+                      ", nf::storage(a, " + num(2 * cv.storage) + "), " +
                       arenaPtr(cout[0]) + ");\n";
           consumed = 3;
           label += "_split_conv";
@@ -558,7 +558,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   } else if (i + 1 < ops.size() && opCode(*ops[i + 1]) == OpCode::Activation &&
              operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
     // linear + activation: in the epilogue.
-    const pl::Op &act = *ops[i + 1];
+    const PlanOp &act = *ops[i + 1];
     auto aout = results(act);
     auto kind = activationKind(i + 1, attr::Kind, true);
     if (!kind)

@@ -12,7 +12,7 @@
 namespace nf::codegen::detail {
 
 StatusOr<size_t> KernelEmitter::gatedRmsNorm(size_t i, uint32_t minTokens) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
   if (in.size() != 3 || out.size() != 1 || !isAct(in[0]) || !isAct(in[1]) ||
       !isAct(out[0]))
@@ -44,15 +44,15 @@ StatusOr<size_t> KernelEmitter::gatedRmsNorm(size_t i, uint32_t minTokens) {
 }
 
 StatusOr<size_t> KernelEmitter::causalConv(size_t i, uint32_t minTokens) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
-  const pl::Storage *st = storageOf(op, pl::StorageKind::MambaState);
+  const PlanStorage *st = storageOf(op, pl::StorageKind::MambaState);
   if (!st)
     return fail(i, "needs a MambaState storage");
   if (in.size() < 3 || in.size() > 4 || out.size() != 1 ||
       V(in[0]).kind != pl::ValueKind::Batch || !isAct(in[1]) || !isAct(out[0]))
     return fail(i, "expects (batch, input, weight[, bias]) -> result");
-  const int64_t CD = st->conv_dim(), KW = st->conv_window() + 1;
+  const int64_t CD = st->convDim, KW = st->convWindow + 1;
   auto wt = weightType(in[2]);
   if (!wt || V(in[1]).cols != CD || V(out[0]).cols != CD ||
       weightNumel(in[2]) != CD * KW)
@@ -68,7 +68,7 @@ StatusOr<size_t> KernelEmitter::causalConv(size_t i, uint32_t minTokens) {
                             num(KW) + ", " + (bias ? "true" : "false") + ">";
   const std::string biasPtr =
       bias ? weightPtr(in[3]) : "static_cast<const " + *bt + " *>(nullptr)";
-  const std::string window = "nf::storage(a, " + num(2 * op.storage()) + ")";
+  const std::string window = "nf::storage(a, " + num(2 * op.storage) + ")";
   const std::string mode = stringAttr(op, attr::Mode).value_or("prefill");
   if (mode == "decode") {
     addLaunch(fnName(i, "causal_conv"), elementGrid(maxTokens * CD), 256,
@@ -94,17 +94,17 @@ StatusOr<size_t> KernelEmitter::causalConv(size_t i, uint32_t minTokens) {
 }
 
 StatusOr<size_t> KernelEmitter::ssm(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
-  const pl::Storage *st = storageOf(op, pl::StorageKind::MambaState);
+  const PlanStorage *st = storageOf(op, pl::StorageKind::MambaState);
   if (!st)
     return fail(i, "needs a MambaState storage");
   if (in.size() != 6 || out.size() != 1 ||
       V(in[0]).kind != pl::ValueKind::Batch || !isAct(in[1]) || !isAct(in[2]) ||
       !isAct(out[0]))
     return fail(i, "expects (batch, xbc, dt, dt_bias, A_log, D) -> y");
-  const int64_t NH = st->num_heads(), P = st->head_dim(), N = st->state_size(),
-                CD = st->conv_dim();
+  const int64_t NH = st->numHeads, P = st->headDim, N = st->stateSize,
+                CD = st->convDim;
   if (NH <= 0 || P <= 0 || N <= 0 || CD <= NH * P ||
       (CD - NH * P) % (2 * N) != 0)
     return fail(i, "bad mamba state sizes");
@@ -137,7 +137,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
                          : std::clamp<int64_t>(45056 / perToken, 1, 32);
   const int64_t block = PT * NS;
   includes.insert("nf_mamba.cuh");
-  const std::string state = "nf::storage(a, " + num(2 * op.storage() + 1) + ")";
+  const std::string state = "nf::storage(a, " + num(2 * op.storage + 1) + ")";
   // Decode: a warp per (sequence, head, 32 / NS channels), no shared
   // memory or barriers (ssm_decode); the H200, Nano at batch 32: see
   // docs/performance.md.
@@ -159,7 +159,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
                     !needed(out[0], {i + 1}) && HPG <= 8 && P % 4 == 0 &&
                     warpsPerHead * 32 <= 1024;
     if (fuseNorm) {
-      const pl::Op &nop = *ops[i + 1];
+      const PlanOp &nop = *ops[i + 1];
       auto nin = operands(nop), nout = results(nop);
       auto groups = intAttr(nop, attr::Groups);
       auto eps = floatAttr(nop, attr::Epsilon);
@@ -233,7 +233,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   };
   const int64_t kSub = fits(64) ? 64 : 32;
   if (opCode(op) == OpCode::SsmScan && opts.ampereOrLater && P % 16 == 0 &&
-      N % 16 == 0 && P <= 128 && st->slots() > 0 && fits(kSub)) {
+      N % 16 == 0 && P <= 128 && st->slots > 0 && fits(kSub)) {
     const int64_t cmax = ceilDiv(maxTokens, kChunk);
     auto smemOfSub = [&](bool states) { return smemOf(kSub, states); };
     std::string local = "static_cast<float *>(nullptr)", decay = local;
@@ -256,7 +256,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
     };
     const uint32_t block = static_cast<uint32_t>(32 * (P / 16));
     if (maxTokens > kChunk) {
-      const int64_t slots = maxTokens / kChunk + st->slots() + 1;
+      const int64_t slots = maxTokens / kChunk + st->slots + 1;
       local = "nf::arena<float>(a, " + num(newScratch(slots * NH * P * N * 4)) +
               "ll)";
       decay = "nf::arena<float>(a, " + num(newScratch(slots * NH * 4)) + "ll)";
@@ -282,11 +282,11 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   // Prefill steps longer than a chunk: the chunked scan (nf_mamba.cuh), so
   // a long sequence's chunks walk in parallel.
   const bool chunked = opCode(op) == OpCode::SsmScan && maxTokens > kChunk &&
-                       P % 4 == 0 && N % 8 == 0 && st->slots() > 0;
+                       P % 4 == 0 && N % 8 == 0 && st->slots > 0;
   std::string chunkArgs, chunkInit;
   if (chunked) {
     const int64_t cmax = ceilDiv(maxTokens, kChunk);
-    const int64_t slots = maxTokens / kChunk + st->slots() + 1;
+    const int64_t slots = maxTokens / kChunk + st->slots + 1;
     const int64_t localOff = newScratch(slots * NH * P * N * 4);
     const int64_t decayOff = newScratch(slots * NH * 4);
     const std::string local = "nf::arena<float>(a, " + num(localOff) + "ll)";

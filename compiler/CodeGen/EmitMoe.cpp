@@ -12,7 +12,7 @@
 namespace nf::codegen::detail {
 
 StatusOr<size_t> KernelEmitter::route(size_t i) {
-  const pl::Op &first = *ops[i];
+  const PlanOp &first = *ops[i];
   const bool isRouter = opCode(first) == OpCode::Router;
   std::string wg = "float", wb = "float", x = "nullptr", gate = "nullptr",
               bias = "nullptr";
@@ -68,7 +68,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
               "nf_moe.router: one block per token, logits in f64");
     return size_t(1);
   }
-  const pl::Op &op = *ops[sel];
+  const PlanOp &op = *ops[sel];
   auto in = operands(op), out = results(op);
   if (in.size() != 3 || out.size() != 3 || !isAct(in[0]) || !isAct(in[1]))
     return fail(sel, "expects (scores, selection_scores, budget) -> "
@@ -242,7 +242,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
 }
 
 StatusOr<size_t> KernelEmitter::dispatch(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
   if (in.size() != 2 || out.size() != 1 || !isTensor(in[0], pl::DType::I32) ||
       !isTensor(in[1], pl::DType::I32) || V(in[1]).cols != 1 ||
@@ -271,7 +271,7 @@ StatusOr<size_t> KernelEmitter::dispatch(size_t i) {
 }
 
 StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
   if (in.size() != 3 || out.size() != 1 ||
       V(in[1]).kind != pl::ValueKind::Dispatch ||
@@ -283,7 +283,7 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
   const ValueInfo &d = V(in[1]);
   auto shape = weightShape(in[2]);
   auto wt = weightType(in[2]);
-  const pl::Weight *w = weightOf(in[2]);
+  const PlanWeight *w = weightOf(in[2]);
   if (!wt || !w || shape.size() != 3 || shape[0] != d.numExperts ||
       shape[2] != V(in[0]).cols || shape[1] != V(out[0]).cols)
     return fail(i, "weight is not [experts, out, in] stacked experts");
@@ -455,7 +455,7 @@ KernelEmitter::combineTail(size_t i) const {
 }
 
 StatusOr<size_t> KernelEmitter::combine(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
   if (in.size() != 3 || out.size() != 1 ||
       V(in[1]).kind != pl::ValueKind::Dispatch ||

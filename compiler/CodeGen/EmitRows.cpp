@@ -10,7 +10,7 @@
 namespace nf::codegen::detail {
 
 StatusOr<size_t> KernelEmitter::embed(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
   if (in.size() != 2 || out.size() != 1 || !isAct(out[0]))
     return fail(i, "expects (tokens, table) -> f32 rows");
@@ -35,7 +35,7 @@ StatusOr<size_t> KernelEmitter::embed(size_t i) {
 }
 
 StatusOr<size_t> KernelEmitter::rmsNorm(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
   if (in.size() != 2 || out.size() != 1 || !isAct(in[0]) || !isAct(out[0]))
     return fail(i, "expects (input, weight) -> result, f32 rows");
@@ -55,7 +55,7 @@ StatusOr<size_t> KernelEmitter::rmsNorm(size_t i) {
 }
 
 StatusOr<size_t> KernelEmitter::add(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
   if (in.size() != 2 || out.size() != 1 || !isAct(in[0]) || !isAct(in[1]) ||
       !isAct(out[0]) || V(in[0]).cols != V(in[1]).cols ||
@@ -65,7 +65,7 @@ StatusOr<size_t> KernelEmitter::add(size_t i) {
   includes.insert("nf_rows.cuh");
   // add + rms_norm of the sum: one row kernel.
   if (i + 1 < ops.size() && opCode(*ops[i + 1]) == OpCode::RmsNorm) {
-    const pl::Op &norm = *ops[i + 1];
+    const PlanOp &norm = *ops[i + 1];
     auto nin = operands(norm), nout = results(norm);
     auto wt = nin.size() == 2 ? weightType(nin[1]) : std::nullopt;
     auto eps = floatAttr(norm, attr::Epsilon);
@@ -89,7 +89,7 @@ StatusOr<size_t> KernelEmitter::add(size_t i) {
 }
 
 StatusOr<size_t> KernelEmitter::split(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
   auto sizes = listAttr(op, attr::Sizes);
   if (in.size() != 1 || !isAct(in[0]) || !sizes || sizes->size() != out.size())
@@ -115,7 +115,7 @@ StatusOr<size_t> KernelEmitter::split(size_t i) {
 }
 
 StatusOr<size_t> KernelEmitter::activation(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
   if (in.size() != 1 || out.size() != 1 || !isAct(in[0]) || !isAct(out[0]) ||
       V(in[0]).cols != V(out[0]).cols)

@@ -12,7 +12,7 @@
 namespace nf::codegen::detail {
 
 StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
-  const pl::Op &op = *ops[i];
+  const PlanOp &op = *ops[i];
   auto in = operands(op), out = results(op);
   if (in.size() != 3 || out.size() != 1 || !isAct(in[0]) || !isAct(out[0]))
     return fail(i, "expects (input, up, down) -> result");
@@ -27,14 +27,14 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
     return act.status();
   const int64_t I = up[0];
   // The hidden rows as bf16 where the down GEMM would round them anyway
-  // (as bf16RowValues does for values).
+  // (as nf-cuda-row-formats does for plan values).
   const bool hidden16 =
       bf16RowsAllowed(opts) && onBf16Planes(phase, *dt == "nf::bf16", I);
   const int64_t hidden = newScratch(maxTokens * I * (hidden16 ? 2 : 4));
   const std::string hid =
       std::string(hidden16 ? "nf::arena<unsigned short>" : "nf::arena<float>") +
       "(a, " + num(hidden) + "ll)";
-  // Decode: a bf16 copy for the wide down projection (as decodeShadows
+  // Decode: a bf16 copy for the wide down projection (as nf-cuda-row-formats
   // gives values).
   const bool hiddenCopy = decodeCopiesOn(phase, opts, maxTokens) &&
                           *dt == "nf::bf16" && I % 32 == 0;

@@ -11,8 +11,8 @@
 #pragma once
 
 #include "CodeGen/CudaCodegen.h"
+#include "Plan/PlanModel.h"
 
-#include "nf/plan_attrs.h"
 #include "nf/plan_generated.h"
 #include "nf/plan_ops.h"
 
@@ -32,6 +32,12 @@
 namespace nf::codegen::detail {
 
 namespace pl = ::nf::plan;
+using compiler::PlanKernel;
+using compiler::PlanModel;
+using compiler::PlanOp;
+using compiler::PlanStep;
+using compiler::PlanStorage;
+using compiler::PlanWeight;
 
 constexpr int64_t kAlignment = 256;
 
@@ -53,7 +59,7 @@ inline bool onBf16Planes(const std::string &phase, bool bf16Weights,
   return phase != "decode" && bf16Weights && K % 8 == 0;
 }
 /// Plane GEMM inputs may be stored as bf16 rows by their producers
-/// (bf16RowValues): one bf16 term, targets with mma.sync's bf16 shapes.
+/// (nf-cuda-row-formats): one bf16 term, targets with mma.sync's bf16 shapes.
 inline bool bf16RowsAllowed(const CudaCodegenOptions &opts) {
   return opts.matmulTerms == 1 && opts.ampereOrLater;
 }
@@ -75,9 +81,10 @@ struct ValueInfo {
 
 /// How the step's activation rows are stored beyond plain f32 rows.
 struct RowFormats {
-  /// Stored as bf16 rows instead of f32 (bf16RowValues: prefill).
+  /// Stored as bf16 rows instead of f32 (nf.row_format "bf16": prefill).
   std::set<int> bf16;
-  /// Stored as f32 with a bf16 copy at this arena offset (decodeShadows).
+  /// Stored as f32 with a bf16 copy at this arena offset (nf.row_format
+  /// "f32+bf16": decode).
   std::map<int, int64_t> shadow;
   /// End of the copies' region (0: none); generated scratch goes after it.
   int64_t shadowEnd = 0;
@@ -92,12 +99,12 @@ struct RowFormats {
 /// (graph nodes there would break the programmatic launch chain).
 struct ExpertStatsLayout {
   int64_t offset = -1, rows = 0, maxK = 0, layers = 0;
-  std::map<const pl::Op *, int64_t> layerOf; // select op -> layer
+  std::map<const PlanOp *, int64_t> layerOf; // select op -> layer
   int64_t bytes() const { return 4 * layers * rows * (1 + maxK); }
-  std::string counts(const pl::Op *select) const {
+  std::string counts(const PlanOp *select) const {
     return ptr(offset + 4 * layerOf.at(select) * rows);
   }
-  std::string experts(const pl::Op *select) const {
+  std::string experts(const PlanOp *select) const {
     return ptr(offset + 4 * (layers * rows + layerOf.at(select) * rows * maxK));
   }
   static std::string ptr(int64_t off) {
@@ -115,7 +122,8 @@ constexpr int64_t kNarrowTokens = 16;
 constexpr int64_t kRowChunks = 6;
 
 /// Rows that skinny GEMVs read get bf16 copies for their wide variants
-/// (decodeShadows): decode steps of bf16 inputs that have wide variants.
+/// (nf.row_format "f32+bf16"): decode steps of bf16 inputs that have wide
+/// variants.
 inline bool decodeCopiesOn(const std::string &phase,
                            const CudaCodegenOptions &opts, int64_t maxTokens) {
   return phase == "decode" && bf16RowsAllowed(opts) &&
@@ -146,27 +154,19 @@ inline std::string floatLit(double v) {
   return "static_cast<float>(" + doubleLit(v) + ")";
 }
 
-using pl::floatAttr;
-using pl::intAttr;
-using pl::listAttr;
-using pl::stringAttr;
+using compiler::floatAttr;
+using compiler::intAttr;
+using compiler::listAttr;
+using compiler::opName;
+using compiler::stringAttr;
 namespace attr = pl::attr;
 using pl::OpCode;
-using pl::opCode;
 
-inline std::string opName(const pl::Op &op) {
-  return op.name() ? op.name()->str() : std::string("<unnamed>");
+inline OpCode opCode(const PlanOp &op) { return op.code; }
+inline const std::vector<int> &operands(const PlanOp &op) {
+  return op.operands;
 }
-inline std::vector<int> operands(const pl::Op &op) {
-  return op.operands()
-             ? std::vector<int>(op.operands()->begin(), op.operands()->end())
-             : std::vector<int>();
-}
-inline std::vector<int> results(const pl::Op &op) {
-  return op.results()
-             ? std::vector<int>(op.results()->begin(), op.results()->end())
-             : std::vector<int>();
-}
+inline const std::vector<int> &results(const PlanOp &op) { return op.results; }
 
 /// The fixed part of a linear layer spec (nf_linear.cuh).
 struct LinearSpec {
@@ -178,7 +178,7 @@ struct LinearSpec {
   int weightIndex = -1;
   std::string input; // expression of the f32 input activation [rows, K]
   /// Instead of `input`: an expression of `const unsigned short *`, the
-  /// input stored as bf16 rows by its producer (bf16RowValues).
+  /// input stored as bf16 rows by its producer (nf.row_format "bf16").
   std::string input16;
   /// Decode: an expression of `const unsigned short *`, the input's bf16
   /// copy (RowFormats::shadow), which the wide skinny variant reads.
@@ -218,9 +218,9 @@ struct LinearSpec {
 
 class KernelEmitter {
 public:
-  KernelEmitter(const pl::Plan &plan, const std::vector<ValueInfo> &values,
+  KernelEmitter(const PlanModel &plan, const std::vector<ValueInfo> &values,
                 const RowFormats &rowFormats, const std::string &phase,
-                int index, const pl::Kernel &kernel, int64_t maxTokens,
+                int index, const PlanKernel &kernel, int64_t maxTokens,
                 int64_t arenaBytes, const CudaCodegenOptions &opts)
       : plan(plan), values(values), rowFormats(rowFormats), phase(phase),
         index(index), kernel(kernel), maxTokens(maxTokens),
@@ -249,9 +249,7 @@ private:
       where += " op " + std::to_string(op) + " " + opName(*ops[op]);
     return Status::error("cuda: " + where + ": " + message);
   }
-  std::string kname() const {
-    return kernel.name() ? kernel.name()->str() : std::string("kernel");
-  }
+  std::string kname() const { return kernel.name; }
 
   // Values
   const ValueInfo &V(int v) const { return values[static_cast<size_t>(v)]; }
@@ -262,19 +260,16 @@ private:
   bool isAct(int v) const {
     return isTensor(v, pl::DType::F32) && V(v).rows == pl::Rows::Tokens;
   }
-  const pl::Weight *weightOf(int v) const {
+  const PlanWeight *weightOf(int v) const {
     if (v < 0 || v >= static_cast<int>(values.size()) ||
-        V(v).kind != pl::ValueKind::Weight || !plan.weights() ||
-        V(v).weight < 0 ||
-        V(v).weight >= static_cast<int>(plan.weights()->size()))
+        V(v).kind != pl::ValueKind::Weight || V(v).weight < 0 ||
+        V(v).weight >= static_cast<int>(plan.weights.size()))
       return nullptr;
-    return plan.weights()->Get(static_cast<unsigned>(V(v).weight));
+    return &plan.weights[static_cast<size_t>(V(v).weight)];
   }
   std::vector<int64_t> weightShape(int v) const {
-    const pl::Weight *w = weightOf(v);
-    return w && w->shape()
-               ? std::vector<int64_t>(w->shape()->begin(), w->shape()->end())
-               : std::vector<int64_t>();
+    const PlanWeight *w = weightOf(v);
+    return w ? w->shape : std::vector<int64_t>();
   }
   int64_t weightNumel(int v) const {
     int64_t n = 1;
@@ -283,10 +278,10 @@ private:
     return n;
   }
   std::optional<std::string> weightType(int v) const {
-    const pl::Weight *w = weightOf(v);
+    const PlanWeight *w = weightOf(v);
     if (!w)
       return std::nullopt;
-    switch (w->dtype()) {
+    switch (w->dtype) {
     case pl::DType::F32:
       return std::string("float");
     case pl::DType::BF16:
@@ -301,9 +296,9 @@ private:
     return "nf::arena<" + std::string(type) + ">(a, " + num(V(v).offset) +
            "ll)";
   }
-  /// Value v is stored as bf16 rows (bf16RowValues).
+  /// Value v is stored as bf16 rows (nf.row_format "bf16").
   bool rowsBf16(int v) const { return rowFormats.bf16.count(v) != 0; }
-  /// Value v has a bf16 copy (decodeShadows).
+  /// Value v has a bf16 copy (nf.row_format "f32+bf16").
   bool shadowed(int v) const { return rowFormats.shadow.count(v) != 0; }
   std::string shadowPtr(int v) const {
     return "nf::arena<unsigned short>(a, " + num(rowFormats.shadow.at(v)) +
@@ -358,13 +353,11 @@ private:
   std::string weightPtr(int v) const {
     return "nf::weight<" + *weightType(v) + ">(a, " + num(V(v).weight) + ")";
   }
-  const pl::Storage *storageOf(const pl::Op &op, pl::StorageKind kind) const {
-    if (op.storage() < 0 || !plan.storage() ||
-        op.storage() >= static_cast<int>(plan.storage()->size()))
+  const PlanStorage *storageOf(const PlanOp &op, pl::StorageKind kind) const {
+    if (op.storage < 0 || op.storage >= static_cast<int>(plan.storage.size()))
       return nullptr;
-    const pl::Storage *s =
-        plan.storage()->Get(static_cast<unsigned>(op.storage()));
-    return s->kind() == kind ? s : nullptr;
+    const PlanStorage &s = plan.storage[static_cast<size_t>(op.storage)];
+    return s.kind == kind ? &s : nullptr;
   }
   /// Users of value v among this kernel's ops (op indices).
   std::vector<size_t> usersOf(int v) const {
@@ -599,7 +592,7 @@ public:
   const ExpertStatsLayout *expertStats = nullptr;
 
 private:
-  const pl::Plan &plan;
+  const PlanModel &plan;
   const std::vector<ValueInfo> &values;
   const RowFormats &rowFormats;
   std::set<int> wroteBf16;   // bf16 rows this kernel's code writes
@@ -607,11 +600,11 @@ private:
   std::string internalError; // an emitter broke an invariant
   std::string phase;
   int index;
-  const pl::Kernel &kernel;
+  const PlanKernel &kernel;
   int64_t maxTokens, arenaBytes;
   const CudaCodegenOptions &opts;
 
-  std::vector<const pl::Op *> ops;
+  std::vector<const PlanOp *> ops;
   std::set<int> outputs;
   std::set<std::string> includes;
   std::ostringstream text;
@@ -638,13 +631,7 @@ private:
 
 // Row formats of a step (RowFormats.cpp): the values stored as bf16 rows
 // (prefill) and the bf16 copies beside f32 rows (decode).
-std::set<int> bf16RowValues(const pl::Plan &plan, const pl::Step &step,
-                            const std::vector<ValueInfo> &values,
-                            const std::string &phase,
-                            const CudaCodegenOptions &opts);
-void decodeShadows(const pl::Plan &plan, const pl::Step &step,
-                   const std::vector<ValueInfo> &values,
-                   const std::string &phase, const CudaCodegenOptions &opts,
-                   RowFormats &out);
+StatusOr<RowFormats> rowFormatsOf(const PlanStep &step,
+                                  const std::vector<ValueInfo> &values);
 
 } // namespace nf::codegen::detail

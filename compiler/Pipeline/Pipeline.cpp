@@ -45,6 +45,10 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
   if (last >= Phase::Fuse)
     pm.addPass(createFuseKernels());
   if (last >= Phase::Plan) {
+    CudaRowFormatsOptions rowFormats;
+    rowFormats.bf16Inputs = options.cudaBf16Inputs;
+    rowFormats.maxSequences = options.maxSequences;
+    pm.addPass(createCudaRowFormats(rowFormats));
     PlanMemoryOptions memory;
     memory.maxTokens = options.maxTokens;
     memory.maxSequences = options.maxSequences;

@@ -27,6 +27,9 @@ struct PipelineOptions {
   std::string expertPolicy = "budget";
   float defaultExpertBudget = 1.0f;
   int64_t minExperts = 1;
+  /// CUDA target whose GEMM inputs are rounded to bf16 (nf-cuda-row-formats
+  /// marks the activations stored rounded by their producers).
+  bool cudaBf16Inputs = false;
 };
 
 /// Adds the passes of every phase up to and including `last`.

@@ -1,86 +1,54 @@
 //===- PlanWriter.cpp - compiled module -> plan.nfb -----------------------===//
 //
-// Every SSA value a step touches becomes a plan Value: step inputs, weights,
-// kernel outputs (at their planned arena offsets) and kernel-internal values
-// (in a scratch region after the arena, reused by every kernel). Ops keep
-// their names and attributes, so the runtime interprets exactly the IR, and
-// carry their code from nf/plan_ops.def: an op outside that list is an error.
+// Serialises a PlanModel (Plan/PlanModel.h: every value a step touches,
+// numbered), once, with the CUDA binaries generated from the same model when
+// the target is CUDA. Ops keep their names and attributes, so the runtime
+// interprets exactly the IR, and carry their code from nf/plan_ops.def.
 //
 //===----------------------------------------------------------------------===//
 
 #include "Plan/PlanWriter.h"
 
 #include "CodeGen/CudaBackend.h"
+#include "Plan/PlanModel.h"
 #include "Transforms/StepUtils.h"
 #include "nf/IR/NfOps.h"
 #include "nf/plan_generated.h"
-#include "nf/plan_ops.h"
 #include "nf/plan_version.h"
-#include "nf_kv/IR/NfKvOps.h"
-#include "nf_moe/IR/NfMoeOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "llvm/ADT/DenseMap.h"
-
-#include <map>
 
 using namespace mlir;
 namespace fb = flatbuffers;
 namespace pl = ::nf::plan;
 namespace nfir = ::mlir::nf;
-namespace kv = ::mlir::nf_kv;
-namespace moe = ::mlir::nf_moe;
 
 namespace nf::compiler {
 namespace {
 
-constexpr int64_t kAlignment = 256;
-
-int64_t alignTo(int64_t v) {
-  return (v + kAlignment - 1) / kAlignment * kAlignment;
-}
-
-FailureOr<pl::DType> dtypeOf(Type t) {
-  if (t.isF32())
-    return pl::DType::F32;
-  if (t.isBF16())
-    return pl::DType::BF16;
-  if (t.isF16())
-    return pl::DType::F16;
-  if (t.isSignlessInteger(32))
-    return pl::DType::I32;
-  if (t.isSignlessInteger(64))
-    return pl::DType::I64;
-  return failure();
-}
-
 class Writer {
 public:
-  explicit Writer(ModuleOp module,
-                  const codegen::CudaPlanBinaries *cuda = nullptr)
-      : module(module), cuda(cuda) {}
+  Writer(const PlanModel &model, const codegen::CudaPlanBinaries *cuda)
+      : model(model), cuda(cuda) {}
 
   StatusOr<std::vector<uint8_t>> run(const std::string &generator,
                                      float defaultExpertBudget);
 
 private:
-  Status error(Operation *op, const std::string &message) {
-    std::string loc;
-    llvm::raw_string_ostream os(loc);
-    os << op->getLoc();
-    return Status::error("plan: " + message + " (at " + loc + ")");
+  fb::Offset<pl::Weight> weight(const PlanWeight &w);
+  fb::Offset<pl::Value> value(const PlanValue &v);
+  fb::Offset<pl::Op> op(const PlanOp &p);
+  fb::Offset<pl::Step> step(const PlanStep &s);
+  fb::Offset<pl::Launch> launch(const codegen::CudaLaunchInfo &l) {
+    return pl::CreateLaunch(b, b.CreateString(l.function), l.grid, l.block,
+                            l.sharedBytes, l.cooperative, l.minTokens,
+                            l.maxTokens, l.programmatic);
   }
 
-  StatusOr<int> weightIndex(nfir::WeightOp op);
-  StatusOr<fb::Offset<pl::Step>> writeStep(func::FuncOp func);
-
-  ModuleOp module;
+  const PlanModel &model;
   const codegen::CudaPlanBinaries *cuda;
   fb::FlatBufferBuilder b{1 << 16};
   std::vector<fb::Offset<pl::Weight>> weights;
-  std::map<std::string, int> weightKeys;
-  std::map<std::string, int> storageIndex;
-  std::string policy = "topk";
 };
 
 // The plan's quantisation enums mirror the IR's (NfAttrs.td) value for value.
@@ -89,25 +57,8 @@ static_assert(static_cast<int>(nfir::QuantGranularity::PerGroup) ==
 static_assert(static_cast<int>(nfir::ActivationQuant::DynamicPerToken) ==
               static_cast<int>(pl::ActivationQuant::DynamicPerToken));
 
-StatusOr<int> Writer::weightIndex(nfir::WeightOp op) {
-  std::string key;
-  for (Attribute a : op.getTensors())
-    key += cast<StringAttr>(a).getValue().str() + "\n";
-  key += op.getStacked() ? "stacked" : "";
-  if (auto rows = op.getConcatRows())
-    for (int64_t r : *rows)
-      key += "," + std::to_string(r);
-  if (auto it = weightKeys.find(key); it != weightKeys.end())
-    return it->second;
-  auto type = op.getResult().getType();
-  // A quantised weight's tensors hold codes of its storage type.
-  auto quant = op.getQuant();
-  auto dtype =
-      quant && isa<Float8E4M3FNType>(quant->getStorage())
-          ? FailureOr<pl::DType>(pl::DType::F8E4M3)
-          : dtypeOf(quant ? quant->getStorage() : type.getElementType());
-  if (failed(dtype))
-    return error(op, "unsupported weight dtype");
+fb::Offset<pl::Weight> Writer::weight(const PlanWeight &w) {
+  auto op = cast<nfir::WeightOp>(w.op);
   std::vector<fb::Offset<fb::String>> names;
   for (Attribute a : op.getTensors())
     names.push_back(b.CreateString(cast<StringAttr>(a).getValue().str()));
@@ -115,7 +66,7 @@ StatusOr<int> Writer::weightIndex(nfir::WeightOp op) {
   if (auto r = op.getConcatRows())
     rows.assign(r->begin(), r->end());
   fb::Offset<pl::WeightQuant> quantTable;
-  if (quant) {
+  if (auto quant = op.getQuant()) {
     auto strings = [&](ArrayAttr list) {
       std::vector<fb::Offset<fb::String>> out;
       if (list)
@@ -135,210 +86,91 @@ StatusOr<int> Writer::weightIndex(nfir::WeightOp op) {
         quant->getGroupSize(), scales,
         static_cast<pl::ActivationQuant>(quant->getActivations()), inputScales);
   }
-  auto w =
-      pl::CreateWeight(b, b.CreateVector(names), op.getStacked(),
-                       rows.empty() ? 0 : b.CreateVector(rows), *dtype,
-                       b.CreateVector(std::vector<int64_t>(
-                           type.getShape().begin(), type.getShape().end())),
-                       quantTable);
-  weights.push_back(w);
-  return weightKeys[key] = static_cast<int>(weights.size() - 1);
+  return pl::CreateWeight(b, b.CreateVector(names), op.getStacked(),
+                          rows.empty() ? 0 : b.CreateVector(rows), w.dtype,
+                          b.CreateVector(w.shape), quantTable);
 }
 
-StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
-  auto maxTokens = func->getAttrOfType<IntegerAttr>("nf.max_tokens");
-  auto arena = func->getAttrOfType<IntegerAttr>("nf.arena_bytes");
-  auto noReuse = func->getAttrOfType<IntegerAttr>("nf.no_reuse_bytes");
-  if (!maxTokens || !arena || !noReuse)
-    return error(func, "step @" + func.getName().str() +
-                           " has no memory plan (run every compile phase)");
-  const int64_t rows = maxTokens.getInt();
-
-  std::vector<fb::Offset<pl::Value>> values;
-  llvm::DenseMap<Value, int> index;
-  auto add = [&](Value v, fb::Offset<pl::Value> value) {
-    values.push_back(value);
-    return index[v] = static_cast<int>(values.size() - 1);
-  };
-
-  // A tensor or dispatch value at `offset`; `def` is the op that computes it.
-  auto bufferValue = [&](Value v, Operation *def, int64_t offset,
-                         int64_t &bytes) -> StatusOr<fb::Offset<pl::Value>> {
-    if (auto d = dyn_cast<moe::DispatchType>(v.getType())) {
-      bytes =
-          alignTo(4 * (2 * rows * d.getMaxPerToken() + d.getNumExperts() + 1));
-      return pl::CreateValue(b, pl::ValueKind::Dispatch, pl::DType::I32,
-                             pl::Rows::Assignments, 0, offset, bytes, -1,
-                             d.getNumExperts(), d.getMaxPerToken());
-    }
-    auto type = dyn_cast<RankedTensorType>(v.getType());
-    if (!type)
-      return error(def, "value of unsupported type");
-    auto dtype = dtypeOf(type.getElementType());
-    if (failed(dtype))
-      return error(def, "value of unsupported element type");
-    pl::Rows kind = pl::Rows::None;
-    int64_t perRow = 1;
-    if (type.getRank() > 0 && type.isDynamicDim(0)) {
-      kind = pl::Rows::Tokens;
-      if (isa_and_nonnull<moe::ExpertUpOp, moe::ExpertDownOp>(def)) {
-        kind = pl::Rows::Assignments;
-        perRow = cast<moe::DispatchType>(def->getOperand(1).getType())
-                     .getMaxPerToken();
-      }
-    }
-    int64_t elements = 1;
-    std::vector<int64_t> shape;
-    for (int64_t d : type.getShape()) {
-      shape.push_back(ShapedType::isDynamic(d) ? -1 : d);
-      elements *= ShapedType::isDynamic(d) ? rows * perRow : d;
-    }
-    bytes = alignTo(elements * ((type.getElementTypeBitWidth() + 7) / 8));
-    return pl::CreateValue(b, pl::ValueKind::Tensor, *dtype, kind,
-                           b.CreateVector(shape), offset, bytes);
-  };
-
-  // Step inputs.
-  auto input = [&](StringRef role, pl::ValueKind kind) -> StatusOr<int> {
-    Value arg = stepArgument(func, role);
-    if (!arg)
-      return error(func, "step has no '" + role.str() + "' argument");
-    return add(arg,
-               pl::CreateValue(b, kind,
-                               kind == pl::ValueKind::Budget ? pl::DType::F32
-                                                             : pl::DType::I32));
-  };
-  auto tokens = input("tokens", pl::ValueKind::Tokens);
-  auto batch = input("batch", pl::ValueKind::Batch);
-  auto budget = input("expert_budget", pl::ValueKind::Budget);
-  if (!tokens || !batch || !budget)
-    return !tokens  ? tokens.status()
-           : !batch ? batch.status()
-                    : budget.status();
-
-  Block &entry = func.getBody().front();
-  for (auto w : entry.getOps<nfir::WeightOp>()) {
-    auto idx = weightIndex(w);
-    if (!idx)
-      return idx.status();
-    auto dtype = dtypeOf(w.getResult().getType().getElementType());
-    add(w.getResult(),
-        pl::CreateValue(b, pl::ValueKind::Weight,
-                        succeeded(dtype) ? *dtype : pl::DType::F32,
-                        pl::Rows::None, 0, -1, 0, *idx));
+fb::Offset<pl::Value> Writer::value(const PlanValue &v) {
+  switch (v.kind) {
+  case pl::ValueKind::Weight:
+    // Weights are written where a step first refers to them.
+    if (v.weight == static_cast<int>(weights.size()))
+      weights.push_back(weight(model.weights[static_cast<size_t>(v.weight)]));
+    return pl::CreateValue(b, v.kind, v.dtype, pl::Rows::None, 0, -1, 0,
+                           v.weight);
+  case pl::ValueKind::Dispatch:
+    return pl::CreateValue(b, v.kind, v.dtype, v.rows, 0, v.offset, v.bytes, -1,
+                           v.numExperts, v.maxPerToken);
+  case pl::ValueKind::Tensor:
+    return pl::CreateValue(b, v.kind, v.dtype, v.rows, b.CreateVector(v.shape),
+                           v.offset, v.bytes);
+  default: // step inputs
+    return pl::CreateValue(b, v.kind, v.dtype);
   }
+}
 
+fb::Offset<pl::Op> Writer::op(const PlanOp &p) {
+  // Attributes, generically: the runtime reads them by name.
+  std::vector<fb::Offset<pl::IntAttr>> ints;
+  std::vector<fb::Offset<pl::FloatAttr>> floats;
+  std::vector<fb::Offset<pl::StringAttr>> strings;
+  std::vector<fb::Offset<pl::IntListAttr>> lists;
+  for (NamedAttribute a : planAttrs(*p.op)) {
+    Attribute v = a.getValue();
+    auto name = b.CreateString(a.getName().str());
+    if (auto flag = dyn_cast<BoolAttr>(v)) {
+      ints.push_back(pl::CreateIntAttr(b, name, flag.getValue()));
+    } else if (auto i = dyn_cast<IntegerAttr>(v)) {
+      ints.push_back(pl::CreateIntAttr(b, name, i.getInt()));
+    } else if (auto f = dyn_cast<FloatAttr>(v)) {
+      floats.push_back(pl::CreateFloatAttr(b, name, f.getValueAsDouble()));
+    } else if (auto s = dyn_cast<StringAttr>(v)) {
+      strings.push_back(pl::CreateStringAttr(b, name, b.CreateString(s.str())));
+    } else if (auto l = dyn_cast<DenseI64ArrayAttr>(v)) {
+      lists.push_back(pl::CreateIntListAttr(
+          b, name, b.CreateVector(l.asArrayRef().data(), l.size())));
+    } // a symbol: p.storage
+  }
+  return pl::CreateOp(
+      b, b.CreateString(opName(p)), b.CreateVector(p.operands),
+      b.CreateVector(p.results), p.storage, b.CreateVectorOfSortedTables(&ints),
+      b.CreateVectorOfSortedTables(&floats),
+      b.CreateVectorOfSortedTables(&strings),
+      b.CreateVectorOfSortedTables(&lists), static_cast<uint16_t>(p.code));
+}
+
+fb::Offset<pl::Step> Writer::step(const PlanStep &s) {
+  // Values are written in the order the module defines them: step inputs
+  // and weights, then per kernel its outputs and, op by op, its internal
+  // values.
+  std::vector<fb::Offset<pl::Value>> values;
+  auto valuesUpTo = [&](int end) {
+    while (static_cast<int>(values.size()) < end)
+      values.push_back(value(s.values[values.size()]));
+  };
+  const bool isPrefill = s.phase == "prefill";
+  const auto *bins = !cuda       ? nullptr
+                     : isPrefill ? &cuda->prefill
+                                 : &cuda->decode;
   std::vector<fb::Offset<pl::Kernel>> kernels;
-  int64_t scratchBytes = 0;
-  for (auto kernel : entry.getOps<nfir::KernelOp>()) {
-    Block &body = kernel.getBody().front();
-    auto yield = cast<nfir::YieldOp>(body.getTerminator());
-    auto offsets = kernel.getArenaOffsets();
-    if (!offsets || offsets->size() != kernel.getNumResults())
-      return error(kernel, "kernel without arena offsets");
-    // Outputs: the kernel's results, shared with the yielded inner values.
-    std::vector<int> outputs;
-    for (auto [i, result] : llvm::enumerate(kernel.getResults())) {
-      Value inner = yield.getValues()[i];
-      int64_t bytes = 0;
-      auto v = bufferValue(result, inner.getDefiningOp(), (*offsets)[i], bytes);
-      if (!v)
-        return v.status();
-      int id = add(result, *v);
-      index[inner] = id;
-      outputs.push_back(id);
-    }
-    std::vector<int> inputs;
-    for (auto [arg, in] : llvm::zip(body.getArguments(), kernel.getInputs())) {
-      auto it = index.find(in);
-      if (it == index.end())
-        return error(kernel, "kernel input defined outside the plan");
-      // Copy before inserting: index[arg] may grow the map and invalidate it.
-      const int id = it->second;
-      index[arg] = id;
-      inputs.push_back(id);
-    }
-    int64_t scratch = 0;
+  for (const PlanKernel &k : s.kernels) {
+    for (int o : k.outputs)
+      valuesUpTo(o + 1);
     std::vector<fb::Offset<pl::Op>> ops;
-    for (Operation &op : body.without_terminator()) {
-      const pl::OpCode code = pl::opCodeOf(op.getName().getStringRef());
-      if (code == pl::OpCode::Unknown)
-        return error(&op, "op has no plan op code (runtime/include/nf/"
-                          "plan_ops.def)");
-      std::vector<int> operands, results;
-      for (Value operand : op.getOperands()) {
-        auto it = index.find(operand);
-        if (it == index.end())
-          return error(&op, "operand defined outside the kernel");
-        operands.push_back(it->second);
-      }
-      for (Value result : op.getResults()) {
-        if (auto it = index.find(result); it != index.end()) {
-          results.push_back(it->second); // a kernel output
-          continue;
-        }
-        int64_t bytes = 0;
-        auto v = bufferValue(result, &op, arena.getInt() + scratch, bytes);
-        if (!v)
-          return v.status();
-        scratch += bytes;
-        results.push_back(add(result, *v));
-      }
-      // Attributes, generically: the runtime reads them by name.
-      std::vector<fb::Offset<pl::IntAttr>> ints;
-      std::vector<fb::Offset<pl::FloatAttr>> floats;
-      std::vector<fb::Offset<pl::StringAttr>> strings;
-      std::vector<fb::Offset<pl::IntListAttr>> lists;
-      int storage = -1;
-      NamedAttrList attrs(op.getDiscardableAttrDictionary());
-      if (auto props =
-              dyn_cast_or_null<DictionaryAttr>(op.getPropertiesAsAttribute()))
-        attrs.append(props.getValue());
-      for (NamedAttribute a : attrs) {
-        auto name = b.CreateString(a.getName().str());
-        Attribute v = a.getValue();
-        if (auto sym = dyn_cast<FlatSymbolRefAttr>(v)) {
-          auto it = storageIndex.find(sym.getValue().str());
-          if (it == storageIndex.end())
-            return error(&op, "unknown storage @" + sym.getValue().str());
-          storage = it->second;
-        } else if (auto flag = dyn_cast<BoolAttr>(v)) {
-          ints.push_back(pl::CreateIntAttr(b, name, flag.getValue()));
-        } else if (auto i = dyn_cast<IntegerAttr>(v)) {
-          ints.push_back(pl::CreateIntAttr(b, name, i.getInt()));
-        } else if (auto f = dyn_cast<FloatAttr>(v)) {
-          floats.push_back(pl::CreateFloatAttr(b, name, f.getValueAsDouble()));
-        } else if (auto s = dyn_cast<StringAttr>(v)) {
-          strings.push_back(
-              pl::CreateStringAttr(b, name, b.CreateString(s.str())));
-        } else if (auto l = dyn_cast<DenseI64ArrayAttr>(v)) {
-          lists.push_back(pl::CreateIntListAttr(
-              b, name, b.CreateVector(l.asArrayRef().data(), l.size())));
-        }
-      }
-      if (auto select = dyn_cast<moe::SelectOp>(op))
-        policy = select.getPolicy().str();
-      ops.push_back(pl::CreateOp(
-          b, b.CreateString(op.getName().getStringRef().str()),
-          b.CreateVector(operands), b.CreateVector(results), storage,
-          b.CreateVectorOfSortedTables(&ints),
-          b.CreateVectorOfSortedTables(&floats),
-          b.CreateVectorOfSortedTables(&strings),
-          b.CreateVectorOfSortedTables(&lists), static_cast<uint16_t>(code)));
+    for (const PlanOp &p : k.ops) {
+      for (int r : p.results)
+        valuesUpTo(r + 1);
+      ops.push_back(op(p));
     }
-    scratchBytes = std::max(scratchBytes, scratch);
-    if (!cuda) {
-      kernels.push_back(pl::CreateKernel(
-          b, b.CreateString(kernel.getName().str()), b.CreateVector(inputs),
-          b.CreateVector(outputs), b.CreateVector(ops)));
+    valuesUpTo(static_cast<int>(values.size())); // (none left unwritten)
+    if (!bins) {
+      kernels.push_back(
+          pl::CreateKernel(b, b.CreateString(k.name), b.CreateVector(k.inputs),
+                           b.CreateVector(k.outputs), b.CreateVector(ops)));
       continue;
     }
-    // The CUDA module of this kernel (compiled from the first write).
-    const auto &bins =
-        stepPhase(func) == "prefill" ? cuda->prefill : cuda->decode;
-    if (kernels.size() >= bins.size())
-      return error(kernel, "kernel without a CUDA module");
-    const codegen::CudaKernelBinary &bin = bins[kernels.size()];
+    const codegen::CudaKernelBinary &bin = (*bins)[kernels.size()];
     std::vector<fb::Offset<fb::String>> archs;
     std::vector<fb::Offset<pl::CubinBlob>> cubins;
     for (size_t a = 0; a < bin.archs.size(); ++a) {
@@ -347,50 +179,42 @@ StatusOr<fb::Offset<pl::Step>> Writer::writeStep(func::FuncOp func) {
     }
     std::vector<fb::Offset<pl::Launch>> launches;
     for (const codegen::CudaLaunchInfo &l : bin.launches)
-      launches.push_back(pl::CreateLaunch(
-          b, b.CreateString(l.function), l.grid, l.block, l.sharedBytes,
-          l.cooperative, l.minTokens, l.maxTokens, l.programmatic));
+      launches.push_back(launch(l));
     kernels.push_back(pl::CreateKernel(
-        b, b.CreateString(kernel.getName().str()), b.CreateVector(inputs),
-        b.CreateVector(outputs), b.CreateVector(ops), b.CreateVector(archs),
+        b, b.CreateString(k.name), b.CreateVector(k.inputs),
+        b.CreateVector(k.outputs), b.CreateVector(ops), b.CreateVector(archs),
         b.CreateVector(cubins), b.CreateString(bin.ptx),
         b.CreateVector(launches), b.CreateString(bin.sourceHash)));
   }
+  valuesUpTo(static_cast<int>(s.values.size()));
   // The generated kernels' own scratch (e.g. the shared expert's hidden
   // rows) follows the plan's kernel-internal values.
+  int64_t scratchBytes = s.scratchBytes;
   if (cuda)
-    scratchBytes = std::max(scratchBytes, stepPhase(func) == "prefill"
-                                              ? cuda->prefillScratchBytes
-                                              : cuda->decodeScratchBytes);
-
-  auto ret = cast<func::ReturnOp>(entry.getTerminator());
-  auto logits = index.find(ret.getOperand(0));
-  if (ret.getNumOperands() != 1 || logits == index.end())
-    return error(ret, "step must return the logits of a kernel");
+    scratchBytes = std::max(scratchBytes, isPrefill ? cuda->prefillScratchBytes
+                                                    : cuda->decodeScratchBytes);
   fb::Offset<pl::TopLogits> topLogits;
-  if (cuda && stepPhase(func) == "decode" &&
-      cuda->decodeTopLogits.kernel >= 0) {
+  if (cuda && !isPrefill && cuda->decodeTopLogits.kernel >= 0) {
     const codegen::CudaTopLogits &t = cuda->decodeTopLogits;
     std::vector<fb::Offset<pl::Launch>> launches;
     for (const codegen::CudaLaunchInfo &l : t.launches)
-      launches.push_back(pl::CreateLaunch(
-          b, b.CreateString(l.function), l.grid, l.block, l.sharedBytes,
-          l.cooperative, l.minTokens, l.maxTokens, l.programmatic));
+      launches.push_back(launch(l));
     topLogits = pl::CreateTopLogits(b, t.kernel, t.k, t.idsOffset,
                                     t.valuesOffset, b.CreateVector(launches),
                                     t.noiseOffset, t.totalsOffset);
   }
-  return pl::CreateStep(
-      b, b.CreateString(stepPhase(func).str()), b.CreateVector(values),
-      b.CreateVector(kernels), *tokens, *batch, *budget, logits->second, rows,
-      arena.getInt(), noReuse.getInt(), scratchBytes, topLogits,
-      !cuda                          ? int64_t(-1)
-      : stepPhase(func) == "prefill" ? cuda->prefillExpertStatsOffset
-                                     : cuda->decodeExpertStatsOffset);
+  return pl::CreateStep(b, b.CreateString(s.phase), b.CreateVector(values),
+                        b.CreateVector(kernels), s.tokens, s.batch, s.budget,
+                        s.logits, s.maxTokens, s.arenaBytes, s.noReuseBytes,
+                        scratchBytes, topLogits,
+                        !cuda       ? int64_t(-1)
+                        : isPrefill ? cuda->prefillExpertStatsOffset
+                                    : cuda->decodeExpertStatsOffset);
 }
 
 StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator,
                                            float defaultExpertBudget) {
+  ModuleOp module = model.module;
   auto info = module->getAttrOfType<DictionaryAttr>("nf.model");
   if (!info)
     return Status::error("plan: module has no nf.model attributes (run "
@@ -406,40 +230,20 @@ StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator,
 
   // Storage first: ops refer to it by index.
   std::vector<fb::Offset<pl::Storage>> storage;
-  for (Operation &op : module.getBody()->getOperations()) {
-    if (auto c = dyn_cast<kv::KVCacheOp>(op)) {
-      auto t = c.getType();
-      auto dtype = dtypeOf(t.getElementType());
-      if (failed(dtype))
-        return error(c, "unsupported KV cache dtype");
-      storageIndex[c.getSymName().str()] = storage.size();
-      storage.push_back(pl::CreateStorage(
-          b, b.CreateString(c.getSymName().str()), pl::StorageKind::KVCache,
-          c.getLayer(), t.getPageSize(), t.getNumPages(), t.getKvHeads(),
-          t.getHeadDim(), *dtype));
-    } else if (auto s = dyn_cast<kv::MambaStateOp>(op)) {
-      auto t = s.getType();
-      storageIndex[s.getSymName().str()] = storage.size();
-      storage.push_back(pl::CreateStorage(
-          b, b.CreateString(s.getSymName().str()), pl::StorageKind::MambaState,
-          s.getLayer(), 0, 0, 0, t.getHeadDim(), pl::DType::F32, t.getSlots(),
-          t.getConvDim(), t.getConvWindow(), t.getNumHeads(),
-          t.getStateSize()));
-    }
-  }
-
+  for (const PlanStorage &s : model.storage)
+    storage.push_back(pl::CreateStorage(
+        b, b.CreateString(s.name), s.kind, s.layer, s.pageSize, s.numPages,
+        s.kvHeads, s.headDim, s.dtype, s.slots, s.convDim, s.convWindow,
+        s.numHeads, s.stateSize));
+  // Steps in the module's order.
   fb::Offset<pl::Step> prefill, decode;
   for (auto func : module.getOps<func::FuncOp>()) {
     StringRef phase = stepPhase(func);
-    if (phase.empty())
-      continue;
-    auto step = writeStep(func);
-    if (!step)
-      return step.status();
-    (phase == "prefill" ? prefill : decode) = *step;
+    if (phase == "prefill")
+      prefill = step(model.prefill);
+    else if (phase == "decode")
+      decode = step(model.decode);
   }
-  if (prefill.IsNull() || decode.IsNull())
-    return Status::error("plan: module needs both a prefill and a decode step");
 
   std::vector<int64_t> eos;
   if (auto e = info.getAs<DenseI64ArrayAttr>("eos_token_ids"))
@@ -468,7 +272,7 @@ StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator,
   auto plan = pl::CreatePlan(
       b, kPlanVersionMajor, kPlanVersionMinor, b.CreateString(generator),
       config, b.CreateVector(weights), b.CreateVector(storage), prefill, decode,
-      target, b.CreateString(policy), defaultExpertBudget);
+      target, b.CreateString(model.policy), defaultExpertBudget);
   pl::FinishPlanBuffer(b, plan);
   return std::vector<uint8_t>(b.GetBufferPointer(),
                               b.GetBufferPointer() + b.GetSize());
@@ -481,28 +285,28 @@ StatusOr<std::vector<uint8_t>> writePlan(ModuleOp module,
                                          float defaultExpertBudget,
                                          const codegen::CudaOptions *cuda,
                                          codegen::CudaPlanBinaries *binaries) {
-  auto plan = Writer(module).run(generator, defaultExpertBudget);
-  if (!plan || !cuda)
-    return plan;
-  // The CUDA backend reads the plan it is given, exactly as the runtime will.
-  fb::Verifier verifier(plan->data(), plan->size());
-  if (!pl::VerifyPlanBuffer(verifier))
-    return Status::error("plan: internal error: the CPU plan does not verify");
-  for (const pl::Weight *w : *pl::GetPlan(plan->data())->weights())
-    if (w->quant())
+  auto model = buildPlanModel(module);
+  if (!model)
+    return model.status();
+  if (!cuda)
+    return Writer(*model, nullptr).run(generator, defaultExpertBudget);
+  for (const PlanWeight &w : model->weights)
+    if (auto quant = cast<nfir::WeightOp>(w.op).getQuant())
       return Status::error(
           std::string("plan: quantised weights (") +
-          pl::EnumNameQuantScheme(w->quant()->scheme()) +
+          (quant->getScheme() == nfir::QuantScheme::Int4 ? "Int4" : "Fp8E4M3") +
           ") have no CUDA kernels yet; compile for the CPU target: '" +
-          w->tensors()->Get(0)->str() + "'");
-  auto compiled = codegen::compileCudaPlan(*pl::GetPlan(plan->data()), *cuda);
+          cast<StringAttr>(cast<nfir::WeightOp>(w.op).getTensors()[0])
+              .getValue()
+              .str() +
+          "'");
+  auto compiled = codegen::compileCudaPlan(*model, *cuda);
   if (!compiled)
     return compiled.status();
-  auto withCuda =
-      Writer(module, &*compiled).run(generator, defaultExpertBudget);
-  if (withCuda && binaries)
+  auto plan = Writer(*model, &*compiled).run(generator, defaultExpertBudget);
+  if (plan && binaries)
     *binaries = std::move(*compiled);
-  return withCuda;
+  return plan;
 }
 
 } // namespace nf::compiler

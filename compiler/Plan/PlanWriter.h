@@ -21,9 +21,9 @@ namespace nf::compiler {
 /// runtime/schema/plan.fbs.
 ///
 /// With `cuda` (target "cuda"), every kernel also gets its CUDA module
-/// (compiler/CodeGen): the plan is written once as for the CPU, the CUDA
-/// backend generates and compiles a module per kernel from it, and the plan
-/// is written again with the cubins, PTX, launches and source hashes, the
+/// (compiler/CodeGen), generated from the module's PlanModel
+/// (Plan/PlanModel.h), the same tables the plan is written from: the plan
+/// is written once, with the cubins, PTX, launches and source hashes, the
 /// scratch the generated kernels add, and Target{"cuda", archs}. `binaries`,
 /// if given, receives the compile statistics. Without `cuda` the plan is
 /// exactly the CPU plan.

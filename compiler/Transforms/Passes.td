@@ -1,7 +1,8 @@
 //===- Passes.td - nf compiler passes ----------------------*- tablegen -*-===//
 //
 // The lowering pipeline, in order: outline steps, lower mixers, lower MoE,
-// pack weights, fuse kernels, plan memory. Each pass keeps the IR verifying.
+// pack weights, fuse kernels, (CUDA target) row formats, plan memory. Each
+// pass keeps the IR verifying.
 //
 //===----------------------------------------------------------------------===//
 
@@ -93,6 +94,40 @@ def PlanMemory : Pass<"nf-plan-memory", "mlir::ModuleOp"> {
            "Most sequences (tokens) in one decode step">,
     Option<"alignment", "alignment", "int64_t", /*default=*/"256",
            "Byte alignment of every buffer">,
+  ];
+}
+
+def CudaRowFormats : Pass<"nf-cuda-row-formats", "mlir::ModuleOp"> {
+  let summary = "Chooses how a CUDA plan stores the activations GEMMs read";
+  let description = [{
+    With bf16 matmul inputs (activations rounded once to bf16 before
+    tensor-core GEMMs with bf16 weights), GEMM inputs can be stored rounded
+    by the ops that produce them, so that no launch rounds them first and
+    fewer bytes move. Marks each such producer (inside `nf.kernel` regions)
+    with `nf.row_format`:
+    - `"bf16"` (prefill): its result is stored as bf16 rows instead of f32.
+      A result qualifies when it is an f32 token or assignment row tensor,
+      not the logits, every reader is the input of a GEMM with bf16 weights
+      and K a multiple of 8 (a linear, an expert projection, the shared
+      expert, or a router whose selection is in the same kernel), and its
+      producer can write bf16 rows (norms, activations, linears, expert
+      up-projections).
+    - `"f32+bf16"` (decode, steps of more than 16 tokens): its result keeps
+      f32 rows and gets a bf16 copy beside them, which the wide skinny GEMM
+      variants stream; narrow steps and every other reader take the f32
+      rows, so results do not depend on the step's size. A result qualifies
+      when it is an f32 row tensor, not the logits, read as the input of a
+      GEMM with bf16 weights and K a multiple of 32, and its producer can
+      write the copy (norms, activations, expert up-projections,
+      attention).
+    The CUDA code generator stores and reads these values accordingly.
+  }];
+  let options = [
+    Option<"bf16Inputs", "bf16-inputs", "bool", /*default=*/"false",
+           "GEMM inputs are rounded to bf16 and every target has mma.sync's "
+           "bf16 shapes (sm_80 or later)">,
+    Option<"maxSequences", "max-sequences", "int64_t", /*default=*/"64",
+           "Most tokens in one decode step">,
   ];
 }
 

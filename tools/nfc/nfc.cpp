@@ -282,7 +282,9 @@ int runCompile(const CompileFlags &flags) {
   }
   if (flags.timing)
     pm.enableTiming();
-  nf::compiler::buildPipeline(pm, *phase, flags.pipeline);
+  nf::compiler::PipelineOptions pipeline = flags.pipeline;
+  pipeline.cudaBf16Inputs = cuda && nf::codegen::roundsGemmInputsToBf16(*cuda);
+  nf::compiler::buildPipeline(pm, *phase, pipeline);
   if (mlir::failed(pm.run(*module)))
     return fail(firstError.message.empty()
                     ? flags.input + ": compilation failed"
