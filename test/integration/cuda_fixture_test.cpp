@@ -1,11 +1,12 @@
 // nf::Engine's CUDA backend on plans compiled with `nfc compile
-// --target=cuda` from every fixture and pydoc-moe (GPU only): prefill and
-// greedy-decode logits within 1e-3 * max(1, max|ref|) of the Hugging Face
-// references and the same greedy tokens; several sequences of different
-// lengths batched == one at a time (within 1e-5, relative), also in the wide
-// decode bucket; CUDA == CPU on the same plan, long prompts included; graph
-// == plain launches; top-logits lists, with sampler noise and row totals,
-// and nf_decode_sample. See cuda_test_util.h for the environment.
+// --target=cuda` from every fixture and pydoc-moe (GPU only): the exactness
+// suite (exactness_suite.h) on the CUDA backend, prefill and greedy-decode
+// logits within 1e-3 * max(1, max|ref|) of the Hugging Face references and
+// the same greedy tokens, several sequences of different lengths batched ==
+// one at a time (within 1e-5, relative); the wide decode bucket against one
+// at a time; CUDA == CPU on the same plan, long prompts included; graph ==
+// plain launches; top-logits lists, with sampler noise and row totals, and
+// nf_decode_sample. See cuda_test_util.h for the environment.
 #include "engine/engine.h"
 #include "nf/nf.h"
 #include "sampling/philox.h"
@@ -13,11 +14,11 @@
 
 #include "ReferenceUtil.h"
 #include "cuda_test_util.h"
+#include "exactness_suite.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <iostream>
 #include <limits>
@@ -87,127 +88,6 @@ protected:
   std::vector<Prompt> prompts_;
   int64_t V_ = 0;
 };
-
-TEST_P(CudaFixture, PrefillAndGreedyMatchReference) {
-  Engine &e = *engine_;
-  double worstPrefill = 0, worstDecode = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < prompts_.size(); ++i) {
-    const Prompt &p = prompts_[i];
-    StatusOr<int32_t> seq = e.addSequence();
-    ASSERT_TRUE(seq.ok()) << seq.message();
-    const int64_t T = static_cast<int64_t>(p.tokens.size());
-    std::vector<float> logits;
-    Status s = stepOne(e, *seq, p.tokens, LogitsFor::AllTokens, logits);
-    ASSERT_TRUE(s.ok()) << s.message();
-    ASSERT_EQ(logits.size(), p.prefillLogits.size());
-    ASSERT_EQ(e.sequenceLength(*seq), T);
-    const double pe =
-        relError(logits.data(), p.prefillLogits.data(), logits.size());
-    worstPrefill = std::max(worstPrefill, pe);
-    EXPECT_LE(pe, kCudaTol) << GetParam() << " p" << i << " prefill";
-    int32_t tok = argmax(logits.data() + (T - 1) * V_, V_);
-    double de = 0;
-    for (size_t st = 0; st < p.greedyTokens.size(); ++st) {
-      ASSERT_EQ(tok, p.greedyTokens[st])
-          << GetParam() << " p" << i << " greedy step " << st;
-      s = stepOne(e, *seq, {&tok, 1}, LogitsFor::LastTokenPerSequence, logits);
-      ASSERT_TRUE(s.ok()) << s.message();
-      ASSERT_EQ(logits.size(), size_t(V_));
-      // pydoc-moe's reference has greedy tokens only.
-      if (!p.greedyLogits.empty())
-        de = std::max(
-            de, relError(logits.data(), p.greedyLogits.data() + st * V_, V_));
-      tok = argmax(logits.data(), V_);
-    }
-    worstDecode = std::max(worstDecode, de);
-    EXPECT_LE(de, kCudaTol) << GetParam() << " p" << i << " greedy logits";
-    ASSERT_TRUE(e.removeSequence(*seq).ok());
-  }
-  const double ms = std::chrono::duration<double, std::milli>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
-  RecordProperty("worst_prefill", std::to_string(worstPrefill));
-  RecordProperty("worst_decode", std::to_string(worstDecode));
-  std::cout << "[ cuda ] " << GetParam() << ": worst rel err prefill "
-            << worstPrefill << ", decode " << worstDecode << " ("
-            << prompts_.size() << " prompts, " << ms << " ms; "
-            << engine_->info().device << ")\n";
-}
-
-// All prompts (different lengths) in one prefill step, then decoded in
-// lockstep, against one sequence at a time.
-TEST_P(CudaFixture, BatchedEqualsOneAtATime) {
-  Engine &e = *engine_;
-  const std::vector<SingleRun> single =
-      runOneAtATime(e, prompts_, Feed::Reference);
-  ASSERT_EQ(single.size(), prompts_.size());
-  const int n = static_cast<int>(prompts_.size());
-  // A placeholder takes the first slot and some pages, then leaves.
-  StatusOr<int32_t> dummy = e.addSequence();
-  ASSERT_TRUE(dummy.ok());
-  std::vector<int32_t> filler(37, 3);
-  std::vector<float> logits;
-  ASSERT_TRUE(
-      stepOne(e, *dummy, filler, LogitsFor::LastTokenPerSequence, logits).ok());
-  std::vector<int32_t> seqs(n);
-  for (int i = n - 1; i >= 0; --i) {
-    StatusOr<int32_t> s = e.addSequence();
-    ASSERT_TRUE(s.ok()) << s.message();
-    seqs[i] = *s;
-  }
-  ASSERT_TRUE(e.removeSequence(*dummy).ok());
-  std::vector<SequenceInput> inputs(n);
-  for (int i = 0; i < n; ++i) {
-    inputs[i].sequence = seqs[i];
-    inputs[i].tokens = prompts_[i].tokens;
-  }
-  Status s = e.step(inputs, LogitsFor::AllTokens, logits);
-  ASSERT_TRUE(s.ok()) << s.message();
-  double diff = 0, worst = 0;
-  int64_t row = 0;
-  for (int i = 0; i < n; ++i) {
-    const float *rows = logits.data() + row * V_;
-    const size_t count = prompts_[i].prefillLogits.size();
-    ASSERT_EQ(single[i].prefill.size(), count);
-    diff = std::max(diff, relError(rows, single[i].prefill.data(), count));
-    worst = std::max(worst,
-                     relError(rows, prompts_[i].prefillLogits.data(), count));
-    row += static_cast<int64_t>(prompts_[i].tokens.size());
-  }
-  EXPECT_LE(diff, kBatchTol) << "batched prefill differs from one at a time";
-  EXPECT_LE(worst, kCudaTol);
-  const size_t S = prompts_[0].greedyTokens.size();
-  std::vector<int32_t> next(n);
-  double worstDecode = 0;
-  for (size_t st = 0; st < S; ++st) {
-    for (int i = 0; i < n; ++i) {
-      next[i] = static_cast<int32_t>(prompts_[i].greedyTokens[st]);
-      inputs[i].tokens = {&next[i], 1};
-    }
-    s = e.step(inputs, LogitsFor::LastTokenPerSequence, logits);
-    ASSERT_TRUE(s.ok()) << s.message();
-    ASSERT_EQ(logits.size(), size_t(n * V_));
-    for (int i = 0; i < n; ++i) {
-      const float *r = logits.data() + i * V_;
-      diff = std::max(diff, relError(r, single[i].decode[st].data(), V_));
-      if (!prompts_[i].greedyLogits.empty())
-        worstDecode = std::max(
-            worstDecode,
-            relError(r, prompts_[i].greedyLogits.data() + st * V_, V_));
-    }
-  }
-  EXPECT_LE(diff, kBatchTol) << "batched decode differs from one at a time";
-  EXPECT_LE(worstDecode, kCudaTol);
-  RecordProperty("batched_vs_single", std::to_string(diff));
-  std::cout << "[ cuda ] " << GetParam()
-            << " batched: max rel |batched - single| " << diff
-            << (diff == 0 ? " (bit-identical)" : "")
-            << ", worst rel err prefill " << worst << ", decode " << worstDecode
-            << "\n";
-  for (int i = 0; i < n; ++i)
-    EXPECT_TRUE(e.removeSequence(seqs[i]).ok());
-}
 
 TEST_P(CudaFixture, WideDecodeBucketEqualsOneAtATime) {
   const double diff =
@@ -579,10 +459,43 @@ TEST_P(CudaFixture, CApiSamplerSharedByTwoEntriesDrawsInTurn) {
   nf_model_free(b);
 }
 
+std::vector<std::string> cudaFixtures() {
+  std::vector<std::string> f = exactnessFixtures();
+  f.push_back("pydoc-moe");
+  return f;
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixture,
-                         ::testing::Values("tiny-hybrid", "tiny-hybrid-bf16",
-                                           "tiny-nano", "tiny-dense",
-                                           "tiny-latent", "pydoc-moe"),
-                         ParamName());
+                         ::testing::ValuesIn(cudaFixtures()), ParamName());
+
+// ---------------------------------------------------------------------------
+// The exactness suite (exactness_suite.h) on the CUDA backend: within
+// kCudaTol of the references, batched within kBatchTol (relative) of one
+// sequence at a time (decode steps fed the reference's greedy tokens).
+
+const ExactnessBackend kCudaBackend = {
+    .name = "cuda",
+    .tag = "[ cuda ]",
+    .plan = cudaPlan,
+    .options =
+        [](const std::string &fixture) {
+          return testOptions("cuda", modelDir(fixture));
+        },
+    .modelDir = modelDir,
+    .require =
+        [](const std::string &plan) {
+          NF_REQUIRE_GPU();
+          NF_REQUIRE_PLAN(plan);
+        },
+    .refTol = kCudaTol,
+    .batchMetric = ExactnessBackend::BatchMetric::Relative,
+    .batchTol = kBatchTol,
+    .feed = Feed::Reference,
+};
+
+INSTANTIATE_TEST_SUITE_P(Cuda, Exactness,
+                         ::testing::ValuesIn(exactnessCases(kCudaBackend,
+                                                            cudaFixtures())),
+                         ExactnessName());
 
 } // namespace

@@ -5,9 +5,10 @@
 //  - cuda_smoke_test.cpp (CudaSmoke): synthetic plans (cuda_smoke_plan.h)
 //    on the GPU and on every machine through the fake driver
 //    (fake_cuda_driver.cpp);
-//  - cuda_fixture_test.cpp (CudaFixture) and cuda_plans_test.cpp
-//    (CudaBf16Plans, CudaPlans): plans compiled with `nfc compile
-//    --target=cuda`, on a GPU only.
+//  - cuda_fixture_test.cpp (CudaFixture; and Exactness, the exactness suite
+//    of exactness_suite.h, instantiated there as Cuda/Exactness.*) and
+//    cuda_plans_test.cpp (CudaBf16Plans, CudaPlans): plans compiled with
+//    `nfc compile --target=cuda`, on a GPU only.
 // Tests that need a device skip (GTEST_SKIP) without one, or fail with
 // NF_CUDA_REQUIRE=1 (scripts/gpu_check.sh sets it).
 //

@@ -1,9 +1,9 @@
 // Helpers shared by the nf::Engine integration tests (plan_engine_test.cpp
-// on the CPU backend, the cuda_*_test.cpp files on the CUDA backend): test
-// engine options and loading, one-sequence steps, logits comparisons, each
-// reference prompt run alone, and test names from string parameters. The
-// reference data itself (RefFile, Prompt, relError, argmax) is
-// ReferenceUtil.h's.
+// on the CPU backend, the cuda_*_test.cpp files on the CUDA backend,
+// exactness_suite.cpp on both): test engine options and loading,
+// one-sequence steps, logits comparisons, each reference prompt run alone,
+// and test names from string parameters. The reference data itself
+// (RefFile, Prompt, relError, argmax) is ReferenceUtil.h's.
 #pragma once
 
 #include "engine/engine.h"

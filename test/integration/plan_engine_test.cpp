@@ -1,36 +1,33 @@
 // nf::Engine (CPU backend) on plans compiled by this build's nfc from every
-// fixture and examples/pydoc-moe: prefill and greedy-decode logits against
-// the Hugging Face float64 references, batching and continuous batching
-// (bit-identical to one sequence at a time), steps split over a small arena,
-// MoE expert statistics and overrides, and clean errors for broken plans,
-// broken weights and bad steps.
+// fixture and examples/pydoc-moe: the exactness suite (exactness_suite.h:
+// prefill and greedy-decode logits against the Hugging Face float64
+// references, batched steps bit-identical to one sequence at a time) on the
+// CPU backend, continuous batching, steps split over a small arena, MoE
+// expert statistics and overrides, and clean errors for bad steps (broken
+// plans and weights: plan_load_errors_test.cpp).
 #include "backends/cpu/kernels.h"
 #include "engine/engine.h"
 #include "engine/plan_common.h"
-#include "nf/plan_generated.h"
-#include "nf/plan_version.h"
 
 #include "ReferenceUtil.h"
 #include "TestUtil.h"
 #include "engine_test_util.h"
+#include "exactness_suite.h"
 
-#include <flatbuffers/flatbuffers.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
-#include <filesystem>
-#include <functional>
 #include <iostream>
-#include <map>
+#include <span>
+#include <string>
+#include <vector>
 
 namespace {
 
 using namespace nf;
 using namespace nf::test::ref;
 using namespace nf::test::integration;
-namespace fs = std::filesystem;
 
 std::string planPath(const std::string &name) {
   return std::string(NF_PLAN_DIR) + "/" + name + ".nfb";
@@ -65,128 +62,6 @@ protected:
   std::vector<Prompt> prompts_;
   int64_t V_ = 0;
 };
-
-TEST_P(PlanFixture, PrefillAndGreedyMatchReference) {
-  Engine &e = *engine_;
-  double worstPrefill = 0, worstDecode = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < prompts_.size(); ++i) {
-    const Prompt &p = prompts_[i];
-    StatusOr<int32_t> seq = e.addSequence();
-    ASSERT_TRUE(seq.ok()) << seq.message();
-    const int64_t T = static_cast<int64_t>(p.tokens.size());
-    std::vector<float> logits;
-    Status s = stepOne(e, *seq, p.tokens, LogitsFor::AllTokens, logits);
-    ASSERT_TRUE(s.ok()) << s.message();
-    ASSERT_EQ(logits.size(), p.prefillLogits.size());
-    ASSERT_EQ(e.sequenceLength(*seq), T);
-    const double pe =
-        relError(logits.data(), p.prefillLogits.data(), logits.size());
-    worstPrefill = std::max(worstPrefill, pe);
-    EXPECT_LE(pe, kTol) << GetParam() << " p" << i << " prefill";
-
-    int32_t tok = argmax(logits.data() + (T - 1) * V_, V_);
-    double de = 0;
-    for (size_t st = 0; st < p.greedyTokens.size(); ++st) {
-      ASSERT_EQ(tok, p.greedyTokens[st])
-          << GetParam() << " p" << i << " greedy step " << st;
-      s = stepOne(e, *seq, {&tok, 1}, LogitsFor::LastTokenPerSequence, logits);
-      ASSERT_TRUE(s.ok()) << s.message();
-      ASSERT_EQ(logits.size(), size_t(V_));
-      ASSERT_FALSE(p.greedyLogits.empty());
-      de = std::max(
-          de, relError(logits.data(), p.greedyLogits.data() + st * V_, V_));
-      tok = argmax(logits.data(), V_);
-    }
-    worstDecode = std::max(worstDecode, de);
-    EXPECT_LE(de, kTol) << GetParam() << " p" << i << " greedy logits";
-    ASSERT_TRUE(e.removeSequence(*seq).ok());
-    EXPECT_EQ(e.sequenceLength(*seq), -1);
-  }
-  const double ms = std::chrono::duration<double, std::milli>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
-  std::cout << "[ plan ] " << GetParam() << ": worst rel err prefill "
-            << worstPrefill << ", decode " << worstDecode << " ("
-            << prompts_.size() << " prompts, " << ms << " ms)\n";
-}
-
-// All prompts in one prefill step (scattered slots and pages), then decoded
-// in lockstep: bit-identical to one sequence at a time, and to the
-// reference.
-TEST_P(PlanFixture, BatchedStepsEqualOneAtATime) {
-  Engine &e = *engine_;
-  const std::vector<SingleRun> single = runOneAtATime(e, prompts_);
-  ASSERT_EQ(single.size(), prompts_.size());
-  const int n = static_cast<int>(prompts_.size());
-
-  // A placeholder takes the first slot and some pages, then leaves.
-  StatusOr<int32_t> dummy = e.addSequence();
-  ASSERT_TRUE(dummy.ok());
-  std::vector<int32_t> filler(37, 3);
-  std::vector<float> logits;
-  ASSERT_TRUE(
-      stepOne(e, *dummy, filler, LogitsFor::LastTokenPerSequence, logits).ok());
-  std::vector<int32_t> seqs(n);
-  for (int i = n - 1; i >= 0; --i) {
-    StatusOr<int32_t> s = e.addSequence();
-    ASSERT_TRUE(s.ok()) << s.message();
-    seqs[i] = *s;
-  }
-  ASSERT_TRUE(e.removeSequence(*dummy).ok());
-
-  std::vector<SequenceInput> inputs(n);
-  for (int i = 0; i < n; ++i) {
-    inputs[i].sequence = seqs[i];
-    inputs[i].tokens = prompts_[i].tokens;
-  }
-  Status s = e.step(inputs, LogitsFor::AllTokens, logits);
-  ASSERT_TRUE(s.ok()) << s.message();
-  double diff = 0, worst = 0;
-  std::vector<int32_t> next(n);
-  int64_t row = 0;
-  for (int i = 0; i < n; ++i) {
-    const float *rows = logits.data() + row * V_;
-    const size_t count = prompts_[i].prefillLogits.size();
-    ASSERT_EQ(single[i].prefill.size(), count);
-    diff = std::max(diff, maxAbsDiff(rows, single[i].prefill.data(), count));
-    worst = std::max(worst,
-                     relError(rows, prompts_[i].prefillLogits.data(), count));
-    row += static_cast<int64_t>(prompts_[i].tokens.size());
-    next[i] = argmax(rows + count - V_, V_);
-  }
-  EXPECT_EQ(diff, 0.0) << "batched prefill differs from one at a time";
-  EXPECT_LE(worst, kTol);
-
-  const size_t S = prompts_[0].greedyTokens.size();
-  double worstDecode = 0;
-  for (size_t st = 0; st < S; ++st) {
-    for (int i = 0; i < n; ++i) {
-      ASSERT_EQ(next[i], prompts_[i].greedyTokens[st]) << "p" << i;
-      inputs[i].tokens = {&next[i], 1};
-    }
-    s = e.step(inputs, LogitsFor::LastTokenPerSequence, logits);
-    ASSERT_TRUE(s.ok()) << s.message();
-    ASSERT_EQ(logits.size(), size_t(n * V_));
-    for (int i = 0; i < n; ++i) {
-      const float *r = logits.data() + i * V_;
-      diff = std::max(diff, maxAbsDiff(r, single[i].decode[st].data(), V_));
-      worstDecode =
-          std::max(worstDecode,
-                   relError(r, prompts_[i].greedyLogits.data() + st * V_, V_));
-    }
-    for (int i = 0; i < n; ++i)
-      next[i] = argmax(logits.data() + i * V_, V_);
-  }
-  EXPECT_EQ(diff, 0.0) << "batched decode differs from one at a time";
-  EXPECT_LE(worstDecode, kTol);
-  for (int i = 0; i < n; ++i)
-    EXPECT_EQ(e.sequenceLength(seqs[i]),
-              int64_t(prompts_[i].tokens.size() + S));
-  std::cout << "[ plan ] " << GetParam() << " batched: max |batched - single| "
-            << diff << ", worst rel err prefill " << worst << ", decode "
-            << worstDecode << "\n";
-}
 
 // Sequences join (prefill inside a decode step of others) and leave (their
 // slots and pages are reused) between steps, with 2 slots for 5 prompts.
@@ -266,10 +141,30 @@ TEST_P(PlanFixture, SequencesJoinAndLeave) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PlanFixture,
-                         ::testing::Values("tiny-hybrid", "tiny-hybrid-bf16",
-                                           "tiny-nano", "tiny-dense",
-                                           "tiny-latent"),
-                         ParamName());
+                         ::testing::ValuesIn(exactnessFixtures()), ParamName());
+
+// ---------------------------------------------------------------------------
+// The exactness suite (exactness_suite.h) on the CPU backend: within kTol of
+// the references, batched bit-identical to one sequence at a time (each
+// decode step fed its own greedy token).
+
+const ExactnessBackend kCpuBackend = {
+    .name = "cpu",
+    .tag = "[ plan ]",
+    .plan = planPath,
+    .options = [](const std::string &) { return testOptions(); },
+    .modelDir = modelDir,
+    .require = nullptr,
+    .refTol = kTol,
+    .batchMetric = ExactnessBackend::BatchMetric::MaxAbs,
+    .batchTol = 0,
+    .feed = Feed::Argmax,
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    Cpu, Exactness,
+    ::testing::ValuesIn(exactnessCases(kCpuBackend, exactnessFixtures())),
+    ExactnessName());
 
 // ---------------------------------------------------------------------------
 // Steps larger than the plan's arena: prefill in chunks of 16 tokens (a
@@ -756,218 +651,6 @@ TEST(PlanSteps, BadStepsAreRefused) {
   // An empty step is fine.
   ASSERT_TRUE(e.step({}, LogitsFor::LastTokenPerSequence, logits).ok());
   EXPECT_TRUE(logits.empty());
-}
-
-// ---------------------------------------------------------------------------
-// Load errors: broken plans
-
-class PlanLoadErrors : public ::testing::Test {
-protected:
-  void SetUp() override { bytes_ = test::readFile(planPath("tiny-hybrid")); }
-
-  /// Loads `bytes` written to a temporary plan; expects an error naming the
-  /// file and containing `what`.
-  void expectError(const std::string &bytes, const std::string &what) {
-    const std::string path = dir_.file("broken.nfb");
-    test::writeFile(path, bytes);
-    StatusOr<std::unique_ptr<Engine>> e = Engine::load(path, testOptions());
-    ASSERT_FALSE(e.ok()) << what;
-    EXPECT_EQ(e.message().rfind(path + ": ", 0), 0u) << e.message();
-    EXPECT_NE(e.message().find(what), std::string::npos) << e.message();
-    EXPECT_EQ(e.message().find('\n'), std::string::npos);
-  }
-
-  /// Byte offset of a field of the root Plan table (0: not stored).
-  size_t fieldOffset(flatbuffers::voffset_t field, bool required = true) const {
-    const uint8_t *buf = reinterpret_cast<const uint8_t *>(bytes_.data());
-    auto *t =
-        reinterpret_cast<const flatbuffers::Table *>(nf::plan::GetPlan(buf));
-    const uint8_t *at = t->GetAddressOf(field);
-    if (required)
-      EXPECT_NE(at, nullptr);
-    return at ? static_cast<size_t>(at - buf) : 0;
-  }
-
-  void patchU32(std::string &bytes, size_t at, uint32_t v) {
-    std::memcpy(bytes.data() + at, &v, 4);
-  }
-
-  std::string bytes_;
-  test::TempDir dir_;
-};
-
-TEST_F(PlanLoadErrors, MissingFile) {
-  StatusOr<std::unique_ptr<Engine>> e =
-      Engine::load(dir_.file("none.nfb"), testOptions());
-  ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.message().find(dir_.file("none.nfb")), std::string::npos);
-}
-
-TEST_F(PlanLoadErrors, Truncated) {
-  ASSERT_GT(bytes_.size(), 1000u);
-  expectError(bytes_.substr(0, 6), "too small");
-  expectError(bytes_.substr(0, bytes_.size() / 2), "truncated");
-  expectError(bytes_.substr(0, bytes_.size() - 16), "truncated");
-}
-
-TEST_F(PlanLoadErrors, WrongIdentifier) {
-  std::string b = bytes_;
-  std::memcpy(b.data() + 4, "NFPX", 4);
-  expectError(b, "not an nf plan (file identifier 'NFPX', expected 'NFPL')");
-}
-
-TEST_F(PlanLoadErrors, CorruptedBytesFailVerification) {
-  // An offset to a sub-table pointing far outside the file.
-  std::string b = bytes_;
-  patchU32(b, fieldOffset(nf::plan::Plan::VT_DECODE), 0x7ffffff0u);
-  expectError(b, "flatbuffers verification failed");
-  // The root table's vtable pointer.
-  b = bytes_;
-  const uint32_t root = flatbuffers::ReadScalar<uint32_t>(b.data());
-  patchU32(b, root, 0x7ffffff0u);
-  expectError(b, "corrupted");
-  // A kernel op's operand vector length.
-  b = bytes_;
-  patchU32(b, fieldOffset(nf::plan::Plan::VT_WEIGHTS), 0xfffffff0u);
-  expectError(b, "verification failed");
-}
-
-TEST_F(PlanLoadErrors, UnsupportedVersion) {
-  std::string b = bytes_;
-  const size_t major = fieldOffset(nf::plan::Plan::VT_VERSION_MAJOR);
-  ASSERT_EQ(flatbuffers::ReadScalar<uint32_t>(b.data() + major),
-            kPlanVersionMajor);
-  patchU32(b, major, kPlanVersionMajor + 1);
-  const std::string path = dir_.file("broken.nfb");
-  expectError(b, "plan format version " +
-                     std::to_string(kPlanVersionMajor + 1) + "." +
-                     std::to_string(kPlanVersionMinor) +
-                     " is not supported by this runtime (reads " +
-                     std::to_string(kPlanVersionMajor) + ".x)");
-  StatusOr<std::unique_ptr<Engine>> e = Engine::load(path, testOptions());
-  ASSERT_FALSE(e.ok());
-  EXPECT_EQ(e.message(), path + ": plan format version 2." +
-                             std::to_string(kPlanVersionMinor) +
-                             " is not supported by this runtime (reads 1.x)");
-
-  // A newer minor version (fields this runtime does not know) is refused.
-  b = bytes_;
-  const size_t minor =
-      fieldOffset(nf::plan::Plan::VT_VERSION_MINOR, /*required=*/false);
-  if (minor != 0) { // minor 0 may be omitted (default value)
-    patchU32(b, minor, kPlanVersionMinor + 1);
-    expectError(b, "is not supported by this runtime");
-  }
-}
-
-TEST_F(PlanLoadErrors, NewerMinorVersionAndMissingSteps) {
-  // Minimal plans built with the flatbuffers API: the version is checked
-  // before anything else, then the tables every backend needs.
-  auto build = [](uint32_t major, uint32_t minor) {
-    flatbuffers::FlatBufferBuilder b;
-    nf::plan::FinishPlanBuffer(b, nf::plan::CreatePlan(b, major, minor));
-    return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()),
-                       b.GetSize());
-  };
-  expectError(build(kPlanVersionMajor, kPlanVersionMinor + 1),
-              "plan format version " + std::to_string(kPlanVersionMajor) + "." +
-                  std::to_string(kPlanVersionMinor + 1) +
-                  " is not supported by this runtime");
-  expectError(build(kPlanVersionMajor + 1, 0), "(reads 1.x)");
-  expectError(build(kPlanVersionMajor, kPlanVersionMinor), "no model config");
-}
-
-// ---------------------------------------------------------------------------
-// Load errors: broken weights
-
-class WeightLoadErrors : public ::testing::Test {
-protected:
-  void SetUp() override {
-    specs_ = test::rawTensorSpecs(test::fixtureDir("tiny-hybrid") +
-                                  "/model.safetensors");
-    ASSERT_FALSE(specs_.empty());
-  }
-
-  StatusOr<std::unique_ptr<Engine>> loadWith(const std::string &dir) {
-    EngineOptions o = testOptions();
-    o.weightsDir = dir;
-    return Engine::load(planPath("tiny-hybrid"), o);
-  }
-
-  /// Writes the fixture's tensors (filler data) with `edit` applied and
-  /// expects exactly `message` (with <file> for the weights file).
-  void
-  expectError(const std::function<void(std::vector<test::TensorSpec> &)> &edit,
-              const std::string &message) {
-    test::TempDir dir;
-    std::vector<test::TensorSpec> specs = specs_;
-    edit(specs);
-    const std::string file = dir.file("model.safetensors");
-    test::writeFile(file, test::buildSafetensors(specs));
-    StatusOr<std::unique_ptr<Engine>> e = loadWith(dir.path());
-    ASSERT_FALSE(e.ok()) << message;
-    std::string want = message;
-    if (want.rfind("<file>", 0) == 0)
-      want = file + want.substr(6);
-    EXPECT_EQ(e.message(), want);
-  }
-
-  std::vector<test::TensorSpec> specs_;
-};
-
-TEST_F(WeightLoadErrors, MissingFile) {
-  test::TempDir dir;
-  StatusOr<std::unique_ptr<Engine>> e = loadWith(dir.path());
-  ASSERT_FALSE(e.ok());
-  EXPECT_EQ(e.message(),
-            dir.path() + ": missing weights file model.safetensors");
-}
-
-TEST_F(WeightLoadErrors, CopyOfTheCheckpointLoads) {
-  test::TempDir dir;
-  fs::copy_file(test::fixtureDir("tiny-hybrid") + "/model.safetensors",
-                dir.file("model.safetensors"));
-  StatusOr<std::unique_ptr<Engine>> e = loadWith(dir.path());
-  ASSERT_TRUE(e.ok()) << e.message();
-  EXPECT_EQ((*e)->info().weightsDir, dir.path());
-}
-
-TEST_F(WeightLoadErrors, WrongShape) {
-  const std::string t = "backbone.layers.0.mixer.out_proj.weight";
-  expectError(
-      [&](auto &specs) {
-        test::findSpec(specs, t)->shape = {63, 128};
-      },
-      "<file>: tensor '" + t + "' has shape [63, 128], expected [64, 128]");
-}
-
-TEST_F(WeightLoadErrors, WrongDtype) {
-  const std::string t = "backbone.layers.3.mixer.dt_bias";
-  expectError([&](auto &specs) { test::findSpec(specs, t)->dtype = "BF16"; },
-              "<file>: tensor '" + t + "' has dtype BF16, expected F32");
-}
-
-TEST_F(WeightLoadErrors, MissingTensor) {
-  expectError([&](auto &specs) { test::eraseSpec(specs, "lm_head.weight"); },
-              "<file>: no tensor 'lm_head.weight'");
-}
-
-TEST_F(WeightLoadErrors, WrongExpertShape) {
-  const std::string t = "backbone.layers.5.mixer.experts.3.up_proj.weight";
-  expectError(
-      [&](auto &specs) {
-        test::findSpec(specs, t)->shape = {31, 64};
-      },
-      "<file>: tensor '" + t + "' has shape [31, 64], expected [32, 64]");
-}
-
-TEST_F(WeightLoadErrors, WrongConcatenatedRows) {
-  const std::string t = "backbone.layers.7.mixer.k_proj.weight";
-  expectError(
-      [&](auto &specs) {
-        test::findSpec(specs, t)->shape = {33, 64};
-      },
-      "<file>: tensor '" + t + "' has shape [33, 64], expected [32, 64]");
 }
 
 } // namespace
