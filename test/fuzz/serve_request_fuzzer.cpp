@@ -51,11 +51,12 @@ public:
   std::string chatTemplateError() const override { return ""; }
   nf::StatusOr<std::string>
   applyChatTemplate(const std::vector<nf::ChatMessage> &messages,
-                    bool addGenerationPrompt) const override {
+                    bool addGenerationPrompt,
+                    const nlohmann::ordered_json &variables) const override {
     std::vector<nf::chat::Message> m;
     for (const nf::ChatMessage &x : messages)
       m.push_back({x.role, x.content});
-    return chat_.apply(m, addGenerationPrompt);
+    return chat_.apply(m, addGenerationPrompt, &variables);
   }
   nf::StatusOr<std::string>
   detokenize(const std::vector<int32_t> &tokens) const override {

@@ -111,6 +111,54 @@ TEST(ChatCApi, ExplicitTemplate) {
                         "user/assistant/user/assistant/..."));
 }
 
+// Template variables (nf_chat_apply_template_vars), as keyword arguments
+// of apply_chat_template: Nemotron 3 Nano's template (test/data) closes its
+// think block in the generation prompt when enable_thinking is false.
+TEST(ChatCApi, TemplateVariables) {
+  nf_model_params p = nf_model_default_params();
+  const std::string path = templatePath("nemotron3-nano.jinja");
+  p.chat_template_path = path.c_str();
+  Loaded model(p);
+  ASSERT_EQ(model.status, NF_OK) << nf_last_error();
+  const nf_chat_message msg = {"user", "hi"};
+  auto render = [&](const char *vars) {
+    std::vector<char> buf(4096);
+    size_t n = 0;
+    const nf_status s = nf_chat_apply_template_vars(model.m, &msg, 1, 1, vars,
+                                                    buf.data(), buf.size(), &n);
+    if (s != NF_OK)
+      return std::string("ERROR ") + nf_status_string(s) + ": " +
+             nf_last_error();
+    return std::string(buf.data(), n);
+  };
+  const std::string on = render(nullptr);
+  EXPECT_EQ(on, chatPrompt(model.m, {msg}));
+  EXPECT_EQ(render(""), on);
+  EXPECT_EQ(render("{\"enable_thinking\": true}"), on);
+  const std::string suffix = "<|im_start|>assistant\n";
+  ASSERT_GE(on.size(), suffix.size() + 8);
+  EXPECT_EQ(on.substr(on.size() - suffix.size() - 8), suffix + "<think>\n");
+  const std::string off = render("{\"enable_thinking\": false}");
+  EXPECT_EQ(off, on.substr(0, on.size() - 8) + "<think></think>");
+  // Not an object, not JSON, or a variable the call sets itself.
+  EXPECT_THAT(render("[1]"), HasSubstr("NF_ERR_INVALID_ARGUMENT: "
+                                       "nf_chat_apply_template: the template "
+                                       "variables are not a JSON object"));
+  EXPECT_THAT(render("{"), HasSubstr("are not a JSON object"));
+  EXPECT_THAT(render("{\"messages\": []}"),
+              HasSubstr("template variable \"messages\" is set by the "
+                        "request itself"));
+  // The C++ wrapper passes them through.
+  ModelParams params;
+  params.chatTemplatePath = path;
+  auto wrapped = Model::load(planPath(), params);
+  ASSERT_TRUE(wrapped.ok()) << wrapped.message();
+  auto text = wrapped->applyChatTemplate({{"user", "hi"}}, true,
+                                         "{\"enable_thinking\": false}");
+  ASSERT_TRUE(text.ok()) << text.message();
+  EXPECT_EQ(*text, off);
+}
+
 TEST(ChatCApi, BufferConvention) {
   nf_model_params p = nf_model_default_params();
   const std::string path = templatePath("chatml.jinja");

@@ -79,7 +79,12 @@ struct ServeFlags {
   int maxBatch = 0;      // sequences decoded together; 0: the plan's slots
   std::string modelName; // the id reported by /v1/models; default: the plan's
   std::string chatTemplate; // Jinja chat template file; default: the model's
-  int kvPages = 0;          // KV pages per attention layer; 0: the plan's
+  /// Template variables of every chat request (a JSON object), under the
+  /// request's own chat_template_kwargs.
+  std::string defaultChatTemplateKwargs;
+  /// "" (none) or "nemotron_v3" (reasoning_parser.h).
+  std::string reasoningParser;
+  int kvPages = 0;               // KV pages per attention layer; 0: the plan's
   bool syntheticWeights = false; // --random-weights (soak tests of shapes)
   uint64_t seed = 0;
   int maxQueue = 256; // requests waiting to be admitted (429 beyond)

@@ -270,6 +270,16 @@ int main(int argc, char **argv) {
                        "Jinja chat template for /v1/chat/completions "
                        "(default: the tokenizer's chat_template.jinja or "
                        "tokenizer_config.json)");
+  serveCmd->add_option(
+      "--default-chat-template-kwargs", serve.defaultChatTemplateKwargs,
+      "Chat template variables of every chat request, as a JSON object "
+      "(e.g. '{\"enable_thinking\": false}'); a request's "
+      "chat_template_kwargs override them");
+  serveCmd
+      ->add_option("--reasoning-parser", serve.reasoningParser,
+                   "Split chat outputs into reasoning_content and content: "
+                   "nemotron_v3 (<think>...</think>, Nemotron 3)")
+      ->check(CLI::IsMember({"nemotron_v3"}));
   serveCmd->add_flag("--random-weights", serve.syntheticWeights,
                      "Seeded random weights of the plan's shapes instead of "
                      "the checkpoint (load and soak tests of model shapes; "

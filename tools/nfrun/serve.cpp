@@ -14,6 +14,7 @@
 // process exits within the grace period and a few seconds.
 #include "commands.h"
 #include "http_server.h"
+#include "reasoning_parser.h"
 #include "serve_metrics.h"
 #include "serve_request.h"
 
@@ -122,7 +123,7 @@ const char *finishReason(nf_finish_reason reason) {
 /// server-sent events.
 void serveCompletion(const httplib::Request &req, httplib::Response &res,
                      bool chat, const RequestModel &model,
-                     const TrafficPolicy &policy, nf::ServingEngine &engine,
+                     const ServePolicy &policy, nf::ServingEngine &engine,
                      const std::string &name, std::atomic<int64_t> &nextId) {
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded())
@@ -205,10 +206,23 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
                        all.finishReason == NF_FINISH_UNAVAILABLE ? 503 : 500,
                        errorText(all), "server_error");
     json choice = {{"finish_reason", finishReason(all.finishReason)}};
-    if (chat)
+    if (chat && !policy.reasoningParser.empty()) {
+      ReasoningParser parser(p.promptOpensReasoning);
+      ReasoningParser::Delta d = parser.feed(all.text), end = parser.finish();
+      d.reasoning += end.reasoning;
+      d.content += end.content;
+      choice["message"] = {
+          {"role", "assistant"},
+          {"content", d.content.empty() && parser.sawReasoning()
+                          ? json(nullptr)
+                          : json(d.content)},
+          {"reasoning_content",
+           parser.sawReasoning() ? json(d.reasoning) : json(nullptr)}};
+    } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", all.text}};
-    else
+    } else {
       choice["text"] = all.text;
+    }
     if (p.returnTokenIds) { // as vLLM's return_token_ids
       choice["prompt_token_ids"] = p.params.prompt;
       choice["token_ids"] = all.tokens;
@@ -222,19 +236,32 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
   // One event: a piece of text (finish null) or the end (text empty).
   // With return_token_ids each event also lists its new token ids (so a
   // model without a tokenizer streams a chunk per token).
+  // With a reasoning parser, a chat piece's text is split into the delta's
+  // reasoning_content and content (either may be absent).
   auto event = [response, chat](const std::string &text, const json &finish,
-                                const json &ids = nullptr) {
+                                const json &ids = nullptr,
+                                const ReasoningParser::Delta *split = nullptr) {
     json choice = {{"finish_reason", finish}};
     if (!ids.is_null())
       choice["token_ids"] = ids;
-    if (!chat)
+    if (!chat) {
       choice["text"] = text;
-    else if (finish.is_null())
-      choice["delta"] = {{"content", text}};
-    else
+    } else if (!finish.is_null()) {
       choice["delta"] = json::object();
+    } else if (split) {
+      choice["delta"] = json::object();
+      if (!split->reasoning.empty())
+        choice["delta"]["reasoning_content"] = split->reasoning;
+      if (!split->content.empty())
+        choice["delta"]["content"] = split->content;
+    } else {
+      choice["delta"] = {{"content", text}};
+    }
     return "data: " + dumpJson(response(choice, true)) + "\n\n";
   };
+  std::shared_ptr<ReasoningParser> parser;
+  if (chat && !policy.reasoningParser.empty())
+    parser = std::make_shared<ReasoningParser>(p.promptOpensReasoning);
   auto roleSent = std::make_shared<bool>(!chat);
   const bool returnTokenIds = p.returnTokenIds;
   // stream_options.include_usage: a last chunk with no choices and the
@@ -254,7 +281,7 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
   res.set_chunked_content_provider(
       "text/event-stream",
       [request, roleSent, returnTokenIds, event, response, errorText,
-       usageChunk](size_t, httplib::DataSink &sink) {
+       usageChunk, parser](size_t, httplib::DataSink &sink) {
         std::string events;
         nf::RequestOutput o;
         if (!*roleSent) {
@@ -285,9 +312,20 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
             }
           }
         }
-        if (!o.text.empty() || (returnTokenIds && !o.tokens.empty()))
-          events += event(o.text, nullptr,
-                          returnTokenIds ? json(o.tokens) : json(nullptr));
+        const json ids = returnTokenIds ? json(o.tokens) : json(nullptr);
+        if (parser) {
+          ReasoningParser::Delta d = parser->feed(o.text);
+          if (o.finished()) {
+            ReasoningParser::Delta end = parser->finish();
+            d.reasoning += end.reasoning;
+            d.content += end.content;
+          }
+          // Text held back inside a tag sends nothing yet (unless ids).
+          if (!d.empty() || (returnTokenIds && !o.tokens.empty()))
+            events += event(o.text, nullptr, ids, &d);
+        } else if (!o.text.empty() || (returnTokenIds && !o.tokens.empty())) {
+          events += event(o.text, nullptr, ids);
+        }
         const bool done = o.finished();
         if (done) {
           if (o.finishReason != NF_FINISH_STOP &&
@@ -540,8 +578,17 @@ int runServe(const ServeFlags &f) {
   const int maxBatch =
       std::max(1, f.maxBatch > 0 ? std::min(f.maxBatch, model->maxSequences())
                                  : model->maxSequences());
-  TrafficPolicy policy;
+  ServePolicy policy;
   policy.maxNewTokens = f.maxNewTokens;
+  policy.reasoningParser = f.reasoningParser;
+  if (!f.defaultChatTemplateKwargs.empty()) {
+    policy.chatTemplateKwargs = nlohmann::ordered_json::parse(
+        f.defaultChatTemplateKwargs, nullptr, /*allow_exceptions=*/false);
+    if (policy.chatTemplateKwargs.is_discarded() ||
+        !policy.chatTemplateKwargs.is_object())
+      return fail("--default-chat-template-kwargs: expected a JSON object, "
+                  "like '{\"enable_thinking\": false}'");
+  }
   if (std::string err = parseIntentBudget(f.intentBudget, policy); !err.empty())
     return fail(err);
   ServeMetrics metrics(name,

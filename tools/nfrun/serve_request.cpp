@@ -5,6 +5,7 @@
 // HTTP threads: it only reads the model (tokenizer, chat template, sizes),
 // which is immutable after loading.
 #include "serve_request.h"
+#include "reasoning_parser.h"
 
 #include <algorithm>
 #include <cctype>
@@ -39,7 +40,7 @@ std::string quoted(const std::string &text) {
 /// stop. `r.params.prompt` is set. An error message, or nullopt.
 std::optional<std::string> parseSampling(const json &body,
                                          const RequestModel &model,
-                                         const TrafficPolicy &policy,
+                                         const ServePolicy &policy,
                                          ParsedRequest &r) {
   const std::vector<int32_t> &prompt = r.params.prompt;
   if (prompt.empty())
@@ -201,7 +202,7 @@ std::optional<float> budgetValue(const std::string &text) {
 /// (body, then header) wins over the intent's.
 std::optional<std::string> parseTraffic(const json &body,
                                         const TrafficHeaders &headers,
-                                        const TrafficPolicy &policy,
+                                        const ServePolicy &policy,
                                         ParsedRequest &r) {
   if (!headers.intent.empty()) {
     const std::string v = lower(headers.intent);
@@ -290,7 +291,7 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                                         "user"};
   static const char *const kCompletions[] = {"prompt"};
   static const char *const kChat[] = {"messages", "max_completion_tokens",
-                                      "tools"};
+                                      "tools", "chat_template_kwargs"};
   auto isDefault = [](const json &v, const char *name) {
     const std::string n = name;
     if (v.is_null())
@@ -306,7 +307,7 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
       return v.is_number() && v.get<double>() == 1.0;
     if (n == "skip_special_tokens")
       return v.is_boolean() && v.get<bool>();
-    if (n == "logit_bias" || n == "chat_template_kwargs")
+    if (n == "logit_bias")
       return v.is_object() && v.empty();
     if (n == "suffix")
       return v.is_string() && v.get<std::string>().empty();
@@ -331,7 +332,6 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                                         "response_format",
                                         "tool_choice",
                                         "parallel_tool_calls",
-                                        "chat_template_kwargs",
                                         "include_stop_str_in_output",
                                         "skip_special_tokens",
                                         "use_beam_search"};
@@ -406,7 +406,7 @@ const char *priorityName(PriorityClass priority) {
   return "none";
 }
 
-std::string parseIntentBudget(const std::string &text, TrafficPolicy &policy) {
+std::string parseIntentBudget(const std::string &text, ServePolicy &policy) {
   size_t start = 0;
   while (start <= text.size()) {
     size_t end = text.find(',', start);
@@ -440,7 +440,7 @@ std::string parseIntentBudget(const std::string &text, TrafficPolicy &policy) {
 /// runs it.
 Parsed parseCompletion(const json &body, const RequestModel &model,
                        const TrafficHeaders &headers,
-                       const TrafficPolicy &policy) {
+                       const ServePolicy &policy) {
   ParsedRequest r;
   if (!body.is_object())
     return std::string("the body must be a JSON object");
@@ -530,12 +530,39 @@ parseMessages(const json &body) {
   return messages;
 }
 
+namespace {
+
+/// The chat template's variables of a chat request: the server's defaults
+/// (--default-chat-template-kwargs) under the request's
+/// chat_template_kwargs, as vLLM passes them to apply_chat_template.
+std::variant<nlohmann::ordered_json, std::string>
+templateVariables(const json &body, const ServePolicy &policy) {
+  nlohmann::ordered_json variables = policy.chatTemplateKwargs;
+  if (!body.contains("chat_template_kwargs") ||
+      body["chat_template_kwargs"].is_null())
+    return variables;
+  const json &kwargs = body["chat_template_kwargs"];
+  if (!kwargs.is_object())
+    return std::string("'chat_template_kwargs' must be an object");
+  for (const auto &item : kwargs.items()) {
+    const std::string &key = item.key();
+    if (key == "messages" || key == "add_generation_prompt" || key == "tools" ||
+        key == "documents" || key == "chat_template" || key == "tokenize")
+      return "chat_template_kwargs: " + quoted(key) +
+             " is not a template variable a request may set";
+    variables[key] = nlohmann::ordered_json::parse(item.value().dump());
+  }
+  return variables;
+}
+
+} // namespace
+
 /// A validated /v1/chat/completions request: the messages rendered with the
 /// model's chat template (and the generation prompt), tokenized without
 /// special tokens (the template writes them, BOS included), then the same
 /// fields as /v1/completions.
 Parsed parseChat(const json &body, const RequestModel &model,
-                 const TrafficHeaders &headers, const TrafficPolicy &policy) {
+                 const TrafficHeaders &headers, const ServePolicy &policy) {
   if (!body.is_object())
     return std::string("the body must be a JSON object");
   if (auto err = unsupportedField(body, /*chat=*/true))
@@ -563,12 +590,17 @@ Parsed parseChat(const json &body, const RequestModel &model,
   auto messages = parseMessages(body);
   if (auto *err = std::get_if<std::string>(&messages))
     return *err;
+  auto variables = templateVariables(body, policy);
+  if (auto *err = std::get_if<std::string>(&variables))
+    return *err;
   auto text = model.applyChatTemplate(
-      std::get<std::vector<nf::ChatMessage>>(messages), true);
+      std::get<std::vector<nf::ChatMessage>>(messages), true,
+      std::get<nlohmann::ordered_json>(variables));
   if (!text)
     return withoutTemplatePath(text.message());
   ParsedRequest r;
   r.chat = true;
+  r.promptOpensReasoning = promptOpensReasoning(*text);
   auto ids = model.tokenize(*text, false);
   if (!ids)
     return "prompt: " + ids.message();
@@ -618,7 +650,8 @@ std::variant<json, std::string> tokenizeRequest(const json &body,
     if (auto *err = std::get_if<std::string>(&messages))
       return *err;
     auto text = model.applyChatTemplate(
-        std::get<std::vector<nf::ChatMessage>>(messages), generation);
+        std::get<std::vector<nf::ChatMessage>>(messages), generation,
+        nlohmann::ordered_json());
     if (!text)
       return withoutTemplatePath(text.message());
     ids = model.tokenize(*text, false);

@@ -25,9 +25,11 @@ public:
   virtual bool hasChatTemplate() const = 0;
   /// Why the chat template cannot be used ("" when it can or there is none).
   virtual std::string chatTemplateError() const = 0;
+  /// `variables`: more template variables (a JSON object, or null).
   virtual nf::StatusOr<std::string>
   applyChatTemplate(const std::vector<nf::ChatMessage> &messages,
-                    bool addGenerationPrompt) const = 0;
+                    bool addGenerationPrompt,
+                    const nlohmann::ordered_json &variables) const = 0;
   /// Text of `tokens`, special tokens skipped.
   virtual nf::StatusOr<std::string>
   detokenize(const std::vector<int32_t> &tokens) const = 0;
@@ -52,8 +54,11 @@ public:
   }
   nf::StatusOr<std::string>
   applyChatTemplate(const std::vector<nf::ChatMessage> &messages,
-                    bool addGenerationPrompt) const override {
-    return model_.applyChatTemplate(messages, addGenerationPrompt);
+                    bool addGenerationPrompt,
+                    const nlohmann::ordered_json &variables) const override {
+    return model_.applyChatTemplate(messages, addGenerationPrompt,
+                                    variables.is_null() ? std::string()
+                                                        : variables.dump());
   }
   nf::StatusOr<std::string>
   detokenize(const std::vector<int32_t> &tokens) const override {
@@ -81,18 +86,23 @@ struct TrafficHeaders {
   std::string expertBudget; // X-Expert-Budget
 };
 
-/// The server's traffic policy: each intent's default expert budget
+/// The server's request policy: each intent's default expert budget
 /// (--intent-budget), scaled by priority (x1.3 high, x1 medium, x0.7 low,
-/// at most 1).
-struct TrafficPolicy {
+/// at most 1); the new-token limit; the chat template's default variables.
+struct ServePolicy {
   float interactive = 1.0f, batch = 0.75f, search = 0.5f;
   /// The server's hard limit of new tokens (--max-new-tokens; 0: none):
   /// completions' default max_tokens (16) is cut to it.
   int32_t maxNewTokens = 0;
+  /// --default-chat-template-kwargs: template variables of every chat
+  /// request, under its own chat_template_kwargs (a JSON object).
+  nlohmann::ordered_json chatTemplateKwargs = nlohmann::ordered_json::object();
+  /// --reasoning-parser: "" (none) or "nemotron_v3" (reasoning_parser.h).
+  std::string reasoningParser;
 };
 /// Parses --intent-budget's "interactive=1,batch=0.75,search=0.5" (any
 /// subset) into `policy`; an error message, or "".
-std::string parseIntentBudget(const std::string &text, TrafficPolicy &policy);
+std::string parseIntentBudget(const std::string &text, ServePolicy &policy);
 
 /// A validated request: what the serving engine runs, and how to answer.
 struct ParsedRequest {
@@ -101,6 +111,9 @@ struct ParsedRequest {
   bool returnTokenIds = false; // the response lists the token ids
   bool includeUsage = false;   // stream_options.include_usage
   bool chat = false;           // /v1/chat/completions
+  /// Chat: the rendered prompt leaves a `<think>` block open, so the output
+  /// starts inside the model's reasoning (reasoning_parser.h).
+  bool promptOpensReasoning = false;
   Intent intent = Intent::None;
   PriorityClass priority = PriorityClass::None;
 };
@@ -126,12 +139,12 @@ detokenizeRequest(const nlohmann::json &body, const RequestModel &model);
 /// headers.
 Parsed parseCompletion(const nlohmann::json &body, const RequestModel &model,
                        const TrafficHeaders &headers = {},
-                       const TrafficPolicy &policy = {});
+                       const ServePolicy &policy = {});
 /// A /v1/chat/completions body: messages rendered with the model's chat
 /// template (and the generation prompt), then the fields of
 /// /v1/completions (and max_completion_tokens).
 Parsed parseChat(const nlohmann::json &body, const RequestModel &model,
                  const TrafficHeaders &headers = {},
-                 const TrafficPolicy &policy = {});
+                 const ServePolicy &policy = {});
 
 } // namespace nfrun

@@ -296,6 +296,16 @@ NF_API nf_status nf_chat_apply_template(const nf_model *model,
                                         size_t n_messages,
                                         int add_generation_prompt, char *out,
                                         size_t cap, size_t *n_out);
+/* nf_chat_apply_template with more template variables: `variables_json`
+   (NULL or "" for none) is a JSON object whose members the template sees as
+   variables, as keyword arguments of apply_chat_template, e.g.
+   {"enable_thinking": false}. They override tools, documents and the
+   special tokens; "messages" and "add_generation_prompt", or text that is
+   not a JSON object: NF_ERR_INVALID_ARGUMENT. */
+NF_API nf_status nf_chat_apply_template_vars(
+    const nf_model *model, const nf_chat_message *messages, size_t n_messages,
+    int add_generation_prompt, const char *variables_json, char *out,
+    size_t cap, size_t *n_out);
 
 /* ------------------------------------------------------------------------ */
 /* Sequences and steps                                                      */

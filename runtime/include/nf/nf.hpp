@@ -238,12 +238,14 @@ public:
     return text;
   }
 
-  /// The prompt text of a conversation (see nf_chat_apply_template);
+  /// The prompt text of a conversation (see nf_chat_apply_template_vars:
+  /// `variablesJson`, a JSON object of more template variables or "");
   /// tokenize it with addSpecial = false. Roles and contents are C strings
   /// there: one holding a NUL character is refused (an error), not cut.
   StatusOr<std::string>
   applyChatTemplate(const std::vector<ChatMessage> &messages,
-                    bool addGenerationPrompt = true) const {
+                    bool addGenerationPrompt = true,
+                    const std::string &variablesJson = "") const {
     std::vector<nf_chat_message> msgs(messages.size());
     for (size_t i = 0; i < messages.size(); ++i) {
       if (messages[i].role.find('\0') != std::string::npos ||
@@ -256,9 +258,9 @@ public:
     std::string text(4096, '\0');
     size_t n = 0;
     while (true) {
-      const nf_status s = nf_chat_apply_template(m_, msgs.data(), msgs.size(),
-                                                 addGenerationPrompt,
-                                                 text.data(), text.size(), &n);
+      const nf_status s = nf_chat_apply_template_vars(
+          m_, msgs.data(), msgs.size(), addGenerationPrompt,
+          variablesJson.c_str(), text.data(), text.size(), &n);
       if (s == NF_OK)
         break;
       // Each call renders anew (strftime_now may make this one longer

@@ -1,5 +1,8 @@
-// C API: chat templates (nf_chat_apply_template).
+// C API: chat templates (nf_chat_apply_template, and with template
+// variables nf_chat_apply_template_vars).
 #include "capi/capi.h"
+
+#include <nlohmann/json.hpp>
 
 #include <cstring>
 
@@ -13,6 +16,17 @@ nf_status nf_chat_apply_template(const nf_model *model,
                                  const nf_chat_message *messages,
                                  size_t n_messages, int add_generation_prompt,
                                  char *out, size_t cap, size_t *n_out) {
+  return nf_chat_apply_template_vars(model, messages, n_messages,
+                                     add_generation_prompt, nullptr, out, cap,
+                                     n_out);
+}
+
+nf_status nf_chat_apply_template_vars(const nf_model *model,
+                                      const nf_chat_message *messages,
+                                      size_t n_messages,
+                                      int add_generation_prompt,
+                                      const char *variables_json, char *out,
+                                      size_t cap, size_t *n_out) {
   return guard([&]() -> nf_status {
     if (!model || !n_out || (!messages && n_messages > 0) || (!out && cap > 0))
       return fail(NF_ERR_INVALID_ARGUMENT,
@@ -28,8 +42,17 @@ nf_status nf_chat_apply_template(const nf_model *model,
       msgs[i].role = messages[i].role;
       msgs[i].content = messages[i].content;
     }
+    nlohmann::ordered_json variables;
+    if (variables_json && *variables_json) {
+      variables = nlohmann::ordered_json::parse(variables_json, nullptr,
+                                                /*allow_exceptions=*/false);
+      if (variables.is_discarded() || !variables.is_object())
+        return fail(NF_ERR_INVALID_ARGUMENT,
+                    "nf_chat_apply_template: the template variables are not "
+                    "a JSON object");
+    }
     StatusOr<std::string> text =
-        model->chat.apply(msgs, add_generation_prompt != 0);
+        model->chat.apply(msgs, add_generation_prompt != 0, &variables);
     if (!text)
       return fail(NF_ERR_INVALID_ARGUMENT, text.status());
     *n_out = text->size();

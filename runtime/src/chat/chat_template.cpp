@@ -111,7 +111,8 @@ ojson ChatConfig::context(const std::vector<Message> &messages,
 }
 
 StatusOr<std::string> ChatConfig::apply(const std::vector<Message> &messages,
-                                        bool addGenerationPrompt) const {
+                                        bool addGenerationPrompt,
+                                        const ojson *variables) const {
   if (!chatTemplate)
     return Status::error(templateError.empty()
                              ? "the model has no chat template"
@@ -122,7 +123,18 @@ StatusOr<std::string> ChatConfig::apply(const std::vector<Message> &messages,
         !jinja::validUtf8(messages[i].content))
       return Status::error("message " + std::to_string(i) +
                            ": role and content must be UTF-8 text");
-  return chatTemplate->render(context(messages, addGenerationPrompt));
+  ojson ctx = context(messages, addGenerationPrompt);
+  if (variables && !variables->is_null()) {
+    if (!variables->is_object())
+      return Status::error("template variables must be a JSON object");
+    for (const auto &item : variables->items()) {
+      if (item.key() == "messages" || item.key() == "add_generation_prompt")
+        return Status::error("template variable " + ojson(item.key()).dump() +
+                             " is set by the request itself");
+      ctx[item.key()] = item.value();
+    }
+  }
+  return chatTemplate->render(ctx);
 }
 
 namespace {

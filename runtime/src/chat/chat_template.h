@@ -79,9 +79,13 @@ struct ChatConfig {
   nlohmann::ordered_json context(const std::vector<Message> &messages,
                                  bool addGenerationPrompt) const;
   /// The prompt of `messages`; an error without a template or for messages
-  /// that are not UTF-8.
-  StatusOr<std::string> apply(const std::vector<Message> &messages,
-                              bool addGenerationPrompt) const;
+  /// that are not UTF-8. `variables` (a JSON object, or null) are more
+  /// template variables, as keyword arguments of apply_chat_template (e.g.
+  /// {"enable_thinking": false}): they override tools, documents and the
+  /// special tokens; "messages" and "add_generation_prompt" are errors.
+  StatusOr<std::string>
+  apply(const std::vector<Message> &messages, bool addGenerationPrompt,
+        const nlohmann::ordered_json *variables = nullptr) const;
 };
 
 /// Reads the chat configuration of the tokenizer in `dir`, as transformers

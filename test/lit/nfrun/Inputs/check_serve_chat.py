@@ -195,8 +195,11 @@ for raw, words in [
          b"\"logprobs\": true, \"top_logprobs\": 2}",
          "'logprobs' is not supported yet"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
-         b"\"chat_template_kwargs\": {\"enable_thinking\": false}}",
-         "'chat_template_kwargs' is not supported yet"),
+         b"\"presence_penalty\": 0.5}",
+         "'presence_penalty' is not supported yet"),
+        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+         b"\"chat_template_kwargs\": \"no\"}",
+         "'chat_template_kwargs' must be an object"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"prompt\": \"x\"}", 'unknown field "prompt"'),
         # A NUL would cut the C strings of the chat API short.
