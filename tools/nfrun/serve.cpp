@@ -113,6 +113,16 @@ json usageJson(const nf::RequestOutput &o) {
   return u;
 }
 
+/// nf's timing trace of a finished request (the response's
+/// reasoning_trace): time queued, its prompt's prefill, and generation
+/// after the first token, in milliseconds.
+json traceJson(const nf::RequestOutput &o) {
+  return json::array(
+      {{{"step", "queue"}, {"latency_ms", o.queuedS * 1e3}},
+       {{"step", "prefill"}, {"latency_ms", o.prefillS * 1e3}},
+       {{"step", "generation"}, {"latency_ms", o.decodeS * 1e3}}});
+}
+
 /// The finish_reason of an OpenAI response.
 const char *finishReason(nf_finish_reason reason) {
   return reason == NF_FINISH_LENGTH ? "length" : "stop";
@@ -229,6 +239,7 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
     }
     json out = response(choice, false);
     out["usage"] = usageJson(all);
+    out["reasoning_trace"] = traceJson(all);
     res.set_header("X-Actual-New-Tokens", std::to_string(all.completionTokens));
     res.set_content(dumpJson(out), "application/json");
     return;
@@ -238,9 +249,11 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
   // model without a tokenizer streams a chunk per token).
   // With a reasoning parser, a chat piece's text is split into the delta's
   // reasoning_content and content (either may be absent).
+  // The last event (a finish_reason) also carries the reasoning_trace.
   auto event = [response, chat](const std::string &text, const json &finish,
                                 const json &ids = nullptr,
-                                const ReasoningParser::Delta *split = nullptr) {
+                                const ReasoningParser::Delta *split = nullptr,
+                                const json &trace = nullptr) {
     json choice = {{"finish_reason", finish}};
     if (!ids.is_null())
       choice["token_ids"] = ids;
@@ -257,7 +270,10 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
     } else {
       choice["delta"] = {{"content", text}};
     }
-    return "data: " + dumpJson(response(choice, true)) + "\n\n";
+    json chunk = response(choice, true);
+    if (!trace.is_null())
+      chunk["reasoning_trace"] = trace;
+    return "data: " + dumpJson(chunk) + "\n\n";
   };
   std::shared_ptr<ReasoningParser> parser;
   if (chat && !policy.reasoningParser.empty())
@@ -336,7 +352,9 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
                                       {"type", "server_error"}}}}) +
                       "\n\n";
           else
-            events += event("", finishReason(o.finishReason)) + usageChunk(o);
+            events += event("", finishReason(o.finishReason), nullptr, nullptr,
+                            traceJson(o)) +
+                      usageChunk(o);
           events += "data: [DONE]\n\n";
         }
         if (!sink.write(events.data(), events.size())) {

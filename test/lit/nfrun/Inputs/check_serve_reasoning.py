@@ -14,7 +14,9 @@ apply_chat_template, with the request's template variables):
      block, the text is content, reasoning_content null;
   3. streaming gives the same parts as deltas;
   4. --default-chat-template-kwargs sets the default a request overrides;
-  5. bad kwargs get 400, a bad default stops the server (one line, exit 1).
+  5. bad kwargs get 400, a bad default stops the server (one line, exit 1);
+  6. responses carry nf's reasoning_trace: queue, prefill and generation
+     latencies (the streamed one in its last chunk).
 Prints "ok: ..." or the first difference (exit status 1).
 """
 import json
@@ -86,6 +88,14 @@ def split(prompt, text):
 messages = [{"role": "user", "content": "Write a function that sorts a list."}]
 
 
+def check_trace(trace, what):
+    steps = [t.get("step") for t in trace or []]
+    if steps != ["queue", "prefill", "generation"] or \
+            any(t["latency_ms"] < 0 for t in trace) or \
+            trace[1]["latency_ms"] <= 0:
+        fail("%s: reasoning_trace %s" % (what, trace))
+
+
 def check(base, body, template_kwargs, what):
     prompt = rendered(messages, **template_kwargs)
     chat = post(base, "/v1/chat/completions", body)
@@ -97,6 +107,7 @@ def check(base, body, template_kwargs, what):
     if got != want or chat["usage"] != plain["usage"]:
         fail("%s: %s, want %s (text %r)" % (what, chat, want,
                                            plain["choices"][0]["text"]))
+    check_trace(chat.get("reasoning_trace"), what)
     return want
 
 
@@ -122,6 +133,9 @@ for e in events:
 if not done or (parts["reasoning_content"] or None, parts["content"] or
                 None) != on:
     fail("stream %s, want %s" % (parts, on))
+if events[-1]["choices"][0]["finish_reason"] is None:
+    fail("the stream's last event has no finish_reason: %s" % events[-1])
+check_trace(events[-1].get("reasoning_trace"), "stream")
 
 # 5. Bad kwargs.
 for kwargs, want in (([1], "'chat_template_kwargs' must be an object"),
@@ -152,4 +166,4 @@ if bad.returncode != 1 or bad.stderr.count("\n") != 1 or \
         "--default-chat-template-kwargs" not in bad.stderr:
     fail("a bad default: exit %d, %r" % (bad.returncode, bad.stderr))
 print("ok: thinking on/off split as nemotron_v3 (reasoning %r), stream, "
-      "server default and override, errors" % (on[0][:20],))
+      "server default and override, errors, reasoning_trace" % (on[0][:20],))
