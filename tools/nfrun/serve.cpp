@@ -696,14 +696,18 @@ int runServe(const ServeFlags &f) {
       json body = json::parse(req.body, nullptr, false);
       if (body.is_discarded())
         return sendError(res, 400, "the body is not valid JSON");
-      auto answer = handler(body, requestModel);
+      auto answer = handler(body, requestModel, policy);
       if (auto *err = std::get_if<std::string>(&answer))
         return sendError(res, 400, *err);
       res.set_content(dumpJson(std::get<json>(answer)), "application/json");
     };
   };
   server.Post("/tokenize", tokenizerEndpoint(tokenizeRequest));
-  server.Post("/detokenize", tokenizerEndpoint(detokenizeRequest));
+  server.Post("/detokenize",
+              tokenizerEndpoint([](const json &body, const RequestModel &model,
+                                   const ServePolicy &) {
+                return detokenizeRequest(body, model);
+              }));
   server.Get("/version", [&](const httplib::Request &, httplib::Response &res) {
     res.set_content(dumpJson(json{{"version", NF_VERSION}}),
                     "application/json");

@@ -613,7 +613,8 @@ Parsed parseChat(const json &body, const RequestModel &model,
 }
 
 std::variant<json, std::string> tokenizeRequest(const json &body,
-                                                const RequestModel &model) {
+                                                const RequestModel &model,
+                                                const ServePolicy &policy) {
   if (!body.is_object())
     return std::string("the body must be a JSON object");
   if (!model.hasTokenizer())
@@ -628,7 +629,8 @@ std::variant<json, std::string> tokenizeRequest(const json &body,
   };
   for (const auto &[key, value] : body.items())
     if (key != "model" && key != "prompt" && key != "messages" &&
-        key != "add_special_tokens" && key != "add_generation_prompt")
+        key != "add_special_tokens" && key != "add_generation_prompt" &&
+        key != "chat_template_kwargs")
       return "unknown field " + quoted(key);
   nf::StatusOr<std::vector<int32_t>> ids = std::vector<int32_t>();
   if (body.contains("prompt") == body.contains("messages"))
@@ -649,9 +651,12 @@ std::variant<json, std::string> tokenizeRequest(const json &body,
     auto messages = parseMessages(body);
     if (auto *err = std::get_if<std::string>(&messages))
       return *err;
+    auto variables = templateVariables(body, policy);
+    if (auto *err = std::get_if<std::string>(&variables))
+      return *err;
     auto text = model.applyChatTemplate(
         std::get<std::vector<nf::ChatMessage>>(messages), generation,
-        nlohmann::ordered_json());
+        std::get<nlohmann::ordered_json>(variables));
     if (!text)
       return withoutTemplatePath(text.message());
     ids = model.tokenize(*text, false);

@@ -124,9 +124,12 @@ using Parsed = std::variant<ParsedRequest, std::string>;
 /// The answer of vLLM's /tokenize (`{"count", "max_model_len", "tokens",
 /// "token_strs"}`) to a body with a `prompt` (and `add_special_tokens`,
 /// default true) or chat `messages` (and `add_generation_prompt`, default
-/// true), or a one-line error for a 400 answer.
+/// true, and chat_template_kwargs over the server's defaults, as
+/// /v1/chat/completions renders them), or a one-line error for a 400
+/// answer.
 std::variant<nlohmann::json, std::string>
-tokenizeRequest(const nlohmann::json &body, const RequestModel &model);
+tokenizeRequest(const nlohmann::json &body, const RequestModel &model,
+                const ServePolicy &policy = {});
 
 /// The answer of vLLM's /detokenize (`{"prompt"}`) to a body with `tokens`,
 /// or a one-line error.

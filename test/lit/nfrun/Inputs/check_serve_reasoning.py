@@ -16,7 +16,8 @@ apply_chat_template, with the request's template variables):
   4. --default-chat-template-kwargs sets the default a request overrides;
   5. bad kwargs get 400, a bad default stops the server (one line, exit 1);
   6. responses carry nf's reasoning_trace: queue, prefill and generation
-     latencies (the streamed one in its last chunk).
+     latencies (the streamed one in its last chunk);
+  7. /tokenize renders chat messages with the same template variables.
 Prints "ok: ..." or the first difference (exit status 1).
 """
 import json
@@ -108,6 +109,14 @@ def check(base, body, template_kwargs, what):
         fail("%s: %s, want %s (text %r)" % (what, chat, want,
                                            plain["choices"][0]["text"]))
     check_trace(chat.get("reasoning_trace"), what)
+    # /tokenize renders the messages as the chat endpoint does.
+    tok = dict(messages=messages)
+    if "chat_template_kwargs" in body:
+        tok["chat_template_kwargs"] = body["chat_template_kwargs"]
+    count = post(base, "/tokenize", tok)["count"]
+    if count != chat["usage"]["prompt_tokens"]:
+        fail("%s: /tokenize counts %d tokens, the chat's prompt %d" % (
+            what, count, chat["usage"]["prompt_tokens"]))
     return want
 
 
