@@ -50,13 +50,10 @@ public:
   bool hasChatTemplate() const override { return true; }
   std::string chatTemplateError() const override { return ""; }
   nf::StatusOr<std::string>
-  applyChatTemplate(const std::vector<nf::ChatMessage> &messages,
+  applyChatTemplate(const nlohmann::ordered_json &messages,
                     bool addGenerationPrompt,
                     const nlohmann::ordered_json &variables) const override {
-    std::vector<nf::chat::Message> m;
-    for (const nf::ChatMessage &x : messages)
-      m.push_back({x.role, x.content});
-    return chat_.apply(m, addGenerationPrompt, &variables);
+    return chat_.applyJson(messages, addGenerationPrompt, &variables);
   }
   nf::StatusOr<std::string>
   detokenize(const std::vector<int32_t> &tokens) const override {

@@ -148,6 +148,37 @@ TEST(ChatCApi, TemplateVariables) {
   EXPECT_THAT(render("{\"messages\": []}"),
               HasSubstr("template variable \"messages\" is set by the "
                         "request itself"));
+  // Messages as JSON (nf_chat_apply_template_json): the same prompt, and
+  // tool calls and results, which the C strings of nf_chat_message cannot
+  // carry.
+  auto renderJson = [&](const char *messages, const char *vars) {
+    std::vector<char> buf(8192);
+    size_t n = 0;
+    const nf_status s = nf_chat_apply_template_json(model.m, messages, 1, vars,
+                                                    buf.data(), buf.size(), &n);
+    if (s != NF_OK)
+      return std::string("ERROR ") + nf_status_string(s) + ": " +
+             nf_last_error();
+    return std::string(buf.data(), n);
+  };
+  EXPECT_EQ(renderJson(R"([{"role": "user", "content": "hi"}])", nullptr), on);
+  EXPECT_EQ(renderJson(R"([{"role": "user", "content": "hi"}])",
+                       R"({"enable_thinking": false})"),
+            off);
+  const std::string withCall = renderJson(
+      R"([{"role": "user", "content": "hi"},
+          {"role": "assistant", "content": null, "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather",
+             "arguments": {"city": "Paris"}}}]},
+          {"role": "tool", "content": "sunny"}])",
+      nullptr);
+  EXPECT_THAT(withCall, HasSubstr("<tool_call>\n<function=get_weather>\n"
+                                  "<parameter=city>\nParis\n</parameter>"));
+  EXPECT_THAT(withCall, HasSubstr("<tool_response>\nsunny\n</tool_response>"));
+  EXPECT_THAT(renderJson("{", nullptr),
+              HasSubstr("the messages are not a JSON array"));
+  EXPECT_THAT(renderJson(R"([{"content": "x"}])", nullptr),
+              HasSubstr("message 0 must be an object with a \"role\" string"));
   // The C++ wrapper passes them through.
   ModelParams params;
   params.chatTemplatePath = path;

@@ -17,6 +17,7 @@
 #include "reasoning_parser.h"
 #include "serve_metrics.h"
 #include "serve_request.h"
+#include "tool_parser.h"
 
 #include "nf/nf.hpp"
 
@@ -123,6 +124,22 @@ json traceJson(const nf::RequestOutput &o) {
        {{"step", "generation"}, {"latency_ms", o.decodeS * 1e3}}});
 }
 
+/// The tool_calls of a response (`index` for streamed deltas).
+json toolCallsJson(const std::vector<ToolCall> &calls, bool indexed) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {
+        {"id", newToolCallId()},
+        {"type", "function"},
+        {"function",
+         {{"name", calls[i].name}, {"arguments", calls[i].arguments.dump()}}}};
+    if (indexed)
+      c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 /// The finish_reason of an OpenAI response.
 const char *finishReason(nf_finish_reason reason) {
   return reason == NF_FINISH_LENGTH ? "length" : "stop";
@@ -216,18 +233,47 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
                        all.finishReason == NF_FINISH_UNAVAILABLE ? 503 : 500,
                        errorText(all), "server_error");
     json choice = {{"finish_reason", finishReason(all.finishReason)}};
-    if (chat && !policy.reasoningParser.empty()) {
-      ReasoningParser parser(p.promptOpensReasoning);
-      ReasoningParser::Delta d = parser.feed(all.text), end = parser.finish();
-      d.reasoning += end.reasoning;
-      d.content += end.content;
-      choice["message"] = {
+    if (chat &&
+        (!policy.reasoningParser.empty() || p.toolCalls == ToolCalls::Auto)) {
+      // Reasoning first, then tool calls in the answer.
+      ReasoningParser::Delta d;
+      bool reasoned = false;
+      if (!policy.reasoningParser.empty()) {
+        ReasoningParser parser(p.promptOpensReasoning);
+        d = parser.feed(all.text);
+        ReasoningParser::Delta end = parser.finish();
+        d.reasoning += end.reasoning;
+        d.content += end.content;
+        reasoned = parser.sawReasoning();
+      } else {
+        d.content = all.text;
+      }
+      std::vector<ToolCall> calls;
+      if (p.toolCalls == ToolCalls::Auto) {
+        ToolCallOutput out = parseToolCalls(d.content, p.tools);
+        if (!out.calls.empty()) {
+          calls = std::move(out.calls);
+          if (!p.parallelToolCalls)
+            calls.resize(1);
+          d.content = out.content;
+          while (!d.content.empty() &&
+                 std::isspace(static_cast<unsigned char>(d.content.back())))
+            d.content.pop_back();
+        }
+      }
+      json message = {
           {"role", "assistant"},
-          {"content", d.content.empty() && parser.sawReasoning()
+          {"content", d.content.empty() && (reasoned || !calls.empty())
                           ? json(nullptr)
-                          : json(d.content)},
-          {"reasoning_content",
-           parser.sawReasoning() ? json(d.reasoning) : json(nullptr)}};
+                          : json(d.content)}};
+      if (!policy.reasoningParser.empty())
+        message["reasoning_content"] =
+            reasoned ? json(d.reasoning) : json(nullptr);
+      if (!calls.empty()) {
+        message["tool_calls"] = toolCallsJson(calls, false);
+        choice["finish_reason"] = "tool_calls";
+      }
+      choice["message"] = std::move(message);
     } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", all.text}};
     } else {
@@ -275,9 +321,27 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
       chunk["reasoning_trace"] = trace;
     return "data: " + dumpJson(chunk) + "\n\n";
   };
-  std::shared_ptr<ReasoningParser> parser;
-  if (chat && !policy.reasoningParser.empty())
-    parser = std::make_shared<ReasoningParser>(p.promptOpensReasoning);
+  // Chat answers split into reasoning and content, and (with tools) the
+  // content's tool calls kept for the end.
+  struct Split {
+    std::unique_ptr<ReasoningParser> reasoning;
+    std::unique_ptr<ToolCallStream> tools;
+    nlohmann::ordered_json toolSchemas;
+    bool parallel = true;
+  };
+  std::shared_ptr<Split> parser;
+  if (chat &&
+      (!policy.reasoningParser.empty() || p.toolCalls == ToolCalls::Auto)) {
+    parser = std::make_shared<Split>();
+    if (!policy.reasoningParser.empty())
+      parser->reasoning =
+          std::make_unique<ReasoningParser>(p.promptOpensReasoning);
+    if (p.toolCalls == ToolCalls::Auto) {
+      parser->tools = std::make_unique<ToolCallStream>();
+      parser->toolSchemas = p.tools;
+      parser->parallel = p.parallelToolCalls;
+    }
+  }
   auto roleSent = std::make_shared<bool>(!chat);
   const bool returnTokenIds = p.returnTokenIds;
   // stream_options.include_usage: a last chunk with no choices and the
@@ -329,16 +393,38 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
           }
         }
         const json ids = returnTokenIds ? json(o.tokens) : json(nullptr);
+        std::vector<ToolCall> calls;
         if (parser) {
-          ReasoningParser::Delta d = parser->feed(o.text);
-          if (o.finished()) {
-            ReasoningParser::Delta end = parser->finish();
-            d.reasoning += end.reasoning;
-            d.content += end.content;
+          ReasoningParser::Delta d;
+          if (parser->reasoning) {
+            d = parser->reasoning->feed(o.text);
+            if (o.finished()) {
+              ReasoningParser::Delta end = parser->reasoning->finish();
+              d.reasoning += end.reasoning;
+              d.content += end.content;
+            }
+          } else {
+            d.content = o.text;
+          }
+          if (parser->tools) {
+            d.content = parser->tools->feed(d.content);
+            if (o.finished()) {
+              ToolCallOutput out = parser->tools->finish(parser->toolSchemas);
+              d.content += out.content;
+              calls = std::move(out.calls);
+              if (!parser->parallel && !calls.empty())
+                calls.resize(1);
+            }
           }
           // Text held back inside a tag sends nothing yet (unless ids).
           if (!d.empty() || (returnTokenIds && !o.tokens.empty()))
             events += event(o.text, nullptr, ids, &d);
+          if (!calls.empty()) {
+            json choice = {
+                {"finish_reason", nullptr},
+                {"delta", {{"tool_calls", toolCallsJson(calls, true)}}}};
+            events += "data: " + dumpJson(response(choice, true)) + "\n\n";
+          }
         } else if (!o.text.empty() || (returnTokenIds && !o.tokens.empty())) {
           events += event(o.text, nullptr, ids);
         }
@@ -352,8 +438,10 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
                                       {"type", "server_error"}}}}) +
                       "\n\n";
           else
-            events += event("", finishReason(o.finishReason), nullptr, nullptr,
-                            traceJson(o)) +
+            events += event("",
+                            calls.empty() ? finishReason(o.finishReason)
+                                          : "tool_calls",
+                            nullptr, nullptr, traceJson(o)) +
                       usageChunk(o);
           events += "data: [DONE]\n\n";
         }

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <utility>
 
 namespace nfrun {
 namespace {
@@ -290,8 +291,9 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                                         "expert_budget",
                                         "user"};
   static const char *const kCompletions[] = {"prompt"};
-  static const char *const kChat[] = {"messages", "max_completion_tokens",
-                                      "tools", "chat_template_kwargs"};
+  static const char *const kChat[] = {
+      "messages",    "max_completion_tokens", "tools",
+      "tool_choice", "parallel_tool_calls",   "chat_template_kwargs"};
   auto isDefault = [](const json &v, const char *name) {
     const std::string n = name;
     if (v.is_null())
@@ -330,8 +332,6 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                                         "logit_bias",
                                         "min_tokens",
                                         "response_format",
-                                        "tool_choice",
-                                        "parallel_tool_calls",
                                         "include_stop_str_in_output",
                                         "skip_special_tokens",
                                         "use_beam_search"};
@@ -478,17 +478,24 @@ Parsed parseCompletion(const json &body, const RequestModel &model,
   return r;
 }
 
-/// The messages of a /v1/chat/completions request: role and content (a
-/// string, or text parts, concatenated). Neither may hold a NUL character
-/// (JSON's "\u0000"): the C API takes them as C strings.
-static std::variant<std::vector<nf::ChatMessage>, std::string>
+/// The messages of a chat request as the chat template gets them: each an
+/// object with a `role` and a `content` (a string, or text parts,
+/// concatenated; null or absent for an assistant message with tool calls),
+/// and as OpenAI's API gives them an assistant's `tool_calls` (each
+/// {"id", "type": "function", "function": {"name", "arguments"}}, its
+/// arguments a JSON text that the template gets as an object, as vLLM
+/// passes them), a tool result's `tool_call_id`, a `name`, and an
+/// assistant's `reasoning_content`. No string may hold a NUL character
+/// (JSON's "\u0000").
+static std::variant<nlohmann::ordered_json, std::string>
 parseMessages(const json &body) {
+  using ojson = nlohmann::ordered_json;
   if (!body.contains("messages"))
     return std::string("'messages' is required");
   const json &list = body["messages"];
   if (!list.is_array() || list.empty())
     return std::string("'messages' must be a non-empty array");
-  std::vector<nf::ChatMessage> messages;
+  ojson messages = ojson::array();
   for (size_t i = 0; i < list.size(); ++i) {
     const json &m = list[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -496,16 +503,17 @@ parseMessages(const json &body) {
       return where + " must be an object";
     if (!m.contains("role") || !m["role"].is_string())
       return where + ": 'role' must be a string";
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null() &&
-        !m["tool_calls"].empty())
-      return where + ": tool calls are not supported";
-    nf::ChatMessage msg;
-    msg.role = m["role"].get<std::string>();
-    if (msg.role.find('\0') != std::string::npos)
+    const std::string role = m["role"].get<std::string>();
+    if (role.find('\0') != std::string::npos)
       return where + ": role must not contain NUL characters";
+    ojson msg = {{"role", role}};
     const json content = m.value("content", json());
+    const bool hasCalls = m.contains("tool_calls") &&
+                          !m["tool_calls"].is_null() &&
+                          !m["tool_calls"].empty();
+    std::string text;
     if (content.is_string()) {
-      msg.content = content.get<std::string>();
+      text = content.get<std::string>();
     } else if (content.is_array()) {
       for (size_t k = 0; k < content.size(); ++k) {
         const json &part = content[k];
@@ -518,13 +526,57 @@ parseMessages(const json &body) {
                  quoted(part["type"].get<std::string>());
         if (!part.contains("text") || !part["text"].is_string())
           return at + ": 'text' must be a string";
-        msg.content += part["text"].get<std::string>();
+        text += part["text"].get<std::string>();
       }
-    } else {
+    } else if (!(content.is_null() && hasCalls)) {
       return where + ": 'content' must be a string or an array of text parts";
     }
-    if (msg.content.find('\0') != std::string::npos)
+    if (text.find('\0') != std::string::npos)
       return where + ": content must not contain NUL characters";
+    msg["content"] = content.is_null() ? ojson() : ojson(text);
+    if (hasCalls) {
+      if (role != "assistant")
+        return where + ": only assistant messages have 'tool_calls'";
+      const json &calls = m["tool_calls"];
+      if (!calls.is_array())
+        return where + ": 'tool_calls' must be an array";
+      ojson out = ojson::array();
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const json &c = calls[k];
+        const std::string at = where + ".tool_calls[" + std::to_string(k) + "]";
+        if (!c.is_object() || !c.contains("function") ||
+            !c["function"].is_object())
+          return at + " must be an object with a 'function'";
+        const json &f = c["function"];
+        if (!f.contains("name") || !f["name"].is_string())
+          return at + ".function: 'name' must be a string";
+        ojson args = ojson::object();
+        if (f.contains("arguments") && !f["arguments"].is_null()) {
+          if (!f["arguments"].is_string())
+            return at + ".function: 'arguments' must be a JSON text";
+          args = ojson::parse(f["arguments"].get<std::string>(), nullptr,
+                              /*allow_exceptions=*/false);
+          if (args.is_discarded() || !args.is_object())
+            return at + ".function: 'arguments' must be a JSON object text";
+        }
+        ojson call = {{"type", "function"},
+                      {"function",
+                       {{"name", f["name"].get<std::string>()},
+                        {"arguments", std::move(args)}}}};
+        if (c.contains("id") && c["id"].is_string())
+          call["id"] = c["id"].get<std::string>();
+        out.push_back(std::move(call));
+      }
+      msg["tool_calls"] = std::move(out);
+    }
+    for (const char *key : {"tool_call_id", "name", "reasoning_content"})
+      if (m.contains(key) && !m[key].is_null()) {
+        if (!m[key].is_string())
+          return where + ": '" + key + "' must be a string";
+        if (m[key].get<std::string>().find('\0') != std::string::npos)
+          return where + ": " + key + " must not contain NUL characters";
+        msg[key] = m[key].get<std::string>();
+      }
     messages.push_back(std::move(msg));
   }
   return messages;
@@ -553,6 +605,63 @@ templateVariables(const json &body, const ServePolicy &policy) {
     variables[key] = nlohmann::ordered_json::parse(item.value().dump());
   }
   return variables;
+}
+
+/// `tools` (functions: {"type": "function", "function": {"name",
+/// "description", "parameters"}}), `tool_choice` ("auto", the default with
+/// tools, or "none": the template does not get them) and
+/// `parallel_tool_calls` (false: the first call only). "required" and a
+/// named function would need constrained decoding: refused for now.
+std::optional<std::string> parseTools(const json &body, ParsedRequest &r) {
+  if (body.contains("parallel_tool_calls") &&
+      !body["parallel_tool_calls"].is_null()) {
+    if (!body["parallel_tool_calls"].is_boolean())
+      return std::string("'parallel_tool_calls' must be true or false");
+    r.parallelToolCalls = body["parallel_tool_calls"].get<bool>();
+  }
+  const bool given = body.contains("tools") && !body["tools"].is_null();
+  std::string choice = given ? "auto" : "none";
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+    const json &c = body["tool_choice"];
+    if (!c.is_string())
+      return std::string("'tool_choice' other than \"auto\" and \"none\" "
+                         "is not supported yet (it needs constrained "
+                         "decoding)");
+    choice = c.get<std::string>();
+    if (choice != "auto" && choice != "none") {
+      if (choice == "required")
+        return std::string("'tool_choice' \"required\" is not supported "
+                           "yet (it needs constrained decoding)");
+      return "'tool_choice' must be \"auto\" or \"none\", not " +
+             quoted(std::as_const(choice));
+    }
+  }
+  if (!given)
+    return choice == "auto"
+               ? std::optional<std::string>("'tool_choice' needs 'tools'")
+               : std::nullopt;
+  const json &tools = body["tools"];
+  if (!tools.is_array())
+    return std::string("'tools' must be an array");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json &t = tools[i];
+    const std::string where = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object() || t.value("type", json()) != "function" ||
+        !t.contains("function") || !t["function"].is_object())
+      return where + " must be {\"type\": \"function\", \"function\": "
+                     "{...}}";
+    const json &f = t["function"];
+    if (!f.contains("name") || !f["name"].is_string() ||
+        f["name"].get<std::string>().empty())
+      return where + ".function: 'name' must be a non-empty string";
+    if (f.contains("parameters") && !f["parameters"].is_null() &&
+        !f["parameters"].is_object())
+      return where + ".function: 'parameters' must be a JSON schema object";
+  }
+  r.tools = nlohmann::ordered_json::parse(tools.dump());
+  r.toolCalls =
+      tools.empty() || choice == "none" ? ToolCalls::None : ToolCalls::Auto;
+  return std::nullopt;
 }
 
 } // namespace
@@ -584,21 +693,22 @@ Parsed parseChat(const json &body, const RequestModel &model,
   if (!model.hasTokenizer())
     return std::string("this model has no tokenizer: chat completions need "
                        "one (use /v1/completions with token ids)");
-  if (body.contains("tools") && !body["tools"].is_null() &&
-      !body["tools"].empty())
-    return std::string("'tools' are not supported");
   auto messages = parseMessages(body);
   if (auto *err = std::get_if<std::string>(&messages))
     return *err;
   auto variables = templateVariables(body, policy);
   if (auto *err = std::get_if<std::string>(&variables))
     return *err;
+  ParsedRequest r;
+  if (auto err = parseTools(body, r))
+    return *err;
+  auto &vars = std::get<nlohmann::ordered_json>(variables);
+  if (r.toolCalls != ToolCalls::None)
+    vars["tools"] = r.tools;
   auto text = model.applyChatTemplate(
-      std::get<std::vector<nf::ChatMessage>>(messages), true,
-      std::get<nlohmann::ordered_json>(variables));
+      std::get<nlohmann::ordered_json>(messages), true, vars);
   if (!text)
     return withoutTemplatePath(text.message());
-  ParsedRequest r;
   r.chat = true;
   r.promptOpensReasoning = promptOpensReasoning(*text);
   auto ids = model.tokenize(*text, false);
@@ -655,7 +765,7 @@ std::variant<json, std::string> tokenizeRequest(const json &body,
     if (auto *err = std::get_if<std::string>(&variables))
       return *err;
     auto text = model.applyChatTemplate(
-        std::get<std::vector<nf::ChatMessage>>(messages), generation,
+        std::get<nlohmann::ordered_json>(messages), generation,
         std::get<nlohmann::ordered_json>(variables));
     if (!text)
       return withoutTemplatePath(text.message());

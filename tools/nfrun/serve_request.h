@@ -25,9 +25,11 @@ public:
   virtual bool hasChatTemplate() const = 0;
   /// Why the chat template cannot be used ("" when it can or there is none).
   virtual std::string chatTemplateError() const = 0;
-  /// `variables`: more template variables (a JSON object, or null).
+  /// `messages`: a JSON array of message objects (role, content,
+  /// tool_calls, ...); `variables`: more template variables (a JSON
+  /// object, or null).
   virtual nf::StatusOr<std::string>
-  applyChatTemplate(const std::vector<nf::ChatMessage> &messages,
+  applyChatTemplate(const nlohmann::ordered_json &messages,
                     bool addGenerationPrompt,
                     const nlohmann::ordered_json &variables) const = 0;
   /// Text of `tokens`, special tokens skipped.
@@ -53,12 +55,12 @@ public:
     return model_.chatTemplateError();
   }
   nf::StatusOr<std::string>
-  applyChatTemplate(const std::vector<nf::ChatMessage> &messages,
+  applyChatTemplate(const nlohmann::ordered_json &messages,
                     bool addGenerationPrompt,
                     const nlohmann::ordered_json &variables) const override {
-    return model_.applyChatTemplate(messages, addGenerationPrompt,
-                                    variables.is_null() ? std::string()
-                                                        : variables.dump());
+    return model_.applyChatTemplateJson(messages.dump(), addGenerationPrompt,
+                                        variables.is_null() ? std::string()
+                                                            : variables.dump());
   }
   nf::StatusOr<std::string>
   detokenize(const std::vector<int32_t> &tokens) const override {
@@ -104,6 +106,10 @@ struct ServePolicy {
 /// subset) into `policy`; an error message, or "".
 std::string parseIntentBudget(const std::string &text, ServePolicy &policy);
 
+/// Whether a chat request's output is parsed for tool calls
+/// (tool_parser.h): with tools and tool_choice "auto".
+enum class ToolCalls { None, Auto };
+
 /// A validated request: what the serving engine runs, and how to answer.
 struct ParsedRequest {
   nf::RequestParams params;
@@ -114,6 +120,11 @@ struct ParsedRequest {
   /// Chat: the rendered prompt leaves a `<think>` block open, so the output
   /// starts inside the model's reasoning (reasoning_parser.h).
   bool promptOpensReasoning = false;
+  /// Chat: the request's tools (their parameter schemas type the parsed
+  /// arguments) and whether its output is parsed for tool calls.
+  nlohmann::ordered_json tools;
+  ToolCalls toolCalls = ToolCalls::None;
+  bool parallelToolCalls = true; // false: the first call only
   Intent intent = Intent::None;
   PriorityClass priority = PriorityClass::None;
 };

@@ -302,6 +302,14 @@ NF_API nf_status nf_chat_apply_template(const nf_model *model,
    {"enable_thinking": false}. They override tools, documents and the
    special tokens; "messages" and "add_generation_prompt", or text that is
    not a JSON object: NF_ERR_INVALID_ARGUMENT. */
+/* nf_chat_apply_template_vars with the messages as a JSON array of objects,
+   as OpenAI's API and transformers give them: a "role" string each, and
+   "content", "tool_calls" (with "arguments" as objects), "tool_call_id",
+   "reasoning_content", ... passed to the template as they are. Text that is
+   not such an array: NF_ERR_INVALID_ARGUMENT. */
+NF_API nf_status nf_chat_apply_template_json(
+    const nf_model *model, const char *messages_json, int add_generation_prompt,
+    const char *variables_json, char *out, size_t cap, size_t *n_out);
 NF_API nf_status nf_chat_apply_template_vars(
     const nf_model *model, const nf_chat_message *messages, size_t n_messages,
     int add_generation_prompt, const char *variables_json, char *out,

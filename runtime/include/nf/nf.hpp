@@ -255,22 +255,23 @@ public:
                              "characters");
       msgs[i] = {messages[i].role.c_str(), messages[i].content.c_str()};
     }
-    std::string text(4096, '\0');
-    size_t n = 0;
-    while (true) {
-      const nf_status s = nf_chat_apply_template_vars(
-          m_, msgs.data(), msgs.size(), addGenerationPrompt,
-          variablesJson.c_str(), text.data(), text.size(), &n);
-      if (s == NF_OK)
-        break;
-      // Each call renders anew (strftime_now may make this one longer
-      // than the last): again with the size it asked for.
-      if (s != NF_ERR_BUFFER_TOO_SMALL || n <= text.size())
-        return lastError();
-      text.resize(n);
-    }
-    text.resize(n);
-    return text;
+    return rendered([&](char *out, size_t cap, size_t *n) {
+      return nf_chat_apply_template_vars(m_, msgs.data(), msgs.size(),
+                                         addGenerationPrompt,
+                                         variablesJson.c_str(), out, cap, n);
+    });
+  }
+  /// The same with the messages as a JSON array of objects (see
+  /// nf_chat_apply_template_json): tool calls and tool results too.
+  StatusOr<std::string>
+  applyChatTemplateJson(const std::string &messagesJson,
+                        bool addGenerationPrompt = true,
+                        const std::string &variablesJson = "") const {
+    return rendered([&](char *out, size_t cap, size_t *n) {
+      return nf_chat_apply_template_json(m_, messagesJson.c_str(),
+                                         addGenerationPrompt,
+                                         variablesJson.c_str(), out, cap, n);
+    });
   }
 
   StatusOr<int32_t> addSequence() {
@@ -357,6 +358,24 @@ public:
   }
 
 private:
+  /// Text of a render call (out, cap, n_out) that may ask for more room:
+  /// each call renders anew (strftime_now may make one longer than the
+  /// last), so again with the size it asked for.
+  template <class Render> StatusOr<std::string> rendered(Render render) const {
+    std::string text(4096, '\0');
+    size_t n = 0;
+    while (true) {
+      const nf_status s = render(text.data(), text.size(), &n);
+      if (s == NF_OK)
+        break;
+      if (s != NF_ERR_BUFFER_TOO_SMALL || n <= text.size())
+        return lastError();
+      text.resize(n);
+    }
+    text.resize(n);
+    return text;
+  }
+
   /// The C batch of `batch` (its entries in `seqs`); `expertCalls`, when
   /// given, is zeroed and receives the step's counts.
   static nf_batch cBatch(const std::vector<SeqInput> &batch,

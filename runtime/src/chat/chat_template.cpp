@@ -113,17 +113,32 @@ ojson ChatConfig::context(const std::vector<Message> &messages,
 StatusOr<std::string> ChatConfig::apply(const std::vector<Message> &messages,
                                         bool addGenerationPrompt,
                                         const ojson *variables) const {
-  if (!chatTemplate)
-    return Status::error(templateError.empty()
-                             ? "the model has no chat template"
-                             : "the chat template cannot be used: " +
-                                   templateError);
   for (size_t i = 0; i < messages.size(); ++i)
     if (!jinja::validUtf8(messages[i].role) ||
         !jinja::validUtf8(messages[i].content))
       return Status::error("message " + std::to_string(i) +
                            ": role and content must be UTF-8 text");
-  ojson ctx = context(messages, addGenerationPrompt);
+  return applyJson(context(messages, addGenerationPrompt)["messages"],
+                   addGenerationPrompt, variables);
+}
+
+StatusOr<std::string> ChatConfig::applyJson(const ojson &messages,
+                                            bool addGenerationPrompt,
+                                            const ojson *variables) const {
+  if (!chatTemplate)
+    return Status::error(templateError.empty()
+                             ? "the model has no chat template"
+                             : "the chat template cannot be used: " +
+                                   templateError);
+  if (!messages.is_array())
+    return Status::error("messages must be a JSON array");
+  for (size_t i = 0; i < messages.size(); ++i)
+    if (!messages[i].is_object() || !messages[i].contains("role") ||
+        !messages[i]["role"].is_string())
+      return Status::error("message " + std::to_string(i) +
+                           " must be an object with a \"role\" string");
+  ojson ctx = context({}, addGenerationPrompt);
+  ctx["messages"] = messages;
   if (variables && !variables->is_null()) {
     if (!variables->is_object())
       return Status::error("template variables must be a JSON object");

@@ -86,6 +86,12 @@ struct ChatConfig {
   StatusOr<std::string>
   apply(const std::vector<Message> &messages, bool addGenerationPrompt,
         const nlohmann::ordered_json *variables = nullptr) const;
+  /// The same with messages as JSON objects, as OpenAI's API and
+  /// transformers give them: a "role" string each, and "content", and
+  /// "tool_calls", "tool_call_id", "reasoning_content", ... as they are.
+  StatusOr<std::string>
+  applyJson(const nlohmann::ordered_json &messages, bool addGenerationPrompt,
+            const nlohmann::ordered_json *variables = nullptr) const;
 };
 
 /// Reads the chat configuration of the tokenizer in `dir`, as transformers

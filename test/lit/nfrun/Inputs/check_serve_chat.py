@@ -186,7 +186,7 @@ for raw, words in [
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"stream\": \"yes\"}", "'stream'"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
-         b"\"tools\": [{\"type\": \"function\"}]}", "'tools'"),
+         b"\"tools\": [{\"type\": \"function\"}]}", "tools[0] must be"),
         # Not implemented yet: refused, never ignored.
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"response_format\": {\"type\": \"json_object\"}}",

@@ -17,7 +17,13 @@ apply_chat_template, with the request's template variables):
   5. bad kwargs get 400, a bad default stops the server (one line, exit 1);
   6. responses carry nf's reasoning_trace: queue, prefill and generation
      latencies (the streamed one in its last chunk);
-  7. /tokenize renders chat messages with the same template variables.
+  7. /tokenize renders chat messages with the same template variables;
+  8. tools reach the template as transformers passes them (tool_choice
+     "none": not at all), and so do assistant tool calls (their arguments
+     as objects) and tool results in the history; what the template cannot
+     get (tool_choice "required", malformed tools or calls) gets 400. The
+     parsing of tool calls is unit-tested (test/unit/tool_parser_test.cpp):
+     the demo model does not write them.
 Prints "ok: ..." or the first difference (exit status 1).
 """
 import json
@@ -61,8 +67,8 @@ with open(template_path, encoding="utf-8") as f:
     template = env.from_string(f.read())
 
 
-def rendered(messages, **kwargs):
-    return template.render(messages=messages, tools=None, documents=None,
+def rendered(messages, tools=None, **kwargs):
+    return template.render(messages=messages, tools=tools, documents=None,
                            add_generation_prompt=True, **kwargs)
 
 
@@ -168,6 +174,56 @@ if check(base, dict(body, chat_template_kwargs={"enable_thinking": True}),
     fail("a request's kwargs did not override the server's default")
 serve_client.stop(server, fail)
 
+# 8. Tools.
+server, base = serve_client.start(
+    nfrun, plan, ["--chat-template", template_path,
+                  "--reasoning-parser", "nemotron_v3"], fail, servers)
+tools = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city"},
+        "days": {"type": "integer"}}, "required": ["city"]}}}]
+history = messages + [
+    {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function", "function": {
+            "name": "get_weather",
+            "arguments": json.dumps({"city": "Paris", "days": 2})}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+# jinja2 gets what transformers gets: arguments as objects.
+history_j = json.loads(json.dumps(history))
+history_j[1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris",
+                                                          "days": 2}
+for what, msgs, msgs_j, extra, tools_j in (
+        ("tools", messages, messages, dict(tools=tools), tools),
+        ("tool_choice none", messages, messages,
+         dict(tools=tools, tool_choice="none"), None),
+        ("tool history", history, history_j, dict(tools=tools), tools)):
+    prompt = rendered(msgs_j, tools_j)
+    chat = post(base, "/v1/chat/completions",
+                dict(body, messages=msgs, **extra))
+    plain = post(base, "/v1/completions", dict(prompt=prompt, max_tokens=12,
+                                                temperature=0))
+    msg = chat["choices"][0]["message"]
+    want = split(prompt, plain["choices"][0]["text"])
+    if chat["usage"] != plain["usage"] or \
+            (msg.get("reasoning_content"), msg.get("content")) != want or \
+            "tool_calls" in msg:
+        fail("%s: %s, want %s of %r" % (what, chat, want, prompt))
+for extra, want in ((dict(tools=tools, tool_choice="required"),
+                     "'tool_choice' \\\"required\\\" is not supported"),
+                    (dict(tools=[{"type": "function"}]), "tools[0] must be"),
+                    (dict(tool_choice="auto"), "'tool_choice' needs 'tools'"),
+                    (dict(messages=[{"role": "assistant", "content": None,
+                                     "tool_calls": [{"type": "function",
+                                                     "function": {
+                                                         "name": "f",
+                                                         "arguments": "{x"}}]}]),
+                     "must be a JSON object text")):
+    status, text = request(base, "/v1/chat/completions", dict(body, **extra))
+    if status != 400 or want not in text:
+        fail("%s: HTTP %d %s (want %r)" % (extra, status, text, want))
+serve_client.stop(server, fail)
+
 bad = subprocess.run([nfrun, "serve", plan, "--chat-template", template_path,
                       "--default-chat-template-kwargs", "[1]"],
                      capture_output=True, text=True, timeout=60)
@@ -175,4 +231,5 @@ if bad.returncode != 1 or bad.stderr.count("\n") != 1 or \
         "--default-chat-template-kwargs" not in bad.stderr:
     fail("a bad default: exit %d, %r" % (bad.returncode, bad.stderr))
 print("ok: thinking on/off split as nemotron_v3 (reasoning %r), stream, "
-      "server default and override, errors, reasoning_trace" % (on[0][:20],))
+      "server default and override, errors, reasoning_trace, tools" %
+      (on[0][:20],))
