@@ -140,6 +140,63 @@ json toolCallsJson(const std::vector<ToolCall> &calls, bool indexed) {
   return out;
 }
 
+/// A chat answer split, piece by piece, into reasoning and content
+/// (--reasoning-parser) and the content's tool calls (tools with
+/// tool_choice auto), kept for the end.
+struct AnswerSplit {
+  std::unique_ptr<ReasoningParser> reasoning;
+  std::unique_ptr<ToolCallStream> tools;
+  nlohmann::ordered_json toolSchemas;
+  bool parallel = true;
+
+  /// The parts of the next piece of text; at the `last` one, also the
+  /// calls.
+  ReasoningParser::Delta feed(const std::string &text, bool last,
+                              std::vector<ToolCall> &calls) {
+    ReasoningParser::Delta d;
+    if (reasoning) {
+      d = reasoning->feed(text);
+      if (last) {
+        ReasoningParser::Delta end = reasoning->finish();
+        d.reasoning += end.reasoning;
+        d.content += end.content;
+      }
+    } else {
+      d.content = text;
+    }
+    if (tools) {
+      d.content = tools->feed(d.content);
+      if (last) {
+        ToolCallOutput out = tools->finish(toolSchemas);
+        d.content += out.content;
+        calls = std::move(out.calls);
+        if (!parallel && !calls.empty())
+          calls.resize(1);
+      }
+    }
+    return d;
+  }
+  bool sawReasoning() const { return reasoning && reasoning->sawReasoning(); }
+};
+
+/// The split a chat request's answer needs (null: none).
+std::unique_ptr<AnswerSplit> answerSplit(const ParsedRequest &p,
+                                         const ServePolicy &policy) {
+  if (!p.chat ||
+      (policy.reasoningParser.empty() && p.toolCalls != ToolCalls::Auto))
+    return nullptr;
+  auto split = std::make_unique<AnswerSplit>();
+  if (!policy.reasoningParser.empty())
+    split->reasoning =
+        std::make_unique<ReasoningParser>(p.promptOpensReasoning);
+  if (p.toolCalls == ToolCalls::Auto) {
+    split->tools = std::make_unique<ToolCallStream>();
+    split->toolSchemas = p.tools;
+    split->parallel = p.parallelToolCalls;
+  }
+  return split;
+}
+
 /// The finish_reason of an OpenAI response.
 const char *finishReason(nf_finish_reason reason) {
   return reason == NF_FINISH_LENGTH ? "length" : "stop";
@@ -233,34 +290,14 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
                        all.finishReason == NF_FINISH_UNAVAILABLE ? 503 : 500,
                        errorText(all), "server_error");
     json choice = {{"finish_reason", finishReason(all.finishReason)}};
-    if (chat &&
-        (!policy.reasoningParser.empty() || p.toolCalls == ToolCalls::Auto)) {
-      // Reasoning first, then tool calls in the answer.
-      ReasoningParser::Delta d;
-      bool reasoned = false;
-      if (!policy.reasoningParser.empty()) {
-        ReasoningParser parser(p.promptOpensReasoning);
-        d = parser.feed(all.text);
-        ReasoningParser::Delta end = parser.finish();
-        d.reasoning += end.reasoning;
-        d.content += end.content;
-        reasoned = parser.sawReasoning();
-      } else {
-        d.content = all.text;
-      }
+    if (auto split = answerSplit(p, policy)) {
       std::vector<ToolCall> calls;
-      if (p.toolCalls == ToolCalls::Auto) {
-        ToolCallOutput out = parseToolCalls(d.content, p.tools);
-        if (!out.calls.empty()) {
-          calls = std::move(out.calls);
-          if (!p.parallelToolCalls)
-            calls.resize(1);
-          d.content = out.content;
-          while (!d.content.empty() &&
-                 std::isspace(static_cast<unsigned char>(d.content.back())))
-            d.content.pop_back();
-        }
-      }
+      ReasoningParser::Delta d = split->feed(all.text, true, calls);
+      const bool reasoned = split->sawReasoning();
+      if (!calls.empty()) // the text before the calls, without its end
+        while (!d.content.empty() &&
+               std::isspace(static_cast<unsigned char>(d.content.back())))
+          d.content.pop_back();
       json message = {
           {"role", "assistant"},
           {"content", d.content.empty() && (reasoned || !calls.empty())
@@ -321,27 +358,7 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
       chunk["reasoning_trace"] = trace;
     return "data: " + dumpJson(chunk) + "\n\n";
   };
-  // Chat answers split into reasoning and content, and (with tools) the
-  // content's tool calls kept for the end.
-  struct Split {
-    std::unique_ptr<ReasoningParser> reasoning;
-    std::unique_ptr<ToolCallStream> tools;
-    nlohmann::ordered_json toolSchemas;
-    bool parallel = true;
-  };
-  std::shared_ptr<Split> parser;
-  if (chat &&
-      (!policy.reasoningParser.empty() || p.toolCalls == ToolCalls::Auto)) {
-    parser = std::make_shared<Split>();
-    if (!policy.reasoningParser.empty())
-      parser->reasoning =
-          std::make_unique<ReasoningParser>(p.promptOpensReasoning);
-    if (p.toolCalls == ToolCalls::Auto) {
-      parser->tools = std::make_unique<ToolCallStream>();
-      parser->toolSchemas = p.tools;
-      parser->parallel = p.parallelToolCalls;
-    }
-  }
+  std::shared_ptr<AnswerSplit> parser = answerSplit(p, policy);
   auto roleSent = std::make_shared<bool>(!chat);
   const bool returnTokenIds = p.returnTokenIds;
   // stream_options.include_usage: a last chunk with no choices and the
@@ -395,27 +412,7 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
         const json ids = returnTokenIds ? json(o.tokens) : json(nullptr);
         std::vector<ToolCall> calls;
         if (parser) {
-          ReasoningParser::Delta d;
-          if (parser->reasoning) {
-            d = parser->reasoning->feed(o.text);
-            if (o.finished()) {
-              ReasoningParser::Delta end = parser->reasoning->finish();
-              d.reasoning += end.reasoning;
-              d.content += end.content;
-            }
-          } else {
-            d.content = o.text;
-          }
-          if (parser->tools) {
-            d.content = parser->tools->feed(d.content);
-            if (o.finished()) {
-              ToolCallOutput out = parser->tools->finish(parser->toolSchemas);
-              d.content += out.content;
-              calls = std::move(out.calls);
-              if (!parser->parallel && !calls.empty())
-                calls.resize(1);
-            }
-          }
+          ReasoningParser::Delta d = parser->feed(o.text, o.finished(), calls);
           // Text held back inside a tag sends nothing yet (unless ids).
           if (!d.empty() || (returnTokenIds && !o.tokens.empty()))
             events += event(o.text, nullptr, ids, &d);
