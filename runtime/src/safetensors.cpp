@@ -412,4 +412,90 @@ StatusOr<Checkpoint> openCheckpoint(const std::string &dir) {
   }
 }
 
+Status writeSafetensors(const std::string &path,
+                        const std::vector<TensorData> &tensors,
+                        const std::map<std::string, std::string> &metadata) {
+  return writeSafetensors(
+      path, tensors,
+      [&](size_t i, std::string &bytes) {
+        bytes.assign(tensors[i].bytes);
+        return Status::success();
+      },
+      metadata);
+}
+
+Status writeSafetensors(const std::string &path,
+                        const std::vector<TensorData> &tensors,
+                        const TensorFill &fill,
+                        const std::map<std::string, std::string> &metadata) {
+  json header = json::object();
+  if (!metadata.empty())
+    header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  std::vector<uint64_t> sizes;
+  for (const TensorData &t : tensors) {
+    uint64_t elements = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0)
+        return fail(path, "tensor '" + t.name + "' has shape " +
+                              shapeString(t.shape));
+      elements *= static_cast<uint64_t>(d);
+    }
+    const uint64_t bytes = elements * dtypeSize(t.dtype);
+    if (t.name == "__metadata__" || header.contains(t.name))
+      return fail(path, "tensor name '" + t.name + "' is used twice");
+    header[t.name] = {{"dtype", dtypeName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    sizes.push_back(bytes);
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' '); // data 8-byte aligned
+  unsigned char size[8];
+  for (int i = 0; i < 8; ++i)
+    size[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
+
+  const std::string tmp = path + ".tmp";
+  std::unique_ptr<std::FILE, int (*)(std::FILE *)> f(
+      std::fopen(tmp.c_str(), "wb"), &std::fclose);
+  if (!f)
+    return fail(path, std::string("cannot create: ") + std::strerror(errno));
+  std::error_code ec;
+  auto abandon = [&](const Status &why) {
+    f.reset();
+    fs::remove(tmp, ec);
+    return why;
+  };
+  if (std::fwrite(size, 1, 8, f.get()) != 8 ||
+      std::fwrite(text.data(), 1, text.size(), f.get()) != text.size())
+    return abandon(
+        fail(path, std::string("cannot write: ") + std::strerror(errno)));
+  std::string bytes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    bytes.clear();
+    if (Status s = fill(i, bytes); !s)
+      return abandon(s);
+    if (bytes.size() != sizes[i])
+      return abandon(fail(path, "tensor '" + tensors[i].name + "' has " +
+                                    std::to_string(bytes.size()) +
+                                    " bytes for " +
+                                    dtypeName(tensors[i].dtype) + " " +
+                                    shapeString(tensors[i].shape)));
+    if (std::fwrite(bytes.data(), 1, bytes.size(), f.get()) != bytes.size())
+      return abandon(
+          fail(path, std::string("cannot write: ") + std::strerror(errno)));
+  }
+  if (std::fclose(f.release()) != 0) {
+    fs::remove(tmp, ec);
+    return fail(path, std::string("cannot write: ") + std::strerror(errno));
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    return fail(path, "cannot rename into place: " + ec.message());
+  }
+  return Status::success();
+}
+
 } // namespace nf

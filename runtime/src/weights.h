@@ -111,6 +111,26 @@ inline float roundToE4M3(float v) {
   return std::copysign(std::min(std::nearbyint(a / step) * step, 448.0f), v);
 }
 
+/// The E4M3 code of `v` clamped to +-448 and rounded to the nearest E4M3
+/// value, ties to even (the inverse of e4m3ToF32 on its values; NaN gives
+/// the NaN code).
+inline uint8_t e4m3Code(float v) {
+  if (std::isnan(v))
+    return 0x7f;
+  const float r = roundToE4M3(std::clamp(v, -448.0f, 448.0f));
+  const uint8_t sign = std::signbit(r) ? 0x80 : 0;
+  const float a = std::fabs(r);
+  if (a == 0.0f)
+    return sign;
+  int e;
+  std::frexp(a, &e); // a = m * 2^e, m in [0.5, 1): unit exponent e - 1
+  if (e - 1 < -6)    // subnormal: mant * 2^-9
+    return sign | static_cast<uint8_t>(std::ldexp(a, 9));
+  const int mant = static_cast<int>(std::ldexp(a, -(e - 1)) * 8.0f) - 8;
+  return sign | static_cast<uint8_t>((e - 1 + 7) << 3) |
+         static_cast<uint8_t>(mant);
+}
+
 /// Element `i` of an f32/bf16/f16 view as f32 (0 for other dtypes).
 inline float loadF32(const WeightView &w, int64_t i) {
   switch (w.dtype) {

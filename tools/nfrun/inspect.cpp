@@ -379,8 +379,18 @@ int runInspect(const std::string &path, bool launches) {
       stacked += w->stacked();
       int64_t n = product(w->shape());
       elements += n;
-      weightBytes += n * dtypeSize(w->dtype());
-      byDtype[dtypeName(w->dtype())] += n * dtypeSize(w->dtype());
+      // Quantised weights' shapes count codes: fp8 one byte each, int4 8
+      // to an i32 word along each row (scales not counted).
+      int64_t b = n * dtypeSize(w->dtype());
+      std::string kind = dtypeName(w->dtype());
+      if (w->quant() && w->shape() && w->shape()->size() > 0) {
+        const bool int4 = w->quant()->scheme() == pl::QuantScheme::Int4;
+        const int64_t cols = w->shape()->Get(w->shape()->size() - 1);
+        b = int4 && cols > 0 ? n / cols * ((cols + 7) / 8) * 4 : n;
+        kind = int4 ? "int4" : "f8e4m3";
+      }
+      weightBytes += b;
+      byDtype[kind] += b;
     }
   std::string dtypes;
   for (const auto &[name, b] : byDtype)
@@ -397,6 +407,12 @@ int runInspect(const std::string &path, bool launches) {
         files += (files.empty() ? "" : ", ") + str(f);
     std::printf("  files: %s in %s\n", files.c_str(),
                 str(cfg->checkpoint()).c_str());
+    if (cfg->plan_weight_files()) {
+      files.clear();
+      for (const flatbuffers::String *f : *cfg->plan_weight_files())
+        files += (files.empty() ? "" : ", ") + str(f);
+      std::printf("  beside the plan: %s\n", files.c_str());
+    }
   }
   if (launches) {
     printLaunches("prefill", plan->prefill());

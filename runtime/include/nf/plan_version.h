@@ -19,7 +19,8 @@ inline constexpr uint32_t kPlanVersionMajor = 1;
 // (Step.expert_stats_offset); 1.9: the kernels' expert selection reads the
 // budget scope and the distinct-expert cap from nf_step_args; 1.10: ops
 // carry their code from nf/plan_ops.def (Op.code); 1.11: quantised weights
-// (Weight.quant, DType.F8E4M3).
-inline constexpr uint32_t kPlanVersionMinor = 11;
+// (Weight.quant, DType.F8E4M3); 1.12: weight files beside the plan
+// (ModelConfig.plan_weight_files: nfc compile --weights).
+inline constexpr uint32_t kPlanVersionMinor = 12;
 inline constexpr char kPlanFileIdentifier[] = "NFPL";
 } // namespace nf

@@ -8,8 +8,10 @@
 #include "nf/status.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace nf {
@@ -79,5 +81,32 @@ struct Checkpoint {
 };
 
 StatusOr<Checkpoint> openCheckpoint(const std::string &dir);
+
+/// A tensor to write: `bytes` holds numElements(shape) x dtypeSize(dtype)
+/// bytes, row-major.
+struct TensorData {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::string_view bytes;
+};
+
+/// Writes `tensors` (in this order) as one .safetensors file at `path`. The
+/// file is written under a temporary name and renamed into place, so a
+/// failure never leaves a partial file at `path`. Errors name the file.
+Status
+writeSafetensors(const std::string &path,
+                 const std::vector<TensorData> &tensors,
+                 const std::map<std::string, std::string> &metadata = {});
+
+/// The same, for tensors too large to hold at once: `tensors` gives names,
+/// dtypes and shapes (their `bytes` unused), and `fill(i, bytes)` produces
+/// tensor i's bytes when the writer reaches it; an error it returns stops
+/// the write.
+using TensorFill = std::function<Status(size_t index, std::string &bytes)>;
+Status
+writeSafetensors(const std::string &path,
+                 const std::vector<TensorData> &tensors, const TensorFill &fill,
+                 const std::map<std::string, std::string> &metadata = {});
 
 } // namespace nf

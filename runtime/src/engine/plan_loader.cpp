@@ -129,7 +129,8 @@ std::string unprintableString(const pl::Plan &p) {
   const pl::ModelConfig &c = *p.config();
   if (!printable(p.generator()) || !printable(p.expert_policy()) ||
       !printable(c.name()) || !printable(c.layer_kinds()) ||
-      !printable(c.checkpoint()) || !printable(c.weight_files()))
+      !printable(c.checkpoint()) || !printable(c.weight_files()) ||
+      !printable(c.plan_weight_files()))
     return "the model config";
   if (p.target() &&
       (!printable(p.target()->backend()) || !printable(p.target()->archs())))
@@ -439,21 +440,35 @@ bindWeights(const PlanFile &pf, const std::string &weightsDir) {
     return Status::error(pf.path + ": the plan lists no weight files");
   namespace fs = std::filesystem;
   try {
-    for (const fb::String *f : *cfg.weight_files()) {
+    // The checkpoint's files, then those nfc wrote beside the plan
+    // (compile-time quantisation), each inside its directory.
+    auto open = [&](const std::string &dir, const fb::String *f) -> Status {
       const std::string rel = f->str();
       StatusOr<std::string> inside =
-          pathInside(bw->dir, rel, pf.path, "weight file");
+          pathInside(dir, rel, pf.path, "weight file");
       if (!inside)
         return inside.status();
       const std::string &full = *inside;
       std::error_code ec;
       if (!fs::is_regular_file(full, ec))
-        return Status::error(bw->dir + ": missing weights file " + rel);
+        return Status::error(dir + ": missing weights file " + rel);
       StatusOr<WeightStore> ws = WeightStore::openFile(full);
       if (!ws)
         return ws.status();
       bw->stores.push_back(std::move(*ws));
       bw->files.push_back(full);
+      return Status::success();
+    };
+    for (const fb::String *f : *cfg.weight_files())
+      if (Status s = open(bw->dir, f); !s)
+        return s;
+    if (cfg.plan_weight_files()) {
+      std::string planDir = fs::path(pf.path).parent_path().string();
+      if (planDir.empty())
+        planDir = ".";
+      for (const fb::String *f : *cfg.plan_weight_files())
+        if (Status s = open(planDir, f); !s)
+          return s;
     }
 
     WeightFinder finder(*bw);
