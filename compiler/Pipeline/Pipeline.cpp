@@ -27,6 +27,13 @@ std::optional<Phase> parsePhase(const std::string &name) {
 
 void buildPipeline(mlir::PassManager &pm, Phase last,
                    const PipelineOptions &options) {
+  if (!options.quantizeWeights.empty()) {
+    QuantizeWeightsOptions quantize;
+    quantize.scheme = options.quantizeWeights;
+    quantize.scope = options.quantizeScope;
+    quantize.groupSize = options.quantGroupSize;
+    pm.addPass(createQuantizeWeights(quantize));
+  }
   if (last >= Phase::Outline)
     pm.addPass(createOutlineSteps());
   if (last >= Phase::Lower) {

@@ -30,6 +30,11 @@ struct PipelineOptions {
   /// CUDA target whose GEMM inputs are rounded to bf16 (nf-cuda-row-formats
   /// marks the activations stored rounded by their producers).
   bool cudaBf16Inputs = false;
+  /// Compile-time quantisation (nf-quantize-weights): "" (none), "fp8" or
+  /// "int4"; which weights ("experts" or "all"); int4 columns per scale.
+  std::string quantizeWeights;
+  std::string quantizeScope = "experts";
+  int64_t quantGroupSize = 128;
 };
 
 /// Adds the passes of every phase up to and including `last`.

@@ -252,11 +252,16 @@ StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator,
   if (auto f = info.getAs<ArrayAttr>("weight_files"))
     for (Attribute a : f)
       files.push_back(b.CreateString(cast<StringAttr>(a).str()));
+  std::vector<fb::Offset<fb::String>> planFiles;
+  if (auto f = info.getAs<ArrayAttr>("plan_weight_files"))
+    for (Attribute a : f)
+      planFiles.push_back(b.CreateString(cast<StringAttr>(a).str()));
   auto config = pl::CreateModelConfig(
       b, b.CreateString(getStr("sym_name")), getInt("vocab_size", 0),
       getInt("hidden_size", 0), getInt("bos_token_id", -1), b.CreateVector(eos),
       getInt("pad_token_id", -1), b.CreateString(getStr("layer_kinds")),
-      b.CreateString(getStr("checkpoint")), b.CreateVector(files));
+      b.CreateString(getStr("checkpoint")), b.CreateVector(files),
+      planFiles.empty() ? 0 : b.CreateVector(planFiles));
   fb::Offset<pl::Target> target;
   if (cuda) {
     std::vector<fb::Offset<fb::String>> archs;

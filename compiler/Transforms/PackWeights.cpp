@@ -28,9 +28,14 @@ Type scaleElementType(ArrayAttr types) {
 /// Quantised weights concatenate when they are quantised the same way (one
 /// GEMM, one kernel variant); each part keeps its own scales. Unquantised
 /// weights concatenate only with unquantised ones.
-bool sameQuantFormat(nfir::QuantAttr a, nfir::QuantAttr b) {
+bool sameQuantFormat(nfir::WeightOp wa, nfir::WeightOp wb) {
+  nfir::QuantAttr a = wa.getQuantAttr(), b = wb.getQuantAttr();
   if (!a || !b)
     return !a && !b;
+  // Codes a checkpoint holds and codes compile-time quantisation computes
+  // are bound differently: never in one weight.
+  if (wa->hasAttr(kQuantizeFromAttr) != wb->hasAttr(kQuantizeFromAttr))
+    return false;
   auto inputType = [](nfir::QuantAttr q) {
     return q.getInputScaleTypes() ? scaleElementType(q.getInputScaleTypes())
                                   : Type();
@@ -104,8 +109,8 @@ struct PackWeightsPass : impl::PackWeightsBase<PackWeightsPass> {
       auto t = plainWeight(op.getWeight()).getResult().getType();
       return t.getElementType() == first.getElementType() &&
              t.getDimSize(1) == first.getDimSize(1) &&
-             sameQuantFormat(plainWeight(op.getWeight()).getQuantAttr(),
-                             plainWeight(group[0].getWeight()).getQuantAttr());
+             sameQuantFormat(plainWeight(op.getWeight()),
+                             plainWeight(group[0].getWeight()));
     });
   }
 
@@ -131,6 +136,14 @@ struct PackWeightsPass : impl::PackWeightsBase<PackWeightsPass> {
     auto packed = nfir::WeightOp::create(
         b, loc, packedType, b.getArrayAttr(names), UnitAttr(),
         b.getDenseI64ArrayAttr(weightRows), concatQuant(parts));
+    // Compile-time quantisation: the parts' sources, in order.
+    if (parts.front()->hasAttr(kQuantizeFromAttr)) {
+      SmallVector<Attribute> sources;
+      for (nfir::WeightOp w : parts)
+        llvm::append_range(sources,
+                           w->getAttrOfType<ArrayAttr>(kQuantizeFromAttr));
+      packed->setAttr(kQuantizeFromAttr, b.getArrayAttr(sources));
+    }
     auto resultType =
         RankedTensorType::get({ShapedType::kDynamic, total}, b.getF32Type());
     Value fused =

@@ -1,6 +1,7 @@
 //===- Passes.td - nf compiler passes ----------------------*- tablegen -*-===//
 //
-// The lowering pipeline, in order: outline steps, lower mixers, lower MoE,
+// The lowering pipeline, in order: (compile-time quantisation) quantize
+// weights, outline steps, lower mixers, lower MoE,
 // pack weights, fuse kernels, (CUDA target) row formats, plan memory. Each
 // pass keeps the IR verifying.
 //
@@ -10,6 +11,42 @@
 #define NF_TRANSFORMS_PASSES_TD
 
 include "mlir/Pass/PassBase.td"
+
+def QuantizeWeights : Pass<"nf-quantize-weights", "mlir::ModuleOp"> {
+  let summary = "Chooses the weights a plan stores quantised (compile-time quantisation)";
+  let description = [{
+    `nfc compile --weights=fp8|int4`: marks unquantised f32/bf16/f16
+    linear-projection weights to be stored quantised, round to nearest,
+    weight only (`activations = none`):
+    - `fp8`: E4M3 codes with one f32 scale per output channel (row),
+      `s = max|W[r, :]| / 448`, as llm-compressor's FP8_DYNAMIC weights;
+    - `int4`: symmetric int4 codes in [-8, 7] packed 8 per i32, one f32
+      scale per row and group of `group-size` input columns,
+      `s = max|group| / 7.5`, as compressed-tensors' W4A16. Where the group
+      size does not divide a weight's input columns, the largest power of
+      two below it that does (at least 8) is used; a weight with none stays
+      unquantised.
+    `scope=experts` quantises the routed experts' stacked weights only;
+    `scope=all` also the Mamba, attention, MLP, shared-expert and latent
+    projections. Embeddings, the LM head, routers, norms and convolutions
+    are never quantised, nor weights a checkpoint already quantised.
+    Each chosen weight gets its `#nf.quant`, code element type and new
+    tensor names (`<source>.nfc_<scheme>`, scales `..._scale`; a stacked
+    expert tensor becomes one tensor per expert), and `nf.quantize_from`,
+    the source tensors the codes are computed from when the plan is written
+    (compiler/Plan/QuantizedWeights.cpp). Runs before packing, so packed
+    q/k/v keep one scale tensor per part.
+  }];
+  let options = [
+    Option<"scheme", "scheme", "std::string", /*default=*/"\"fp8\"",
+           "Code format: fp8 (E4M3, per output channel) or int4 (per group)">,
+    Option<"scope", "scope", "std::string", /*default=*/"\"experts\"",
+           "Which weights: experts (routed experts) or all (every linear "
+           "projection)">,
+    Option<"groupSize", "group-size", "int64_t", /*default=*/"128",
+           "int4: input columns per scale">,
+  ];
+}
 
 def OutlineSteps : Pass<"nf-outline-steps", "mlir::ModuleOp"> {
   let summary = "Turns each nf.model into prefill and decode step functions";

@@ -5,6 +5,10 @@
 //                                            docs/pipeline.md)
 //   nfc compile model.mlir --target=cuda[:sm_90,...] -o plan.nfb
 //                                            + CUDA kernels (docs/cuda.md)
+//   nfc compile model.mlir --weights=fp8|int4 -o plan.nfb
+//                                            + plan.weights.safetensors:
+//                                            weights quantised at compile
+//                                            time (docs/pipeline.md)
 //
 // Every failure prints one line "nfc: error: <file>: <problem>" and exits 1.
 // Outputs are written to a temporary file and renamed into place, so a failed
@@ -16,6 +20,7 @@
 #include "CodeGen/KernelCache.h"
 #include "Pipeline/Pipeline.h"
 #include "Plan/PlanWriter.h"
+#include "Plan/QuantizedWeights.h"
 #include "import/Importer.h"
 #include "nf/IR/NfOps.h"
 #include "nf/file.h"
@@ -238,6 +243,10 @@ int runCompile(const CompileFlags &flags) {
   } else if (flags.matmulInputs != "exact") {
     return fail("--matmul-inputs needs --target=cuda");
   }
+  if (!flags.pipeline.quantizeWeights.empty() && cuda)
+    return fail("--weights=" + flags.pipeline.quantizeWeights +
+                ": quantised weights have no CUDA kernels yet; compile for "
+                "the CPU target");
   mlir::DialectRegistry registry;
   nf::compiler::registerDialects(registry);
   mlir::MLIRContext context(registry);
@@ -303,6 +312,13 @@ int runCompile(const CompileFlags &flags) {
     }
 
   if (emitPlan) {
+    // Compile-time quantisation: the codes go beside the plan
+    // (plan.nfb -> plan.weights.safetensors), which lists the file.
+    std::filesystem::path codes(flags.output);
+    codes.replace_extension(".weights.safetensors");
+    if (auto st = nf::compiler::writeQuantizedWeights(*module, codes.string());
+        !st)
+      return fail(flags.input + ": " + st.message());
     nf::codegen::CudaPlanBinaries binaries;
     auto plan = nf::compiler::writePlan(
         *module, std::string("nfc ") + NF_VERSION,
@@ -417,6 +433,26 @@ int main(int argc, char **argv) {
                    "tensor-core work)")
       ->capture_default_str()
       ->check(CLI::IsMember({"exact", "bf16"}));
+  compileCmd
+      ->add_option("--weights", compile.pipeline.quantizeWeights,
+                   "Quantise weights at compile time, round to nearest, "
+                   "weight only: fp8 (E4M3, a scale per output channel) or "
+                   "int4 (a scale per group of input columns); the codes are "
+                   "written beside the plan (<plan>.weights.safetensors)")
+      ->check(CLI::IsMember({"fp8", "int4"}));
+  compileCmd
+      ->add_option("--quantize", compile.pipeline.quantizeScope,
+                   "With --weights: experts (the routed experts' weights) or "
+                   "all (every linear projection; never embeddings, LM head, "
+                   "routers, norms or convolutions)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"experts", "all"}));
+  compileCmd
+      ->add_option("--quant-group-size", compile.pipeline.quantGroupSize,
+                   "With --weights=int4: input columns per scale (a power of "
+                   "two; halved for a weight it does not divide)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({8, 16, 32, 64, 128, 256, 512, 1024}));
   compileCmd->add_flag("--print-kernel-cache-stats", compile.printCacheStats,
                        "Report kernel cache hits and misses (stderr; "
                        "cache: $NF_KERNEL_CACHE, see docs/cuda.md)");

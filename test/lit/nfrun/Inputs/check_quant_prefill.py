@@ -2,7 +2,10 @@
 quant_reference.safetensors (float64, the scheme's dequantisation and
 activation quantisation; see the fixture's README).
 
-    check_quant_prefill.py NFRUN PLAN QUANT_REFERENCE
+    check_quant_prefill.py NFRUN PLAN QUANT_REFERENCE [KEY]
+
+KEY: the reference logits to compare with, `prefill_logits` (default: the
+scheme's activation quantisation) or `prefill_logits_weight_only`.
 
 Per logits row, error = max |ours - ref| / max(1, max |ref|), as in
 check_generate.py. Weight-only schemes match in every row (the lit test
@@ -22,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_generate import generate, max_rel_error, read_safetensors  # noqa: E402
 
 nfrun, plan, reference = sys.argv[1:4]
+key = sys.argv[4] if len(sys.argv) > 4 else "prefill_logits"
 ref = read_safetensors(reference)
 prompts = sorted({k.split(".")[0] for k in ref if k.endswith(".tokens")})
 worst, good, total = 0.0, 0, 0
@@ -30,7 +34,7 @@ with tempfile.TemporaryDirectory() as tmp:
         dump = os.path.join(tmp, p + ".safetensors")
         ours, _ = generate(nfrun, plan, ref[p + ".tokens"][1], 1, dump,
                            "--threads", "1")
-        shape, theirs = ref[p + ".prefill_logits"]
+        shape, theirs = ref[p + "." + key]
         if ours["prefill_logits"][0] != shape:
             sys.exit("%s: prefill_logits has shape %s, reference %s" % (
                 p, ours["prefill_logits"][0], shape))
