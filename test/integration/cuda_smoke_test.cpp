@@ -572,6 +572,49 @@ TEST_P(CudaSmoke, StateSlotsPagesAndStatistics) {
     EXPECT_TRUE(e->removeSequence(s).ok());
 }
 
+// A fork continues from a copy of its source's state and partly filled KV
+// page (pages of 2 positions: a 3-token prefix fills page 0 and half of
+// page 1), sharing page 0: both then see what a sequence that was never
+// forked sees (the state kernel writes its conv window, running state and
+// the sum of its K/V cells into the logits).
+TEST_P(CudaSmoke, ForkedSequencesContinueFromACopy) {
+  test::TempDir dir;
+  SmokeSpec spec;
+  spec.state = true;
+  std::unique_ptr<Engine> e =
+      loadEngine(writeSmokePlan(dir.path(), "fork", spec), opts("cuda"));
+  ASSERT_NE(e, nullptr);
+  const std::vector<int32_t> prefix = {5, 9, 2};
+  const std::vector<std::vector<int32_t>> next = {{7, 1}, {3}};
+  std::vector<float> logits;
+  // Unforked: prefix, then each continuation.
+  std::vector<std::vector<float>> want;
+  for (const auto &t : next) {
+    StatusOr<int32_t> s = e->addSequence();
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(stepOne(*e, *s, prefix, LogitsFor::AllTokens, logits).ok());
+    ASSERT_TRUE(stepOne(*e, *s, t, LogitsFor::AllTokens, logits).ok());
+    want.push_back(logits);
+    ASSERT_TRUE(e->removeSequence(*s).ok());
+  }
+  StatusOr<int32_t> a = e->addSequence();
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(stepOne(*e, *a, prefix, LogitsFor::AllTokens, logits).ok());
+  const int64_t freeBefore = e->cacheUsage().kvFreePages;
+  StatusOr<int32_t> b = e->forkSequence(*a);
+  ASSERT_TRUE(b.ok()) << b.message();
+  EXPECT_EQ(e->cacheUsage().kvFreePages, freeBefore - 1);
+  std::vector<SequenceInput> in = {{*a, next[0]}, {*b, next[1]}};
+  Status st = e->step(in, LogitsFor::AllTokens, logits);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(logits.size(), size_t(3 * kV));
+  EXPECT_EQ(std::vector<float>(logits.begin(), logits.begin() + 2 * kV),
+            want[0]);
+  EXPECT_EQ(std::vector<float>(logits.begin() + 2 * kV, logits.end()), want[1]);
+  EXPECT_TRUE(e->removeSequence(*a).ok());
+  EXPECT_TRUE(e->removeSequence(*b).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Drivers, CudaSmoke,
                          ::testing::Values("device", "fake"),
                          [](const auto &info) { return info.param; });

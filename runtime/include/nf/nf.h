@@ -321,7 +321,15 @@ NF_API nf_status nf_chat_apply_template_vars(
 /* A new empty sequence (fresh recurrent state, empty KV cache).
    NF_ERR_CAPACITY when all sequence slots are in use. */
 NF_API nf_status nf_seq_add(nf_model *model, int32_t *seq_id);
-/* Frees the sequence's state. */
+/* A new sequence that continues from `seq_id` as it is now (which is left
+   unchanged): the same length, a copy of its recurrent state, and its K/V
+   cache (full pages shared, the last partly filled page copied), so that
+   several continuations of one prefix need it computed once.
+   NF_ERR_CAPACITY when no sequence slot (or KV page for the copy) is free;
+   NF_ERR_INVALID_ARGUMENT for an unknown id. */
+NF_API nf_status nf_seq_fork(nf_model *model, int32_t seq_id,
+                             int32_t *fork_id);
+/* Frees the sequence's state (KV pages a fork shares stay with it). */
 NF_API nf_status nf_seq_remove(nf_model *model, int32_t seq_id);
 /* Tokens the sequence holds so far; -1 for an unknown id. */
 NF_API int64_t nf_seq_length(const nf_model *model, int32_t seq_id);

@@ -280,6 +280,13 @@ public:
       return lastError();
     return id;
   }
+  /// nf_seq_fork: a new sequence continuing from `seq`.
+  StatusOr<int32_t> forkSequence(int32_t seq) {
+    int32_t id = -1;
+    if (nf_seq_fork(m_, seq, &id) != NF_OK)
+      return lastError();
+    return id;
+  }
   Status removeSequence(int32_t seq) {
     return nf_seq_remove(m_, seq) == NF_OK ? Status::success() : lastError();
   }

@@ -588,6 +588,24 @@ nf_status nf_seq_add(nf_model *model, int32_t *seq_id) {
   });
 }
 
+nf_status nf_seq_fork(nf_model *model, int32_t seq_id, int32_t *fork_id) {
+  return guard([&]() -> nf_status {
+    if (!model || !fork_id)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_seq_fork: model and fork_id must not be NULL");
+    if (!model->liveSequences.count(seq_id))
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_seq_fork: unknown sequence id " + std::to_string(seq_id));
+    StatusOr<int32_t> id = model->engine->forkSequence(seq_id);
+    if (!id)
+      return fail(NF_ERR_CAPACITY, id.status());
+    model->liveSequences.insert(*id);
+    model->budgetCarry[*id] = model->budgetCarry[seq_id];
+    *fork_id = *id;
+    return NF_OK;
+  });
+}
+
 nf_status nf_seq_remove(nf_model *model, int32_t seq_id) {
   return guard([&]() -> nf_status {
     if (!model)

@@ -48,6 +48,14 @@ StatusOr<int32_t> StateCache::allocateSlot() {
                        " slots are in use");
 }
 
+void StateCache::copySlot(int32_t from, int32_t to) {
+  for (size_t l = 0; l < shapes_.size(); ++l) {
+    const auto layer = static_cast<int32_t>(l);
+    std::copy_n(conv(layer, from), shapes_[l].convStateSize(), conv(layer, to));
+    std::copy_n(ssm(layer, from), shapes_[l].ssmStateSize(), ssm(layer, to));
+  }
+}
+
 Status StateCache::freeSlot(int32_t slot) {
   if (!isLive(slot))
     return Status::error("state cache: slot " + std::to_string(slot) +
@@ -92,7 +100,7 @@ StatusOr<KvCache> KvCache::create(std::span<const KvLayerShape> layers,
       s.v.assign(n, 0.0f);
       c.layers_.push_back(std::move(s));
     }
-    c.used_.assign(static_cast<size_t>(numPages), false);
+    c.refs_.assign(static_cast<size_t>(numPages), 0);
     return c;
   } catch (const std::bad_alloc &) {
     return Status::error("kv cache: out of memory for " +
@@ -103,8 +111,8 @@ StatusOr<KvCache> KvCache::create(std::span<const KvLayerShape> layers,
 
 StatusOr<int32_t> KvCache::allocatePage() {
   for (int32_t p = 0; p < numPages(); ++p)
-    if (!used_[p]) {
-      used_[p] = true;
+    if (refs_[p] == 0) {
+      refs_[p] = 1;
       ++numUsed_;
       return p;
     }
@@ -112,13 +120,30 @@ StatusOr<int32_t> KvCache::allocatePage() {
                        " pages are in use");
 }
 
-Status KvCache::freePage(int32_t page) {
-  if (page < 0 || page >= numPages() || !used_[page])
+Status KvCache::sharePage(int32_t page) {
+  if (page < 0 || page >= numPages() || refs_[page] == 0)
     return Status::error("kv cache: page " + std::to_string(page) +
                          " is not in use");
-  used_[page] = false;
-  --numUsed_;
+  ++refs_[page];
   return Status::success();
+}
+
+Status KvCache::freePage(int32_t page) {
+  if (page < 0 || page >= numPages() || refs_[page] == 0)
+    return Status::error("kv cache: page " + std::to_string(page) +
+                         " is not in use");
+  if (--refs_[page] == 0)
+    --numUsed_;
+  return Status::success();
+}
+
+void KvCache::copyPage(int32_t from, int32_t to) {
+  for (Storage &s : layers_) {
+    const size_t n = static_cast<size_t>(pageSize_) *
+                     static_cast<size_t>(s.numKvHeads * s.headDim);
+    std::copy_n(s.k.begin() + from * n, n, s.k.begin() + to * n);
+    std::copy_n(s.v.begin() + from * n, n, s.v.begin() + to * n);
+  }
 }
 
 int32_t KvCache::numFreePages() const { return numPages() - numUsed_; }
@@ -184,6 +209,45 @@ StatusOr<int32_t> Caches::addSequence() {
   pageTables_[*slot].clear();
   lengths_[*slot] = 0;
   return slot;
+}
+
+StatusOr<Caches::Fork> Caches::fork(int32_t from) {
+  if (!isLive(from))
+    return Status::error("caches: slot " + std::to_string(from) +
+                         " is not in use");
+  StatusOr<int32_t> slot = state_.allocateSlot();
+  if (!slot)
+    return slot.status();
+  Fork f;
+  f.slot = *slot;
+  std::vector<int32_t> &table = pageTables_[f.slot];
+  table.clear();
+  const std::vector<int32_t> &source = pageTables_[from];
+  const int64_t length = lengths_[from];
+  if (kv_.numAttentionLayers() > 0) {
+    const int64_t full = length / kv_.pageSize();
+    for (int64_t j = 0; j < full && j < static_cast<int64_t>(source.size());
+         ++j) {
+      (void)kv_.sharePage(source[j]); // in use: source holds it
+      table.push_back(source[j]);
+    }
+    if (length % kv_.pageSize() != 0 &&
+        static_cast<int64_t>(source.size()) > full) {
+      StatusOr<int32_t> page = kv_.allocatePage();
+      if (!page) {
+        kv_.release(table);
+        (void)state_.freeSlot(f.slot);
+        return page.status();
+      }
+      f.pageFrom = source[full];
+      f.pageTo = *page;
+      kv_.copyPage(f.pageFrom, f.pageTo);
+      table.push_back(*page);
+    }
+  }
+  state_.copySlot(from, f.slot);
+  lengths_[f.slot] = length;
+  return f;
 }
 
 Status Caches::removeSequence(int32_t slot) {

@@ -55,6 +55,8 @@ public:
 
   /// The lowest free slot, its state zeroed.
   StatusOr<int32_t> allocateSlot();
+  /// Copies slot `from`'s state of every layer into slot `to`.
+  void copySlot(int32_t from, int32_t to);
   Status freeSlot(int32_t slot);
   bool isLive(int32_t slot) const;
   int32_t numSlots() const { return static_cast<int32_t>(live_.size()); }
@@ -79,6 +81,8 @@ struct KvLayerShape {
 };
 
 /// Paged K/V storage of every attention layer and its page allocator.
+/// Pages are reference-counted: forked sequences share the full pages of
+/// the prefix they have in common (which neither writes again).
 class KvCache {
 public:
   /// One layer per entry of `attentionLayers`, all sharing the page ids.
@@ -86,10 +90,15 @@ public:
                                   int32_t numPages, int32_t pageSize);
   KvCache() = default;
 
-  /// The lowest free page.
+  /// The lowest free page (one reference).
   StatusOr<int32_t> allocatePage();
+  /// One more reference to a page in use.
+  Status sharePage(int32_t page);
+  /// Drops one reference; the page is free when none is left.
   Status freePage(int32_t page);
-  int32_t numPages() const { return static_cast<int32_t>(used_.size()); }
+  /// Copies page `from`'s K/V rows of every layer into page `to`.
+  void copyPage(int32_t from, int32_t to);
+  int32_t numPages() const { return static_cast<int32_t>(refs_.size()); }
   int32_t numFreePages() const;
   int32_t pageSize() const { return pageSize_; }
 
@@ -110,7 +119,7 @@ private:
     std::vector<float> k, v;
   };
   std::vector<Storage> layers_;
-  std::vector<bool> used_;
+  std::vector<int32_t> refs_; // per page: the page tables holding it
   int32_t numUsed_ = 0; // pages in use (a server reads the count per step)
   int32_t pageSize_ = 0;
 };
@@ -134,6 +143,17 @@ public:
 
   /// A new, empty sequence: a slot with zeroed state and no pages.
   StatusOr<int32_t> addSequence();
+  /// What fork() did beyond the bookkeeping, for a backend that keeps the
+  /// state elsewhere (the CUDA engine copies the same on the device).
+  struct Fork {
+    int32_t slot = -1;                  // the new sequence's
+    int32_t pageFrom = -1, pageTo = -1; // the partly filled page copied
+  };
+  /// A new sequence continuing from `slot` as it is now: the same length, a
+  /// copy of its recurrent state, its full KV pages shared and its last,
+  /// partly filled page (positions the two will write) copied. On error
+  /// (no free slot or page) nothing has changed.
+  StatusOr<Fork> fork(int32_t slot);
   /// Frees the sequence's slot and pages.
   Status removeSequence(int32_t slot);
   bool isLive(int32_t slot) const { return state_.isLive(slot); }

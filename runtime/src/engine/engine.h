@@ -193,7 +193,15 @@ public:
   /// never reused within an Engine. Fails when all maxSequences slots are
   /// in use.
   virtual StatusOr<int32_t> addSequence() = 0;
-  /// Frees the sequence's state slot and KV pages; an unknown id is an error.
+  /// A new sequence that continues from `sequence` as it is now (it is
+  /// unchanged): the same length, a copy of its recurrent state, and its
+  /// K/V: full pages shared (neither sequence writes them again), the last,
+  /// partly filled page copied. Stepping either then gives what stepping
+  /// the original would. Fails like addSequence when no slot is free, or
+  /// when no KV page is free for the copy; an unknown id is an error.
+  virtual StatusOr<int32_t> forkSequence(int32_t sequence) = 0;
+  /// Frees the sequence's state slot and KV pages (a page shared with a
+  /// fork stays with it); an unknown id is an error.
   virtual Status removeSequence(int32_t sequence) = 0;
   /// Tokens the sequence holds (processed so far); -1 for an unknown id.
   virtual int64_t sequenceLength(int32_t sequence) const = 0;

@@ -283,6 +283,29 @@ SequenceTable::add(int64_t maxSequences,
   return id;
 }
 
+StatusOr<int32_t> SequenceTable::fork(
+    int32_t id,
+    const std::function<Status(const cpu::Caches::Fork &, int32_t)> &copy) {
+  auto it = slotOf_.find(id);
+  if (it == slotOf_.end())
+    return Status::error("engine: no sequence " + std::to_string(id));
+  if (nextId_ == std::numeric_limits<int32_t>::max())
+    return Status::error("engine: sequence ids exhausted");
+  const int32_t from = it->second;
+  StatusOr<cpu::Caches::Fork> f = caches_.fork(from);
+  if (!f)
+    return Status::error("engine: cannot fork sequence " + std::to_string(id) +
+                         ": " + f.message());
+  if (copy)
+    if (Status st = copy(*f, from); !st) {
+      (void)caches_.removeSequence(f->slot);
+      return st;
+    }
+  const int32_t fresh = nextId_++;
+  slotOf_[fresh] = f->slot;
+  return fresh;
+}
+
 Status SequenceTable::remove(int32_t id) {
   auto it = slotOf_.find(id);
   if (it == slotOf_.end())

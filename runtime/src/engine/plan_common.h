@@ -115,6 +115,13 @@ public:
   StatusOr<int32_t>
   add(int64_t maxSequences,
       const std::function<Status(int32_t slot)> &prepare = {});
+  /// A new sequence continuing from sequence `id` (cpu::Caches::fork).
+  /// `copy(fork)` (the CUDA engine copies the state and the partial page
+  /// on the device) runs before the id is handed out; when it fails, the
+  /// new sequence is removed again and its error returned.
+  StatusOr<int32_t> fork(int32_t id,
+                         const std::function<Status(const cpu::Caches::Fork &,
+                                                    int32_t from)> &copy = {});
   Status remove(int32_t id);
   /// Tokens of the sequence processed so far; -1 for an unknown id.
   int64_t length(int32_t id) const;

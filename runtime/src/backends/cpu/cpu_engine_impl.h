@@ -96,6 +96,10 @@ public:
   StatusOr<int32_t> addSequence() override {
     return sequences_.add(info_.maxSequences);
   }
+  // The state and pages live in caches_, which copies them.
+  StatusOr<int32_t> forkSequence(int32_t sequence) override {
+    return sequences_.fork(sequence);
+  }
   CacheUsage cacheUsage() const override {
     return sequences_.usage(hasAttention_);
   }

@@ -263,6 +263,49 @@ StatusOr<int32_t> CudaEngine::addSequence() {
                         [this](int32_t slot) { return clearState(slot); });
 }
 
+StatusOr<int32_t> CudaEngine::forkSequence(int32_t sequence) {
+  return sequences_.fork(sequence,
+                         [this](const cpu::Caches::Fork &f, int32_t from) {
+                           return copyForFork(f, from);
+                         });
+}
+
+Status CudaEngine::copyForFork(const cpu::Caches::Fork &fork, int32_t from) {
+  ContextScope scope(*d_, ctx_.get());
+  Status st = scope.status();
+  auto copy = [&](const DeviceBuffer &buf, size_t unit, int64_t src,
+                  int64_t dst) {
+    if (st)
+      st = d_->check(
+          d_->cuMemcpyDtoDAsync(buf.ptr() + static_cast<size_t>(dst) * unit,
+                                buf.ptr() + static_cast<size_t>(src) * unit,
+                                unit, gpu_->stream.get()),
+          "cuMemcpyDtoDAsync");
+  };
+  size_t buffer = 0;
+  for (const StorageInfo &si : storage_.entries) {
+    if (si.kind == pl::StorageKind::MambaState) {
+      copy(gpu_->storage[buffer],
+           static_cast<size_t>(si.mamba.convStateSize()) * sizeof(float), from,
+           fork.slot);
+      copy(gpu_->storage[buffer + 1],
+           static_cast<size_t>(si.mamba.ssmStateSize()) * sizeof(float), from,
+           fork.slot);
+    } else if (fork.pageFrom >= 0) {
+      const size_t page =
+          static_cast<size_t>(storage_.cache.pageSize) *
+          static_cast<size_t>(si.kv.numKvHeads * si.kv.headDim) * sizeof(float);
+      copy(gpu_->storage[buffer], page, fork.pageFrom, fork.pageTo);
+      copy(gpu_->storage[buffer + 1], page, fork.pageFrom, fork.pageTo);
+    }
+    buffer += 2;
+  }
+  if (!st)
+    return Status::error("engine: copying the state of a forked sequence: " +
+                         st.message());
+  return Status::success();
+}
+
 /// A fresh recurrent state: zeroes the slot of every Mamba layer (in stream
 /// order, before the sequence's first step).
 Status CudaEngine::clearState(int32_t slot) {

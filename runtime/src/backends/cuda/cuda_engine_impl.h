@@ -179,7 +179,11 @@ public:
   }
 
   StatusOr<int32_t> addSequence() override;
+  StatusOr<int32_t> forkSequence(int32_t sequence) override;
   Status clearState(int32_t slot);
+  /// A fork's device side: slot `from`'s state into the fork's slot, and
+  /// the partly filled KV page it copies.
+  Status copyForFork(const cpu::Caches::Fork &fork, int32_t from);
   CacheUsage cacheUsage() const override {
     return sequences_.usage(storage_.hasAttention);
   }
