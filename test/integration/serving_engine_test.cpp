@@ -77,7 +77,11 @@ TEST(ServingEngine, TinyKvPoolCompletesEveryRequestExactly) {
   const auto ps = prompts(model, kRequests);
   for (const auto &p : ps) // each fits alone: 12 pages of 16 tokens
     ASSERT_LE(p.size() + kMaxTokens, 12u * 16u);
-  auto engine = nf::ServingEngine::create(model);
+  // Every page back at the end: no prefix-cache snapshots holding any
+  // (prefix_cache_test.cpp runs the same pool with them).
+  nf::EngineParams ep;
+  ep.prefixCaching = false;
+  auto engine = nf::ServingEngine::create(model, ep);
   ASSERT_TRUE(engine.ok()) << engine.message();
   std::vector<nf::ServingRequest> requests;
   for (const auto &p : ps) {
@@ -329,7 +333,9 @@ TEST(ServingEngine, SoftLimitGrantsWhatTheFreeCacheHolds) {
 
 TEST(ServingEngine, CancelFreesTheSequence) {
   nf::Model model = load(16);
-  auto engine = nf::ServingEngine::create(model);
+  nf::EngineParams ep;
+  ep.prefixCaching = false; // no snapshot of its prompt holding pages
+  auto engine = nf::ServingEngine::create(model, ep);
   ASSERT_TRUE(engine.ok());
   const auto ps = prompts(model, 1);
   nf::RequestParams p = greedy(ps[0], 200);

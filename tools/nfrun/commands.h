@@ -95,6 +95,8 @@ struct ServeFlags {
   std::string apiKey;   // non-empty: /v1/* need "Authorization: Bearer <key>"
   int maxNewTokens = 0; // hard limit of a request's tokens; 0: the context
   double maxWaitMs = 0; // waiting longer promotes a request; 0: never
+  bool prefixCaching = true;
+  int prefixCacheBlock = 256; // tokens between prompt snapshot points
   std::string intentBudget = "interactive=1,batch=0.75,search=0.5";
 };
 

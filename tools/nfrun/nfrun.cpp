@@ -341,6 +341,18 @@ int main(int argc, char **argv) {
                    "cannot starve (0: off)")
       ->capture_default_str()
       ->check(nf::cli::Between("0", "86400000"));
+  serveCmd->add_flag(
+      "--enable-prefix-caching,!--no-enable-prefix-caching",
+      serve.prefixCaching,
+      "Reuse the state of recent requests whose tokens a new request's "
+      "context starts with (snapshots at prompt block boundaries, before "
+      "each prompt's last token and at each request's end; default on)");
+  serveCmd
+      ->add_option("--prefix-cache-block", serve.prefixCacheBlock,
+                   "Tokens between the prompt boundaries at which prefix "
+                   "caching keeps a snapshot")
+      ->capture_default_str()
+      ->check(nf::cli::Between("1", "1048576"));
   serveCmd
       ->add_option("--intent-budget", serve.intentBudget,
                    "Default expert budget of each X-Client-Intent, e.g. "

@@ -99,13 +99,15 @@ const TrafficClass *trafficClass(Intent intent, PriorityClass priority) {
   return &table[static_cast<int>(intent)][static_cast<int>(priority)];
 }
 
-/// A response's usage: OpenAI's token counts, and for MoE models nf's
+/// A response's usage: OpenAI's token counts (the prompt's from the prefix
+/// cache in prompt_tokens_details.cached_tokens), and for MoE models nf's
 /// routed-expert calls per MoE layer, the budget applied and the share of
 /// static top-k's calls spent.
 json usageJson(const nf::RequestOutput &o) {
   json u = {{"prompt_tokens", o.promptTokens},
             {"completion_tokens", o.completionTokens},
-            {"total_tokens", o.promptTokens + o.completionTokens}};
+            {"total_tokens", o.promptTokens + o.completionTokens},
+            {"prompt_tokens_details", {{"cached_tokens", o.cachedTokens}}}};
   if (!o.expertCallsPerLayer.empty()) {
     u["expert_calls"] = o.expertCallsPerLayer;
     u["expert_budget"] = o.expertBudget;
@@ -705,6 +707,8 @@ int runServe(const ServeFlags &f) {
   ep.maxBatchedTokens = std::max<int64_t>(f.maxBatchedTokens, maxBatch);
   ep.observer = recordEvent;
   ep.observerData = &metrics;
+  ep.prefixCaching = f.prefixCaching;
+  ep.prefixCacheBlock = f.prefixCacheBlock;
   auto engine = nf::ServingEngine::create(*model, ep);
   if (!engine)
     return fail(engine.message());
@@ -719,17 +723,19 @@ int runServe(const ServeFlags &f) {
   server.Get("/health", [&](const httplib::Request &, httplib::Response &res) {
     const nf_engine_stats s = engine->stats();
     res.status = s.draining ? 503 : 200;
-    res.set_content(dumpJson(json{{"status", s.draining ? "stopping" : "ok"},
-                                  {"queued", s.waiting},
-                                  {"running", s.running},
-                                  {"sequences", s.live_sequences},
-                                  {"max_batch", maxBatch},
-                                  {"kv_pages", s.kv_pages},
-                                  {"kv_pages_free", s.kv_free_pages},
-                                  {"preemptions", s.preemptions},
-                                  {"steps", s.steps},
-                                  {"peak_batch", s.peak_batch}}),
-                    "application/json");
+    res.set_content(
+        dumpJson(json{{"status", s.draining ? "stopping" : "ok"},
+                      {"queued", s.waiting},
+                      {"running", s.running},
+                      {"sequences", s.live_sequences - s.prefix_cache_entries},
+                      {"prefix_cache_snapshots", s.prefix_cache_entries},
+                      {"max_batch", maxBatch},
+                      {"kv_pages", s.kv_pages},
+                      {"kv_pages_free", s.kv_free_pages},
+                      {"preemptions", s.preemptions},
+                      {"steps", s.steps},
+                      {"peak_batch", s.peak_batch}}),
+        "application/json");
   });
   server.Get("/metrics", [&](const httplib::Request &, httplib::Response &res) {
     const nf_engine_stats s = engine->stats();
@@ -737,6 +743,8 @@ int runServe(const ServeFlags &f) {
         s.running, s.waiting,
         s.kv_pages > 0 ? 1.0 - static_cast<double>(s.kv_free_pages) / s.kv_pages
                        : 0.0);
+    metrics.setPrefixCache(s.prefix_cache_queries, s.prefix_cache_hits,
+                           s.prefix_cache_entries);
     if (model->numMoeLayers() > 0)
       if (auto used = engine->expertUtilization(*model); used)
         metrics.setExpertUtilization(*used);
@@ -797,6 +805,15 @@ int runServe(const ServeFlags &f) {
     res.set_content(dumpJson(json{{"version", NF_VERSION}}),
                     "application/json");
   });
+  // vLLM's: frees every prefix-cache snapshot (after a benchmark's warm-up,
+  // say); the key guards it where one is set.
+  server.Post("/reset_prefix_cache",
+              [&](const httplib::Request &req, httplib::Response &res) {
+                if (!authorized(req, res))
+                  return;
+                engine->resetPrefixCache();
+                res.set_content("{}", "application/json");
+              });
   server.Post("/v1/completions",
               [&](const httplib::Request &req, httplib::Response &res) {
                 if (authorized(req, res))

@@ -44,6 +44,22 @@ ServeMetrics::ServeMetrics(const std::string &modelName, const MoeShape &moe)
                    .Help("Fraction of KV-cache pages in use (0 to 1).")
                    .Register(*registry_)
                    .Add(model_)),
+      snapshots_(prometheus::BuildGauge()
+                     .Name("nf:prefix_cache_snapshots")
+                     .Help("Prefix-cache snapshots held (each a sequence).")
+                     .Register(*registry_)
+                     .Add(model_)),
+      cacheQueries_(prometheus::BuildCounter()
+                        .Name("vllm:prefix_cache_queries_total")
+                        .Help("Context tokens of admitted requests looked up "
+                              "in the prefix cache.")
+                        .Register(*registry_)
+                        .Add(model_)),
+      cacheHits_(prometheus::BuildCounter()
+                     .Name("vllm:prefix_cache_hits_total")
+                     .Help("Context tokens taken from the prefix cache.")
+                     .Register(*registry_)
+                     .Add(model_)),
       promptTokens_(prometheus::BuildCounter()
                         .Name("vllm:prompt_tokens_total")
                         .Help("Prompt tokens of the requests ended.")
@@ -206,6 +222,17 @@ void ServeMetrics::setLoad(int running, int waiting, double kvCacheUsage) {
   running_.Set(running);
   waiting_.Set(waiting);
   kvUsage_.Set(kvCacheUsage);
+}
+
+void ServeMetrics::setPrefixCache(int64_t queries, int64_t hits,
+                                  int snapshots) {
+  // Counters only go up: add what is new since the last scrape.
+  std::lock_guard<std::mutex> lock(expertMu_);
+  cacheQueries_.Increment(
+      std::max(0.0, static_cast<double>(queries) - cacheQueries_.Value()));
+  cacheHits_.Increment(
+      std::max(0.0, static_cast<double>(hits) - cacheHits_.Value()));
+  snapshots_.Set(snapshots);
 }
 
 std::string ServeMetrics::text() const {

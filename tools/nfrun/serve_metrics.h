@@ -47,6 +47,9 @@ public:
   /// An HTTP answer with an error status (>= 400).
   void httpError(int status);
   void setLoad(int running, int waiting, double kvCacheUsage);
+  /// The engine's prefix-cache counters since the start (context tokens
+  /// looked up and taken from snapshots) and the snapshots held.
+  void setPrefixCache(int64_t queries, int64_t hits, int snapshots);
 
   /// The exposition (text/plain; version=0.0.4).
   std::string text() const;
@@ -54,7 +57,8 @@ public:
 private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Labels model_;
-  prometheus::Gauge &running_, &waiting_, &kvUsage_;
+  prometheus::Gauge &running_, &waiting_, &kvUsage_, &snapshots_;
+  prometheus::Counter &cacheQueries_, &cacheHits_;
   prometheus::Counter &promptTokens_, &generationTokens_, &preemptions_,
       &steps_;
   prometheus::Family<prometheus::Counter> &success_, &refused_, &traffic_;

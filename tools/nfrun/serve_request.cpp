@@ -197,8 +197,9 @@ std::optional<float> budgetValue(const std::string &text) {
   return static_cast<float>(v);
 }
 
-/// Intent, priority and expert budget: the traffic headers, and the body's
-/// `priority` (vLLM's integer, lower first) and `expert_budget`. A
+/// Intent, priority, expert budget and cache salt: the traffic headers, and
+/// the body's `priority` (vLLM's integer, lower first), `expert_budget` and
+/// `cache_salt` (vLLM's: only prefix-cache snapshots of the same salt). A
 /// priority header without an intent header is ignored; an explicit budget
 /// (body, then header) wins over the intent's.
 std::optional<std::string> parseTraffic(const json &body,
@@ -242,6 +243,14 @@ std::optional<std::string> parseTraffic(const json &body,
       return std::string("'priority' must be an integer (lower values are "
                          "served first)");
     r.params.priority = static_cast<int32_t>(v.get<int64_t>());
+  }
+  if (body.contains("cache_salt") && !body["cache_salt"].is_null()) {
+    const json &v = body["cache_salt"];
+    if (!v.is_string() || v.get_ref<const std::string &>().empty() ||
+        v.get_ref<const std::string &>().size() > 1024)
+      return std::string("'cache_salt' must be a non-empty string of at most "
+                         "1024 bytes");
+    r.params.cacheSalt = v.get<std::string>();
   }
   if (body.contains("expert_budget") && !body["expert_budget"].is_null()) {
     const json &v = body["expert_budget"];
@@ -289,6 +298,7 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                                         "max_new_tokens_soft",
                                         "priority",
                                         "expert_budget",
+                                        "cache_salt",
                                         "user"};
   static const char *const kCompletions[] = {"prompt"};
   static const char *const kChat[] = {

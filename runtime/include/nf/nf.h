@@ -597,6 +597,16 @@ typedef struct nf_engine_params {
   int64_t max_wait_ms;
   nf_engine_observer observer; /* may be NULL */
   void *observer_data;
+  /* Prefix caching (default on): a request whose context starts with
+     tokens a recent request processed continues from a snapshot of that
+     request's sequence (Mamba state and K/V) instead of computing them
+     again. Snapshots are kept at the last multiple of prefix_cache_block
+     tokens before a prompt's last token, at the token before it, and at
+     the end of each request that finished; they use sequence slots and KV
+     pages that running requests do not, and give them up, least recently
+     used first, before a request would wait or be preempted for them. */
+  int32_t prefix_caching;
+  int32_t prefix_cache_block; /* tokens; 0: the default, 256 */
 } nf_engine_params;
 
 NF_API nf_engine_params nf_engine_default_params(void);
@@ -636,6 +646,10 @@ typedef struct nf_request_params {
   float expert_budget;
   /* Handed to the engine's observer with this request's events. */
   void *user_data;
+  /* Prefix caching: only snapshots made under the same salt serve the
+     request (so tenants cannot learn each other's prompts from timing).
+     NULL or "": the shared, unsalted cache. */
+  const char *cache_salt;
 } nf_request_params;
 
 /* max_tokens 16, greedy, no stops, priority 0. */
@@ -685,6 +699,9 @@ typedef struct nf_request_output {
   double queued_s;
   double prefill_s;
   double decode_s;
+  /* Prompt tokens taken from the prefix cache instead of computed (at its
+     last admission). */
+  int64_t cached_tokens;
 } nf_request_output;
 
 /* Waits up to timeout_ms (0: does not wait; < 0: without limit) for new
@@ -715,9 +732,20 @@ typedef struct nf_engine_stats {
   int64_t steps;
   int32_t draining;        /* nonzero after nf_engine_shutdown */
   int32_t drained;         /* ... and every request has ended */
+  /* Prefix caching: context tokens of admitted requests looked up, those
+     taken from a snapshot, snapshots held now (each a live sequence) and
+     given up since the start. */
+  int64_t prefix_cache_queries;
+  int64_t prefix_cache_hits;
+  int32_t prefix_cache_entries;
+  int64_t prefix_cache_evictions;
 } nf_engine_stats;
 
 NF_API nf_status nf_engine_get_stats(nf_engine *engine, nf_engine_stats *out);
+
+/* Frees every prefix-cache snapshot (their slots and pages) at the
+   engine's next step; requests running keep their sequences. */
+NF_API void nf_engine_reset_prefix_cache(nf_engine *engine);
 
 /* nf_model_expert_utilization of the engine's model, as of its last step
    (the model's own counters are the engine thread's while it runs). */

@@ -462,6 +462,8 @@ struct EngineParams {
   int64_t maxWaitMs = 0;    // 0: no promotion
   nf_engine_observer observer = nullptr;
   void *observerData = nullptr;
+  bool prefixCaching = true;
+  int32_t prefixCacheBlock = 0; // 0: the default, 256 tokens
 };
 
 /// One request to a serving engine (see nf_request_params).
@@ -476,6 +478,7 @@ struct RequestParams {
   int32_t priority = 0;      // lower first
   float expertBudget = 0.0f; // <= 0: the plan's default
   void *userData = nullptr;  // for the engine's observer
+  std::string cacheSalt;     // prefix caching: "" is the shared cache
 };
 
 /// What a request produced since the last read (see nf_request_output).
@@ -491,6 +494,7 @@ struct RequestOutput {
   float expertBudget = 0.0f;                // applied
   double expertBudgetSpent = 0.0;           // of static top-k's calls
   double queuedS = 0, prefillS = 0, decodeS = 0;
+  int64_t cachedTokens = 0; // prompt tokens from the prefix cache
   bool finished() const { return finishReason != NF_FINISH_NONE; }
 };
 
@@ -535,6 +539,7 @@ public:
     out.queuedS = o.queued_s;
     out.prefillS = o.prefill_s;
     out.decodeS = o.decode_s;
+    out.cachedTokens = o.cached_tokens;
     return out;
   }
   /// Reads until the end: every token and the whole text.
@@ -575,6 +580,8 @@ public:
     p.max_wait_ms = params.maxWaitMs;
     p.observer = params.observer;
     p.observer_data = params.observerData;
+    p.prefix_caching = params.prefixCaching ? 1 : 0;
+    p.prefix_cache_block = params.prefixCacheBlock;
     nf_engine *e = nullptr;
     if (nf_engine_create(model.get(), &p, &e) != NF_OK)
       return lastError();
@@ -612,6 +619,7 @@ public:
     p.priority = params.priority;
     p.expert_budget = params.expertBudget;
     p.user_data = params.userData;
+    p.cache_salt = params.cacheSalt.c_str();
     nf_request *r = nullptr;
     const nf_status st = nf_engine_submit(e_, &p, &r);
     if (code)
@@ -620,6 +628,8 @@ public:
       return lastError();
     return ServingRequest(r);
   }
+  /// See nf_engine_reset_prefix_cache.
+  void resetPrefixCache() { nf_engine_reset_prefix_cache(e_); }
   /// See nf_engine_shutdown.
   void shutdown(std::chrono::milliseconds grace) {
     nf_engine_shutdown(e_, grace.count());

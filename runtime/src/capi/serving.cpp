@@ -130,6 +130,8 @@ nf_engine_params nf_engine_default_params(void) {
   p.max_batched_tokens = 2048;
   p.max_new_tokens = 0;
   p.max_wait_ms = 0;
+  p.prefix_caching = 1;
+  p.prefix_cache_block = 0;
   return p;
 }
 
@@ -144,10 +146,11 @@ nf_status nf_engine_create(nf_model *model, const nf_engine_params *params,
     const nf_engine_params p = params ? *params : nf_engine_default_params();
     const int32_t slots = nf_model_max_sequences(model);
     if (p.max_batch < 0 || p.max_queue < 0 || p.max_batched_tokens < 0 ||
-        p.max_new_tokens < 0 || p.max_wait_ms < 0)
+        p.max_new_tokens < 0 || p.max_wait_ms < 0 || p.prefix_cache_block < 0)
       return fail(NF_ERR_INVALID_ARGUMENT,
                   "nf_engine_create: negative max_batch, max_queue, "
-                  "max_batched_tokens, max_new_tokens or max_wait_ms");
+                  "max_batched_tokens, max_new_tokens, max_wait_ms or "
+                  "prefix_cache_block");
     if (p.max_batch > slots)
       return fail(NF_ERR_INVALID_ARGUMENT,
                   "nf_engine_create: max_batch " + std::to_string(p.max_batch) +
@@ -172,6 +175,8 @@ nf_status nf_engine_create(nf_model *model, const nf_engine_params *params,
     o.maxWaitMs = std::min<int64_t>(p.max_wait_ms, kMaxMs);
     o.observer = p.observer;
     o.observerData = p.observer_data;
+    o.prefixCaching = p.prefix_caching != 0;
+    o.prefixBlock = p.prefix_cache_block > 0 ? p.prefix_cache_block : 256;
     struct Detach { // the flag goes back if the engine is not made
       nf_model *m;
       ~Detach() {
@@ -272,6 +277,8 @@ nf_status nf_engine_submit(nf_engine *engine, const nf_request_params *params,
     r->expertCallsPerLayer.assign(
         static_cast<size_t>(nf_model_n_moe_layers(model)), 0);
     r->userData = p.user_data;
+    if (p.cache_salt)
+      r->cacheSalt = p.cache_salt;
     r->text = nf::serving::TextStream(
         model->tokenizer ? &*model->tokenizer : nullptr, std::move(stops));
     if (!std::isfinite(p.expert_budget))
@@ -338,6 +345,7 @@ nf_status nf_request_read(nf_request *request, int32_t timeout_ms,
     out->queued_s = r.queuedS;
     out->prefill_s = r.prefillS;
     out->decode_s = r.decodeS;
+    out->cached_tokens = r.cachedTokens;
     return NF_OK;
   });
 }
@@ -357,6 +365,11 @@ void nf_engine_shutdown(nf_engine *engine, int64_t grace_ms) {
     engine->scheduler->shutdown(
         nf::serving::Clock::now() +
         std::chrono::milliseconds(std::clamp<int64_t>(grace_ms, 0, kMaxMs)));
+}
+
+void nf_engine_reset_prefix_cache(nf_engine *engine) {
+  if (engine)
+    engine->scheduler->resetPrefixCache();
 }
 
 nf_status nf_engine_get_stats(nf_engine *engine, nf_engine_stats *out) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 #include <tuple>
+#include <utility>
 
 namespace nf::serving {
 namespace {
@@ -24,6 +25,10 @@ bool keepsBefore(const std::shared_ptr<Request> &x,
 Scheduler::Scheduler(nf_model *model, const SchedulerOptions &options)
     : model_(model), options_(options), pageSize_(nf_model_kv_page_size(model)),
       moeLayers_(static_cast<size_t>(nf_model_n_moe_layers(model))),
+      cache_(options.prefixCaching
+                 ? std::make_unique<PrefixCache>(
+                       model, std::max<int32_t>(1, options.prefixBlock))
+                 : nullptr),
       worker_([this] { loop(); }) {}
 
 Scheduler::~Scheduler() {
@@ -76,6 +81,14 @@ void Scheduler::shutdown(Clock::time_point deadline) {
 
 bool Scheduler::drained() { return stats().drained != 0; }
 
+void Scheduler::resetPrefixCache() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resetCache_ = true;
+  }
+  cv_.notify_all();
+}
+
 std::vector<int64_t> Scheduler::expertUtilization() {
   std::lock_guard<std::mutex> lock(mu_);
   return utilization_;
@@ -112,8 +125,18 @@ void Scheduler::notify(const nf_engine_event &event) const {
 
 void Scheduler::finish(Request &r, nf_finish_reason reason,
                        const std::string &error) {
-  if (r.seq >= 0)
+  // A request that ended well leaves its context as a snapshot: the next
+  // turn of a conversation starts with it.
+  const bool ended = reason == NF_FINISH_STOP || reason == NF_FINISH_LENGTH;
+  if (r.seq >= 0 && cache_ && ended && r.fed > 0 &&
+      nf_seq_length(model_, r.seq) == static_cast<int64_t>(r.fed)) {
+    std::vector<int32_t> context(r.fed);
+    for (size_t i = 0; i < r.fed; ++i)
+      context[i] = r.contextToken(i);
+    cache_->insert(r.seq, context, r.cacheSalt, /*adopt=*/true);
+  } else if (r.seq >= 0) {
     (void)nf_seq_remove(model_, r.seq);
+  }
   r.seq = -1;
   const Clock::time_point now = Clock::now();
   // Only this thread writes r.finish: read without the lock. The observer
@@ -188,12 +211,51 @@ std::deque<std::shared_ptr<Request>>::iterator Scheduler::nextWaiting() {
       [&](const auto &x, const auto &y) { return key(x) < key(y); });
 }
 
+bool Scheduler::evictSnapshot(int32_t keep) {
+  return cache_ && cache_->evictOne(keep);
+}
+
+int32_t Scheduler::openSequence(Request &r, const PrefixCache::Hit &hit) {
+  PrefixCache::Hit from = hit;
+  for (;;) {
+    int32_t seq = -1;
+    if (from.seq >= 0 && (seq = cache_->fork(from)) >= 0) {
+      r.fed = from.length;
+      return seq;
+    }
+    if (from.seq < 0 && nf_seq_add(model_, &seq) == NF_OK) {
+      r.fed = 0;
+      return seq;
+    }
+    if (evictSnapshot(from.seq))
+      continue;
+    if (from.seq < 0)
+      return -1;
+    from = {}; // the snapshot cannot be forked: start afresh
+  }
+}
+
+void Scheduler::planSnapshots(Request &r) const {
+  r.snapshots.clear();
+  if (!cache_ || r.prompt.size() < 2)
+    return;
+  // The last block boundary before the prompt's last token (a longer
+  // prompt with the same start hits it), and the token before the last (an
+  // exact repeat hits it, and computes the last token's logits itself).
+  const size_t last = r.prompt.size() - 1;
+  const size_t block = static_cast<size_t>(cache_->block());
+  for (size_t p : {last / block * block, last})
+    if (p > r.fed && (r.snapshots.empty() || r.snapshots.back() != p))
+      r.snapshots.push_back(p);
+}
+
 std::vector<Scheduler::Entry> Scheduler::plan() {
   // New submissions join the waiting requests.
-  bool draining;
+  bool draining, reset;
   Clock::time_point deadline;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    reset = std::exchange(resetCache_, false);
     for (auto &r : inbox_)
       waiting_.push_back(std::move(r));
     inbox_.clear();
@@ -210,6 +272,8 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
   };
   std::erase_if(running_, cancelled);
   std::erase_if(waiting_, cancelled);
+  if (reset && cache_)
+    cache_->clear();
   const std::string why = "the engine is shutting down";
   if (draining) {
     // Requests not yet admitted end now; running ones, and those preempted
@@ -256,6 +320,8 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
       continue;
     const int64_t need = pagesFor(static_cast<int64_t>(r->fed) + 1) -
                          pagesFor(static_cast<int64_t>(r->fed));
+    while (need > freePages() && evictSnapshot())
+      free = nf_model_kv_free_pages(model_);
     while (need > freePages() && running_.back() != r)
       preemptLast(running_.back());
     if (need > freePages()) {
@@ -279,11 +345,32 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
          !waiting_.empty()) {
     auto at = nextWaiting();
     std::shared_ptr<Request> r = *at;
-    const int64_t context = pagesFor(static_cast<int64_t>(r->contextLength()));
+    // The longest cached prefix of its context: the full pages of that
+    // prefix are shared, not taken.
+    PrefixCache::Hit hit;
+    std::vector<int32_t> tokens;
+    if (cache_) {
+      tokens.reserve(r->contextLength());
+      for (size_t i = 0; i < r->contextLength(); ++i)
+        tokens.push_back(r->contextToken(i));
+      hit = cache_->find(tokens, r->cacheSalt);
+    }
+    const int64_t shared =
+        paged ? static_cast<int64_t>(hit.length) / pageSize_ : 0;
+    int64_t context =
+        pagesFor(static_cast<int64_t>(r->contextLength())) - shared;
+    while (paged && context > freePages() - committed && evictSnapshot(hit.seq))
+      free = nf_model_kv_free_pages(model_);
     if (paged && context > freePages() - committed)
       break;
-    int32_t seq = -1;
-    const bool added = nf_seq_add(model_, &seq) == NF_OK;
+    const int32_t seq = openSequence(*r, hit);
+    const bool added = seq >= 0;
+    if (added && paged) {
+      // A fork copies its partly filled page now; the rest is still to come.
+      free = nf_model_kv_free_pages(model_);
+      context = pagesFor(static_cast<int64_t>(r->contextLength())) -
+                pagesFor(static_cast<int64_t>(r->fed));
+    }
     // Admitted for having waited too long: kept as the first priority, or
     // the next page shortage would preempt it again at once.
     if (options_.maxWaitMs > 0 &&
@@ -296,6 +383,13 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
       finish(*r, NF_FINISH_ERROR, nf_last_error());
       continue;
     }
+    if (cache_) {
+      cacheQueries_ += static_cast<int64_t>(r->contextLength());
+      cacheHits_ += static_cast<int64_t>(r->fed);
+      std::lock_guard<std::mutex> lock(r->mu);
+      r->cachedTokens = static_cast<int64_t>(r->fed);
+    }
+    planSnapshots(*r);
     if (!r->admittedOnce) {
       // The soft limit: what the free cache holds for it beside what the
       // requests admitted before it still need.
@@ -313,7 +407,6 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
       r->grantedMaxTokens = r->maxTokens;
     }
     r->seq = seq;
-    r->fed = 0;
     running_.push_back(r);
     admitted.push_back(r);
     committed += context;
@@ -326,8 +419,10 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
   for (auto &r : running_)
     if (r->contextLength() - r->fed > 1)
       prompts.push_back(r);
-  for (auto &r : admitted) // a one-token prompt: not a decode of this step
-    if (r->contextLength() == 1)
+  // A one-token context (or one token left after a cached prefix): not a
+  // decode of this step.
+  for (auto &r : admitted)
+    if (r->contextLength() - r->fed == 1)
       prompts.push_back(r);
   std::stable_sort(
       prompts.begin(), prompts.end(), [](const auto &x, const auto &y) {
@@ -339,8 +434,20 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
     const int64_t fed = static_cast<int64_t>(r->fed);
     int64_t count = std::min<int64_t>(
         static_cast<int64_t>(r->contextLength()) - fed, budget);
-    if (paged)
-      count = std::min(count, (pagesFor(fed) + freePages()) * pageSize_ - fed);
+    // A chunk ends at the next snapshot point.
+    for (size_t p : r->snapshots)
+      if (p > r->fed) {
+        count = std::min(count, static_cast<int64_t>(p) - fed);
+        break;
+      }
+    if (paged) {
+      auto room = [&] {
+        return (pagesFor(fed) + freePages()) * pageSize_ - fed;
+      };
+      while (room() < count && evictSnapshot())
+        free = nf_model_kv_free_pages(model_);
+      count = std::min(count, room());
+    }
     if (count <= 0)
       continue;
     reserved += pagesFor(fed + count) - pagesFor(fed);
@@ -349,7 +456,7 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
   }
   // Nothing fits (prompts holding pages wait on each other): the last
   // request makes room, and the next plan runs the others.
-  if (step.empty() && running_.size() > 1)
+  if (step.empty() && running_.size() > 1 && !evictSnapshot())
     preempt(running_.back());
   return step;
 }
@@ -461,6 +568,9 @@ void Scheduler::runStep(std::vector<Entry> &step) {
   for (auto &[e, token] : done) {
     Request &r = *e.r;
     r.fed += e.count;
+    if (cache_ && r.seq >= 0 &&
+        std::binary_search(r.snapshots.begin(), r.snapshots.end(), r.fed))
+      cache_->insert(r.seq, std::span(r.prompt).first(r.fed), r.cacheSalt);
     if (r.fed < r.contextLength())
       continue; // a prompt chunk: the next one follows
     if (token < 0)
@@ -553,6 +663,11 @@ void Scheduler::updateStats(int32_t stepSequences) {
   stats_.kv_pages = pages;
   stats_.kv_free_pages = freePages;
   stats_.steps += stepSequences > 0 ? 1 : 0;
+  stats_.prefix_cache_queries = cacheQueries_;
+  stats_.prefix_cache_hits = cacheHits_;
+  stats_.prefix_cache_entries =
+      cache_ ? static_cast<int32_t>(cache_->size()) : 0;
+  stats_.prefix_cache_evictions = cache_ ? cache_->evictions() : 0;
 }
 
 void Scheduler::failAll(const std::string &why) {
@@ -576,8 +691,8 @@ void Scheduler::loop() {
       // Wake for new requests, or every 50 ms while requests are held
       // (cancellations, the shutdown deadline, pages freed).
       auto work = [&] {
-        return stopping_ || !inbox_.empty() || !running_.empty() ||
-               !waiting_.empty();
+        return stopping_ || resetCache_ || !inbox_.empty() ||
+               !running_.empty() || !waiting_.empty();
       };
       if (running_.empty() && waiting_.empty())
         cv_.wait(lock, work);
@@ -586,6 +701,7 @@ void Scheduler::loop() {
     }
     std::vector<Entry> step;
     int64_t preemptionsBefore = 0;
+    const int64_t evictionsBefore = cache_ ? cache_->evictions() : 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       preemptionsBefore = stats_.preemptions;
@@ -602,10 +718,11 @@ void Scheduler::loop() {
       step.clear();
     }
     updateStats(static_cast<int32_t>(step.size()));
-    bool preempted;
+    // Room made (a request preempted, a snapshot given up): plan again.
+    bool preempted = cache_ && cache_->evictions() != evictionsBefore;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      preempted = stats_.preemptions != preemptionsBefore;
+      preempted = preempted || stats_.preemptions != preemptionsBefore;
     }
     if (step.empty() && !preempted) {
       // Nothing could run (waiting for pages or a cancellation): do not

@@ -11,7 +11,11 @@
 // step would need more KV pages than are free, the running request of the
 // lowest priority admitted last is preempted: its sequence is freed and
 // its context (prompt and generated tokens) recomputed when it is admitted
-// again, so no accepted request fails for lack of memory. A step that fails
+// again, so no accepted request fails for lack of memory. With prefix
+// caching (prefix_cache.h) an admitted request continues from the longest
+// snapshot its context starts with, prompts pause at the points kept as
+// snapshots, and snapshots give their slots and pages up (least recently
+// used first) before a request is refused or preempted. A step that fails
 // is retried one request at a time, so only the requests that cannot run
 // fail. Cancelled requests free their sequence before the next step.
 // Shutdown stops admitting, lets running requests finish until a deadline
@@ -20,6 +24,7 @@
 
 #include "nf/nf.h"
 #include "nf/status.h"
+#include "serving/prefix_cache.h"
 #include "serving/text_stream.h"
 
 #include <atomic>
@@ -54,6 +59,7 @@ struct Request {
   float expertBudget = 0.0f;  // as submitted (<= 0: the plan's default)
   float appliedBudget = 1.0f; // what it runs with
   void *userData = nullptr;
+  std::string cacheSalt; // part of every prefix-cache key it uses
   std::unique_ptr<nf_sampler, SamplerFree> sampler;
   Clock::time_point arrival;
   uint64_t order = 0; // arrival order
@@ -63,6 +69,9 @@ struct Request {
   int32_t seq = -1; // the model's sequence, -1 while waiting
   size_t fed = 0;   // tokens of prompt + generated in the sequence
   std::vector<int32_t> generated;
+  /// Context lengths at which its prompt pauses for a prefix-cache
+  /// snapshot, ascending.
+  std::vector<size_t> snapshots;
   int failures = 0; // steps that failed after changing its sequence
   bool admittedOnce = false;
   bool promoted = false; // admitted for waiting past max_wait_ms
@@ -81,6 +90,8 @@ struct Request {
   int64_t expertCalls = 0;
   std::vector<int64_t> expertCallsPerLayer; // [MoE layer]
   int64_t tokensRun = 0; // tokens fed through the model (recomputed too)
+  int64_t cachedTokens =
+      0; // context from a prefix-cache snapshot (last admission)
   double queuedS = 0, prefillS = 0, decodeS = 0;
 
   /// The reader gave up on it: the scheduler drops it.
@@ -104,6 +115,8 @@ struct SchedulerOptions {
   int32_t maxQueue = 256;    // requests waiting to be admitted
   int64_t stepTokens = 2048; // tokens of one step (decodes + chunks)
   int64_t maxWaitMs = 0;     // > 0: waiting longer promotes a request
+  bool prefixCaching = true;
+  int32_t prefixBlock = 256; // tokens between prompt snapshot points
   nf_engine_observer observer = nullptr;
   void *observerData = nullptr;
 };
@@ -126,6 +139,8 @@ public:
   bool drained();
 
   nf_engine_stats stats();
+  /// Frees every prefix-cache snapshot before the next step.
+  void resetPrefixCache();
   /// Tokens routed to each [MoE layer][expert] as of the last step.
   std::vector<int64_t> expertUtilization();
 
@@ -156,6 +171,15 @@ private:
   void updateStats(int32_t stepSequences);
   /// Copies the model's expert counters into utilization_.
   void refreshUtilization();
+  /// Frees the least recently used prefix-cache snapshot except the one in
+  /// sequence `keep`; false when there is none.
+  bool evictSnapshot(int32_t keep = -1);
+  /// A sequence for `r` at admission: a fork of the longest snapshot its
+  /// context starts with (r->fed is then its length), else a new one,
+  /// evicting snapshots for a slot; -1 when none is free.
+  int32_t openSequence(Request &r, const PrefixCache::Hit &hit);
+  /// The points of r's prompt after r->fed kept as snapshots.
+  void planSnapshots(Request &r) const;
 
   nf_model *model_;
   const SchedulerOptions options_;
@@ -165,6 +189,7 @@ private:
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> inbox_; // guarded by mu_
   bool stopping_ = false, draining_ = false;   // guarded by mu_
+  bool resetCache_ = false;                    // guarded by mu_
   Clock::time_point deadline_;                 // guarded by mu_
   nf_engine_stats stats_{};                    // guarded by mu_
   uint64_t arrivals_ = 0;                      // guarded by mu_
@@ -177,6 +202,8 @@ private:
   std::vector<int64_t> stepExpertCalls_;
   std::vector<int64_t> stepExpertCallsPerLayer_; // [entry][MoE layer]
   const size_t moeLayers_;
+  std::unique_ptr<PrefixCache> cache_;       // null without prefix caching
+  int64_t cacheQueries_ = 0, cacheHits_ = 0; // tokens looked up, reused
 
   std::thread worker_; // last: starts after the members it uses
 };

@@ -55,11 +55,19 @@ def health(base):
 
 
 def wait_idle(base, what, seconds=20):
-    """/health once no request runs and no sequence is alive."""
+    """/health once no request runs and no sequence is alive, after freeing
+    the prefix cache's snapshots (which hold sequences and pages)."""
     h = None
     for _ in range(int(seconds * 10)):
         h = health(base)
-        if h["running"] == 0 and h["queued"] == 0 and h["sequences"] == 0:
+        if h["running"] == 0 and h["queued"] == 0 and \
+                h["prefix_cache_snapshots"] > 0:
+            status, body = serve_client.request(base, "/reset_prefix_cache",
+                                                {})
+            if status != 200:
+                fail("/reset_prefix_cache: HTTP %d %s" % (status, body))
+        if h["running"] == 0 and h["queued"] == 0 and h["sequences"] == 0 \
+                and h["prefix_cache_snapshots"] == 0:
             return h
         time.sleep(0.1)
     fail("%s: still busy after %d s: %s" % (what, seconds, h))

@@ -252,10 +252,14 @@ for t in threads:
 if errors:
     fail("%d errors, the first: %s" % (len(errors), errors[0]))
 
-# Idle again: nothing running, every sequence and page back.
+# Idle again: nothing running, every sequence and page back once the
+# prefix cache's snapshots are freed.
 h = None
 for _ in range(300):
     h = json.loads(serve_client.request(base, "/health")[1])
+    if h["running"] == 0 and h["queued"] == 0 and \
+            h["prefix_cache_snapshots"] > 0:
+        serve_client.request(base, "/reset_prefix_cache", {})
     if h["running"] == 0 and h["queued"] == 0 and h["sequences"] == 0 and \
             h["kv_pages_free"] == h["kv_pages"]:
         break

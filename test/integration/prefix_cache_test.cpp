@@ -1,0 +1,216 @@
+// The serving engine's prefix cache (serving/prefix_cache.h) on the
+// pydoc-moe plan (Mamba2, attention and MoE layers; CPU backend): requests
+// that hit a snapshot skip those tokens (cached_tokens, the engine's
+// counters) and still produce exactly the tokens they produce alone, with
+// no engine (nf_generate on a model of its own); salts separate caches;
+// snapshots give their slots and pages up under pressure.
+#include "nf/nf.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+
+nf::Model load(int32_t kvPages = 0, int32_t maxSequences = 0) {
+  nf::ModelParams p;
+  p.backend = "cpu";
+  p.kvPages = kvPages;
+  p.maxSequences = maxSequences;
+  auto m = nf::Model::load(std::string(NF_PLAN_DIR) + "/pydoc-moe.nfb", p);
+  EXPECT_TRUE(m.ok()) << m.message();
+  return std::move(*m);
+}
+
+std::vector<int32_t> tokens(const nf::Model &m, const std::string &text) {
+  auto ids = m.tokenize(text);
+  EXPECT_TRUE(ids.ok()) << ids.message();
+  return ids.ok() ? *ids : std::vector<int32_t>{};
+}
+
+std::vector<int32_t> alone(nf::Model &m, const std::vector<int32_t> &prompt,
+                           int32_t maxTokens) {
+  nf::GenerateParams gp;
+  gp.maxTokens = maxTokens;
+  gp.ignoreEos = true;
+  auto t = m.generate(prompt, gp);
+  EXPECT_TRUE(t.ok()) << t.message();
+  return t.ok() ? *t : std::vector<int32_t>{};
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a,
+                            const std::vector<int32_t> &b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  int64_t cached = -1;
+};
+
+Outcome run(nf::ServingEngine &e, const std::vector<int32_t> &prompt,
+            int32_t maxTokens, const std::string &salt = "") {
+  nf::RequestParams p;
+  p.prompt = prompt;
+  p.maxTokens = maxTokens;
+  p.ignoreEos = true;
+  p.cacheSalt = salt;
+  auto r = e.submit(p);
+  EXPECT_TRUE(r.ok()) << r.message();
+  if (!r.ok())
+    return {};
+  auto out = r->wait();
+  EXPECT_TRUE(out.ok()) << out.message();
+  EXPECT_EQ(out->finishReason, NF_FINISH_LENGTH) << out->error;
+  return {out->tokens, out->cachedTokens};
+}
+
+/// The engine's counters once the step that ended the last request is in.
+nf_engine_stats settled(nf::ServingEngine &e) {
+  nf_engine_stats s = e.stats();
+  for (int i = 0; i < 200 && s.running > 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+    s = e.stats();
+  }
+  return s;
+}
+
+const char *kSystem =
+    "# A small library of helpers for lists.\n\n"
+    "def first(items):\n    \"\"\"Return the first item of a list, or "
+    "None when it is empty.\"\"\"\n    return items[0] if items else None\n\n";
+
+} // namespace
+
+// Exact repeats, longer prompts with the same start, a prompt that leaves
+// the shared start part way, and the next turn of a conversation (the last
+// request's prompt and answer, then more).
+TEST(PrefixCache, HitsSkipTokensAndChangeNoToken) {
+  nf::Model reference = load();
+  nf::Model model = load();
+  nf::EngineParams ep;
+  ep.prefixCacheBlock = 16;
+  auto engine = nf::ServingEngine::create(model, ep);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  const std::vector<int32_t> a = tokens(model, kSystem);
+  ASSERT_GT(a.size(), 40u);
+  const size_t n = a.size();
+
+  Outcome first = run(*engine, a, 8);
+  EXPECT_EQ(first.cached, 0);
+  EXPECT_EQ(first.tokens, alone(reference, a, 8));
+
+  // The same prompt: everything but its last token comes from the cache.
+  Outcome again = run(*engine, a, 8);
+  EXPECT_EQ(again.cached, static_cast<int64_t>(n - 1));
+  EXPECT_EQ(again.tokens, first.tokens);
+
+  // A longer prompt with the same start: the snapshot of the first's
+  // prompt and answer (its next turn) is the longest that fits.
+  const std::vector<int32_t> turn =
+      concat(concat(a, first.tokens), tokens(model, "\ndef last(items):"));
+  Outcome next = run(*engine, turn, 6);
+  EXPECT_EQ(next.cached, static_cast<int64_t>(n + first.tokens.size() - 1));
+  EXPECT_EQ(next.tokens, alone(reference, turn, 6));
+
+  // Leaving the shared start at the last block boundary before the first
+  // prompt's last token (block 16): that snapshot is the longest that fits.
+  const size_t boundary = (n - 1) / 16 * 16;
+  const std::vector<int32_t> tail = tokens(model, " = 3\nprint(x)");
+  ASSERT_NE(tail[0], a[boundary]);
+  const std::vector<int32_t> other =
+      concat(std::vector<int32_t>(a.begin(), a.begin() + boundary), tail);
+  Outcome branch = run(*engine, other, 6);
+  EXPECT_EQ(branch.cached, static_cast<int64_t>(boundary));
+  EXPECT_EQ(branch.tokens, alone(reference, other, 6));
+
+  const nf_engine_stats s = settled(*engine);
+  EXPECT_EQ(s.prefix_cache_hits, again.cached + next.cached + branch.cached);
+  EXPECT_EQ(s.prefix_cache_queries,
+            static_cast<int64_t>(2 * n + turn.size() + other.size()));
+  // Every live sequence is a snapshot now.
+  EXPECT_GT(s.prefix_cache_entries, 0);
+  EXPECT_EQ(s.live_sequences, s.prefix_cache_entries);
+}
+
+// A salted request sees only its salt's snapshots.
+TEST(PrefixCache, SaltsSeparateCaches) {
+  nf::Model model = load();
+  auto engine = nf::ServingEngine::create(model);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  const std::vector<int32_t> a = tokens(model, kSystem);
+  const Outcome plain = run(*engine, a, 4);
+  EXPECT_EQ(plain.cached, 0);
+  const Outcome salted = run(*engine, a, 4, "tenant-1");
+  EXPECT_EQ(salted.cached, 0);
+  EXPECT_EQ(salted.tokens, plain.tokens);
+  EXPECT_EQ(run(*engine, a, 4, "tenant-1").cached,
+            static_cast<int64_t>(a.size() - 1));
+  EXPECT_EQ(run(*engine, a, 4, "tenant-2").cached, 0);
+  EXPECT_EQ(run(*engine, a, 4).cached, static_cast<int64_t>(a.size() - 1));
+}
+
+// Off: nothing is cached and every sequence is freed.
+TEST(PrefixCache, OffCachesNothing) {
+  nf::Model model = load();
+  nf::EngineParams ep;
+  ep.prefixCaching = false;
+  auto engine = nf::ServingEngine::create(model, ep);
+  ASSERT_TRUE(engine.ok());
+  const std::vector<int32_t> a = tokens(model, kSystem);
+  run(*engine, a, 4);
+  EXPECT_EQ(run(*engine, a, 4).cached, 0);
+  const nf_engine_stats s = settled(*engine);
+  EXPECT_EQ(s.prefix_cache_entries, 0);
+  EXPECT_EQ(s.prefix_cache_hits, 0);
+  EXPECT_EQ(s.live_sequences, 0);
+}
+
+// A pool too small for the requests together, and 6 sequence slots for 4
+// running requests: the snapshots give their pages and slots up rather
+// than hold a request back, and every request still gets exactly its
+// tokens.
+TEST(PrefixCache, SnapshotsGiveWayUnderPressure) {
+  constexpr int kRequests = 16, kMaxTokens = 12;
+  nf::Model reference = load();
+  nf::Model model = load(/*kvPages=*/16, /*maxSequences=*/6);
+  nf::EngineParams ep;
+  ep.maxBatch = 4;
+  ep.prefixCacheBlock = 16;
+  auto engine = nf::ServingEngine::create(model, ep);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  const std::vector<int32_t> base = tokens(model, kSystem);
+  std::vector<std::vector<int32_t>> ps;
+  for (int i = 0; i < kRequests; ++i) // shared starts, different ends
+    ps.push_back(concat(
+        std::vector<int32_t>(base.begin(), base.begin() + 20 + 3 * (i % 5)),
+        tokens(model, "x" + std::to_string(i))));
+  std::vector<nf::ServingRequest> requests;
+  for (const auto &p : ps) {
+    nf::RequestParams rp;
+    rp.prompt = p;
+    rp.maxTokens = kMaxTokens;
+    rp.ignoreEos = true;
+    auto r = engine->submit(rp);
+    ASSERT_TRUE(r.ok()) << r.message();
+    requests.push_back(std::move(*r));
+  }
+  for (int i = 0; i < kRequests; ++i) {
+    auto out = requests[i].wait();
+    ASSERT_TRUE(out.ok()) << out.message();
+    ASSERT_EQ(out->finishReason, NF_FINISH_LENGTH) << out->error;
+    EXPECT_EQ(out->tokens, alone(reference, ps[i], kMaxTokens))
+        << "request " << i;
+  }
+  const nf_engine_stats s = settled(*engine);
+  EXPECT_GT(s.prefix_cache_hits, 0);
+  EXPECT_GT(s.prefix_cache_evictions, 0);
+  EXPECT_LE(s.prefix_cache_entries, 6);
+  EXPECT_EQ(s.live_sequences, s.prefix_cache_entries);
+}
