@@ -1,0 +1,405 @@
+// nfrun serve's completion endpoints (see serve_completion.h).
+#include "serve_completion.h"
+#include "reasoning_parser.h"
+#include "tool_parser.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <memory>
+#include <vector>
+
+namespace nfrun {
+
+using json = nlohmann::json;
+
+std::string dumpJson(const json &j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void sendError(httplib::Response &res, int status, const std::string &message,
+               const std::string &type) {
+  res.status = status;
+  res.set_content(
+      dumpJson(json{{"error", {{"message", message}, {"type", type}}}}),
+      "application/json");
+}
+
+int64_t unixTime() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const TrafficClass *trafficClass(Intent intent, PriorityClass priority) {
+  static const auto table = [] {
+    std::array<std::array<TrafficClass, 4>, 4> t{};
+    for (int i = 0; i < 4; ++i)
+      for (int p = 0; p < 4; ++p)
+        t[i][p] = {static_cast<Intent>(i), static_cast<PriorityClass>(p)};
+    return t;
+  }();
+  return &table[static_cast<int>(intent)][static_cast<int>(priority)];
+}
+
+namespace {
+
+/// A response's usage: OpenAI's token counts (the prompt's from the prefix
+/// cache in prompt_tokens_details.cached_tokens), and for MoE models nf's
+/// routed-expert calls per MoE layer, the budget applied and the share of
+/// static top-k's calls spent.
+json usageJson(const nf::RequestOutput &o) {
+  json u = {{"prompt_tokens", o.promptTokens},
+            {"completion_tokens", o.completionTokens},
+            {"total_tokens", o.promptTokens + o.completionTokens},
+            {"prompt_tokens_details", {{"cached_tokens", o.cachedTokens}}}};
+  if (!o.expertCallsPerLayer.empty()) {
+    u["expert_calls"] = o.expertCallsPerLayer;
+    u["expert_budget"] = o.expertBudget;
+    u["expert_budget_spent"] = o.expertBudgetSpent;
+  }
+  return u;
+}
+
+/// nf's timing trace of a finished request (the response's
+/// reasoning_trace): time queued, its prompt's prefill, and generation
+/// after the first token, in milliseconds.
+json traceJson(const nf::RequestOutput &o) {
+  return json::array(
+      {{{"step", "queue"}, {"latency_ms", o.queuedS * 1e3}},
+       {{"step", "prefill"}, {"latency_ms", o.prefillS * 1e3}},
+       {{"step", "generation"}, {"latency_ms", o.decodeS * 1e3}}});
+}
+
+/// The tool_calls of a response (`index` for streamed deltas).
+json toolCallsJson(const std::vector<ToolCall> &calls, bool indexed) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {
+        {"id", newToolCallId()},
+        {"type", "function"},
+        {"function",
+         {{"name", calls[i].name}, {"arguments", calls[i].arguments.dump()}}}};
+    if (indexed)
+      c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+/// A chat answer split, piece by piece, into reasoning and content
+/// (--reasoning-parser) and the content's tool calls (tools with
+/// tool_choice auto), kept for the end.
+struct AnswerSplit {
+  std::unique_ptr<ReasoningParser> reasoning;
+  std::unique_ptr<ToolCallStream> tools;
+  nlohmann::ordered_json toolSchemas;
+  bool parallel = true;
+
+  /// The parts of the next piece of text; at the `last` one, also the
+  /// calls.
+  ReasoningParser::Delta feed(const std::string &text, bool last,
+                              std::vector<ToolCall> &calls) {
+    ReasoningParser::Delta d;
+    if (reasoning) {
+      d = reasoning->feed(text);
+      if (last) {
+        ReasoningParser::Delta end = reasoning->finish();
+        d.reasoning += end.reasoning;
+        d.content += end.content;
+      }
+    } else {
+      d.content = text;
+    }
+    if (tools) {
+      d.content = tools->feed(d.content);
+      if (last) {
+        ToolCallOutput out = tools->finish(toolSchemas);
+        d.content += out.content;
+        calls = std::move(out.calls);
+        if (!parallel && !calls.empty())
+          calls.resize(1);
+      }
+    }
+    return d;
+  }
+  bool sawReasoning() const { return reasoning && reasoning->sawReasoning(); }
+};
+
+/// The split a chat request's answer needs (null: none).
+std::unique_ptr<AnswerSplit> answerSplit(const ParsedRequest &p,
+                                         const ServePolicy &policy) {
+  if (!p.chat ||
+      (policy.reasoningParser.empty() && p.toolCalls != ToolCalls::Auto))
+    return nullptr;
+  auto split = std::make_unique<AnswerSplit>();
+  if (!policy.reasoningParser.empty())
+    split->reasoning =
+        std::make_unique<ReasoningParser>(p.promptOpensReasoning);
+  if (p.toolCalls == ToolCalls::Auto) {
+    split->tools = std::make_unique<ToolCallStream>();
+    split->toolSchemas = p.tools;
+    split->parallel = p.parallelToolCalls;
+  }
+  return split;
+}
+
+/// The finish_reason of an OpenAI response.
+const char *finishReason(nf_finish_reason reason) {
+  return reason == NF_FINISH_LENGTH ? "length" : "stop";
+}
+
+} // namespace
+
+void serveCompletion(const httplib::Request &req, httplib::Response &res,
+                     bool chat, const RequestModel &model,
+                     const ServePolicy &policy, nf::ServingEngine &engine,
+                     const std::string &name, std::atomic<int64_t> &nextId) {
+  json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded())
+    return sendError(res, 400, "the body is not valid JSON");
+  const TrafficHeaders headers = {req.get_header_value("X-Client-Intent"),
+                                  req.get_header_value("X-Request-Priority"),
+                                  req.get_header_value("X-Expert-Budget")};
+  Parsed parsed = chat ? parseChat(body, model, headers, policy)
+                       : parseCompletion(body, model, headers, policy);
+  if (auto *err = std::get_if<std::string>(&parsed))
+    return sendError(res, 400, *err);
+  ParsedRequest &p = std::get<ParsedRequest>(parsed);
+  p.params.userData =
+      const_cast<TrafficClass *>(trafficClass(p.intent, p.priority));
+  const std::string id =
+      (chat ? "chatcmpl-" : "cmpl-") + std::to_string(nextId++);
+  const int64_t created = unixTime();
+  nf_status code = NF_OK;
+  auto submitted = engine.submit(p.params, &code);
+  if (!submitted) {
+    switch (code) {
+    case NF_ERR_CAPACITY:
+      res.set_header("Retry-After", "1");
+      return sendError(res, 429,
+                       "the server is busy: its queue of waiting requests is "
+                       "full (--max-queue); retry later",
+                       "rate_limit_error");
+    case NF_ERR_UNAVAILABLE:
+      return sendError(res, 503, "the server is shutting down", "server_error");
+    case NF_ERR_INVALID_ARGUMENT:
+      return sendError(res, 400, submitted.message());
+    default:
+      return sendError(res, 500, submitted.message(), "server_error");
+    }
+  }
+  auto request = std::make_shared<nf::ServingRequest>(std::move(*submitted));
+  // The response object (streamed: a chunk) around its one choice.
+  auto response = [id, created, name, chat](const json &choice, bool chunk) {
+    json c = choice;
+    c["index"] = 0;
+    c["logprobs"] = nullptr;
+    return json{{"id", id},
+                {"object", !chat   ? "text_completion"
+                           : chunk ? "chat.completion.chunk"
+                                   : "chat.completion"},
+                {"created", created},
+                {"model", name},
+                {"choices", json::array({c})}};
+  };
+  auto errorText = [](const nf::RequestOutput &o) {
+    return o.finishReason == NF_FINISH_CANCELLED
+               ? std::string("the request was cancelled")
+               : o.error;
+  };
+  if (!p.stream) {
+    // Waits for the end, and stops the request when its client goes away.
+    nf::RequestOutput all;
+    auto checked = std::chrono::steady_clock::now();
+    for (;;) {
+      auto o = request->read(kClientCheck);
+      if (!o)
+        return sendError(res, 500, o.message(), "server_error");
+      all.tokens.insert(all.tokens.end(), o->tokens.begin(), o->tokens.end());
+      all.text += o->text;
+      if (o->finished()) {
+        o->tokens = std::move(all.tokens);
+        o->text = std::move(all.text);
+        all = std::move(*o);
+        break;
+      }
+      if (std::chrono::steady_clock::now() - checked >= kClientCheck) {
+        checked = std::chrono::steady_clock::now();
+        if (HttpServer::clientGone())
+          request->cancel();
+      }
+    }
+    if (all.finishReason != NF_FINISH_STOP &&
+        all.finishReason != NF_FINISH_LENGTH)
+      return sendError(res,
+                       all.finishReason == NF_FINISH_UNAVAILABLE ? 503 : 500,
+                       errorText(all), "server_error");
+    json choice = {{"finish_reason", finishReason(all.finishReason)}};
+    if (auto split = answerSplit(p, policy)) {
+      std::vector<ToolCall> calls;
+      ReasoningParser::Delta d = split->feed(all.text, true, calls);
+      const bool reasoned = split->sawReasoning();
+      if (!calls.empty()) // the text before the calls, without its end
+        while (!d.content.empty() &&
+               std::isspace(static_cast<unsigned char>(d.content.back())))
+          d.content.pop_back();
+      json message = {
+          {"role", "assistant"},
+          {"content", d.content.empty() && (reasoned || !calls.empty())
+                          ? json(nullptr)
+                          : json(d.content)}};
+      if (!policy.reasoningParser.empty())
+        message["reasoning_content"] =
+            reasoned ? json(d.reasoning) : json(nullptr);
+      if (!calls.empty()) {
+        message["tool_calls"] = toolCallsJson(calls, false);
+        choice["finish_reason"] = "tool_calls";
+      }
+      choice["message"] = std::move(message);
+    } else if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", all.text}};
+    } else {
+      choice["text"] = all.text;
+    }
+    if (p.returnTokenIds) { // as vLLM's return_token_ids
+      choice["prompt_token_ids"] = p.params.prompt;
+      choice["token_ids"] = all.tokens;
+    }
+    json out = response(choice, false);
+    out["usage"] = usageJson(all);
+    out["reasoning_trace"] = traceJson(all);
+    res.set_header("X-Actual-New-Tokens", std::to_string(all.completionTokens));
+    res.set_content(dumpJson(out), "application/json");
+    return;
+  }
+  // One event: a piece of text (finish null) or the end (text empty).
+  // With return_token_ids each event also lists its new token ids (so a
+  // model without a tokenizer streams a chunk per token).
+  // With a reasoning parser, a chat piece's text is split into the delta's
+  // reasoning_content and content (either may be absent).
+  // The last event (a finish_reason) also carries the reasoning_trace.
+  auto event = [response, chat](const std::string &text, const json &finish,
+                                const json &ids = nullptr,
+                                const ReasoningParser::Delta *split = nullptr,
+                                const json &trace = nullptr) {
+    json choice = {{"finish_reason", finish}};
+    if (!ids.is_null())
+      choice["token_ids"] = ids;
+    if (!chat) {
+      choice["text"] = text;
+    } else if (!finish.is_null()) {
+      choice["delta"] = json::object();
+    } else if (split) {
+      choice["delta"] = json::object();
+      if (!split->reasoning.empty())
+        choice["delta"]["reasoning_content"] = split->reasoning;
+      if (!split->content.empty())
+        choice["delta"]["content"] = split->content;
+    } else {
+      choice["delta"] = {{"content", text}};
+    }
+    json chunk = response(choice, true);
+    if (!trace.is_null())
+      chunk["reasoning_trace"] = trace;
+    return "data: " + dumpJson(chunk) + "\n\n";
+  };
+  std::shared_ptr<AnswerSplit> parser = answerSplit(p, policy);
+  auto roleSent = std::make_shared<bool>(!chat);
+  const bool returnTokenIds = p.returnTokenIds;
+  // stream_options.include_usage: a last chunk with no choices and the
+  // usage, as OpenAI's.
+  auto usageChunk = [id, created, name, chat, include = p.includeUsage](
+                        const nf::RequestOutput &o) -> std::string {
+    if (!include)
+      return "";
+    json u = {{"id", id},
+              {"object", chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", name},
+              {"choices", json::array()},
+              {"usage", usageJson(o)}};
+    return "data: " + dumpJson(u) + "\n\n";
+  };
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [request, roleSent, returnTokenIds, event, response, errorText,
+       usageChunk, parser](size_t, httplib::DataSink &sink) {
+        std::string events;
+        nf::RequestOutput o;
+        if (!*roleSent) {
+          // A chat stream opens with the role, before any text.
+          json choice = {{"finish_reason", nullptr},
+                         {"delta", {{"role", "assistant"}, {"content", ""}}}};
+          events += "data: " + dumpJson(response(choice, true)) + "\n\n";
+          *roleSent = true;
+        } else {
+          auto checked = std::chrono::steady_clock::now();
+          for (;;) {
+            auto read = request->read(kClientCheck);
+            if (!read) {
+              request->cancel();
+              return false;
+            }
+            o = std::move(*read);
+            if (o.finished() || !o.text.empty() ||
+                (returnTokenIds && !o.tokens.empty()))
+              break;
+            // Nothing new, or tokens whose text is held back.
+            if (std::chrono::steady_clock::now() - checked >= kClientCheck) {
+              checked = std::chrono::steady_clock::now();
+              if (HttpServer::clientGone()) {
+                request->cancel(); // the client went away: stop generating
+                return false;
+              }
+            }
+          }
+        }
+        const json ids = returnTokenIds ? json(o.tokens) : json(nullptr);
+        std::vector<ToolCall> calls;
+        if (parser) {
+          ReasoningParser::Delta d = parser->feed(o.text, o.finished(), calls);
+          // Text held back inside a tag sends nothing yet (unless ids).
+          if (!d.empty() || (returnTokenIds && !o.tokens.empty()))
+            events += event(o.text, nullptr, ids, &d);
+          if (!calls.empty()) {
+            json choice = {
+                {"finish_reason", nullptr},
+                {"delta", {{"tool_calls", toolCallsJson(calls, true)}}}};
+            events += "data: " + dumpJson(response(choice, true)) + "\n\n";
+          }
+        } else if (!o.text.empty() || (returnTokenIds && !o.tokens.empty())) {
+          events += event(o.text, nullptr, ids);
+        }
+        const bool done = o.finished();
+        if (done) {
+          if (o.finishReason != NF_FINISH_STOP &&
+              o.finishReason != NF_FINISH_LENGTH)
+            events += "data: " +
+                      dumpJson(json{{"error",
+                                     {{"message", errorText(o)},
+                                      {"type", "server_error"}}}}) +
+                      "\n\n";
+          else
+            events += event("",
+                            calls.empty() ? finishReason(o.finishReason)
+                                          : "tool_calls",
+                            nullptr, nullptr, traceJson(o)) +
+                      usageChunk(o);
+          events += "data: [DONE]\n\n";
+        }
+        if (!sink.write(events.data(), events.size())) {
+          request->cancel(); // the client went away: stop generating
+          return false;
+        }
+        if (done)
+          sink.done();
+        return true;
+      },
+      // However the response ends (httplib may end it without asking the
+      // provider: stop(), a client that stopped reading), a request that
+      // is still running has nobody to run for.
+      [request](bool) { request->cancel(); });
+}
+
+} // namespace nfrun
