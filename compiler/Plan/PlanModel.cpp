@@ -13,9 +13,6 @@
 #include <map>
 
 using namespace mlir;
-namespace nfir = ::mlir::nf;
-namespace kv = ::mlir::nf_kv;
-namespace moe = ::mlir::nf_moe;
 
 namespace nf::compiler {
 namespace {
@@ -89,6 +86,16 @@ StatusOr<int> Builder::weightIndex(nfir::WeightOp op) {
   return weightKeys[key] = static_cast<int>(model.weights.size() - 1);
 }
 
+/// The fields that KV caches and Mamba states share.
+template <typename OpTy> PlanStorage storageOf(OpTy op, pl::StorageKind kind) {
+  PlanStorage s;
+  s.name = op.getSymName().str();
+  s.kind = kind;
+  s.layer = op.getLayer();
+  s.headDim = op.getType().getHeadDim();
+  return s;
+}
+
 Status Builder::storage() {
   for (Operation &op : model.module.getBody()->getOperations()) {
     PlanStorage s;
@@ -97,20 +104,14 @@ Status Builder::storage() {
       auto dtype = dtypeOf(t.getElementType());
       if (failed(dtype))
         return error(c, "unsupported KV cache dtype");
-      s.name = c.getSymName().str();
-      s.kind = pl::StorageKind::KVCache;
-      s.layer = c.getLayer();
+      s = storageOf(c, pl::StorageKind::KVCache);
       s.pageSize = t.getPageSize();
       s.numPages = t.getNumPages();
       s.kvHeads = t.getKvHeads();
-      s.headDim = t.getHeadDim();
       s.dtype = *dtype;
     } else if (auto m = dyn_cast<kv::MambaStateOp>(op)) {
       auto t = m.getType();
-      s.name = m.getSymName().str();
-      s.kind = pl::StorageKind::MambaState;
-      s.layer = m.getLayer();
-      s.headDim = t.getHeadDim();
+      s = storageOf(m, pl::StorageKind::MambaState);
       s.slots = t.getSlots();
       s.convDim = t.getConvDim();
       s.convWindow = t.getConvWindow();

@@ -22,9 +22,6 @@ namespace nf::compiler {
 } // namespace nf::compiler
 
 using namespace mlir;
-namespace nfir = ::mlir::nf;
-namespace kv = ::mlir::nf_kv;
-namespace moe = ::mlir::nf_moe;
 
 namespace nf::compiler {
 namespace {

@@ -24,8 +24,6 @@ namespace nf::compiler {
 } // namespace nf::compiler
 
 using namespace mlir;
-namespace nfir = ::mlir::nf;
-namespace kv = ::mlir::nf_kv;
 
 namespace nf::compiler {
 namespace {

@@ -2,13 +2,23 @@
 //
 // A step function is a func.func with `nf.phase` ("prefill" or "decode") whose
 // arguments carry `nf.arg` roles: "tokens", "batch", "expert_budget".
+// Also the short names of the nf dialects' namespaces that the passes and the
+// plan builder, which work on step functions, use.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
+namespace mlir::nf {}
+namespace mlir::nf_kv {}
+namespace mlir::nf_moe {}
+
 namespace nf::compiler {
+
+namespace nfir = ::mlir::nf;
+namespace kv = ::mlir::nf_kv;
+namespace moe = ::mlir::nf_moe;
 
 inline constexpr llvm::StringLiteral kPhaseAttr = "nf.phase";
 inline constexpr llvm::StringLiteral kArgRoleAttr = "nf.arg";

@@ -72,39 +72,22 @@ public:
 
   /// A string field; `out` untouched when absent or null.
   Status string(const char *key, std::string &out) const {
-    const json *v = get(key);
-    if (!v)
-      return Status::success();
-    if (!v->is_string())
-      return error("'" + std::string(key) + "' must be a string (got " +
-                   brief(*v) + ")");
-    out = v->get<std::string>();
-    return Status::success();
+    return scalar<std::string>(key, out, "a string",
+                               [](const json &v) { return v.is_string(); });
   }
 
   Status integer(const char *key, std::optional<int64_t> &out) const {
-    const json *v = get(key);
-    if (!v)
-      return Status::success();
-    if (!v->is_number_integer() ||
-        (v->is_number_unsigned() &&
-         v->get<uint64_t>() >
-             static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
-      return error("'" + std::string(key) + "' must be an integer (got " +
-                   brief(*v) + ")");
-    out = v->get<int64_t>();
-    return Status::success();
+    return scalar<int64_t>(key, out, "an integer", [](const json &v) {
+      return v.is_number_integer() &&
+             !(v.is_number_unsigned() &&
+               v.get<uint64_t>() >
+                   static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+    });
   }
 
   Status boolean(const char *key, bool &out) const {
-    const json *v = get(key);
-    if (!v)
-      return Status::success();
-    if (!v->is_boolean())
-      return error("'" + std::string(key) + "' must be true or false (got " +
-                   brief(*v) + ")");
-    out = v->get<bool>();
-    return Status::success();
+    return scalar<bool>(key, out, "true or false",
+                        [](const json &v) { return v.is_boolean(); });
   }
 
   /// A list of strings (absent or null: empty).
@@ -113,12 +96,10 @@ public:
     if (!v)
       return Status::success();
     if (!v->is_array())
-      return error("'" + std::string(key) +
-                   "' must be a list of strings (got " + brief(*v) + ")");
+      return typeError(key, "a list of strings", *v);
     for (const json &e : *v) {
       if (!e.is_string())
-        return error("'" + std::string(key) +
-                     "' must be a list of strings (got " + brief(e) + ")");
+        return typeError(key, "a list of strings", e);
       out.push_back(e.get<std::string>());
     }
     return Status::success();
@@ -130,6 +111,25 @@ public:
   }
 
 private:
+  /// "'key' must be <what> (got <value>)".
+  Status typeError(const char *key, const char *what, const json &got) const {
+    return error("'" + std::string(key) + "' must be " + what + " (got " +
+                 brief(got) + ")");
+  }
+
+  /// A field of type `T` that `ok` accepts; `out` untouched when absent or
+  /// null.
+  template <typename T, typename Out, typename Ok>
+  Status scalar(const char *key, Out &out, const char *what, Ok ok) const {
+    const json *v = get(key);
+    if (!v)
+      return Status::success();
+    if (!ok(*v))
+      return typeError(key, what, *v);
+    out = v->get<T>();
+    return Status::success();
+  }
+
   const json &obj_;
   std::string prefix_;
 };
@@ -218,16 +218,29 @@ StatusOr<QuantConfig> modelOptConfig(const Fields &f, const std::string &source,
   return c;
 }
 
-/// compressed-tensors QuantizationArgs of the weights.
-Status weightArgs(const Fields &f, const std::string &format, QuantGroup &g) {
-  std::string type, strategy, actorder;
-  std::optional<int64_t> bits, groupSize;
-  bool symmetric = true, dynamic = false;
+/// The fields that open compressed-tensors QuantizationArgs of weights and
+/// of inputs alike, in the order they are checked.
+Status typeBitsStrategy(const Fields &f, std::string &type,
+                        std::optional<int64_t> &bits, std::string &strategy) {
   if (Status s = f.string("type", type); !s)
     return s;
   if (Status s = f.integer("num_bits", bits); !s)
     return s;
-  if (Status s = f.string("strategy", strategy); !s)
+  return f.string("strategy", strategy);
+}
+
+/// "<type> <bits>-bit" of QuantizationArgs, for messages.
+std::string typeBitsName(const std::string &type,
+                         const std::optional<int64_t> &bits) {
+  return printable(type) + " " + (bits ? std::to_string(*bits) : "?") + "-bit";
+}
+
+/// compressed-tensors QuantizationArgs of the weights.
+Status weightArgs(const Fields &f, const std::string &format, QuantGroup &g) {
+  std::string type, strategy;
+  std::optional<int64_t> bits, groupSize;
+  bool symmetric = true, dynamic = false;
+  if (Status s = typeBitsStrategy(f, type, bits, strategy); !s)
     return s;
   if (Status s = f.integer("group_size", groupSize); !s)
     return s;
@@ -251,9 +264,8 @@ Status weightArgs(const Fields &f, const std::string &format, QuantGroup &g) {
   if (!symmetric)
     return f.error("weights: asymmetric quantisation (symmetric: false, "
                    "zero points) is not supported");
-  const std::string what = "weights: " + printable(type) + " " +
-                           (bits ? std::to_string(*bits) : "?") +
-                           "-bit, strategy '" + printable(strategy) + "'";
+  const std::string what = "weights: " + typeBitsName(type, bits) +
+                           ", strategy '" + printable(strategy) + "'";
   if (type == "float" && bits == 8 &&
       (strategy == "tensor" || strategy == "channel")) {
     g.scheme = QuantScheme::Fp8E4M3;
@@ -289,11 +301,7 @@ Status inputArgs(const Fields &f, QuantGroup &g) {
   std::string type, strategy;
   std::optional<int64_t> bits;
   bool symmetric = true;
-  if (Status s = f.string("type", type); !s)
-    return s;
-  if (Status s = f.integer("num_bits", bits); !s)
-    return s;
-  if (Status s = f.string("strategy", strategy); !s)
+  if (Status s = typeBitsStrategy(f, type, bits, strategy); !s)
     return s;
   if (Status s = f.boolean("symmetric", symmetric); !s)
     return s;
@@ -310,10 +318,9 @@ Status inputArgs(const Fields &f, QuantGroup &g) {
       return Status::success();
     }
   }
-  return f.error("unsupported input_activations: " + printable(type) + " " +
-                 (bits ? std::to_string(*bits) : "?") + "-bit, dynamic " +
-                 (dyn ? Fields::brief(*dyn) : "false") + ", strategy '" +
-                 printable(strategy) +
+  return f.error("unsupported input_activations: " + typeBitsName(type, bits) +
+                 ", dynamic " + (dyn ? Fields::brief(*dyn) : "false") +
+                 ", strategy '" + printable(strategy) +
                  "' (supported: float 8-bit static per-tensor or dynamic "
                  "per-token)");
 }
@@ -569,6 +576,22 @@ Status tensorError(const TensorInfo &t, const std::string &msg) {
   return Status::error(t.file + ": tensor '" + t.name + "' " + msg);
 }
 
+/// `name`, which `codes` needs (`what`), is not in the checkpoint.
+Status missingTensor(const TensorInfo &codes, const std::string &name,
+                     const std::string &what) {
+  return Status::error(codes.file + ": missing tensor '" + name + "' (" + what +
+                       ")");
+}
+
+/// Scales are stored as F32, BF16 or F16.
+Status checkScaleDType(const TensorInfo &t) {
+  if (isSupportedWeightDType(t.dtype))
+    return Status::success();
+  return tensorError(t, "has unsupported dtype " +
+                            std::string(dtypeName(t.dtype)) +
+                            " (scales: F32, BF16, F16)");
+}
+
 /// Scale shapes a granularity allows for a part of `rows` x `cols`.
 std::vector<std::vector<int64_t>> scaleShapes(const QuantGroup &g, int64_t rows,
                                               int64_t cols) {
@@ -627,12 +650,10 @@ StatusOr<WeightQuant> quantOf(const Checkpoint &ckpt, const QuantConfig &qc,
 
   const TensorInfo *scale = ckpt.find(m + ".weight_scale");
   if (!scale)
-    return Status::error(codes.file + ": missing tensor '" + m +
-                         ".weight_scale' (the scales of '" + codes.name + "')");
-  if (!isSupportedWeightDType(scale->dtype))
-    return tensorError(*scale, "has unsupported dtype " +
-                                   std::string(dtypeName(scale->dtype)) +
-                                   " (scales: F32, BF16, F16)");
+    return missingTensor(codes, m + ".weight_scale",
+                         "the scales of '" + codes.name + "'");
+  if (Status s = checkScaleDType(*scale); !s)
+    return s;
   auto allowed = scaleShapes(g, rows, cols);
   if (std::find(allowed.begin(), allowed.end(), scale->shape) == allowed.end())
     return tensorError(*scale, "has shape " + shapeString(scale->shape) +
@@ -644,9 +665,8 @@ StatusOr<WeightQuant> quantOf(const Checkpoint &ckpt, const QuantConfig &qc,
   if (packed) {
     const TensorInfo *ws = ckpt.find(m + ".weight_shape");
     if (!ws)
-      return Status::error(codes.file + ": missing tensor '" + m +
-                           ".weight_shape' (the shape of packed '" +
-                           codes.name + "')");
+      return missingTensor(codes, m + ".weight_shape",
+                           "the shape of packed '" + codes.name + "'");
     if ((ws->dtype != DType::I64 && ws->dtype != DType::I32) ||
         ws->shape != std::vector<int64_t>{2})
       return tensorError(*ws, "must be an integer tensor of shape [2], got " +
@@ -663,13 +683,11 @@ StatusOr<WeightQuant> quantOf(const Checkpoint &ckpt, const QuantConfig &qc,
   const TensorInfo *input = ckpt.find(m + ".input_scale");
   if (g.activations == ActivationQuant::StaticPerTensor) {
     if (!input)
-      return Status::error(codes.file + ": missing tensor '" + m +
-                           ".input_scale' (static activation scale of '" +
-                           codes.name + "', " + source + ")");
-    if (!isSupportedWeightDType(input->dtype))
-      return tensorError(*input, "has unsupported dtype " +
-                                     std::string(dtypeName(input->dtype)) +
-                                     " (scales: F32, BF16, F16)");
+      return missingTensor(codes, m + ".input_scale",
+                           "static activation scale of '" + codes.name + "', " +
+                               source);
+    if (Status s = checkScaleDType(*input); !s)
+      return s;
     if (input->numElements() != 1 || input->shape.size() > 1)
       return tensorError(*input, "has shape " + shapeString(input->shape) +
                                      ", expected [] or [1] (static "
