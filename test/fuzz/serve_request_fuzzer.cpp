@@ -62,6 +62,9 @@ public:
   nf_generation_defaults generationDefaults() const override {
     return nf_model_generation_defaults(nullptr); // OpenAI's
   }
+  std::string tokenString(int32_t id) const override {
+    return tokenizer_->decode({id}, false);
+  }
 
 private:
   std::optional<nf::Tokenizer> tokenizer_;

@@ -214,3 +214,58 @@ TEST(PrefixCache, SnapshotsGiveWayUnderPressure) {
   EXPECT_LE(s.prefix_cache_entries, 6);
   EXPECT_EQ(s.live_sequences, s.prefix_cache_entries);
 }
+
+// Requests with the same prompt submitted together (n > 1, duplicates):
+// one prefills the prompt, the others wait for its snapshot before the
+// last token and fork it; each still samples its own tokens.
+TEST(PrefixCache, SamePromptsTogetherPrefillOnce) {
+  nf::Model reference = load();
+  nf::Model model = load();
+  auto engine = nf::ServingEngine::create(model);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  const std::vector<int32_t> a = tokens(model, kSystem);
+  std::vector<nf::ServingRequest> requests;
+  for (int i = 0; i < 4; ++i) {
+    nf::RequestParams p;
+    p.prompt = a;
+    p.maxTokens = 6;
+    p.ignoreEos = true;
+    if (i > 0) { // seeded sampling: three draws of one distribution
+      p.sampler.temperature = 1.0f;
+      p.sampler.seed = static_cast<uint64_t>(i);
+    }
+    auto r = engine->submit(p);
+    ASSERT_TRUE(r.ok()) << r.message();
+    requests.push_back(std::move(*r));
+  }
+  int64_t cached = 0;
+  std::vector<std::vector<int32_t>> sampled;
+  for (int i = 0; i < 4; ++i) {
+    auto out = requests[i].wait();
+    ASSERT_TRUE(out.ok()) << out.message();
+    ASSERT_EQ(out->finishReason, NF_FINISH_LENGTH) << out->error;
+    cached += out->cachedTokens;
+    if (i == 0)
+      EXPECT_EQ(out->tokens, alone(reference, a, 6));
+    else
+      sampled.push_back(out->tokens);
+  }
+  EXPECT_EQ(cached, 3 * static_cast<int64_t>(a.size() - 1));
+  // Each sampled as it would alone: the same seed gives the same tokens.
+  nf::RequestParams p;
+  p.prompt = a;
+  p.maxTokens = 6;
+  p.ignoreEos = true;
+  p.sampler.temperature = 1.0f;
+  p.sampler.seed = 2;
+  nf::EngineParams off;
+  off.prefixCaching = false;
+  nf::Model fresh = load();
+  auto plain = nf::ServingEngine::create(fresh, off);
+  ASSERT_TRUE(plain.ok());
+  auto r = plain->submit(p);
+  ASSERT_TRUE(r.ok());
+  auto out = r->wait();
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->tokens, sampled[1]);
+}

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -481,6 +482,77 @@ TEST(ServingEngine, ShutdownLetsPreemptedRequestsFinish) {
   for (int i = 0; i < 200 && !engine->stats().drained; ++i)
     std::this_thread::sleep_for(10ms);
   EXPECT_TRUE(engine->stats().drained);
+}
+
+/// log-softmax of `row` at `token`, in double.
+double logprobOf(const float *row, size_t vocab, int32_t token) {
+  double max = row[0], sum = 0;
+  for (size_t v = 0; v < vocab; ++v)
+    max = std::max<double>(max, row[v]);
+  for (size_t v = 0; v < vocab; ++v)
+    sum += std::exp(row[v] - max);
+  return row[token] - max - std::log(sum);
+}
+
+// Logprobs through preemption: every request of a pool far too small gets
+// each prompt position's logprob once and each generated token's, equal to
+// the log-softmax of the logits of its context run alone (nf_decode, every
+// row), with its alternatives in order; recomputed steps add none.
+TEST(ServingEngine, LogprobsSurvivePreemption) {
+  constexpr int kRequests = 12, kMaxTokens = 16, kTop = 3;
+  nf::Model reference = load();
+  nf::Model model = load(/*kvPages=*/12);
+  const auto ps = prompts(model, kRequests);
+  nf::EngineParams ep;
+  ep.maxBatchedTokens = 24; // prompts in chunks
+  auto engine = nf::ServingEngine::create(model, ep);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  std::vector<nf::ServingRequest> requests;
+  for (const auto &p : ps) {
+    nf::RequestParams rp = greedy(p, kMaxTokens);
+    rp.logprobs = kTop;
+    rp.promptLogprobs = 1;
+    auto r = engine->submit(rp);
+    ASSERT_TRUE(r.ok()) << r.message();
+    requests.push_back(std::move(*r));
+  }
+  const size_t vocab = static_cast<size_t>(reference.vocabSize());
+  int64_t preemptions = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    auto out = requests[i].wait();
+    ASSERT_TRUE(out.ok()) << out.message();
+    preemptions += out->preemptions;
+    const auto &prompt = ps[i];
+    ASSERT_EQ(out->promptLogprobs.size(), prompt.size() - 1) << i;
+    ASSERT_EQ(out->logprobs.size(), out->tokens.size()) << i;
+    ASSERT_EQ(out->logprobs.topTokens.size(), out->tokens.size() * kTop);
+    // The reference: the whole context in one step, every row.
+    std::vector<int32_t> context = prompt;
+    context.insert(context.end(), out->tokens.begin(), out->tokens.end());
+    auto seq = reference.addSequence();
+    ASSERT_TRUE(seq.ok());
+    std::vector<float> logits;
+    ASSERT_TRUE(reference.decode({{*seq, context}}, true, logits).ok());
+    ASSERT_TRUE(reference.removeSequence(*seq).ok());
+    for (size_t t = 1; t < prompt.size(); ++t) {
+      EXPECT_EQ(out->promptLogprobs.tokens[t - 1], prompt[t]);
+      EXPECT_NEAR(out->promptLogprobs.logprobs[t - 1],
+                  logprobOf(&logits[(t - 1) * vocab], vocab, prompt[t]), 1e-4)
+          << "request " << i << " prompt position " << t;
+    }
+    for (size_t g = 0; g < out->tokens.size(); ++g) {
+      const float *row = &logits[(prompt.size() - 1 + g) * vocab];
+      EXPECT_NEAR(out->logprobs.logprobs[g],
+                  logprobOf(row, vocab, out->tokens[g]), 1e-4)
+          << "request " << i << " token " << g;
+      // Greedy: the token is the first alternative; they descend.
+      EXPECT_EQ(out->logprobs.topTokens[g * kTop], out->tokens[g]);
+      for (int k = 1; k < kTop; ++k)
+        EXPECT_LE(out->logprobs.topLogprobs[g * kTop + k],
+                  out->logprobs.topLogprobs[g * kTop + k - 1]);
+    }
+  }
+  EXPECT_GT(preemptions, 0) << "the pool was meant to run out";
 }
 
 // The text stream (the engine's and nfrun generate's): pieces that join to

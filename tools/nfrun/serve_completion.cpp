@@ -1,6 +1,7 @@
 // nfrun serve's completion endpoints (see serve_completion.h).
 #include "serve_completion.h"
 #include "reasoning_parser.h"
+#include "serve_logprobs.h"
 #include "tool_parser.h"
 
 #include <algorithm>
@@ -149,6 +150,83 @@ const char *finishReason(nf_finish_reason reason) {
   return reason == NF_FINISH_LENGTH ? "length" : "stop";
 }
 
+/// A whole answer's choice (without its index): the text (after the
+/// prompt's, with echo), or the chat message split into reasoning, content
+/// and tool calls; its logprobs (null unless asked for); with
+/// return_token_ids, the prompt's and the choice's token ids.
+json choiceJson(const nf::RequestOutput &all, const ParsedRequest &p,
+                const ServePolicy &policy, const RequestModel &model) {
+  json choice = {{"finish_reason", finishReason(all.finishReason)},
+                 {"logprobs", nullptr}};
+  if (p.params.logprobs >= 0 && p.chat) {
+    choice["logprobs"] = chatLogprobs(all.logprobs, model);
+  } else if (p.params.logprobs >= 0) {
+    CompletionLogprobs lp(model);
+    if (p.echo) {
+      lp.addFirst(p.params.prompt.front());
+      lp.add(all.promptLogprobs);
+    }
+    lp.add(all.logprobs);
+    choice["logprobs"] = lp.take();
+  }
+  if (auto split = answerSplit(p, policy)) {
+    std::vector<ToolCall> calls;
+    ReasoningParser::Delta d = split->feed(all.text, true, calls);
+    const bool reasoned = split->sawReasoning();
+    if (!calls.empty()) // the text before the calls, without its end
+      while (!d.content.empty() &&
+             std::isspace(static_cast<unsigned char>(d.content.back())))
+        d.content.pop_back();
+    json message = {
+        {"role", "assistant"},
+        {"content", d.content.empty() && (reasoned || !calls.empty())
+                        ? json(nullptr)
+                        : json(d.content)}};
+    if (!policy.reasoningParser.empty())
+      message["reasoning_content"] =
+          reasoned ? json(d.reasoning) : json(nullptr);
+    if (!calls.empty()) {
+      message["tool_calls"] = toolCallsJson(calls, false);
+      choice["finish_reason"] = "tool_calls";
+    }
+    choice["message"] = std::move(message);
+  } else if (p.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", all.text}};
+  } else {
+    choice["text"] = p.echo ? p.echoText + all.text : all.text;
+  }
+  if (p.returnTokenIds) { // as vLLM's return_token_ids
+    choice["prompt_token_ids"] = p.params.prompt;
+    choice["token_ids"] = all.tokens;
+  }
+  return choice;
+}
+
+/// The usage of n choices of one prompt, as OpenAI counts it: the prompt
+/// once (its cached tokens: the fewest any choice took from the cache),
+/// the choices' tokens and expert calls summed, the budget spent over all.
+nf::RequestOutput choicesTotal(const std::vector<nf::RequestOutput> &outs) {
+  nf::RequestOutput total = outs.front();
+  double calls = 0, topK = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const nf::RequestOutput &o = outs[i];
+    if (i > 0) {
+      total.completionTokens += o.completionTokens;
+      total.cachedTokens = std::min(total.cachedTokens, o.cachedTokens);
+      for (size_t l = 0; l < total.expertCallsPerLayer.size() &&
+                         l < o.expertCallsPerLayer.size();
+           ++l)
+        total.expertCallsPerLayer[l] += o.expertCallsPerLayer[l];
+    }
+    if (o.expertBudgetSpent > 0) {
+      calls += static_cast<double>(o.expertCalls);
+      topK += static_cast<double>(o.expertCalls) / o.expertBudgetSpent;
+    }
+  }
+  total.expertBudgetSpent = topK > 0 ? calls / topK : 0.0;
+  return total;
+}
+
 } // namespace
 
 void serveCompletion(const httplib::Request &req, httplib::Response &res,
@@ -171,30 +249,41 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
   const std::string id =
       (chat ? "chatcmpl-" : "cmpl-") + std::to_string(nextId++);
   const int64_t created = unixTime();
-  nf_status code = NF_OK;
-  auto submitted = engine.submit(p.params, &code);
-  if (!submitted) {
-    switch (code) {
-    case NF_ERR_CAPACITY:
-      res.set_header("Retry-After", "1");
-      return sendError(res, 429,
-                       "the server is busy: its queue of waiting requests is "
-                       "full (--max-queue); retry later",
-                       "rate_limit_error");
-    case NF_ERR_UNAVAILABLE:
-      return sendError(res, 503, "the server is shutting down", "server_error");
-    case NF_ERR_INVALID_ARGUMENT:
-      return sendError(res, 400, submitted.message());
-    default:
-      return sendError(res, 500, submitted.message(), "server_error");
+  // One request per choice, choice i seeded with seed + i; a failed
+  // submission cancels those before it (their handles go).
+  std::vector<std::shared_ptr<nf::ServingRequest>> requests;
+  for (int i = 0; i < p.n; ++i) {
+    nf::RequestParams params = p.params;
+    params.sampler.seed += static_cast<uint64_t>(i);
+    nf_status code = NF_OK;
+    auto submitted = engine.submit(params, &code);
+    if (!submitted) {
+      switch (code) {
+      case NF_ERR_CAPACITY:
+        res.set_header("Retry-After", "1");
+        return sendError(res, 429,
+                         "the server is busy: its queue of waiting requests "
+                         "is full (--max-queue); retry later",
+                         "rate_limit_error");
+      case NF_ERR_UNAVAILABLE:
+        return sendError(res, 503, "the server is shutting down",
+                         "server_error");
+      case NF_ERR_INVALID_ARGUMENT:
+        return sendError(res, 400, submitted.message());
+      default:
+        return sendError(res, 500, submitted.message(), "server_error");
+      }
     }
+    requests.push_back(
+        std::make_shared<nf::ServingRequest>(std::move(*submitted)));
   }
-  auto request = std::make_shared<nf::ServingRequest>(std::move(*submitted));
+  auto request = requests.front();
   // The response object (streamed: a chunk) around its one choice.
   auto response = [id, created, name, chat](const json &choice, bool chunk) {
     json c = choice;
     c["index"] = 0;
-    c["logprobs"] = nullptr;
+    if (!c.contains("logprobs"))
+      c["logprobs"] = nullptr;
     return json{{"id", id},
                 {"object", !chat   ? "text_completion"
                            : chunk ? "chat.completion.chunk"
@@ -209,67 +298,54 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
                : o.error;
   };
   if (!p.stream) {
-    // Waits for the end, and stops the request when its client goes away.
-    nf::RequestOutput all;
+    // Waits for the ends, and stops the requests when the client goes away.
+    std::vector<nf::RequestOutput> outs;
     auto checked = std::chrono::steady_clock::now();
-    for (;;) {
-      auto o = request->read(kClientCheck);
-      if (!o)
-        return sendError(res, 500, o.message(), "server_error");
-      all.tokens.insert(all.tokens.end(), o->tokens.begin(), o->tokens.end());
-      all.text += o->text;
-      if (o->finished()) {
-        o->tokens = std::move(all.tokens);
-        o->text = std::move(all.text);
-        all = std::move(*o);
-        break;
+    for (const auto &r : requests) {
+      nf::RequestOutput all;
+      for (;;) {
+        auto o = r->read(kClientCheck);
+        if (!o)
+          return sendError(res, 500, o.message(), "server_error");
+        all.tokens.insert(all.tokens.end(), o->tokens.begin(), o->tokens.end());
+        all.text += o->text;
+        all.logprobs.append(o->logprobs);
+        all.promptLogprobs.append(o->promptLogprobs);
+        if (o->finished()) {
+          o->tokens = std::move(all.tokens);
+          o->text = std::move(all.text);
+          o->logprobs = std::move(all.logprobs);
+          o->promptLogprobs = std::move(all.promptLogprobs);
+          all = std::move(*o);
+          break;
+        }
+        if (std::chrono::steady_clock::now() - checked >= kClientCheck) {
+          checked = std::chrono::steady_clock::now();
+          if (HttpServer::clientGone())
+            for (const auto &c : requests)
+              c->cancel();
+        }
       }
-      if (std::chrono::steady_clock::now() - checked >= kClientCheck) {
-        checked = std::chrono::steady_clock::now();
-        if (HttpServer::clientGone())
-          request->cancel();
-      }
+      if (all.finishReason != NF_FINISH_STOP &&
+          all.finishReason != NF_FINISH_LENGTH)
+        return sendError(res,
+                         all.finishReason == NF_FINISH_UNAVAILABLE ? 503 : 500,
+                         errorText(all), "server_error");
+      outs.push_back(std::move(all));
     }
-    if (all.finishReason != NF_FINISH_STOP &&
-        all.finishReason != NF_FINISH_LENGTH)
-      return sendError(res,
-                       all.finishReason == NF_FINISH_UNAVAILABLE ? 503 : 500,
-                       errorText(all), "server_error");
-    json choice = {{"finish_reason", finishReason(all.finishReason)}};
-    if (auto split = answerSplit(p, policy)) {
-      std::vector<ToolCall> calls;
-      ReasoningParser::Delta d = split->feed(all.text, true, calls);
-      const bool reasoned = split->sawReasoning();
-      if (!calls.empty()) // the text before the calls, without its end
-        while (!d.content.empty() &&
-               std::isspace(static_cast<unsigned char>(d.content.back())))
-          d.content.pop_back();
-      json message = {
-          {"role", "assistant"},
-          {"content", d.content.empty() && (reasoned || !calls.empty())
-                          ? json(nullptr)
-                          : json(d.content)}};
-      if (!policy.reasoningParser.empty())
-        message["reasoning_content"] =
-            reasoned ? json(d.reasoning) : json(nullptr);
-      if (!calls.empty()) {
-        message["tool_calls"] = toolCallsJson(calls, false);
-        choice["finish_reason"] = "tool_calls";
-      }
-      choice["message"] = std::move(message);
-    } else if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", all.text}};
-    } else {
-      choice["text"] = all.text;
+    json choices = json::array();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      json choice = choiceJson(outs[i], p, policy, model);
+      choice["index"] = i;
+      choices.push_back(std::move(choice));
     }
-    if (p.returnTokenIds) { // as vLLM's return_token_ids
-      choice["prompt_token_ids"] = p.params.prompt;
-      choice["token_ids"] = all.tokens;
-    }
-    json out = response(choice, false);
-    out["usage"] = usageJson(all);
-    out["reasoning_trace"] = traceJson(all);
-    res.set_header("X-Actual-New-Tokens", std::to_string(all.completionTokens));
+    json out = response(json::object(), false);
+    out["choices"] = std::move(choices);
+    const nf::RequestOutput total = choicesTotal(outs);
+    out["usage"] = usageJson(total);
+    out["reasoning_trace"] = traceJson(outs.front());
+    res.set_header("X-Actual-New-Tokens",
+                   std::to_string(total.completionTokens));
     res.set_content(dumpJson(out), "application/json");
     return;
   }
@@ -279,11 +355,13 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
   // With a reasoning parser, a chat piece's text is split into the delta's
   // reasoning_content and content (either may be absent).
   // The last event (a finish_reason) also carries the reasoning_trace.
+  // With logprobs, each event carries its tokens' (logprobs: not null).
   auto event = [response, chat](const std::string &text, const json &finish,
                                 const json &ids = nullptr,
                                 const ReasoningParser::Delta *split = nullptr,
-                                const json &trace = nullptr) {
-    json choice = {{"finish_reason", finish}};
+                                const json &trace = nullptr,
+                                const json &logprobs = nullptr) {
+    json choice = {{"finish_reason", finish}, {"logprobs", logprobs}};
     if (!ids.is_null())
       choice["token_ids"] = ids;
     if (!chat) {
@@ -307,6 +385,43 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
   std::shared_ptr<AnswerSplit> parser = answerSplit(p, policy);
   auto roleSent = std::make_shared<bool>(!chat);
   const bool returnTokenIds = p.returnTokenIds;
+  // Logprobs: the prompt's (echo) gathered until the first event, which
+  // also carries the echoed prompt text.
+  struct Logprobs {
+    explicit Logprobs(const RequestModel &model) : completion(model) {}
+    bool want = false, echo = false;
+    std::string echoText;
+    int32_t firstToken = -1;
+    nf::Logprobs prompt;
+    CompletionLogprobs completion; // its text offsets count on
+  };
+  auto logprobs = std::make_shared<Logprobs>(model);
+  logprobs->want = p.params.logprobs >= 0;
+  logprobs->echo = p.echo;
+  logprobs->echoText = p.echoText;
+  logprobs->firstToken = p.params.prompt.front();
+  // The chunk's logprobs object (null unless asked for), and its text:
+  // after the prompt's on the first chunk of an echo.
+  const RequestModel *m = &model; // the server's, which outlives responses
+  auto chunkLogprobs = [logprobs, chat, m](const nf::RequestOutput &o,
+                                           std::string &text) -> json {
+    Logprobs &l = *logprobs;
+    const bool first = l.echo;
+    if (first) {
+      text = l.echoText + text;
+      l.echo = false;
+    }
+    if (!l.want)
+      return nullptr;
+    if (chat)
+      return chatLogprobs(o.logprobs, *m);
+    if (first) {
+      l.completion.addFirst(l.firstToken);
+      l.completion.add(l.prompt);
+    }
+    l.completion.add(o.logprobs);
+    return l.completion.take();
+  };
   // stream_options.include_usage: a last chunk with no choices and the
   // usage, as OpenAI's.
   auto usageChunk = [id, created, name, chat, include = p.includeUsage](
@@ -324,7 +439,8 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
   res.set_chunked_content_provider(
       "text/event-stream",
       [request, roleSent, returnTokenIds, event, response, errorText,
-       usageChunk, parser](size_t, httplib::DataSink &sink) {
+       usageChunk, parser, logprobs,
+       chunkLogprobs](size_t, httplib::DataSink &sink) {
         std::string events;
         nf::RequestOutput o;
         if (!*roleSent) {
@@ -342,8 +458,9 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
               return false;
             }
             o = std::move(*read);
+            logprobs->prompt.append(o.promptLogprobs);
             if (o.finished() || !o.text.empty() ||
-                (returnTokenIds && !o.tokens.empty()))
+                ((returnTokenIds || logprobs->want) && !o.tokens.empty()))
               break;
             // Nothing new, or tokens whose text is held back.
             if (std::chrono::steady_clock::now() - checked >= kClientCheck) {
@@ -356,20 +473,29 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
           }
         }
         const json ids = returnTokenIds ? json(o.tokens) : json(nullptr);
+        // Events for tokens whose text is held back: with their ids or
+        // logprobs; and the echoed prompt, even before any text.
+        const bool tokensSent =
+            (returnTokenIds || logprobs->want) && !o.tokens.empty();
         std::vector<ToolCall> calls;
         if (parser) {
           ReasoningParser::Delta d = parser->feed(o.text, o.finished(), calls);
           // Text held back inside a tag sends nothing yet (unless ids).
-          if (!d.empty() || (returnTokenIds && !o.tokens.empty()))
-            events += event(o.text, nullptr, ids, &d);
+          if (!d.empty() || tokensSent) {
+            std::string text = o.text;
+            const json lp = chunkLogprobs(o, text);
+            events += event(text, nullptr, ids, &d, nullptr, lp);
+          }
           if (!calls.empty()) {
             json choice = {
                 {"finish_reason", nullptr},
                 {"delta", {{"tool_calls", toolCallsJson(calls, true)}}}};
             events += "data: " + dumpJson(response(choice, true)) + "\n\n";
           }
-        } else if (!o.text.empty() || (returnTokenIds && !o.tokens.empty())) {
-          events += event(o.text, nullptr, ids);
+        } else if (!o.text.empty() || tokensSent || logprobs->echo) {
+          std::string text = o.text;
+          const json lp = chunkLogprobs(o, text);
+          events += event(text, nullptr, ids, nullptr, nullptr, lp);
         }
         const bool done = o.finished();
         if (done) {

@@ -18,6 +18,9 @@
 namespace nfrun {
 namespace {
 
+/// The most choices (`n`) one request may ask for.
+constexpr int kMaxChoices = 16;
+
 using json = nlohmann::json;
 
 /// A seed of its own for an unseeded request.
@@ -94,8 +97,9 @@ std::optional<std::string> parseSampling(const json &body,
         number("max_new_tokens_soft", 1, 1 << 30, soft)})
     if (err)
       return *err;
-  if (n != 1)
-    return std::string("'n' above 1 is not supported yet");
+  if (n > kMaxChoices)
+    return "'n' must be at most " + std::to_string(kMaxChoices);
+  r.n = static_cast<int>(n);
   // Context left after the prompt; a model without attention has no limit.
   int64_t room = int64_t{1} << 30;
   if (model.maxContext() >= 0) {
@@ -126,6 +130,8 @@ std::optional<std::string> parseSampling(const json &body,
     if (!body["stream"].is_boolean())
       return std::string("'stream' must be true or false");
     r.stream = body["stream"].get<bool>();
+    if (r.stream && r.n > 1)
+      return std::string("'n' above 1 with 'stream' is not supported yet");
   }
   if (body.contains("stream_options") && !body["stream_options"].is_null()) {
     const json &o = body["stream_options"];
@@ -299,11 +305,13 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                                         "priority",
                                         "expert_budget",
                                         "cache_salt",
-                                        "user"};
-  static const char *const kCompletions[] = {"prompt"};
+                                        "user",
+                                        "logprobs"};
+  static const char *const kCompletions[] = {"prompt", "echo"};
   static const char *const kChat[] = {
       "messages",    "max_completion_tokens", "tools",
-      "tool_choice", "parallel_tool_calls",   "chat_template_kwargs"};
+      "tool_choice", "parallel_tool_calls",   "chat_template_kwargs",
+      "top_logprobs"};
   auto isDefault = [](const json &v, const char *name) {
     const std::string n = name;
     if (v.is_null())
@@ -331,8 +339,7 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
   };
   // Not implemented yet (issue: the OpenAI API for Nemotron 3): refused
   // unless they ask for nothing.
-  static const char *const kNotYet[] = {"logprobs",
-                                        "top_logprobs",
+  static const char *const kNotYet[] = {"top_logprobs",
                                         "echo",
                                         "best_of",
                                         "suffix",
@@ -458,7 +465,13 @@ Parsed parseCompletion(const json &body, const RequestModel &model,
     return *err;
   if (!body.contains("prompt"))
     return std::string("'prompt' is required");
-  const json &p = body["prompt"];
+  // A batch of one prompt (as lm-evaluation-harness sends it) is that
+  // prompt.
+  const json &p =
+      body["prompt"].is_array() && body["prompt"].size() == 1 &&
+              (body["prompt"][0].is_string() || body["prompt"][0].is_array())
+          ? body["prompt"][0]
+          : body["prompt"];
   if (p.is_string()) {
     if (!model.hasTokenizer())
       return std::string("this model has no tokenizer: send 'prompt' as an "
@@ -483,6 +496,32 @@ Parsed parseCompletion(const json &body, const RequestModel &model,
   }
   if (auto err = parseSampling(body, model, policy, r))
     return *err;
+  // logprobs: the tokens' and as many alternatives; with echo, the
+  // prompt's too (the text then starts with the prompt).
+  if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+    const json &v = body["logprobs"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+        v.get<int64_t>() > nf::kMaxTopLogprobs)
+      return "'logprobs' must be an integer from 0 to " +
+             std::to_string(nf::kMaxTopLogprobs);
+    r.params.logprobs = v.get<int32_t>();
+  }
+  if (body.contains("echo") && !body["echo"].is_null()) {
+    if (!body["echo"].is_boolean())
+      return std::string("'echo' must be true or false");
+    r.echo = body["echo"].get<bool>();
+  }
+  if (r.echo) {
+    if (p.is_string())
+      r.echoText = p.get<std::string>();
+    else if (model.hasTokenizer()) {
+      auto text = model.detokenize(r.params.prompt);
+      if (!text)
+        return "prompt: " + text.message();
+      r.echoText = std::move(*text);
+    }
+    r.params.promptLogprobs = r.params.logprobs;
+  }
   if (auto err = parseTraffic(body, headers, policy, r))
     return *err;
   return r;
@@ -729,6 +768,26 @@ Parsed parseChat(const json &body, const RequestModel &model,
     return *err;
   if (auto err = parseTraffic(body, headers, policy, r))
     return *err;
+  // logprobs: true, with top_logprobs alternatives (OpenAI's chat shape).
+  bool logprobs = false;
+  if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+    if (!body["logprobs"].is_boolean())
+      return std::string("'logprobs' must be true or false");
+    logprobs = body["logprobs"].get<bool>();
+  }
+  int32_t top = 0;
+  if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
+    const json &v = body["top_logprobs"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+        v.get<int64_t>() > nf::kMaxTopLogprobs)
+      return "'top_logprobs' must be an integer from 0 to " +
+             std::to_string(nf::kMaxTopLogprobs);
+    top = v.get<int32_t>();
+    if (!logprobs)
+      return std::string("'top_logprobs' needs 'logprobs': true");
+  }
+  if (logprobs)
+    r.params.logprobs = top;
   return r;
 }
 

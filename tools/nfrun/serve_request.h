@@ -37,6 +37,10 @@ public:
   detokenize(const std::vector<int32_t> &tokens) const = 0;
   /// Sampling defaults for fields a request omits (generation_config.json).
   virtual nf_generation_defaults generationDefaults() const = 0;
+  /// A token's text alone, as vLLM writes it in logprobs: special tokens
+  /// kept, a partial UTF-8 sequence as U+FFFD; "token_id:N" without a
+  /// tokenizer.
+  virtual std::string tokenString(int32_t id) const = 0;
 };
 
 /// RequestModel over a loaded model.
@@ -68,6 +72,12 @@ public:
   }
   nf_generation_defaults generationDefaults() const override {
     return model_.generationDefaults();
+  }
+  std::string tokenString(int32_t id) const override {
+    if (model_.hasTokenizer())
+      if (auto text = model_.detokenize({id}, /*flags=*/0))
+        return *text;
+    return "token_id:" + std::to_string(id);
   }
 
 private:
@@ -113,10 +123,17 @@ enum class ToolCalls { None, Auto };
 /// A validated request: what the serving engine runs, and how to answer.
 struct ParsedRequest {
   nf::RequestParams params;
+  /// Choices of the prompt: n requests, choice i seeded with seed + i (a
+  /// snapshot of the prompt shares its prefill: serving/prefix_cache.h).
+  int n = 1;
   bool stream = false;
   bool returnTokenIds = false; // the response lists the token ids
-  bool includeUsage = false;   // stream_options.include_usage
-  bool chat = false;           // /v1/chat/completions
+  /// Completions' echo: the text starts with the prompt's (echoText), and
+  /// with logprobs, so do the logprobs.
+  bool echo = false;
+  std::string echoText;
+  bool includeUsage = false; // stream_options.include_usage
+  bool chat = false;         // /v1/chat/completions
   /// Chat: the rendered prompt leaves a `<think>` block open, so the output
   /// starts inside the model's reasoning (reasoning_parser.h).
   bool promptOpensReasoning = false;

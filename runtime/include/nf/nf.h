@@ -618,6 +618,10 @@ NF_API nf_status nf_engine_create(nf_model *model,
    NF_FINISH_UNAVAILABLE (their handles stay readable until freed). */
 NF_API void nf_engine_free(nf_engine *engine);
 
+/* The most alternatives a position's logprobs may list (vLLM's default
+   max_logprobs). */
+#define NF_MAX_TOP_LOGPROBS 20
+
 typedef struct nf_request_params {
   const int32_t *prompt; /* n_prompt >= 1 token ids of the vocabulary */
   size_t n_prompt;
@@ -650,6 +654,18 @@ typedef struct nf_request_params {
      request (so tenants cannot learn each other's prompts from timing).
      NULL or "": the shared, unsalted cache. */
   const char *cache_salt;
+  /* Nonzero: each generated token's log-probability, with top_logprobs (0
+     to NF_MAX_TOP_LOGPROBS) most probable alternatives. They are the
+     model's: log-softmax of the logits the token is drawn from, before
+     temperature and filters (as vLLM's default raw_logprobs). */
+  int32_t logprobs;
+  int32_t top_logprobs;
+  /* Nonzero: the same for every prompt token after the first (under the
+     logits of the token before it), with prompt_top_logprobs (0 to
+     NF_MAX_TOP_LOGPROBS) alternatives. The request then computes its whole
+     prompt: no prefix-cache snapshot serves it. */
+  int32_t prompt_logprobs;
+  int32_t prompt_top_logprobs;
 } nf_request_params;
 
 /* max_tokens 16, greedy, no stops, priority 0. */
@@ -702,6 +718,25 @@ typedef struct nf_request_output {
   /* Prompt tokens taken from the prefix cache instead of computed (at its
      last admission). */
   int64_t cached_tokens;
+  /* With logprobs: per new token, its log-probability (n_tokens entries),
+     and n_top_logprobs alternatives each: top_logprob_tokens and
+     top_logprobs ([token][n_top_logprobs], most probable first, lower ids
+     first among equals; -1 and -inf past the vocabulary). NULL otherwise. */
+  const float *token_logprobs;
+  const int32_t *top_logprob_tokens;
+  const float *top_logprobs;
+  int32_t n_top_logprobs;
+  /* With prompt_logprobs: the positions of the prompt (1, 2, ... in
+     order; all of them by the read that brings the first token) that this
+     read brings: n_prompt_logprobs of them, each its token, its
+     log-probability and n_prompt_top_logprobs alternatives, laid out as
+     above. */
+  const int32_t *prompt_logprob_tokens;
+  const float *prompt_logprobs;
+  size_t n_prompt_logprobs;
+  const int32_t *prompt_top_logprob_tokens;
+  const float *prompt_top_logprobs;
+  int32_t n_prompt_top_logprobs;
 } nf_request_output;
 
 /* Waits up to timeout_ms (0: does not wait; < 0: without limit) for new

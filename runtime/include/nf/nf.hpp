@@ -16,6 +16,7 @@
 #include "nf/nf.h"
 #include "nf/status.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -479,6 +480,48 @@ struct RequestParams {
   float expertBudget = 0.0f; // <= 0: the plan's default
   void *userData = nullptr;  // for the engine's observer
   std::string cacheSalt;     // prefix caching: "" is the shared cache
+  /// Log-probabilities (see nf_request_params): -1 none, else the
+  /// alternatives per position (0 to 20); of the generated tokens and of
+  /// the prompt's tokens after the first.
+  int32_t logprobs = -1;
+  int32_t promptLogprobs = -1;
+};
+
+/// The most alternatives a position's logprobs may list.
+inline constexpr int32_t kMaxTopLogprobs = NF_MAX_TOP_LOGPROBS;
+
+/// Positions' log-probabilities (see nf_request_output): each position's
+/// token and logprob, and `top` alternatives ([position][top]).
+struct Logprobs {
+  int32_t top = 0;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<int32_t> topTokens;
+  std::vector<float> topLogprobs;
+
+  size_t size() const { return tokens.size(); }
+  void append(const Logprobs &o) {
+    if (!o.tokens.empty())
+      top = o.top;
+    tokens.insert(tokens.end(), o.tokens.begin(), o.tokens.end());
+    logprobs.insert(logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    topTokens.insert(topTokens.end(), o.topTokens.begin(), o.topTokens.end());
+    topLogprobs.insert(topLogprobs.end(), o.topLogprobs.begin(),
+                       o.topLogprobs.end());
+  }
+  /// The positions [from, from + n).
+  Logprobs slice(size_t from, size_t n) const {
+    Logprobs l;
+    l.top = top;
+    const size_t t = static_cast<size_t>(top);
+    l.tokens.assign(tokens.begin() + from, tokens.begin() + from + n);
+    l.logprobs.assign(logprobs.begin() + from, logprobs.begin() + from + n);
+    l.topTokens.assign(topTokens.begin() + from * t,
+                       topTokens.begin() + (from + n) * t);
+    l.topLogprobs.assign(topLogprobs.begin() + from * t,
+                         topLogprobs.begin() + (from + n) * t);
+    return l;
+  }
 };
 
 /// What a request produced since the last read (see nf_request_output).
@@ -495,6 +538,9 @@ struct RequestOutput {
   double expertBudgetSpent = 0.0;           // of static top-k's calls
   double queuedS = 0, prefillS = 0, decodeS = 0;
   int64_t cachedTokens = 0; // prompt tokens from the prefix cache
+  /// Of `tokens` (empty unless asked for), and of the prompt positions
+  /// this read brings.
+  Logprobs logprobs, promptLogprobs;
   bool finished() const { return finishReason != NF_FINISH_NONE; }
 };
 
@@ -540,6 +586,23 @@ public:
     out.prefillS = o.prefill_s;
     out.decodeS = o.decode_s;
     out.cachedTokens = o.cached_tokens;
+    auto list = [](Logprobs &l, const int32_t *tokens, const float *lp,
+                   size_t n, const int32_t *topTokens, const float *topLp,
+                   int32_t top) {
+      if (!lp)
+        return;
+      const size_t t = static_cast<size_t>(top);
+      l.top = top;
+      l.tokens.assign(tokens, tokens + n);
+      l.logprobs.assign(lp, lp + n);
+      l.topTokens.assign(topTokens, topTokens + n * t);
+      l.topLogprobs.assign(topLp, topLp + n * t);
+    };
+    list(out.logprobs, o.tokens, o.token_logprobs, o.n_tokens,
+         o.top_logprob_tokens, o.top_logprobs, o.n_top_logprobs);
+    list(out.promptLogprobs, o.prompt_logprob_tokens, o.prompt_logprobs,
+         o.n_prompt_logprobs, o.prompt_top_logprob_tokens,
+         o.prompt_top_logprobs, o.n_prompt_top_logprobs);
     return out;
   }
   /// Reads until the end: every token and the whole text.
@@ -551,9 +614,13 @@ public:
         return o;
       all.tokens.insert(all.tokens.end(), o->tokens.begin(), o->tokens.end());
       all.text += o->text;
+      all.logprobs.append(o->logprobs);
+      all.promptLogprobs.append(o->promptLogprobs);
       if (o->finished()) {
         o->tokens = std::move(all.tokens);
         o->text = std::move(all.text);
+        o->logprobs = std::move(all.logprobs);
+        o->promptLogprobs = std::move(all.promptLogprobs);
         return o;
       }
     }
@@ -620,6 +687,10 @@ public:
     p.expert_budget = params.expertBudget;
     p.user_data = params.userData;
     p.cache_salt = params.cacheSalt.c_str();
+    p.logprobs = params.logprobs >= 0;
+    p.top_logprobs = std::max(params.logprobs, 0);
+    p.prompt_logprobs = params.promptLogprobs >= 0;
+    p.prompt_top_logprobs = std::max(params.promptLogprobs, 0);
     nf_request *r = nullptr;
     const nf_status st = nf_engine_submit(e_, &p, &r);
     if (code)

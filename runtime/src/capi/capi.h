@@ -7,6 +7,7 @@
 #include "nf/nf.h"
 #include "nf/status.h"
 #include "nf/tokenizer.h"
+#include "sampling/logprobs.h"
 #include "sampling/sampler.h"
 
 #include <atomic>
@@ -115,5 +116,24 @@ inline sampling::SamplerParams toSamplerParams(const nf_sampler_params &p) {
 nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
                   nf::LogitsFor which, int64_t *expertCalls,
                   int64_t *expertCallsPerLayer = nullptr);
+
+/// The log-probabilities one entry of decodeSample wants beside its token.
+struct EntryLogprobs {
+  /// The drawn token's, with `sampled.top` alternatives (false: none).
+  bool wantSampled = false;
+  /// Per token the entry feeds, the token whose logprob its row gives (the
+  /// next token of the context; -1: none); empty: none. With
+  /// `fed.top` alternatives.
+  std::span<const int32_t> fedTargets;
+  // Out: the positions asked for.
+  sampling::LogprobList sampled, fed;
+};
+
+/// nf_decode_sample, and the log-probabilities `logprobs` (empty, or one
+/// per batch entry) ask for: a step where an entry wants its fed tokens'
+/// rows returns every row (LogitsFor::AllTokens).
+nf_status decodeSample(nf_model *model, const nf_batch *batch,
+                       nf_sampler *const *samplers, int32_t *tokensOut,
+                       std::span<EntryLogprobs> logprobs);
 
 } // namespace nf::capi

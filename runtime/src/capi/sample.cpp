@@ -52,18 +52,40 @@ std::string newBytes(const Tokenizer &tok, const std::vector<int32_t> &history,
 /// The sampler's own errors (no logit above -inf) are returned; the
 /// engine's (the row's copy from the device) and internal ones go to
 /// `fatal`.
-StatusOr<int32_t> sampleInput(nf_model *model, size_t i,
+/// Row `row` of the step's logits (model->logits), checked.
+StatusOr<std::span<const float>> logitsRow(nf_model *model, size_t row) {
+  const size_t vocab = static_cast<size_t>(model->engine->info().vocabSize);
+  if (model->logits.size() < (row + 1) * vocab)
+    return Status::error("internal: the engine returned " +
+                         std::to_string(model->logits.size()) + " logits");
+  return std::span<const float>(model->logits.data() + row * vocab, vocab);
+}
+
+/// The last-token row of input `i` (row `row` of the step's logits, or,
+/// after a step of top lists, fetched from the device into model->row).
+StatusOr<std::span<const float>> lastRow(nf_model *model, size_t i,
+                                         size_t row) {
+  if (model->top.k == 0)
+    return logitsRow(model, row);
+  model->row.resize(static_cast<size_t>(model->engine->info().vocabSize));
+  if (Status s = model->engine->lastTokenRow(i, model->row); !s)
+    return s;
+  return std::span<const float>(model->row);
+}
+
+/// `row`: input i's last-token row among the step's logits (i, unless the
+/// step returned every token's row).
+StatusOr<int32_t> sampleInput(nf_model *model, size_t i, size_t row,
                               sampling::Sampler &sampler, Status &fatal) {
   const size_t vocab = static_cast<size_t>(model->engine->info().vocabSize);
   const size_t k = static_cast<size_t>(model->top.k);
   if (k == 0) {
-    if (model->logits.size() < (i + 1) * vocab) {
-      fatal = Status::error("internal: the engine returned " +
-                            std::to_string(model->logits.size()) + " logits");
+    auto r = logitsRow(model, row);
+    if (!r) {
+      fatal = r.status();
       return fatal;
     }
-    return sampler.sample(
-        std::span<const float>(model->logits.data() + i * vocab, vocab));
+    return sampler.sample(*r);
   }
   if (model->top.ids.size() < (i + 1) * k ||
       model->top.values.size() < (i + 1) * k) {
@@ -158,44 +180,92 @@ LogitsFor logitsForSamplers(nf_model *model,
 
 } // namespace
 
+namespace nf::capi {
+
+nf_status decodeSample(nf_model *model, const nf_batch *batch,
+                       nf_sampler *const *samplers, int32_t *tokensOut,
+                       std::span<EntryLogprobs> logprobs) {
+  if (!model || !batch || !samplers || !tokensOut)
+    return fail(NF_ERR_INVALID_ARGUMENT,
+                "nf_decode_sample: NULL model, batch, samplers or tokens");
+  if (batch->n_seqs <= 0 || !batch->seqs)
+    return fail(NF_ERR_INVALID_ARGUMENT,
+                "nf_decode_sample: the batch needs at least one sequence");
+  if (!logprobs.empty() &&
+      logprobs.size() != static_cast<size_t>(batch->n_seqs))
+    return fail(NF_ERR_INTERNAL, "nf_decode_sample: logprobs for " +
+                                     std::to_string(logprobs.size()) + " of " +
+                                     std::to_string(batch->n_seqs) +
+                                     " entries");
+  // NULL entries draw nothing (prompt chunks before their last).
+  std::vector<const sampling::Sampler *> s;
+  for (int32_t i = 0; i < batch->n_seqs; ++i)
+    s.push_back(samplers[i] ? &samplers[i]->sampler : nullptr);
+  const bool everyRow =
+      std::any_of(logprobs.begin(), logprobs.end(),
+                  [](const EntryLogprobs &e) { return !e.fedTargets.empty(); });
+  if (nf_status st =
+          runStep(model, batch->seqs, batch->n_seqs,
+                  everyRow ? LogitsFor::AllTokens : logitsForSamplers(model, s),
+                  batch->expert_calls, batch->expert_calls_per_layer);
+      st != NF_OK)
+    return st;
+  auto entryError = [](int32_t i, const std::string &why) {
+    return "nf_decode_sample: batch entry " + std::to_string(i) + ": " + why;
+  };
+  size_t base = 0; // the entry's first row among every token's rows
+  for (int32_t i = 0; i < batch->n_seqs; ++i) {
+    const size_t n = static_cast<size_t>(batch->seqs[i].n_tokens);
+    const size_t row = everyRow ? base + n - 1 : static_cast<size_t>(i);
+    base += n;
+    if (!logprobs.empty()) {
+      EntryLogprobs &lp = logprobs[i];
+      if (!lp.fedTargets.empty() && lp.fedTargets.size() != n)
+        return fail(NF_ERR_INTERNAL,
+                    entryError(i, "logprob targets for " +
+                                      std::to_string(lp.fedTargets.size()) +
+                                      " of " + std::to_string(n) + " tokens"));
+      for (size_t j = 0; j < lp.fedTargets.size(); ++j) {
+        if (lp.fedTargets[j] < 0)
+          continue;
+        auto r = logitsRow(model, base - n + j);
+        if (!r)
+          return fail(NF_ERR_RUNTIME, entryError(i, r.message()));
+        lp.fed.add(*r, lp.fedTargets[j]);
+      }
+    }
+    if (!samplers[i]) {
+      tokensOut[i] = -1;
+      continue;
+    }
+    Status fatal = Status::success();
+    StatusOr<int32_t> t = sampleInput(model, static_cast<size_t>(i), row,
+                                      samplers[i]->sampler, fatal);
+    if (!fatal)
+      return fail(NF_ERR_RUNTIME, entryError(i, fatal.message()));
+    tokensOut[i] = t ? *t : -1;
+    if (!t) { // recorded, though the call succeeds
+      (void)fail(NF_ERR_RUNTIME, entryError(i, t.message()));
+      continue;
+    }
+    if (!logprobs.empty() && logprobs[i].wantSampled) {
+      auto r = lastRow(model, static_cast<size_t>(i), row);
+      if (!r)
+        return fail(NF_ERR_RUNTIME, entryError(i, r.message()));
+      logprobs[i].sampled.add(*r, *t);
+    }
+  }
+  return NF_OK;
+}
+
+} // namespace nf::capi
+
 extern "C" {
 
 nf_status nf_decode_sample(nf_model *model, const nf_batch *batch,
                            nf_sampler *const *samplers, int32_t *tokens_out) {
   return guard([&]() -> nf_status {
-    if (!model || !batch || !samplers || !tokens_out)
-      return fail(NF_ERR_INVALID_ARGUMENT,
-                  "nf_decode_sample: NULL model, batch, samplers or tokens");
-    if (batch->n_seqs <= 0 || !batch->seqs)
-      return fail(NF_ERR_INVALID_ARGUMENT,
-                  "nf_decode_sample: the batch needs at least one sequence");
-    // NULL entries draw nothing (prompt chunks before their last).
-    std::vector<const sampling::Sampler *> s;
-    for (int32_t i = 0; i < batch->n_seqs; ++i)
-      s.push_back(samplers[i] ? &samplers[i]->sampler : nullptr);
-    if (nf_status st = capi::runStep(
-            model, batch->seqs, batch->n_seqs, logitsForSamplers(model, s),
-            batch->expert_calls, batch->expert_calls_per_layer);
-        st != NF_OK)
-      return st;
-    for (int32_t i = 0; i < batch->n_seqs; ++i) {
-      if (!samplers[i]) {
-        tokens_out[i] = -1;
-        continue;
-      }
-      Status fatal = Status::success();
-      StatusOr<int32_t> t = sampleInput(model, static_cast<size_t>(i),
-                                        samplers[i]->sampler, fatal);
-      if (!fatal)
-        return fail(NF_ERR_RUNTIME, "nf_decode_sample: batch entry " +
-                                        std::to_string(i) + ": " +
-                                        fatal.message());
-      tokens_out[i] = t ? *t : -1;
-      if (!t) // recorded, though the call succeeds
-        (void)fail(NF_ERR_RUNTIME, "nf_decode_sample: batch entry " +
-                                       std::to_string(i) + ": " + t.message());
-    }
-    return NF_OK;
+    return capi::decodeSample(model, batch, samplers, tokens_out, {});
   });
 }
 
@@ -316,7 +386,7 @@ nf_status nf_generate(nf_model *model, const int32_t *prompt, size_t n_prompt,
     std::vector<int32_t> generated;
     while (true) {
       Status fatal = Status::success();
-      StatusOr<int32_t> token = sampleInput(model, 0, *sampler, fatal);
+      StatusOr<int32_t> token = sampleInput(model, 0, 0, *sampler, fatal);
       if (!token)
         return fail(NF_ERR_RUNTIME, "nf_generate: " + token.message());
       out[generated.size()] = *token;

@@ -29,6 +29,7 @@ struct nf_request {
   std::vector<int32_t> tokens;
   std::string error;
   std::vector<int64_t> expertCallsPerLayer;
+  nf::sampling::LogprobList logprobs, promptLogprobs;
 };
 
 using nf::capi::fail;
@@ -250,6 +251,14 @@ nf_status nf_engine_submit(nf_engine *engine, const nf_request_params *params,
       return fail(NF_ERR_INVALID_ARGUMENT, "max_tokens_soft is negative");
     if (p.n_stop_tokens > 0 && !p.stop_tokens)
       return fail(NF_ERR_INVALID_ARGUMENT, "NULL stop tokens");
+    constexpr int32_t kMaxTop = NF_MAX_TOP_LOGPROBS;
+    for (auto [name, top] :
+         {std::pair{"top_logprobs", p.top_logprobs},
+          std::pair{"prompt_top_logprobs", p.prompt_top_logprobs}})
+      if (top < 0 || top > kMaxTop)
+        return fail(NF_ERR_INVALID_ARGUMENT,
+                    std::string(name) + " " + std::to_string(top) +
+                        " is not in [0, " + std::to_string(kMaxTop) + "]");
     auto r = std::make_shared<nf::serving::Request>();
     std::vector<std::string> stops;
     if (nf_status st =
@@ -279,6 +288,8 @@ nf_status nf_engine_submit(nf_engine *engine, const nf_request_params *params,
     r->userData = p.user_data;
     if (p.cache_salt)
       r->cacheSalt = p.cache_salt;
+    r->logprobs = p.logprobs ? p.top_logprobs : -1;
+    r->promptLogprobs = p.prompt_logprobs ? p.prompt_top_logprobs : -1;
     r->text = nf::serving::TextStream(
         model->tokenizer ? &*model->tokenizer : nullptr, std::move(stops));
     if (!std::isfinite(p.expert_budget))
@@ -319,6 +330,10 @@ nf_status nf_request_read(nf_request *request, int32_t timeout_ms,
     request->tokens.clear();
     request->text.swap(r.pendingText);
     request->tokens.swap(r.pendingTokens);
+    request->logprobs.clear();
+    request->promptLogprobs.clear();
+    std::swap(request->logprobs, r.pendingLogprobs);
+    std::swap(request->promptLogprobs, r.pendingPromptLogprobs);
     request->error = r.error;
     *out = {};
     out->tokens = request->tokens.data();
@@ -346,6 +361,22 @@ nf_status nf_request_read(nf_request *request, int32_t timeout_ms,
     out->prefill_s = r.prefillS;
     out->decode_s = r.decodeS;
     out->cached_tokens = r.cachedTokens;
+    if (r.logprobs >= 0) {
+      const nf::sampling::LogprobList &l = request->logprobs;
+      out->token_logprobs = l.logprobs.data();
+      out->top_logprob_tokens = l.topTokens.data();
+      out->top_logprobs = l.topLogprobs.data();
+      out->n_top_logprobs = r.logprobs;
+    }
+    if (r.promptLogprobs >= 0) {
+      const nf::sampling::LogprobList &l = request->promptLogprobs;
+      out->prompt_logprob_tokens = l.tokens.data();
+      out->prompt_logprobs = l.logprobs.data();
+      out->n_prompt_logprobs = l.size();
+      out->prompt_top_logprob_tokens = l.topTokens.data();
+      out->prompt_top_logprobs = l.topLogprobs.data();
+      out->n_prompt_top_logprobs = r.promptLogprobs;
+    }
     return NF_OK;
   });
 }

@@ -1,6 +1,8 @@
 // The serving engine's scheduler (see scheduler.h).
 #include "serving/scheduler.h"
 
+#include "capi/capi.h"
+
 #include <algorithm>
 #include <limits>
 #include <tuple>
@@ -206,9 +208,24 @@ std::deque<std::shared_ptr<Request>>::iterator Scheduler::nextWaiting() {
     return std::make_tuple(
         first ? 0 : 1, first ? 0 : static_cast<int64_t>(r->priority), r->order);
   };
-  return std::min_element(
-      waiting_.begin(), waiting_.end(),
-      [&](const auto &x, const auto &y) { return key(x) < key(y); });
+  auto best = waiting_.end();
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it)
+    if (!awaitsSnapshot(**it) &&
+        (best == waiting_.end() || key(*it) < key(*best)))
+      best = it;
+  return best;
+}
+
+bool Scheduler::awaitsSnapshot(const Request &r) const {
+  if (!cache_ || !r.generated.empty() || r.prompt.size() < 2 ||
+      r.owesPromptLogprobs())
+    return false;
+  const size_t last = r.prompt.size() - 1;
+  for (const auto &l : running_)
+    if (l->fed < last && !l->snapshots.empty() && l->snapshots.back() == last &&
+        l->cacheSalt == r.cacheSalt && l->prompt == r.prompt)
+      return true;
+  return false;
 }
 
 bool Scheduler::evictSnapshot(int32_t keep) {
@@ -344,12 +361,14 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
   while (static_cast<int32_t>(running_.size()) < options_.maxBatch &&
          !waiting_.empty()) {
     auto at = nextWaiting();
+    if (at == waiting_.end())
+      break; // the rest wait for a snapshot being prefilled
     std::shared_ptr<Request> r = *at;
     // The longest cached prefix of its context: the full pages of that
     // prefix are shared, not taken.
     PrefixCache::Hit hit;
     std::vector<int32_t> tokens;
-    if (cache_) {
+    if (cache_ && !r->owesPromptLogprobs()) {
       tokens.reserve(r->contextLength());
       for (size_t i = 0; i < r->contextLength(); ++i)
         tokens.push_back(r->contextToken(i));
@@ -461,11 +480,14 @@ std::vector<Scheduler::Entry> Scheduler::plan() {
   return step;
 }
 
-bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<int32_t> &tokens,
+bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
                          std::string &error) {
   std::vector<nf_seq_input> inputs(step.size());
   std::vector<std::vector<int32_t>> ids(step.size());
   std::vector<nf_sampler *> samplers(step.size());
+  std::vector<capi::EntryLogprobs> logprobs(step.size());
+  std::vector<std::vector<int32_t>> targets(step.size());
+  bool wantLogprobs = false;
   for (size_t i = 0; i < step.size(); ++i) {
     Request &r = *step[i].r;
     for (size_t t = r.fed; t < r.fed + step[i].count; ++t)
@@ -478,6 +500,20 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<int32_t> &tokens,
     // Only a context's last chunk draws a token.
     samplers[i] =
         r.fed + step[i].count == r.contextLength() ? r.sampler.get() : nullptr;
+    capi::EntryLogprobs &lp = logprobs[i];
+    lp.wantSampled = samplers[i] && r.logprobs >= 0;
+    lp.sampled.top = std::max(r.logprobs, 0);
+    lp.fed.top = std::max(r.promptLogprobs, 0);
+    if (r.owesPromptLogprobs()) {
+      // Row t gives the logprob of prompt token t + 1.
+      for (size_t t = r.fed; t < r.fed + step[i].count; ++t)
+        targets[i].push_back(t + 1 < r.prompt.size() &&
+                                     t + 1 >= r.promptLogprobsNext
+                                 ? r.prompt[t + 1]
+                                 : -1);
+      lp.fedTargets = targets[i];
+    }
+    wantLogprobs = wantLogprobs || lp.wantSampled || !lp.fedTargets.empty();
   }
   stepExpertCalls_.assign(step.size(), 0);
   stepExpertCallsPerLayer_.assign(step.size() * moeLayers_, 0);
@@ -485,28 +521,34 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<int32_t> &tokens,
                           stepExpertCalls_.data(),
                           moeLayers_ ? stepExpertCallsPerLayer_.data()
                                      : nullptr};
-  tokens.assign(step.size(), -1);
-  if (nf_decode_sample(model_, &batch, samplers.data(), tokens.data()) !=
-      NF_OK) {
+  std::vector<int32_t> tokens(step.size(), -1);
+  if (capi::decodeSample(model_, &batch, samplers.data(), tokens.data(),
+                         wantLogprobs
+                             ? std::span(logprobs)
+                             : std::span<capi::EntryLogprobs>()) != NF_OK) {
     error = nf_last_error();
     return false;
   }
   for (size_t i = 0; i < step.size(); ++i) {
     Request &r = *step[i].r;
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.expertCalls += stepExpertCalls_[i];
-    r.tokensRun += static_cast<int64_t>(step[i].count);
-    r.expertCallsPerLayer.resize(moeLayers_, 0);
-    for (size_t l = 0; l < moeLayers_; ++l)
-      r.expertCallsPerLayer[l] += stepExpertCallsPerLayer_[i * moeLayers_ + l];
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.expertCalls += stepExpertCalls_[i];
+      r.tokensRun += static_cast<int64_t>(step[i].count);
+      r.expertCallsPerLayer.resize(moeLayers_, 0);
+      for (size_t l = 0; l < moeLayers_; ++l)
+        r.expertCallsPerLayer[l] +=
+            stepExpertCallsPerLayer_[i * moeLayers_ + l];
+    }
+    ran.push_back({step[i], tokens[i], std::move(logprobs[i].sampled),
+                   std::move(logprobs[i].fed)});
   }
   return true;
 }
 
 void Scheduler::runStep(std::vector<Entry> &step) {
-  std::vector<int32_t> tokens;
   std::string error;
-  std::vector<std::pair<Entry, int32_t>> done; // entries run, their tokens
+  std::vector<Ran> done; // entries run
   const Clock::time_point start = Clock::now();
   int64_t expertCalls = 0;
   // A step that fails in its checks leaves the sequences as they were; one
@@ -525,13 +567,12 @@ void Scheduler::runStep(std::vector<Entry> &step) {
     else
       preempt(e.r);
   };
-  auto ran = [&](const Entry &e, int32_t token, int64_t calls) {
-    done.push_back({e, token});
-    expertCalls += calls;
+  auto count = [&](size_t from) {
+    for (size_t i = from; i < done.size(); ++i)
+      expertCalls += stepExpertCalls_[i - from];
   };
-  if (runBatch(step, tokens, error)) {
-    for (size_t i = 0; i < step.size(); ++i)
-      ran(step[i], tokens[i], stepExpertCalls_[i]);
+  if (runBatch(step, done, error)) {
+    count(0);
   } else if (!unchanged(step)) {
     for (Entry &e : step)
       recompute(e, error);
@@ -542,8 +583,9 @@ void Scheduler::runStep(std::vector<Entry> &step) {
     for (Entry &e : step) {
       std::vector<Entry> one{e};
       std::string why;
-      if (runBatch(one, tokens, why))
-        ran(e, tokens[0], stepExpertCalls_[0]);
+      const size_t before = done.size();
+      if (runBatch(one, done, why))
+        count(before);
       else if (!unchanged(one))
         recompute(e, why);
       else
@@ -551,8 +593,8 @@ void Scheduler::runStep(std::vector<Entry> &step) {
     }
   }
   int64_t stepTokens = 0;
-  for (auto &[e, token] : done)
-    stepTokens += static_cast<int64_t>(e.count);
+  for (const Ran &d : done)
+    stepTokens += static_cast<int64_t>(d.e.count);
   nf_engine_event ev = {};
   ev.kind = NF_EVENT_STEP;
   ev.seconds = seconds(start, Clock::now());
@@ -565,18 +607,24 @@ void Scheduler::runStep(std::vector<Entry> &step) {
     refreshUtilization();
     notify(ev);
   }
-  for (auto &[e, token] : done) {
-    Request &r = *e.r;
-    r.fed += e.count;
+  for (Ran &d : done) {
+    Request &r = *d.e.r;
+    r.fed += d.e.count;
+    if (!d.fed.empty()) {
+      r.promptLogprobsNext = r.fed + 1;
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.pendingPromptLogprobs.top = d.fed.top;
+      r.pendingPromptLogprobs.append(d.fed);
+    }
     if (cache_ && r.seq >= 0 &&
         std::binary_search(r.snapshots.begin(), r.snapshots.end(), r.fed))
       cache_->insert(r.seq, std::span(r.prompt).first(r.fed), r.cacheSalt);
     if (r.fed < r.contextLength())
       continue; // a prompt chunk: the next one follows
-    if (token < 0)
+    if (d.token < 0)
       finish(r, NF_FINISH_ERROR, "no token: every logit is -inf or NaN");
     else
-      accept(r, token);
+      accept(r, d.token, d.sampled);
   }
   std::erase_if(running_,
                 [](const std::shared_ptr<Request> &r) { return r->seq < 0; });
@@ -584,7 +632,8 @@ void Scheduler::runStep(std::vector<Entry> &step) {
 }
 
 /// Adds the sampled token to r, and ends r when it is the last.
-void Scheduler::accept(Request &r, int32_t token) {
+void Scheduler::accept(Request &r, int32_t token,
+                       const sampling::LogprobList &logprobs) {
   if (r.cancelled.load()) { // the token is nobody's
     finish(r, NF_FINISH_CANCELLED, "");
     return;
@@ -629,6 +678,10 @@ void Scheduler::accept(Request &r, int32_t token) {
   {
     std::lock_guard<std::mutex> lock(r.mu);
     r.pendingTokens.push_back(token);
+    if (!logprobs.empty()) {
+      r.pendingLogprobs.top = logprobs.top;
+      r.pendingLogprobs.append(logprobs);
+    }
     r.completionTokens = static_cast<int64_t>(r.generated.size());
     if (reason == NF_FINISH_NONE)
       r.pendingText += r.text.take(false);

@@ -24,6 +24,7 @@
 
 #include "nf/nf.h"
 #include "nf/status.h"
+#include "sampling/logprobs.h"
 #include "serving/prefix_cache.h"
 #include "serving/text_stream.h"
 
@@ -60,6 +61,10 @@ struct Request {
   float appliedBudget = 1.0f; // what it runs with
   void *userData = nullptr;
   std::string cacheSalt; // part of every prefix-cache key it uses
+  /// Log-probabilities wanted (-1: none, else alternatives per position):
+  /// of each generated token, and of the prompt's tokens after the first.
+  int32_t logprobs = -1;
+  int32_t promptLogprobs = -1;
   std::unique_ptr<nf_sampler, SamplerFree> sampler;
   Clock::time_point arrival;
   uint64_t order = 0; // arrival order
@@ -73,6 +78,9 @@ struct Request {
   /// snapshot, ascending.
   std::vector<size_t> snapshots;
   int failures = 0; // steps that failed after changing its sequence
+  /// The first prompt position whose logprob is still owed (a recomputed
+  /// prompt does not give them twice).
+  size_t promptLogprobsNext = 1;
   bool admittedOnce = false;
   bool promoted = false; // admitted for waiting past max_wait_ms
   Clock::time_point scheduled, firstToken, lastToken;
@@ -82,6 +90,8 @@ struct Request {
   std::condition_variable cv;
   std::string pendingText;
   std::vector<int32_t> pendingTokens;
+  sampling::LogprobList pendingLogprobs;       // of pendingTokens
+  sampling::LogprobList pendingPromptLogprobs; // prompt positions from 1
   nf_finish_reason finish = NF_FINISH_NONE;
   std::string error;
   int64_t completionTokens = 0;
@@ -101,6 +111,11 @@ struct Request {
   /// prompt and every generated token (the last one is fed by the next
   /// step).
   size_t contextLength() const { return prompt.size() + generated.size(); }
+  /// Whether prompt logprobs are still owed (its prompt is then computed,
+  /// never taken from a prefix-cache snapshot).
+  bool owesPromptLogprobs() const {
+    return promptLogprobs >= 0 && promptLogprobsNext < prompt.size();
+  }
   /// The priority it keeps its sequence by: a promoted request comes first.
   int64_t effectivePriority() const {
     return promoted ? INT64_MIN : static_cast<int64_t>(priority);
@@ -149,17 +164,30 @@ private:
     std::shared_ptr<Request> r;
     size_t count = 0; // tokens of its context fed in this step
   };
+  /// An entry that ran: the token drawn (-1: none) and the logprobs it
+  /// asked for.
+  struct Ran {
+    Entry e;
+    int32_t token = -1;
+    sampling::LogprobList sampled, fed;
+  };
   void loop();
   /// Admits, preempts and cuts the next step (empty: nothing can run).
   std::vector<Entry> plan();
-  /// The waiting request to admit next (waiting_ non-empty).
+  /// The waiting request to admit next, or end() when every waiting
+  /// request is deferred (awaitsSnapshot).
   std::deque<std::shared_ptr<Request>>::iterator nextWaiting();
+  /// Whether `r` waits for a running request with the same prompt to reach
+  /// its prompt's last snapshot point, to fork it then instead of
+  /// computing the prompt twice (n > 1, duplicate requests).
+  bool awaitsSnapshot(const Request &r) const;
   void runStep(std::vector<Entry> &step);
-  bool runBatch(std::vector<Entry> &step, std::vector<int32_t> &tokens,
+  /// Runs `step`; on success `ran` gets its entries (appended).
+  bool runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
                 std::string &error);
   void preempt(const std::shared_ptr<Request> &r);
   void finish(Request &r, nf_finish_reason reason, const std::string &error);
-  void accept(Request &r, int32_t token);
+  void accept(Request &r, int32_t token, const sampling::LogprobList &logprobs);
   int64_t pagesFor(int64_t tokens) const;
   /// Publishes waiting_'s and running_'s sizes (the queue's bound counts
   /// the first; drained() both).

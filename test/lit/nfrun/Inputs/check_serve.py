@@ -175,8 +175,8 @@ if status != 200 or not json.loads(body).get("version"):
 # 5. Bad requests: fields not implemented, or unknown, are refused, never
 # ignored.
 for field, value, words in [
-        ("logprobs", 2, "'logprobs' is not supported yet"),
-        ("echo", True, "'echo' is not supported yet"),
+        ("best_of", 2, "'best_of' is not supported yet"),
+        ("suffix", "x", "'suffix' is not supported yet"),
         ("presence_penalty", 0.5, "'presence_penalty' is not supported yet"),
         ("logit_bias", {"5": 10}, "'logit_bias' is not supported yet"),
         ("guided_json", {"type": "object"}, "structured output"),
@@ -199,7 +199,7 @@ for path, raw, code, words in [
         ("/v1/completions", b"{\"prompt\": \"x\", \"max_tokens\": 0}", 400,
          "max_tokens"),
         ("/v1/completions", b"{\"prompt\": [1, -5]}", 400, "token id -5"),
-        ("/v1/completions", b"{\"prompt\": \"x\", \"n\": 2}", 400, "'n'"),
+        ("/v1/completions", b"{\"prompt\": \"x\", \"n\": 0}", 400, "'n'"),
         ("/v1/completions", b"{\"prompt\": \"x\", \"stream\": \"yes\"}", 400,
          "'stream'"),
         ("/v1/nothing", b"{}", 404, "unknown endpoint")]:

@@ -190,7 +190,7 @@ for raw, words in [
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"max_completion_tokens\": -1}", "max_completion_tokens"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
-         b"\"n\": 2}", "'n'"),
+         b"\"n\": 0}", "'n'"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"stream\": \"yes\"}", "'stream'"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
@@ -200,8 +200,8 @@ for raw, words in [
          b"\"response_format\": {\"type\": \"json_object\"}}",
          "'response_format' other than"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
-         b"\"logprobs\": true, \"top_logprobs\": 2}",
-         "'logprobs' is not supported yet"),
+         b"\"echo\": true}",
+         "'echo' is not supported yet"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"presence_penalty\": 0.5}",
          "'presence_penalty' is not supported yet"),

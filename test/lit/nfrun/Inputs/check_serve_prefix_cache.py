@@ -91,6 +91,42 @@ else:
     fail("after /reset_prefix_cache: %s" % h)
 if complete(client)[1].prompt_tokens_details.cached_tokens != 0:
     fail("a request after the reset hit the cache")
+
+# n choices of a new prompt: one request per choice, choice i seeded with
+# seed + i, and the prompt computed once (the other choices fork the
+# snapshot before its last token: the cache's hits grow by n - 1 times
+# that).
+before = serve_client.metric_samples(urllib.request.urlopen(
+    base + "/metrics", timeout=30).read().decode())
+QUEUE = "class Queue:\n    \"\"\"A first-in first-out queue of items."
+multi = client.completions.create(model="m", prompt=QUEUE, max_tokens=5,
+                                  temperature=1, seed=7, n=3,
+                                  extra_body=dict(ignore_eos=True))
+if [c.index for c in multi.choices] != [0, 1, 2]:
+    fail("n=3: choices %s" % multi.choices)
+m = multi.usage.prompt_tokens
+if multi.usage.completion_tokens != 15 or multi.usage.total_tokens != m + 15:
+    fail("n=3: usage %s" % multi.usage)
+for i, c in enumerate(multi.choices):
+    one = client.completions.create(model="m", prompt=QUEUE, max_tokens=5,
+                                    temperature=1, seed=7 + i,
+                                    extra_body=dict(ignore_eos=True))
+    if one.choices[0].text != c.text:
+        fail("n=3: choice %d %r, the request seeded %d alone %r" % (
+            i, c.text, 7 + i, one.choices[0].text))
+after = serve_client.metric_samples(urllib.request.urlopen(
+    base + "/metrics", timeout=30).read().decode())
+key = ("vllm:prefix_cache_hits_total", ())
+if after[key] - before[key] < 2 * (m - 1):
+    fail("n=3: the cache's hits grew by %d, want at least %d" % (
+        after[key] - before[key], 2 * (m - 1)))
+for extra, want in ((dict(n=2, stream=True),
+                     "'n' above 1 with 'stream' is not supported yet"),
+                    (dict(n=17), "'n' must be at most 16")):
+    status, body = serve_client.request(base, "/v1/completions", dict(
+        prompt=QUEUE, max_tokens=2, **extra))
+    if status != 400 or want not in body:
+        fail("%s: HTTP %d %s" % (extra, status, body))
 serve_client.stop(server, fail)
 
 server, base = serve_client.start(nfrun, plan, ["--no-enable-prefix-caching"],
@@ -104,4 +140,5 @@ if health(base)["prefix_cache_snapshots"] != 0:
     fail("caching off: snapshots %s" % health(base))
 serve_client.stop(server, fail)
 print("ok: repeats hit (cached %d of %d prompt tokens), salts separate, "
-      "metrics %d of %d, reset, off" % (cached, n, hits, queries))
+      "metrics %d of %d, reset, n=3 prefilled once, off" % (
+          cached, n, hits, queries))

@@ -87,3 +87,55 @@ def metric_samples(text):
                                         if k != "model_name")))
             samples[key] = s.value
     return samples
+
+
+class _Fields:
+    """A JSON object with its fields as attributes (and `model_extra`, the
+    whole object), as the openai client's response models give them."""
+
+    def __init__(self, value):
+        self.model_extra = value
+        for k, v in value.items():
+            setattr(self, k, _wrap(v))
+
+    def items(self):  # a mapping's fields, as the client's dicts
+        return self.model_extra.items()
+
+    def __len__(self):
+        return len(self.model_extra)
+
+
+def _wrap(v):
+    if isinstance(v, dict):
+        return _Fields(v)
+    if isinstance(v, list):
+        return [_wrap(x) for x in v]
+    return v
+
+
+class _Endpoint:
+    def __init__(self, base, path):
+        self.base, self.path = base, path
+
+    def create(self, extra_body=None, **body):
+        body.update(extra_body or {})
+        status, text = request(self.base, self.path, body)
+        if status != 200:
+            raise RuntimeError("HTTP %d: %s" % (status, text))
+        return _Fields(json.loads(text))
+
+
+def openai_client(base):
+    """The official openai client for `base`; where NF_NO_OPENAI=1 (a GPU
+    machine without it and without network), a stand-in for the calls
+    the checks make (completions and chat completions create, not
+    streamed), over the standard library."""
+    import os
+    if os.environ.get("NF_NO_OPENAI") == "1":
+        client = _Fields({})
+        client.completions = _Endpoint(base, "/v1/completions")
+        client.chat = _Fields({})
+        client.chat.completions = _Endpoint(base, "/v1/chat/completions")
+        return client
+    import openai
+    return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
