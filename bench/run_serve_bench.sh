@@ -7,9 +7,13 @@
 #   join        bench/serve_load.py: 32 streams while 8K-token prompts join,
 #               with chunked prefill (the default 2048 tokens a step) and
 #               without (65536), on pydoc-moe and on the Nano-shape plan
-#               (bf16 inputs when the carry has it, random weights).
+#               (bf16 inputs when the carry has it, random weights);
+#   prefix      bench/serve_load.py --mode prefix, with prefix caching and
+#               without, on pydoc-moe and on the Nano-shape plan: multi-turn
+#               chat (4 conversations of 8 turns, 1,024 new tokens a turn)
+#               and a shared 2,048-token system prompt (64 requests at once).
 #
-#   OUT=<dir> bash bench/run_serve_bench.sh CARRY [throughput,join]
+#   OUT=<dir> bash bench/run_serve_bench.sh CARRY [throughput,join,prefix]
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 CARRY="${1:-build-gpu-carry}"
@@ -52,6 +56,31 @@ if [[ ",$PARTS," == *,join,* ]]; then
       --join-tokens 8000 --max-tokens 256 --label "$nano, $tokens" -- \
       --backend cuda --random-weights --max-num-batched-tokens "$tokens" \
       >> "$OUT/serve-join.md" 2>&1
+  done
+fi
+if [[ ",$PARTS," == *,prefix,* ]]; then
+  export LD_LIBRARY_PATH="$lib"
+  nano=nano-bf16
+  [ -f "$CARRY/plans/$nano.nfb" ] || nano=nano
+  for plan in pydoc-moe "$nano"; do
+    [ -f "$CARRY/plans/$plan.nfb" ] || continue
+    weights=(--weights "$pydoc")
+    [ "$plan" = pydoc-moe ] || weights=(--random-weights)
+    for caching in --enable-prefix-caching --no-enable-prefix-caching; do
+      # Multi-turn chat: 8 turns of 1,024 new tokens and a 64-token reply
+      # each (the 8th turn has ~8K tokens of history).
+      timeout 240 python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
+        "$CARRY/plans/$plan.nfb" --mode prefix --streams 4 --turns 8 \
+        --join-tokens 0 --suffix-tokens 1024 --max-tokens 64 \
+        --label "$plan, $caching" -- --backend cuda "${weights[@]}" \
+        "$caching" >> "$OUT/serve-prefix.md" 2>&1
+      # A shared system prompt: 2,048 tokens, 64 requests at once.
+      timeout 240 python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
+        "$CARRY/plans/$plan.nfb" --mode prefix --streams 64 --turns 1 \
+        --join-tokens 2048 --suffix-tokens 64 --max-tokens 32 \
+        --label "$plan, $caching" -- --backend cuda "${weights[@]}" \
+        --max-batch 64 "$caching" >> "$OUT/serve-prefix.md" 2>&1
+    done
   done
 fi
 cat "$OUT"/serve-*.md

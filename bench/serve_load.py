@@ -17,6 +17,14 @@ poisson: requests arrive at --rate a second for --seconds (prompts of 16 to
          --join-tokens tokens, log-uniform; --max-tokens 16..max), streamed.
          Reported: throughput, TTFT p50 / p99, time per output token and
          the gaps between events p50 / p99.
+prefix:  --streams conversations of --turns turns each run side by side.
+         Turn 1 is a prefix of --join-tokens tokens that every conversation
+         shares, then --suffix-tokens of its own; each later turn sends the
+         previous prompt, its reply (--max-tokens, EOS ignored) and
+         --suffix-tokens new ones. Reported: TTFT p50 of each turn, p99 of
+         all, throughput, and the context tokens the server looked up in
+         its prefix cache and took from it (/metrics: the rest were
+         computed). Run it with and without --no-enable-prefix-caching.
 Both: requests sent, completed and failed, HTTP 429s, and the server's
 preemptions (/health). Prompts are token ids and streams ask for
 return_token_ids, so models without a tokenizer (a shape with
@@ -40,13 +48,16 @@ import urllib.request
 ap = argparse.ArgumentParser()
 ap.add_argument("nfrun")
 ap.add_argument("plan")
-ap.add_argument("--mode", choices=["join", "poisson"], default="join")
+ap.add_argument("--mode", choices=["join", "poisson", "prefix"],
+                default="join")
 ap.add_argument("--streams", type=int, default=32)
 ap.add_argument("--joins", type=int, default=4)
 ap.add_argument("--join-tokens", type=int, default=8192)
 ap.add_argument("--rate", type=float, default=4)
 ap.add_argument("--seconds", type=float, default=60)
 ap.add_argument("--max-tokens", type=int, default=256)
+ap.add_argument("--turns", type=int, default=4)
+ap.add_argument("--suffix-tokens", type=int, default=64)
 ap.add_argument("--vocab", type=int, default=4000,
                 help="prompt token ids are drawn below this")
 ap.add_argument("--label", default="")
@@ -91,11 +102,11 @@ else:
     sys.exit("the server did not come up")
 
 
-def stream(prompt, max_tokens, record):
+def stream(prompt, max_tokens, record, ignore_eos=False):
     """Streams one completion; record gets the arrival times of its
-    tokens (one per token id) and the start."""
+    tokens (one per token id), the ids and the start."""
     body = dict(prompt=prompt, max_tokens=max_tokens, temperature=0,
-                stream=True, return_token_ids=True)
+                stream=True, return_token_ids=True, ignore_eos=ignore_eos)
     req = urllib.request.Request(base + "/v1/completions",
                                  data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -113,7 +124,9 @@ def stream(prompt, max_tokens, record):
                 if "error" in ev:
                     raise RuntimeError(ev["error"]["message"])
                 now = time.perf_counter()
-                n = len(ev["choices"][0].get("token_ids", []))
+                ids = ev["choices"][0].get("token_ids", [])
+                n = len(ids)
+                record.setdefault("ids", []).extend(ids)
                 if n:
                     record["times"].append(now)
                     record["tokens"] = record.get("tokens", 0) + n
@@ -130,6 +143,15 @@ def stream(prompt, max_tokens, record):
         with lock:
             stats["failed"] += 1
             failures.append(str(e))
+
+
+def metric(name):
+    """A counter from /metrics (0 when absent)."""
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def pct(xs, p):
@@ -203,6 +225,50 @@ if args.mode == "join":
               1e3 * pct(join_gaps, 50), 1e3 * pct(join_gaps, 99),
               pct(ttft, 50), stats["sent"] - 1, stats["completed"] - 1,
               stats["failed"], stats["429"], h["preemptions"]))
+elif args.mode == "prefix":
+    shared = [rng.randrange(3, args.vocab) for _ in range(args.join_tokens)]
+    by_turn = [[] for _ in range(args.turns)]
+    recs = []
+
+    def conversation(seed):
+        crng = random.Random(seed)
+        prompt = shared + [crng.randrange(3, args.vocab)
+                           for _ in range(args.suffix_tokens)]
+        for turn in range(args.turns):
+            rec = {}
+            stream(prompt, args.max_tokens, rec, ignore_eos=True)
+            if not rec.get("times"):
+                return
+            with lock:
+                by_turn[turn].append(rec["times"][0] - rec["start"])
+                recs.append(rec)
+            prompt = prompt + rec.get("ids", []) + [
+                crng.randrange(3, args.vocab)
+                for _ in range(args.suffix_tokens)]
+
+    queries0 = metric("vllm:prefix_cache_queries_total")
+    hits0 = metric("vllm:prefix_cache_hits_total")
+    threads = [threading.Thread(target=conversation, args=(100 + i,))
+               for i in range(args.streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t_begin
+    tokens, tpot = throughput(recs)
+    queries = metric("vllm:prefix_cache_queries_total") - queries0
+    hits = metric("vllm:prefix_cache_hits_total") - hits0
+    turns = " ".join("%.3f" % pct(t, 50) for t in by_turn)
+    print("| %s | %d conversations x %d turns, shared %d + %d a turn | "
+          "TTFT p50 by turn (s): %s | TTFT all p99 %.3f s | %.0f tok/s | "
+          "TPOT mean %.2f ms | context tokens looked up %d, from the cache "
+          "%d (%.0f%%) | sent %d, completed %d, failed %d, 429 %d |" % (
+              label, args.streams, args.turns, args.join_tokens,
+              args.suffix_tokens, turns,
+              pct([x for t in by_turn for x in t], 99), tokens / wall,
+              1e3 * sum(tpot) / max(len(tpot), 1), queries, hits,
+              100 * hits / max(queries, 1), stats["sent"] - 1,
+              stats["completed"] - 1, stats["failed"], stats["429"]))
 else:
     recs = []
     threads = []

@@ -56,6 +56,8 @@
 #              temperature 1 alone (lists of Gumbel-max keys) and top-p 0.95
 #              (lists with the rows' totals): the same text with the
 #              device's top lists as with the rows (NF_CUDA_TOP_LOGITS=0)
+#   logprobs   nfrun serve's logprobs / echo / chat logprobs on tiny-hybrid
+#              against its reference (1e-4), device top lists off and on
 #   fallback   --backend auto without a driver: one "nf: CUDA unavailable"
 #              line and CPU results; --backend cuda without one: exit 1
 #   speed      (information) pydoc-moe generate tok/s, cuda and cpu
@@ -282,6 +284,24 @@ EOF
   done
   if [ $topOk -eq 1 ]; then record PASS top-logits "same text; $topDetail"
   else record FAIL top-logits "texts differ or generate failed; $topDetail"; fi
+
+  # 3c. Logprobs on the device: nfrun serve's logprobs and echo against the
+  # tiny-hybrid fixture's reference (check_serve_logprobs.py; without the
+  # openai client, which the GPU machine lacks), with the rows copied back
+  # and with top lists ranked on the device (NF_CUDA_TOP_LOGITS=1: the
+  # logprobs then come from the row fetched after the draw).
+  local lpOk=1 lpDetail=""
+  for env in 0 1; do
+    NF_NO_OPENAI=1 NF_CUDA_TOP_LOGITS=$env python3 \
+      "$REPO/test/lit/nfrun/Inputs/check_serve_logprobs.py" "$bin/nfrun" \
+      "$plans/tiny-hybrid.nfb" "$(model_dir tiny-hybrid)/reference.safetensors" \
+      "$plans/pydoc-moe.nfb" "$REPO/test/data/chat_templates/chatml.jinja" \
+      --weights "$(model_dir tiny-hybrid)" --chat-weights "$moe" \
+      -- --backend cuda > "$OUT/logprobs-$env.log" 2>&1 || lpOk=0
+    lpDetail+="NF_CUDA_TOP_LOGITS=$env: $(tail -1 "$OUT/logprobs-$env.log"); "
+  done
+  if [ $lpOk -eq 1 ]; then record PASS logprobs "$lpDetail"
+  else record FAIL logprobs "$lpDetail"; fi
 
   # 4. Fallback without a driver.
   local toks=1,2,3,4,5
