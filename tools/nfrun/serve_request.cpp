@@ -184,6 +184,45 @@ std::optional<std::string> parseSampling(const json &body,
       r.params.stopTokens.push_back(static_cast<int32_t>(v.get<int64_t>()));
     }
   }
+  // Penalties and limits on the draw (vLLM's ranges).
+  double presence = 0, frequency = 0, repetition = 1, minTokens = 0;
+  for (auto err : {number("presence_penalty", -2, 2, presence),
+                   number("frequency_penalty", -2, 2, frequency),
+                   number("repetition_penalty", 0, 2, repetition, true),
+                   number("min_tokens", 0, 1 << 30, minTokens)})
+    if (err)
+      return *err;
+  if (minTokens != std::floor(minTokens))
+    return std::string("'min_tokens' must be an integer");
+  if (maxTokens > 0 && minTokens > maxTokens)
+    return std::string("'min_tokens' must not be above 'max_tokens'");
+  r.params.presencePenalty = static_cast<float>(presence);
+  r.params.frequencyPenalty = static_cast<float>(frequency);
+  r.params.repetitionPenalty = static_cast<float>(repetition);
+  r.params.minTokens = static_cast<int32_t>(minTokens);
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
+    // OpenAI's: {"token id": bias in [-100, 100]}.
+    const json &bias = body["logit_bias"];
+    if (!bias.is_object())
+      return std::string("'logit_bias' must be an object of token ids and "
+                         "biases");
+    for (const auto &item : bias.items()) {
+      const std::string &key = item.key();
+      char *end = nullptr;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end || id < 0 || id >= model.vocabSize())
+        return "'logit_bias': key " + quoted(key) +
+               " is not a token id in [0, " +
+               std::to_string(model.vocabSize()) + ")";
+      const json &v = item.value();
+      if (!v.is_number() || !(v.get<double>() >= -100) ||
+          !(v.get<double>() <= 100))
+        return "'logit_bias': the bias of token " + key +
+               " must be a number in [-100, 100]";
+      r.params.logitBias.emplace_back(static_cast<int32_t>(id),
+                                      static_cast<float>(v.get<double>()));
+    }
+  }
   return std::nullopt;
 }
 
@@ -306,7 +345,12 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                                         "expert_budget",
                                         "cache_salt",
                                         "user",
-                                        "logprobs"};
+                                        "logprobs",
+                                        "presence_penalty",
+                                        "frequency_penalty",
+                                        "repetition_penalty",
+                                        "logit_bias",
+                                        "min_tokens"};
   static const char *const kCompletions[] = {"prompt", "echo"};
   static const char *const kChat[] = {
       "messages",    "max_completion_tokens", "tools",
@@ -343,11 +387,6 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                                         "echo",
                                         "best_of",
                                         "suffix",
-                                        "presence_penalty",
-                                        "frequency_penalty",
-                                        "repetition_penalty",
-                                        "logit_bias",
-                                        "min_tokens",
                                         "response_format",
                                         "include_stop_str_in_output",
                                         "skip_special_tokens",

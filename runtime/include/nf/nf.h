@@ -666,6 +666,24 @@ typedef struct nf_request_params {
      prompt: no prefix-cache snapshot serves it. */
   int32_t prompt_logprobs;
   int32_t prompt_top_logprobs;
+  /* Penalties on the logits each token is drawn from, as vLLM applies
+     them (after min_tokens and logit_bias; logprobs stay the model's):
+     presence_penalty and frequency_penalty, in [-2, 2], are subtracted
+     from the logit of every token generated so far, once and once per
+     time it was generated; repetition_penalty (> 0; 0 and 1: off) divides
+     the positive logits of the prompt's and the output's tokens and
+     multiplies their negative ones. */
+  float presence_penalty;
+  float frequency_penalty;
+  float repetition_penalty;
+  /* Added to the logits of their tokens (OpenAI's logit_bias): n_logit_bias
+     pairs, biases in [-100, 100]. */
+  const int32_t *logit_bias_tokens;
+  const float *logit_bias_values;
+  size_t n_logit_bias;
+  /* The model's EOS tokens and the stop tokens cannot be drawn before this
+     many tokens are generated. */
+  int32_t min_tokens;
 } nf_request_params;
 
 /* max_tokens 16, greedy, no stops, priority 0. */

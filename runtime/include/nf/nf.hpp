@@ -485,6 +485,11 @@ struct RequestParams {
   /// the prompt's tokens after the first.
   int32_t logprobs = -1;
   int32_t promptLogprobs = -1;
+  /// Penalties (see nf_request_params): 0, 0, 1, none and 0 are off.
+  float presencePenalty = 0.0f, frequencyPenalty = 0.0f;
+  float repetitionPenalty = 1.0f;
+  std::vector<std::pair<int32_t, float>> logitBias;
+  int32_t minTokens = 0;
 };
 
 /// The most alternatives a position's logprobs may list.
@@ -691,6 +696,19 @@ public:
     p.top_logprobs = std::max(params.logprobs, 0);
     p.prompt_logprobs = params.promptLogprobs >= 0;
     p.prompt_top_logprobs = std::max(params.promptLogprobs, 0);
+    p.presence_penalty = params.presencePenalty;
+    p.frequency_penalty = params.frequencyPenalty;
+    p.repetition_penalty = params.repetitionPenalty;
+    std::vector<int32_t> biasTokens;
+    std::vector<float> biasValues;
+    for (const auto &[t, b] : params.logitBias) {
+      biasTokens.push_back(t);
+      biasValues.push_back(b);
+    }
+    p.logit_bias_tokens = biasTokens.data();
+    p.logit_bias_values = biasValues.data();
+    p.n_logit_bias = biasTokens.size();
+    p.min_tokens = params.minTokens;
     nf_request *r = nullptr;
     const nf_status st = nf_engine_submit(e_, &p, &r);
     if (code)

@@ -8,6 +8,7 @@
 #include "nf/status.h"
 #include "nf/tokenizer.h"
 #include "sampling/logprobs.h"
+#include "sampling/penalties.h"
 #include "sampling/sampler.h"
 
 #include <atomic>
@@ -117,8 +118,12 @@ nf_status runStep(nf_model *model, const nf_seq_input *seqs, int32_t nSeqs,
                   nf::LogitsFor which, int64_t *expertCalls,
                   int64_t *expertCallsPerLayer = nullptr);
 
-/// The log-probabilities one entry of decodeSample wants beside its token.
-struct EntryLogprobs {
+/// What one entry of decodeSample wants beside its token: penalties on
+/// the row it draws from, and log-probabilities.
+struct EntryOptions {
+  /// Applied to a copy of the row before the draw (null or inactive: none);
+  /// a step with such an entry returns rows, not top lists.
+  const sampling::PenaltyState *penalties = nullptr;
   /// The drawn token's, with `sampled.top` alternatives (false: none).
   bool wantSampled = false;
   /// Per token the entry feeds, the token whose logprob its row gives (the
@@ -129,11 +134,11 @@ struct EntryLogprobs {
   sampling::LogprobList sampled, fed;
 };
 
-/// nf_decode_sample, and the log-probabilities `logprobs` (empty, or one
-/// per batch entry) ask for: a step where an entry wants its fed tokens'
-/// rows returns every row (LogitsFor::AllTokens).
+/// nf_decode_sample with `options` (empty, or one per batch entry): their
+/// penalties and log-probabilities. A step where an entry wants its fed
+/// tokens' rows returns every row (LogitsFor::AllTokens).
 nf_status decodeSample(nf_model *model, const nf_batch *batch,
                        nf_sampler *const *samplers, int32_t *tokensOut,
-                       std::span<EntryLogprobs> logprobs);
+                       std::span<EntryOptions> options);
 
 } // namespace nf::capi

@@ -184,54 +184,63 @@ namespace nf::capi {
 
 nf_status decodeSample(nf_model *model, const nf_batch *batch,
                        nf_sampler *const *samplers, int32_t *tokensOut,
-                       std::span<EntryLogprobs> logprobs) {
+                       std::span<EntryOptions> options) {
   if (!model || !batch || !samplers || !tokensOut)
     return fail(NF_ERR_INVALID_ARGUMENT,
                 "nf_decode_sample: NULL model, batch, samplers or tokens");
   if (batch->n_seqs <= 0 || !batch->seqs)
     return fail(NF_ERR_INVALID_ARGUMENT,
                 "nf_decode_sample: the batch needs at least one sequence");
-  if (!logprobs.empty() &&
-      logprobs.size() != static_cast<size_t>(batch->n_seqs))
-    return fail(NF_ERR_INTERNAL, "nf_decode_sample: logprobs for " +
-                                     std::to_string(logprobs.size()) + " of " +
+  if (!options.empty() && options.size() != static_cast<size_t>(batch->n_seqs))
+    return fail(NF_ERR_INTERNAL, "nf_decode_sample: options for " +
+                                     std::to_string(options.size()) + " of " +
                                      std::to_string(batch->n_seqs) +
                                      " entries");
   // NULL entries draw nothing (prompt chunks before their last).
   std::vector<const sampling::Sampler *> s;
   for (int32_t i = 0; i < batch->n_seqs; ++i)
     s.push_back(samplers[i] ? &samplers[i]->sampler : nullptr);
+  auto penalized = [&](size_t i) {
+    return !options.empty() && samplers[i] && options[i].penalties &&
+           options[i].penalties->active();
+  };
+  bool anyPenalized = false;
+  for (size_t i = 0; i < s.size(); ++i)
+    anyPenalized = anyPenalized || penalized(i);
   const bool everyRow =
-      std::any_of(logprobs.begin(), logprobs.end(),
-                  [](const EntryLogprobs &e) { return !e.fedTargets.empty(); });
+      std::any_of(options.begin(), options.end(),
+                  [](const EntryOptions &e) { return !e.fedTargets.empty(); });
+  const LogitsFor which = everyRow       ? LogitsFor::AllTokens
+                          : anyPenalized ? LogitsFor::LastTokenPerSequence
+                                         : logitsForSamplers(model, s);
   if (nf_status st =
-          runStep(model, batch->seqs, batch->n_seqs,
-                  everyRow ? LogitsFor::AllTokens : logitsForSamplers(model, s),
-                  batch->expert_calls, batch->expert_calls_per_layer);
+          runStep(model, batch->seqs, batch->n_seqs, which, batch->expert_calls,
+                  batch->expert_calls_per_layer);
       st != NF_OK)
     return st;
   auto entryError = [](int32_t i, const std::string &why) {
     return "nf_decode_sample: batch entry " + std::to_string(i) + ": " + why;
   };
-  size_t base = 0; // the entry's first row among every token's rows
+  std::vector<float> adjusted; // a penalized entry's row
+  size_t base = 0;             // the entry's first row among every token's
   for (int32_t i = 0; i < batch->n_seqs; ++i) {
     const size_t n = static_cast<size_t>(batch->seqs[i].n_tokens);
     const size_t row = everyRow ? base + n - 1 : static_cast<size_t>(i);
     base += n;
-    if (!logprobs.empty()) {
-      EntryLogprobs &lp = logprobs[i];
-      if (!lp.fedTargets.empty() && lp.fedTargets.size() != n)
+    if (!options.empty()) {
+      EntryOptions &o = options[i];
+      if (!o.fedTargets.empty() && o.fedTargets.size() != n)
         return fail(NF_ERR_INTERNAL,
                     entryError(i, "logprob targets for " +
-                                      std::to_string(lp.fedTargets.size()) +
+                                      std::to_string(o.fedTargets.size()) +
                                       " of " + std::to_string(n) + " tokens"));
-      for (size_t j = 0; j < lp.fedTargets.size(); ++j) {
-        if (lp.fedTargets[j] < 0)
+      for (size_t j = 0; j < o.fedTargets.size(); ++j) {
+        if (o.fedTargets[j] < 0)
           continue;
         auto r = logitsRow(model, base - n + j);
         if (!r)
           return fail(NF_ERR_RUNTIME, entryError(i, r.message()));
-        lp.fed.add(*r, lp.fedTargets[j]);
+        o.fed.add(*r, o.fedTargets[j]);
       }
     }
     if (!samplers[i]) {
@@ -239,20 +248,31 @@ nf_status decodeSample(nf_model *model, const nf_batch *batch,
       continue;
     }
     Status fatal = Status::success();
-    StatusOr<int32_t> t = sampleInput(model, static_cast<size_t>(i), row,
-                                      samplers[i]->sampler, fatal);
-    if (!fatal)
-      return fail(NF_ERR_RUNTIME, entryError(i, fatal.message()));
+    StatusOr<int32_t> t = -1;
+    if (penalized(static_cast<size_t>(i))) {
+      auto r = logitsRow(model, row);
+      if (!r)
+        return fail(NF_ERR_RUNTIME, entryError(i, r.message()));
+      adjusted.assign(r->begin(), r->end());
+      options[i].penalties->apply(adjusted);
+      t = samplers[i]->sampler.sample(adjusted);
+    } else {
+      t = sampleInput(model, static_cast<size_t>(i), row, samplers[i]->sampler,
+                      fatal);
+      if (!fatal)
+        return fail(NF_ERR_RUNTIME, entryError(i, fatal.message()));
+    }
     tokensOut[i] = t ? *t : -1;
     if (!t) { // recorded, though the call succeeds
       (void)fail(NF_ERR_RUNTIME, entryError(i, t.message()));
       continue;
     }
-    if (!logprobs.empty() && logprobs[i].wantSampled) {
+    if (!options.empty() && options[i].wantSampled) {
+      // The model's logprobs: the row before any penalty.
       auto r = lastRow(model, static_cast<size_t>(i), row);
       if (!r)
         return fail(NF_ERR_RUNTIME, entryError(i, r.message()));
-      logprobs[i].sampled.add(*r, *t);
+      options[i].sampled.add(*r, *t);
     }
   }
   return NF_OK;

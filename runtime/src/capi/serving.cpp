@@ -288,6 +288,42 @@ nf_status nf_engine_submit(nf_engine *engine, const nf_request_params *params,
     r->userData = p.user_data;
     if (p.cache_salt)
       r->cacheSalt = p.cache_salt;
+    nf::sampling::Penalties pen;
+    pen.presence = p.presence_penalty;
+    pen.frequency = p.frequency_penalty;
+    pen.repetition = p.repetition_penalty == 0.0f ? 1.0f : p.repetition_penalty;
+    for (auto [name, v] : {std::pair{"presence_penalty", pen.presence},
+                           std::pair{"frequency_penalty", pen.frequency}})
+      if (!(v >= -2.0f && v <= 2.0f))
+        return fail(NF_ERR_INVALID_ARGUMENT, std::string(name) + " " +
+                                                 std::to_string(v) +
+                                                 " is not in [-2, 2]");
+    if (!(pen.repetition > 0.0f) || !std::isfinite(pen.repetition))
+      return fail(NF_ERR_INVALID_ARGUMENT, "repetition_penalty " +
+                                               std::to_string(pen.repetition) +
+                                               " is not above 0");
+    if (p.n_logit_bias > 0 && (!p.logit_bias_tokens || !p.logit_bias_values))
+      return fail(NF_ERR_INVALID_ARGUMENT, "NULL logit_bias tokens or values");
+    for (size_t i = 0; i < p.n_logit_bias; ++i) {
+      const int32_t t = p.logit_bias_tokens[i];
+      const float b = p.logit_bias_values[i];
+      if (t < 0 || t >= vocab)
+        return fail(NF_ERR_INVALID_ARGUMENT,
+                    "logit_bias: token id " + std::to_string(t) +
+                        " is not in [0, " + std::to_string(vocab) + ")");
+      if (!(b >= -100.0f && b <= 100.0f))
+        return fail(NF_ERR_INVALID_ARGUMENT,
+                    "logit_bias: bias " + std::to_string(b) + " of token " +
+                        std::to_string(t) + " is not in [-100, 100]");
+      pen.bias.emplace_back(t, b);
+    }
+    if (p.min_tokens < 0)
+      return fail(NF_ERR_INVALID_ARGUMENT, "min_tokens is negative");
+    pen.minTokens = p.min_tokens;
+    pen.stopTokens = model->eos;
+    pen.stopTokens.insert(pen.stopTokens.end(), p.stop_tokens,
+                          p.stop_tokens + p.n_stop_tokens);
+    r->penalties = nf::sampling::PenaltyState(std::move(pen), r->prompt);
     r->logprobs = p.logprobs ? p.top_logprobs : -1;
     r->promptLogprobs = p.prompt_logprobs ? p.prompt_top_logprobs : -1;
     r->text = nf::serving::TextStream(

@@ -485,9 +485,9 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
   std::vector<nf_seq_input> inputs(step.size());
   std::vector<std::vector<int32_t>> ids(step.size());
   std::vector<nf_sampler *> samplers(step.size());
-  std::vector<capi::EntryLogprobs> logprobs(step.size());
+  std::vector<capi::EntryOptions> logprobs(step.size());
   std::vector<std::vector<int32_t>> targets(step.size());
-  bool wantLogprobs = false;
+  bool wantOptions = false;
   for (size_t i = 0; i < step.size(); ++i) {
     Request &r = *step[i].r;
     for (size_t t = r.fed; t < r.fed + step[i].count; ++t)
@@ -500,7 +500,8 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
     // Only a context's last chunk draws a token.
     samplers[i] =
         r.fed + step[i].count == r.contextLength() ? r.sampler.get() : nullptr;
-    capi::EntryLogprobs &lp = logprobs[i];
+    capi::EntryOptions &lp = logprobs[i];
+    lp.penalties = r.penalties.active() ? &r.penalties : nullptr;
     lp.wantSampled = samplers[i] && r.logprobs >= 0;
     lp.sampled.top = std::max(r.logprobs, 0);
     lp.fed.top = std::max(r.promptLogprobs, 0);
@@ -513,7 +514,8 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
                                  : -1);
       lp.fedTargets = targets[i];
     }
-    wantLogprobs = wantLogprobs || lp.wantSampled || !lp.fedTargets.empty();
+    wantOptions =
+        wantOptions || lp.penalties || lp.wantSampled || !lp.fedTargets.empty();
   }
   stepExpertCalls_.assign(step.size(), 0);
   stepExpertCallsPerLayer_.assign(step.size() * moeLayers_, 0);
@@ -523,9 +525,9 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
                                      : nullptr};
   std::vector<int32_t> tokens(step.size(), -1);
   if (capi::decodeSample(model_, &batch, samplers.data(), tokens.data(),
-                         wantLogprobs
+                         wantOptions
                              ? std::span(logprobs)
-                             : std::span<capi::EntryLogprobs>()) != NF_OK) {
+                             : std::span<capi::EntryOptions>()) != NF_OK) {
     error = nf_last_error();
     return false;
   }
@@ -639,6 +641,7 @@ void Scheduler::accept(Request &r, int32_t token,
     return;
   }
   r.generated.push_back(token);
+  r.penalties.observe(token);
   const Clock::time_point now = Clock::now();
   nf_engine_event e = {};
   e.request_user_data = r.userData;

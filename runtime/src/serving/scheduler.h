@@ -25,6 +25,7 @@
 #include "nf/nf.h"
 #include "nf/status.h"
 #include "sampling/logprobs.h"
+#include "sampling/penalties.h"
 #include "serving/prefix_cache.h"
 #include "serving/text_stream.h"
 
@@ -70,6 +71,9 @@ struct Request {
   uint64_t order = 0; // arrival order
 
   // Scheduler thread only.
+  /// Penalties on its rows (set at submission), and the generated tokens
+  /// they count.
+  sampling::PenaltyState penalties;
   TextStream text{nullptr, {}};
   int32_t seq = -1; // the model's sequence, -1 while waiting
   size_t fed = 0;   // tokens of prompt + generated in the sequence

@@ -177,8 +177,9 @@ if status != 200 or not json.loads(body).get("version"):
 for field, value, words in [
         ("best_of", 2, "'best_of' is not supported yet"),
         ("suffix", "x", "'suffix' is not supported yet"),
-        ("presence_penalty", 0.5, "'presence_penalty' is not supported yet"),
-        ("logit_bias", {"5": 10}, "'logit_bias' is not supported yet"),
+        ("include_stop_str_in_output", True,
+         "'include_stop_str_in_output' is not supported yet"),
+        ("use_beam_search", True, "'use_beam_search' is not supported yet"),
         ("guided_json", {"type": "object"}, "structured output"),
         ("stop_token_ids", [-1], "'stop_token_ids' must hold token ids"),
         ("best_of_n", 3, 'unknown field "best_of_n"')]:

@@ -203,8 +203,8 @@ for raw, words in [
          b"\"echo\": true}",
          "'echo' is not supported yet"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
-         b"\"presence_penalty\": 0.5}",
-         "'presence_penalty' is not supported yet"),
+         b"\"skip_special_tokens\": false}",
+         "'skip_special_tokens' is not supported yet"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"chat_template_kwargs\": \"no\"}",
          "'chat_template_kwargs' must be an object"),
