@@ -269,3 +269,40 @@ TEST(PrefixCache, SamePromptsTogetherPrefillOnce) {
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->tokens, sampled[1]);
 }
+
+// Requests that arrive together with one system prompt and questions of
+// their own compute the system prompt once: the others wait for the first
+// one's snapshot at the last block boundary inside it and continue from
+// there, with the tokens they would get alone.
+TEST(PrefixCache, SharedSystemPromptTogetherPrefillOnce) {
+  nf::Model reference = load();
+  nf::Model model = load();
+  nf::EngineParams ep;
+  ep.prefixCacheBlock = 16;
+  auto engine = nf::ServingEngine::create(model, ep);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  const std::vector<int32_t> system = tokens(model, kSystem);
+  const size_t shared = system.size() / 16 * 16;
+  ASSERT_GE(shared, 16u);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<nf::ServingRequest> requests;
+  for (const char *q : {"def mean(values):", "class Queue:", "import re\n",
+                        "def is_prime(n):"}) {
+    nf::RequestParams p;
+    p.prompt = concat(system, tokens(model, q));
+    p.maxTokens = 5;
+    p.ignoreEos = true;
+    prompts.push_back(p.prompt);
+    auto r = engine->submit(p);
+    ASSERT_TRUE(r.ok()) << r.message();
+    requests.push_back(std::move(*r));
+  }
+  int64_t cached = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto out = requests[i].wait();
+    ASSERT_TRUE(out.ok()) << out.message();
+    EXPECT_EQ(out->tokens, alone(reference, prompts[i], 5)) << i;
+    cached += out->cachedTokens;
+  }
+  EXPECT_GE(cached, 3 * static_cast<int64_t>(shared));
+}

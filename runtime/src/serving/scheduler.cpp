@@ -217,14 +217,22 @@ std::deque<std::shared_ptr<Request>>::iterator Scheduler::nextWaiting() {
 }
 
 bool Scheduler::awaitsSnapshot(const Request &r) const {
-  if (!cache_ || !r.generated.empty() || r.prompt.size() < 2 ||
-      r.owesPromptLogprobs())
+  // A fresh request whose context starts with the first p tokens of a
+  // running prompt that will be kept at p (a shared system prompt, n
+  // choices, a repeat) waits for that snapshot rather than computing the
+  // same tokens beside it. Once the running one passes p, or leaves, the
+  // wait ends, whether or not the snapshot was kept.
+  if (!cache_ || !r.generated.empty() || r.owesPromptLogprobs())
     return false;
-  const size_t last = r.prompt.size() - 1;
-  for (const auto &l : running_)
-    if (l->fed < last && !l->snapshots.empty() && l->snapshots.back() == last &&
-        l->cacheSalt == r.cacheSalt && l->prompt == r.prompt)
-      return true;
+  for (const auto &l : running_) {
+    if (l->cacheSalt != r.cacheSalt)
+      continue;
+    for (auto p = l->snapshots.rbegin(); p != l->snapshots.rend(); ++p)
+      if (*p > l->fed && *p < r.prompt.size() &&
+          std::equal(l->prompt.begin(), l->prompt.begin() + *p,
+                     r.prompt.begin()))
+        return true;
+  }
   return false;
 }
 

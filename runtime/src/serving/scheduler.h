@@ -181,9 +181,10 @@ private:
   /// The waiting request to admit next, or end() when every waiting
   /// request is deferred (awaitsSnapshot).
   std::deque<std::shared_ptr<Request>>::iterator nextWaiting();
-  /// Whether `r` waits for a running request with the same prompt to reach
-  /// its prompt's last snapshot point, to fork it then instead of
-  /// computing the prompt twice (n > 1, duplicate requests).
+  /// Whether `r` waits for a running request whose prompt starts as its
+  /// own does to reach a snapshot point within that common start, to fork
+  /// it then instead of computing those tokens twice (a shared system
+  /// prompt, n > 1, duplicate requests).
   bool awaitsSnapshot(const Request &r) const;
   void runStep(std::vector<Entry> &step);
   /// Runs `step`; on success `ran` gets its entries (appended).
