@@ -69,13 +69,13 @@ if [[ ",$PARTS," == *,prefix,* ]]; then
     for caching in --enable-prefix-caching --no-enable-prefix-caching; do
       # Multi-turn chat: 8 turns of 1,024 new tokens and a 64-token reply
       # each (the 8th turn has ~8K tokens of history).
-      timeout 240 python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
+      timeout 150 python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
         "$CARRY/plans/$plan.nfb" --mode prefix --streams 4 --turns 8 \
         --join-tokens 0 --suffix-tokens 1024 --max-tokens 64 \
         --label "$plan, $caching" -- --backend cuda "${weights[@]}" \
         "$caching" >> "$OUT/serve-prefix.md" 2>&1
       # A shared system prompt: 2,048 tokens, 64 requests at once.
-      timeout 240 python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
+      timeout 150 python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
         "$CARRY/plans/$plan.nfb" --mode prefix --streams 64 --turns 1 \
         --join-tokens 2048 --suffix-tokens 64 --max-tokens 32 \
         --label "$plan, $caching" -- --backend cuda "${weights[@]}" \
