@@ -277,7 +277,6 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
     requests.push_back(
         std::make_shared<nf::ServingRequest>(std::move(*submitted)));
   }
-  auto request = requests.front();
   // The response object (streamed: a chunk) around its one choice.
   auto response = [id, created, name, chat](const json &choice, bool chunk) {
     json c = choice;
@@ -349,173 +348,215 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
     res.set_content(dumpJson(out), "application/json");
     return;
   }
-  // One event: a piece of text (finish null) or the end (text empty).
-  // With return_token_ids each event also lists its new token ids (so a
-  // model without a tokenizer streams a chunk per token).
-  // With a reasoning parser, a chat piece's text is split into the delta's
-  // reasoning_content and content (either may be absent).
-  // The last event (a finish_reason) also carries the reasoning_trace.
-  // With logprobs, each event carries its tokens' (logprobs: not null).
-  auto event = [response, chat](const std::string &text, const json &finish,
-                                const json &ids = nullptr,
-                                const ReasoningParser::Delta *split = nullptr,
-                                const json &trace = nullptr,
-                                const json &logprobs = nullptr) {
-    json choice = {{"finish_reason", finish}, {"logprobs", logprobs}};
-    if (!ids.is_null())
-      choice["token_ids"] = ids;
-    if (!chat) {
-      choice["text"] = text;
-    } else if (!finish.is_null()) {
-      choice["delta"] = json::object();
-    } else if (split) {
-      choice["delta"] = json::object();
-      if (!split->reasoning.empty())
-        choice["delta"]["reasoning_content"] = split->reasoning;
-      if (!split->content.empty())
-        choice["delta"]["content"] = split->content;
-    } else {
-      choice["delta"] = {{"content", text}};
-    }
-    json chunk = response(choice, true);
-    if (!trace.is_null())
-      chunk["reasoning_trace"] = trace;
-    return "data: " + dumpJson(chunk) + "\n\n";
+  // The streamed choices, each with its own parser and logprobs, polled in
+  // turn; every event names its choice's index.
+  struct Choice {
+    explicit Choice(const RequestModel &model) : completion(model) {}
+    std::shared_ptr<nf::ServingRequest> request;
+    std::shared_ptr<AnswerSplit> parser; // chat with a reasoning parser
+    bool echo = false;                   // the prompt's text still to send
+    nf::Logprobs prompt;                 // echo's, until the first event
+    CompletionLogprobs completion;       // its text offsets count on
+    bool done = false;
+    nf::RequestOutput end; // its last output (usage)
   };
-  std::shared_ptr<AnswerSplit> parser = answerSplit(p, policy);
-  auto roleSent = std::make_shared<bool>(!chat);
-  const bool returnTokenIds = p.returnTokenIds;
-  // Logprobs: the prompt's (echo) gathered until the first event, which
-  // also carries the echoed prompt text.
-  struct Logprobs {
-    explicit Logprobs(const RequestModel &model) : completion(model) {}
-    bool want = false, echo = false;
-    std::string echoText;
-    int32_t firstToken = -1;
-    nf::Logprobs prompt;
-    CompletionLogprobs completion; // its text offsets count on
+  struct Stream {
+    std::vector<Choice> choices;
+    bool rolesSent = false;
   };
-  auto logprobs = std::make_shared<Logprobs>(model);
-  logprobs->want = p.params.logprobs >= 0;
-  logprobs->echo = p.echo;
-  logprobs->echoText = p.echoText;
-  logprobs->firstToken = p.params.prompt.front();
-  // The chunk's logprobs object (null unless asked for), and its text:
-  // after the prompt's on the first chunk of an echo.
+  auto stream = std::make_shared<Stream>();
+  for (const auto &r : requests) {
+    Choice &c = stream->choices.emplace_back(model);
+    c.request = r;
+    c.parser = answerSplit(p, policy);
+    c.echo = p.echo;
+  }
+  stream->rolesSent = !chat;
   const RequestModel *m = &model; // the server's, which outlives responses
-  auto chunkLogprobs = [logprobs, chat, m](const nf::RequestOutput &o,
-                                           std::string &text) -> json {
-    Logprobs &l = *logprobs;
-    const bool first = l.echo;
-    if (first) {
-      text = l.echoText + text;
-      l.echo = false;
+  const bool returnTokenIds = p.returnTokenIds,
+             wantLogprobs = p.params.logprobs >= 0;
+  const std::string echoText = p.echoText;
+  const int32_t firstToken = p.params.prompt.front();
+  // A chunk of choice `index` (its fields but the index and logprobs).
+  auto chunk = [id, created, name, chat](const json &choice, size_t index,
+                                         const json &trace = nullptr) {
+    json c = choice;
+    c["index"] = index;
+    if (!c.contains("logprobs"))
+      c["logprobs"] = nullptr;
+    json out = {{"id", id},
+                {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", name},
+                {"choices", json::array({c})}};
+    if (!trace.is_null())
+      out["reasoning_trace"] = trace;
+    return "data: " + dumpJson(out) + "\n\n";
+  };
+  // The events of one read of choice `i`: a piece of text (with a reasoning
+  // parser, split into the delta's reasoning_content and content; with
+  // return_token_ids or logprobs, also for tokens whose text is held
+  // back), tool calls, and at the end the finish_reason with the
+  // reasoning_trace. Sets `failed` when the choice ended in an error.
+  auto events = [chunk, chat, m, returnTokenIds, wantLogprobs, echoText,
+                 firstToken, errorText](Choice &c, size_t i,
+                                        nf::RequestOutput &o, bool &failed) {
+    std::string out;
+    c.prompt.append(o.promptLogprobs);
+    // The chunk's logprobs (null unless asked for), and its text: after
+    // the prompt's on the first chunk of an echo.
+    auto piece = [&](std::string &text) -> json {
+      const bool first = c.echo;
+      if (first) {
+        text = echoText + text;
+        c.echo = false;
+      }
+      if (!wantLogprobs)
+        return nullptr;
+      if (chat)
+        return chatLogprobs(o.logprobs, *m);
+      if (first) {
+        c.completion.addFirst(firstToken);
+        c.completion.add(c.prompt);
+      }
+      c.completion.add(o.logprobs);
+      return c.completion.take();
+    };
+    const bool tokensSent =
+        (returnTokenIds || wantLogprobs) && !o.tokens.empty();
+    auto textEvent = [&](const ReasoningParser::Delta *split) {
+      std::string text = o.text;
+      json choice = {{"finish_reason", nullptr}, {"logprobs", piece(text)}};
+      if (returnTokenIds)
+        choice["token_ids"] = o.tokens;
+      if (!chat) {
+        choice["text"] = text;
+      } else if (split) {
+        choice["delta"] = json::object();
+        if (!split->reasoning.empty())
+          choice["delta"]["reasoning_content"] = split->reasoning;
+        if (!split->content.empty())
+          choice["delta"]["content"] = split->content;
+      } else {
+        choice["delta"] = {{"content", text}};
+      }
+      out += chunk(choice, i);
+    };
+    std::vector<ToolCall> calls;
+    if (c.parser) {
+      ReasoningParser::Delta d = c.parser->feed(o.text, o.finished(), calls);
+      // Text held back inside a tag sends nothing yet (unless tokens).
+      if (!d.empty() || tokensSent)
+        textEvent(&d);
+      if (!calls.empty())
+        out += chunk({{"finish_reason", nullptr},
+                      {"delta", {{"tool_calls", toolCallsJson(calls, true)}}}},
+                     i);
+    } else if (!o.text.empty() || tokensSent || c.echo) {
+      textEvent(nullptr);
     }
-    if (!l.want)
-      return nullptr;
+    if (!o.finished())
+      return out;
+    c.done = true;
+    if (o.finishReason != NF_FINISH_STOP &&
+        o.finishReason != NF_FINISH_LENGTH) {
+      failed = true;
+      return out + "data: " +
+             dumpJson(json{
+                 {"error",
+                  {{"message", errorText(o)}, {"type", "server_error"}}}}) +
+             "\n\n";
+    }
+    json choice = {{"finish_reason", calls.empty()
+                                         ? finishReason(o.finishReason)
+                                         : "tool_calls"}};
     if (chat)
-      return chatLogprobs(o.logprobs, *m);
-    if (first) {
-      l.completion.addFirst(l.firstToken);
-      l.completion.add(l.prompt);
-    }
-    l.completion.add(o.logprobs);
-    return l.completion.take();
+      choice["delta"] = json::object();
+    else
+      choice["text"] = "";
+    out += chunk(choice, i, traceJson(o));
+    c.end = std::move(o);
+    return out;
   };
   // stream_options.include_usage: a last chunk with no choices and the
-  // usage, as OpenAI's.
+  // usage of them all, as OpenAI's.
   auto usageChunk = [id, created, name, chat, include = p.includeUsage](
-                        const nf::RequestOutput &o) -> std::string {
+                        const std::vector<Choice> &choices) -> std::string {
     if (!include)
       return "";
+    std::vector<nf::RequestOutput> ends;
+    for (const Choice &c : choices)
+      ends.push_back(c.end);
     json u = {{"id", id},
               {"object", chat ? "chat.completion.chunk" : "text_completion"},
               {"created", created},
               {"model", name},
               {"choices", json::array()},
-              {"usage", usageJson(o)}};
+              {"usage", usageJson(choicesTotal(ends))}};
     return "data: " + dumpJson(u) + "\n\n";
+  };
+  auto cancelAll = [stream] {
+    for (Choice &c : stream->choices)
+      c.request->cancel();
   };
   res.set_chunked_content_provider(
       "text/event-stream",
-      [request, roleSent, returnTokenIds, event, response, errorText,
-       usageChunk, parser, logprobs,
-       chunkLogprobs](size_t, httplib::DataSink &sink) {
-        std::string events;
-        nf::RequestOutput o;
-        if (!*roleSent) {
-          // A chat stream opens with the role, before any text.
-          json choice = {{"finish_reason", nullptr},
-                         {"delta", {{"role", "assistant"}, {"content", ""}}}};
-          events += "data: " + dumpJson(response(choice, true)) + "\n\n";
-          *roleSent = true;
+      [stream, chunk, events, usageChunk, cancelAll](size_t,
+                                                     httplib::DataSink &sink) {
+        std::string out;
+        bool failed = false;
+        if (!stream->rolesSent) {
+          // A chat stream opens with each choice's role, before any text.
+          for (size_t i = 0; i < stream->choices.size(); ++i)
+            out += chunk({{"finish_reason", nullptr},
+                          {"delta", {{"role", "assistant"}, {"content", ""}}}},
+                         i);
+          stream->rolesSent = true;
         } else {
+          // Reads the choices in turn until one has something to send: one
+          // choice waits as long as the client check; several take short
+          // turns.
+          const size_t n = stream->choices.size();
+          const auto wait = n == 1 ? kClientCheck : kClientCheck / 10;
           auto checked = std::chrono::steady_clock::now();
-          for (;;) {
-            auto read = request->read(kClientCheck);
-            if (!read) {
-              request->cancel();
-              return false;
+          while (out.empty()) {
+            for (size_t i = 0; i < n && !failed; ++i) {
+              Choice &c = stream->choices[i];
+              if (c.done)
+                continue;
+              auto read = c.request->read(wait);
+              if (!read) {
+                cancelAll();
+                return false;
+              }
+              out += events(c, i, *read, failed);
             }
-            o = std::move(*read);
-            logprobs->prompt.append(o.promptLogprobs);
-            if (o.finished() || !o.text.empty() ||
-                ((returnTokenIds || logprobs->want) && !o.tokens.empty()))
+            if (failed ||
+                std::all_of(stream->choices.begin(), stream->choices.end(),
+                            [](const Choice &c) { return c.done; }))
               break;
-            // Nothing new, or tokens whose text is held back.
             if (std::chrono::steady_clock::now() - checked >= kClientCheck) {
               checked = std::chrono::steady_clock::now();
               if (HttpServer::clientGone()) {
-                request->cancel(); // the client went away: stop generating
+                cancelAll(); // the client went away: stop generating
                 return false;
               }
             }
           }
         }
-        const json ids = returnTokenIds ? json(o.tokens) : json(nullptr);
-        // Events for tokens whose text is held back: with their ids or
-        // logprobs; and the echoed prompt, even before any text.
-        const bool tokensSent =
-            (returnTokenIds || logprobs->want) && !o.tokens.empty();
-        std::vector<ToolCall> calls;
-        if (parser) {
-          ReasoningParser::Delta d = parser->feed(o.text, o.finished(), calls);
-          // Text held back inside a tag sends nothing yet (unless ids).
-          if (!d.empty() || tokensSent) {
-            std::string text = o.text;
-            const json lp = chunkLogprobs(o, text);
-            events += event(text, nullptr, ids, &d, nullptr, lp);
-          }
-          if (!calls.empty()) {
-            json choice = {
-                {"finish_reason", nullptr},
-                {"delta", {{"tool_calls", toolCallsJson(calls, true)}}}};
-            events += "data: " + dumpJson(response(choice, true)) + "\n\n";
-          }
-        } else if (!o.text.empty() || tokensSent || logprobs->echo) {
-          std::string text = o.text;
-          const json lp = chunkLogprobs(o, text);
-          events += event(text, nullptr, ids, nullptr, nullptr, lp);
-        }
-        const bool done = o.finished();
+        const bool done =
+            failed ||
+            std::all_of(stream->choices.begin(), stream->choices.end(),
+                        [](const Choice &c) { return c.done; });
         if (done) {
-          if (o.finishReason != NF_FINISH_STOP &&
-              o.finishReason != NF_FINISH_LENGTH)
-            events += "data: " +
-                      dumpJson(json{{"error",
-                                     {{"message", errorText(o)},
-                                      {"type", "server_error"}}}}) +
-                      "\n\n";
+          if (failed)
+            cancelAll();
           else
-            events += event("",
-                            calls.empty() ? finishReason(o.finishReason)
-                                          : "tool_calls",
-                            nullptr, nullptr, traceJson(o)) +
-                      usageChunk(o);
-          events += "data: [DONE]\n\n";
+            out += usageChunk(stream->choices);
+          out += "data: [DONE]\n\n";
         }
-        if (!sink.write(events.data(), events.size())) {
-          request->cancel(); // the client went away: stop generating
+        if (!sink.write(out.data(), out.size())) {
+          cancelAll(); // the client went away: stop generating
           return false;
         }
         if (done)
@@ -523,9 +564,9 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
         return true;
       },
       // However the response ends (httplib may end it without asking the
-      // provider: stop(), a client that stopped reading), a request that
-      // is still running has nobody to run for.
-      [request](bool) { request->cancel(); });
+      // provider: stop(), a client that stopped reading), requests still
+      // running have nobody to run for.
+      [cancelAll](bool) { cancelAll(); });
 }
 
 } // namespace nfrun

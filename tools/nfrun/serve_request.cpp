@@ -130,8 +130,6 @@ std::optional<std::string> parseSampling(const json &body,
     if (!body["stream"].is_boolean())
       return std::string("'stream' must be true or false");
     r.stream = body["stream"].get<bool>();
-    if (r.stream && r.n > 1)
-      return std::string("'n' above 1 with 'stream' is not supported yet");
   }
   if (body.contains("stream_options") && !body["stream_options"].is_null()) {
     const json &o = body["stream_options"];

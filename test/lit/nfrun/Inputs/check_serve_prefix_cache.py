@@ -120,9 +120,27 @@ key = ("vllm:prefix_cache_hits_total", ())
 if after[key] - before[key] < 2 * (m - 1):
     fail("n=3: the cache's hits grew by %d, want at least %d" % (
         after[key] - before[key], 2 * (m - 1)))
-for extra, want in ((dict(n=2, stream=True),
-                     "'n' above 1 with 'stream' is not supported yet"),
-                    (dict(n=17), "'n' must be at most 16")):
+# Streamed: the chunks of each index join to that choice's text, each
+# index ends with its finish_reason, the usage counts them all.
+texts, finishes, usage = {}, {}, None
+for chunk in client.completions.create(
+        model="m", prompt=QUEUE, max_tokens=5, temperature=1, seed=7, n=3,
+        stream=True, stream_options={"include_usage": True},
+        extra_body=dict(ignore_eos=True)):
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for c in chunk.choices:
+        texts[c.index] = texts.get(c.index, "") + c.text
+        if c.finish_reason is not None:
+            finishes[c.index] = c.finish_reason
+if texts != {i: c.text for i, c in enumerate(multi.choices)} or \
+        finishes != {0: "length", 1: "length", 2: "length"}:
+    fail("streamed n=3: %s %s, whole %s" % (texts, finishes, [
+        c.text for c in multi.choices]))
+if usage is None or usage.completion_tokens != 15 or usage.prompt_tokens != m:
+    fail("streamed n=3: usage %s" % usage)
+for extra, want in ((dict(n=17), "'n' must be at most 16"),
+                    (dict(n=0), "'n' must be in")):
     status, body = serve_client.request(base, "/v1/completions", dict(
         prompt=QUEUE, max_tokens=2, **extra))
     if status != 400 or want not in body:
@@ -140,5 +158,5 @@ if health(base)["prefix_cache_snapshots"] != 0:
     fail("caching off: snapshots %s" % health(base))
 serve_client.stop(server, fail)
 print("ok: repeats hit (cached %d of %d prompt tokens), salts separate, "
-      "metrics %d of %d, reset, n=3 prefilled once, off" % (
+      "metrics %d of %d, reset, n=3 prefilled once and streamed, off" % (
           cached, n, hits, queries))
