@@ -306,18 +306,9 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
         auto o = r->read(kClientCheck);
         if (!o)
           return sendError(res, 500, o.message(), "server_error");
-        all.tokens.insert(all.tokens.end(), o->tokens.begin(), o->tokens.end());
-        all.text += o->text;
-        all.logprobs.append(o->logprobs);
-        all.promptLogprobs.append(o->promptLogprobs);
-        if (o->finished()) {
-          o->tokens = std::move(all.tokens);
-          o->text = std::move(all.text);
-          o->logprobs = std::move(all.logprobs);
-          o->promptLogprobs = std::move(all.promptLogprobs);
-          all = std::move(*o);
+        all.join(std::move(*o));
+        if (all.finished())
           break;
-        }
         if (std::chrono::steady_clock::now() - checked >= kClientCheck) {
           checked = std::chrono::steady_clock::now();
           if (HttpServer::clientGone())

@@ -488,6 +488,21 @@ std::string parseIntentBudget(const std::string &text, ServePolicy &policy) {
   return "";
 }
 
+/// A count of logprob alternatives, `key` (0 to kMaxTopLogprobs) into
+/// `out` when present; an error message, or nullopt.
+static std::optional<std::string> topLogprobs(const json &body, const char *key,
+                                              int32_t &out) {
+  if (!body.contains(key) || body[key].is_null())
+    return std::nullopt;
+  const json &v = body[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+      v.get<int64_t>() > nf::kMaxTopLogprobs)
+    return "'" + std::string(key) + "' must be an integer from 0 to " +
+           std::to_string(nf::kMaxTopLogprobs);
+  out = v.get<int32_t>();
+  return std::nullopt;
+}
+
 /// A validated /v1/completions request from its JSON body, or an error
 /// message. Runs on the HTTP threads: it only reads the model (tokenizer,
 /// sizes), which is immutable after loading, while the scheduler thread
@@ -535,14 +550,8 @@ Parsed parseCompletion(const json &body, const RequestModel &model,
     return *err;
   // logprobs: the tokens' and as many alternatives; with echo, the
   // prompt's too (the text then starts with the prompt).
-  if (body.contains("logprobs") && !body["logprobs"].is_null()) {
-    const json &v = body["logprobs"];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
-        v.get<int64_t>() > nf::kMaxTopLogprobs)
-      return "'logprobs' must be an integer from 0 to " +
-             std::to_string(nf::kMaxTopLogprobs);
-    r.params.logprobs = v.get<int32_t>();
-  }
+  if (auto err = topLogprobs(body, "logprobs", r.params.logprobs))
+    return *err;
   if (body.contains("echo") && !body["echo"].is_null()) {
     if (!body["echo"].is_boolean())
       return std::string("'echo' must be true or false");
@@ -812,19 +821,13 @@ Parsed parseChat(const json &body, const RequestModel &model,
       return std::string("'logprobs' must be true or false");
     logprobs = body["logprobs"].get<bool>();
   }
-  int32_t top = 0;
-  if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
-    const json &v = body["top_logprobs"];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
-        v.get<int64_t>() > nf::kMaxTopLogprobs)
-      return "'top_logprobs' must be an integer from 0 to " +
-             std::to_string(nf::kMaxTopLogprobs);
-    top = v.get<int32_t>();
-    if (!logprobs)
-      return std::string("'top_logprobs' needs 'logprobs': true");
-  }
+  int32_t top = -1;
+  if (auto err = topLogprobs(body, "top_logprobs", top))
+    return *err;
+  if (top >= 0 && !logprobs)
+    return std::string("'top_logprobs' needs 'logprobs': true");
   if (logprobs)
-    r.params.logprobs = top;
+    r.params.logprobs = std::max(top, 0);
   return r;
 }
 

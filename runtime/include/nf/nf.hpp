@@ -547,6 +547,19 @@ struct RequestOutput {
   /// this read brings.
   Logprobs logprobs, promptLogprobs;
   bool finished() const { return finishReason != NF_FINISH_NONE; }
+  /// Joins a later read onto this one: its tokens, text and logprobs
+  /// follow these; its end, usage and timings replace these.
+  void join(RequestOutput next) {
+    tokens.insert(tokens.end(), next.tokens.begin(), next.tokens.end());
+    text += next.text;
+    logprobs.append(next.logprobs);
+    promptLogprobs.append(next.promptLogprobs);
+    next.tokens = std::move(tokens);
+    next.text = std::move(text);
+    next.logprobs = std::move(logprobs);
+    next.promptLogprobs = std::move(promptLogprobs);
+    *this = std::move(next);
+  }
 };
 
 /// A submitted request: read its output as it comes. Destroying it cancels
@@ -617,17 +630,9 @@ public:
       auto o = read();
       if (!o)
         return o;
-      all.tokens.insert(all.tokens.end(), o->tokens.begin(), o->tokens.end());
-      all.text += o->text;
-      all.logprobs.append(o->logprobs);
-      all.promptLogprobs.append(o->promptLogprobs);
-      if (o->finished()) {
-        o->tokens = std::move(all.tokens);
-        o->text = std::move(all.text);
-        o->logprobs = std::move(all.logprobs);
-        o->promptLogprobs = std::move(all.promptLogprobs);
-        return o;
-      }
+      all.join(std::move(*o));
+      if (all.finished())
+        return all;
     }
   }
   void cancel() { nf_request_cancel(r_); }
