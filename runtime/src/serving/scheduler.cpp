@@ -227,10 +227,13 @@ bool Scheduler::awaitsSnapshot(const Request &r) const {
   for (const auto &l : running_) {
     if (l->cacheSalt != r.cacheSalt)
       continue;
+    // Compared from the point back: prompts with a common start differ
+    // near their ends, so a pair that does not match stops at once.
     for (auto p = l->snapshots.rbegin(); p != l->snapshots.rend(); ++p)
       if (*p > l->fed && *p < r.prompt.size() &&
-          std::equal(l->prompt.begin(), l->prompt.begin() + *p,
-                     r.prompt.begin()))
+          std::equal(std::make_reverse_iterator(l->prompt.begin() + *p),
+                     l->prompt.rend(),
+                     std::make_reverse_iterator(r.prompt.begin() + *p)))
         return true;
   }
   return false;
