@@ -11,6 +11,7 @@ packages=(
   llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools
   libflatbuffers-dev flatbuffers-compiler
   libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev libcpp-httplib-dev
+  libdlpack-dev
   prometheus-cpp-dev
   python3-jinja2 python3-pip
   clang libclang-rt-14-dev libomp-14-dev

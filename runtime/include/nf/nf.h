@@ -622,6 +622,23 @@ NF_API void nf_engine_free(nf_engine *engine);
    max_logprobs). */
 #define NF_MAX_TOP_LOGPROBS 20
 
+/* Structured output (nf_request_params.grammar_kind): what the generated
+   text must match. */
+typedef enum nf_grammar_kind {
+  NF_GRAMMAR_NONE = 0,
+  NF_GRAMMAR_JSON = 1,           /* any JSON object */
+  NF_GRAMMAR_JSON_SCHEMA = 2,    /* grammar: a JSON schema */
+  NF_GRAMMAR_REGEX = 3,          /* grammar: a regular expression */
+  NF_GRAMMAR_EBNF = 4,           /* grammar: EBNF (XGrammar's), rule root */
+  NF_GRAMMAR_STRUCTURAL_TAG = 5  /* grammar: an XGrammar structural tag */
+} nf_grammar_kind;
+
+/* nf_request_params.grammar_flags. */
+/* JSON kinds: no whitespace between tokens other than the separators ", "
+   and ": " (vLLM's disable_any_whitespace); by default any whitespace is
+   allowed there, which some models fill without end. */
+#define NF_GRAMMAR_FLAG_NO_WHITESPACE 1u
+
 typedef struct nf_request_params {
   const int32_t *prompt; /* n_prompt >= 1 token ids of the vocabulary */
   size_t n_prompt;
@@ -684,6 +701,16 @@ typedef struct nf_request_params {
   /* The model's EOS tokens and the stop tokens cannot be drawn before this
      many tokens are generated. */
   int32_t min_tokens;
+  /* Structured output by constrained decoding (XGrammar): before each
+     draw, every token that cannot continue a match of `grammar` is
+     masked, and the model's EOS and the stop tokens can be drawn only
+     where the match is complete. A generation cut by max_tokens may end
+     mid-match. An invalid grammar fails the submit
+     (NF_ERR_INVALID_ARGUMENT, naming the problem); a model without a
+     tokenizer cannot be constrained (NF_ERR_UNSUPPORTED). */
+  nf_grammar_kind grammar_kind;
+  const char *grammar; /* NUL-terminated; ignored for NONE and JSON */
+  uint32_t grammar_flags; /* NF_GRAMMAR_FLAG_* */
 } nf_request_params;
 
 /* max_tokens 16, greedy, no stops, priority 0. */

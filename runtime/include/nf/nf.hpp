@@ -490,6 +490,12 @@ struct RequestParams {
   float repetitionPenalty = 1.0f;
   std::vector<std::pair<int32_t, float>> logitBias;
   int32_t minTokens = 0;
+  /// Structured output (see nf_request_params): the text the generation
+  /// must match, of grammarKind (the schema, regex, EBNF or structural
+  /// tag; unused for NF_GRAMMAR_JSON).
+  nf_grammar_kind grammarKind = NF_GRAMMAR_NONE;
+  std::string grammar;
+  uint32_t grammarFlags = 0; // NF_GRAMMAR_FLAG_*
 };
 
 /// The most alternatives a position's logprobs may list.
@@ -714,6 +720,9 @@ public:
     p.logit_bias_values = biasValues.data();
     p.n_logit_bias = biasTokens.size();
     p.min_tokens = params.minTokens;
+    p.grammar_kind = params.grammarKind;
+    p.grammar = params.grammar.c_str();
+    p.grammar_flags = params.grammarFlags;
     nf_request *r = nullptr;
     const nf_status st = nf_engine_submit(e_, &p, &r);
     if (code)

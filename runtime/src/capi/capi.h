@@ -7,6 +7,7 @@
 #include "nf/nf.h"
 #include "nf/status.h"
 #include "nf/tokenizer.h"
+#include "sampling/grammar.h"
 #include "sampling/logprobs.h"
 #include "sampling/penalties.h"
 #include "sampling/sampler.h"
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <set>
@@ -32,6 +34,10 @@ struct nf_model {
   std::string planPath;
   std::string infoText;
   std::vector<int32_t> eos;
+  /// Grammars compiled against the vocabulary (structured output), made at
+  /// the first request that needs one.
+  std::mutex grammarsMu;
+  std::unique_ptr<nf::sampling::GrammarCompiler> grammars;
   nf_generation_defaults generation{};
   std::set<int32_t> liveSequences;
   /// Each sequence's expert-budget account (budget plans): routed-expert
@@ -124,6 +130,8 @@ struct EntryOptions {
   /// Applied to a copy of the row before the draw (null or inactive: none);
   /// a step with such an entry returns rows, not top lists.
   const sampling::PenaltyState *penalties = nullptr;
+  /// Masks the row after the penalties (null: none); as `penalties`.
+  sampling::TokenConstraint *constraint = nullptr;
   /// The drawn token's, with `sampled.top` alternatives (false: none).
   bool wantSampled = false;
   /// Per token the entry feeds, the token whose logprob its row gives (the

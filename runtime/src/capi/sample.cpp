@@ -200,9 +200,12 @@ nf_status decodeSample(nf_model *model, const nf_batch *batch,
   std::vector<const sampling::Sampler *> s;
   for (int32_t i = 0; i < batch->n_seqs; ++i)
     s.push_back(samplers[i] ? &samplers[i]->sampler : nullptr);
+  // Entries whose row is adjusted on the host before the draw.
   auto penalized = [&](size_t i) {
-    return !options.empty() && samplers[i] && options[i].penalties &&
-           options[i].penalties->active();
+    if (options.empty() || !samplers[i])
+      return false;
+    const EntryOptions &o = options[i];
+    return (o.penalties && o.penalties->active()) || o.constraint;
   };
   bool anyPenalized = false;
   for (size_t i = 0; i < s.size(); ++i)
@@ -254,7 +257,12 @@ nf_status decodeSample(nf_model *model, const nf_batch *batch,
       if (!r)
         return fail(NF_ERR_RUNTIME, entryError(i, r.message()));
       adjusted.assign(r->begin(), r->end());
-      options[i].penalties->apply(adjusted);
+      const EntryOptions &o = options[i];
+      if (o.penalties && o.penalties->active())
+        o.penalties->apply(adjusted);
+      if (o.constraint)
+        if (Status s = o.constraint->mask(adjusted); !s)
+          return fail(NF_ERR_RUNTIME, entryError(i, s.message()));
       t = samplers[i]->sampler.sample(adjusted);
     } else {
       t = sampleInput(model, static_cast<size_t>(i), row, samplers[i]->sampler,

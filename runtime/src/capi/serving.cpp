@@ -206,6 +206,69 @@ void nf_engine_free(nf_engine *engine) {
   model->engineAttached = false;
 }
 
+namespace {
+
+/// r's grammar constraint (structured output), compiled here, on the
+/// submitting thread, so that the scheduler's steps never wait for it.
+nf_status constrain(nf_model *model, const nf_request_params &p,
+                    nf::serving::Request &r) {
+  using nf::sampling::GrammarKind;
+  GrammarKind kind;
+  switch (p.grammar_kind) {
+  case NF_GRAMMAR_NONE:
+    return NF_OK;
+  case NF_GRAMMAR_JSON:
+    kind = GrammarKind::Json;
+    break;
+  case NF_GRAMMAR_JSON_SCHEMA:
+    kind = GrammarKind::JsonSchema;
+    break;
+  case NF_GRAMMAR_REGEX:
+    kind = GrammarKind::Regex;
+    break;
+  case NF_GRAMMAR_EBNF:
+    kind = GrammarKind::Ebnf;
+    break;
+  case NF_GRAMMAR_STRUCTURAL_TAG:
+    kind = GrammarKind::StructuralTag;
+    break;
+  default:
+    return fail(NF_ERR_INVALID_ARGUMENT, "grammar_kind " +
+                                             std::to_string(p.grammar_kind) +
+                                             " is not an nf_grammar_kind");
+  }
+  if (kind != GrammarKind::Json && !p.grammar)
+    return fail(NF_ERR_INVALID_ARGUMENT, "grammar is NULL");
+  if (!model->tokenizer)
+    return fail(NF_ERR_UNSUPPORTED,
+                "structured output needs the model's tokenizer: " +
+                    model->noTokenizerReason);
+  const int32_t vocab = nf_model_vocab_size(model);
+  nf::sampling::GrammarCompiler *compiler;
+  {
+    std::lock_guard<std::mutex> lock(model->grammarsMu);
+    if (!model->grammars)
+      model->grammars = std::make_unique<nf::sampling::GrammarCompiler>(
+          *model->tokenizer, vocab, model->eos);
+    compiler = model->grammars.get();
+  }
+  if (p.grammar_flags & ~NF_GRAMMAR_FLAG_NO_WHITESPACE)
+    return fail(NF_ERR_INVALID_ARGUMENT, "grammar_flags " +
+                                             std::to_string(p.grammar_flags) +
+                                             " has unknown bits");
+  auto grammar = compiler->compile(
+      {kind, kind == GrammarKind::Json ? std::string() : p.grammar,
+       (p.grammar_flags & NF_GRAMMAR_FLAG_NO_WHITESPACE) == 0});
+  if (!grammar)
+    return fail(NF_ERR_INVALID_ARGUMENT, grammar.status());
+  std::vector<int32_t> stops = model->eos;
+  stops.insert(stops.end(), r.stopTokens.begin(), r.stopTokens.end());
+  r.constraint.emplace(std::move(*grammar), vocab, std::move(stops));
+  return NF_OK;
+}
+
+} // namespace
+
 nf_request_params nf_request_default_params(void) {
   nf_request_params p = {};
   p.max_tokens = 16;
@@ -324,6 +387,8 @@ nf_status nf_engine_submit(nf_engine *engine, const nf_request_params *params,
     pen.stopTokens.insert(pen.stopTokens.end(), p.stop_tokens,
                           p.stop_tokens + p.n_stop_tokens);
     r->penalties = nf::sampling::PenaltyState(std::move(pen), r->prompt);
+    if (nf_status st = constrain(engine->model, p, *r); st != NF_OK)
+      return st;
     r->logprobs = p.logprobs ? p.top_logprobs : -1;
     r->promptLogprobs = p.prompt_logprobs ? p.prompt_top_logprobs : -1;
     r->text = nf::serving::TextStream(

@@ -496,7 +496,7 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
   std::vector<nf_seq_input> inputs(step.size());
   std::vector<std::vector<int32_t>> ids(step.size());
   std::vector<nf_sampler *> samplers(step.size());
-  std::vector<capi::EntryOptions> logprobs(step.size());
+  std::vector<capi::EntryOptions> options(step.size());
   std::vector<std::vector<int32_t>> targets(step.size());
   bool wantOptions = false;
   for (size_t i = 0; i < step.size(); ++i) {
@@ -511,8 +511,9 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
     // Only a context's last chunk draws a token.
     samplers[i] =
         r.fed + step[i].count == r.contextLength() ? r.sampler.get() : nullptr;
-    capi::EntryOptions &lp = logprobs[i];
+    capi::EntryOptions &lp = options[i];
     lp.penalties = r.penalties.active() ? &r.penalties : nullptr;
+    lp.constraint = samplers[i] && r.constraint ? &*r.constraint : nullptr;
     lp.wantSampled = samplers[i] && r.logprobs >= 0;
     lp.sampled.top = std::max(r.logprobs, 0);
     lp.fed.top = std::max(r.promptLogprobs, 0);
@@ -525,8 +526,8 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
                                  : -1);
       lp.fedTargets = targets[i];
     }
-    wantOptions =
-        wantOptions || lp.penalties || lp.wantSampled || !lp.fedTargets.empty();
+    wantOptions = wantOptions || lp.penalties || lp.constraint ||
+                  lp.wantSampled || !lp.fedTargets.empty();
   }
   stepExpertCalls_.assign(step.size(), 0);
   stepExpertCallsPerLayer_.assign(step.size() * moeLayers_, 0);
@@ -537,7 +538,7 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
   std::vector<int32_t> tokens(step.size(), -1);
   if (capi::decodeSample(model_, &batch, samplers.data(), tokens.data(),
                          wantOptions
-                             ? std::span(logprobs)
+                             ? std::span(options)
                              : std::span<capi::EntryOptions>()) != NF_OK) {
     error = nf_last_error();
     return false;
@@ -553,8 +554,8 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
         r.expertCallsPerLayer[l] +=
             stepExpertCallsPerLayer_[i * moeLayers_ + l];
     }
-    ran.push_back({step[i], tokens[i], std::move(logprobs[i].sampled),
-                   std::move(logprobs[i].fed)});
+    ran.push_back({step[i], tokens[i], std::move(options[i].sampled),
+                   std::move(options[i].fed)});
   }
   return true;
 }
@@ -635,7 +636,10 @@ void Scheduler::runStep(std::vector<Entry> &step) {
     if (r.fed < r.contextLength())
       continue; // a prompt chunk: the next one follows
     if (d.token < 0)
-      finish(r, NF_FINISH_ERROR, "no token: every logit is -inf or NaN");
+      finish(r, NF_FINISH_ERROR,
+             r.constraint ? "no token: the grammar allows no token the model "
+                            "can draw (every allowed logit is -inf or NaN)"
+                          : "no token: every logit is -inf or NaN");
     else
       accept(r, d.token, d.sampled);
   }
@@ -653,6 +657,13 @@ void Scheduler::accept(Request &r, int32_t token,
   }
   r.generated.push_back(token);
   r.penalties.observe(token);
+  if (r.constraint && !r.constraint->accept(token)) {
+    // The mask allowed it, so the grammar engine disagrees with itself.
+    finish(r, NF_FINISH_ERROR,
+           "internal: the grammar rejected token " + std::to_string(token) +
+               " it allowed");
+    return;
+  }
   const Clock::time_point now = Clock::now();
   nf_engine_event e = {};
   e.request_user_data = r.userData;

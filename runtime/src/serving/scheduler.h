@@ -24,6 +24,7 @@
 
 #include "nf/nf.h"
 #include "nf/status.h"
+#include "sampling/grammar.h"
 #include "sampling/logprobs.h"
 #include "sampling/penalties.h"
 #include "serving/prefix_cache.h"
@@ -37,6 +38,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,6 +76,9 @@ struct Request {
   /// Penalties on its rows (set at submission), and the generated tokens
   /// they count.
   sampling::PenaltyState penalties;
+  /// Its grammar (structured output; set at submission), which follows
+  /// the generated tokens.
+  std::optional<sampling::TokenConstraint> constraint;
   TextStream text{nullptr, {}};
   int32_t seq = -1; // the model's sequence, -1 while waiting
   size_t fed = 0;   // tokens of prompt + generated in the sequence
