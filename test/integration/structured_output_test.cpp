@@ -204,6 +204,40 @@ TEST(StructuredOutput, RegexAndAnyJson) {
         << j->text;
 }
 
+// A grammar that applies after given tokens (a reasoning block's end): the
+// output runs free, as it does without the grammar, up to them, then
+// matches the grammar.
+TEST(StructuredOutput, GrammarAppliesAfterItsTokens) {
+  nf::Model model = load();
+  auto engine = nf::ServingEngine::create(model);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  auto prompt = model.tokenize("def add(a, b):\n");
+  ASSERT_TRUE(prompt.ok());
+  auto free = engine->submit(request(*prompt, NF_GRAMMAR_NONE, "", 8));
+  ASSERT_TRUE(free.ok());
+  auto f = free->wait();
+  ASSERT_TRUE(f.ok());
+  ASSERT_GE(f->tokens.size(), 3u);
+  const std::vector<std::string> choices = {"yes", "no"};
+  nf::RequestParams p =
+      request(*prompt, NF_GRAMMAR_EBNF, "root ::= \"yes\" | \"no\"", 16);
+  p.grammarAfter = {f->tokens[1], f->tokens[2]};
+  auto r = engine->submit(p);
+  ASSERT_TRUE(r.ok()) << r.message();
+  auto out = r->wait();
+  ASSERT_TRUE(out.ok());
+  ASSERT_EQ(out->finishReason, NF_FINISH_STOP) << out->error;
+  ASSERT_GT(out->tokens.size(), 3u);
+  EXPECT_TRUE(std::equal(f->tokens.begin(), f->tokens.begin() + 3,
+                         out->tokens.begin()));
+  auto head = model.detokenize(
+      std::vector<int32_t>(f->tokens.begin(), f->tokens.begin() + 3));
+  ASSERT_TRUE(head.ok());
+  ASSERT_EQ(out->text.compare(0, head->size(), *head), 0) << out->text;
+  const std::string rest = out->text.substr(head->size());
+  EXPECT_TRUE(rest == "yes" || rest == "no") << "'" << rest << "'";
+}
+
 TEST(StructuredOutput, InvalidGrammarsAreRefusedWithTheProblem) {
   nf::Model model = load();
   auto engine = nf::ServingEngine::create(model);

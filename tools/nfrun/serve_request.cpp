@@ -6,6 +6,7 @@
 // which is immutable after loading.
 #include "serve_request.h"
 #include "reasoning_parser.h"
+#include "serve_structured.h"
 
 #include <algorithm>
 #include <cctype>
@@ -373,8 +374,6 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
       return v.is_object() && v.empty();
     if (n == "suffix")
       return v.is_string() && v.get<std::string>().empty();
-    if (n == "response_format")
-      return v.is_object() && v.value("type", json()) == "text";
     if (n == "tool_choice")
       return v.is_string() && v.get<std::string>() == "none";
     return false;
@@ -385,13 +384,9 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                                         "echo",
                                         "best_of",
                                         "suffix",
-                                        "response_format",
                                         "include_stop_str_in_output",
                                         "skip_special_tokens",
                                         "use_beam_search"};
-  static const char *const kStructured[] = {
-      "guided_json",    "guided_regex",       "guided_choice",
-      "guided_grammar", "structured_outputs", "guided_decoding_backend"};
   for (const auto &item : body.items()) {
     // Named, not a structured binding: lambdas cannot capture those before
     // C++20 as clang implements it.
@@ -402,19 +397,12 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                return key == k;
              }) != std::end(list);
     };
-    if (in(kCommon) || (chat ? in(kChat) : in(kCompletions)))
+    if (in(kCommon) || in(kStructuredOutputFields) ||
+        (chat ? in(kChat) : in(kCompletions)))
       continue;
-    if (in(kStructured) && !value.is_null())
-      return "'" + key +
-             "': structured output (constrained decoding) is not supported "
-             "yet";
     if (in(kNotYet)) {
       if (isDefault(value, key.c_str()))
         continue;
-      if (key == "response_format")
-        return std::string("'response_format' other than {\"type\": "
-                           "\"text\"} is not supported yet (no constrained "
-                           "decoding)");
       return "'" + key + "' is not supported yet";
     }
     return "unknown field " + quoted(key);
@@ -547,6 +535,8 @@ Parsed parseCompletion(const json &body, const RequestModel &model,
                        "token ids (one prompt per request)");
   }
   if (auto err = parseSampling(body, model, policy, r))
+    return *err;
+  if (auto err = parseStructuredOutput(body, r.params))
     return *err;
   // logprobs: the tokens' and as many alternatives; with echo, the
   // prompt's too (the text then starts with the prompt).
@@ -812,6 +802,17 @@ Parsed parseChat(const json &body, const RequestModel &model,
   r.params.prompt = std::move(*ids);
   if (auto err = parseSampling(body, model, policy, r))
     return *err;
+  if (auto err = parseStructuredOutput(body, r.params))
+    return *err;
+  if (r.params.grammarKind != NF_GRAMMAR_NONE &&
+      !policy.reasoningParser.empty() && r.promptOpensReasoning) {
+    // As vLLM with a reasoning parser: the model reasons freely, and its
+    // answer after the block follows the grammar.
+    auto end = model.tokenize("</think>", false);
+    if (!end)
+      return "'</think>': " + end.message();
+    r.params.grammarAfter = std::move(*end);
+  }
   if (auto err = parseTraffic(body, headers, policy, r))
     return *err;
   // logprobs: true, with top_logprobs alternatives (OpenAI's chat shape).

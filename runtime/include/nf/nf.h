@@ -711,6 +711,11 @@ typedef struct nf_request_params {
   nf_grammar_kind grammar_kind;
   const char *grammar; /* NUL-terminated; ignored for NONE and JSON */
   uint32_t grammar_flags; /* NF_GRAMMAR_FLAG_* */
+  /* n_grammar_after > 0: the grammar applies only after the output has
+     contained these tokens (the end of a reasoning block, as `</think>`:
+     the model reasons freely, then answers in the grammar). */
+  const int32_t *grammar_after;
+  size_t n_grammar_after;
 } nf_request_params;
 
 /* max_tokens 16, greedy, no stops, priority 0. */

@@ -495,7 +495,8 @@ struct RequestParams {
   /// tag; unused for NF_GRAMMAR_JSON).
   nf_grammar_kind grammarKind = NF_GRAMMAR_NONE;
   std::string grammar;
-  uint32_t grammarFlags = 0; // NF_GRAMMAR_FLAG_*
+  uint32_t grammarFlags = 0;         // NF_GRAMMAR_FLAG_*
+  std::vector<int32_t> grammarAfter; // the grammar starts after these
 };
 
 /// The most alternatives a position's logprobs may list.
@@ -723,6 +724,8 @@ public:
     p.grammar_kind = params.grammarKind;
     p.grammar = params.grammar.c_str();
     p.grammar_flags = params.grammarFlags;
+    p.grammar_after = params.grammarAfter.data();
+    p.n_grammar_after = params.grammarAfter.size();
     nf_request *r = nullptr;
     const nf_status st = nf_engine_submit(e_, &p, &r);
     if (code)

@@ -264,6 +264,19 @@ nf_status constrain(nf_model *model, const nf_request_params &p,
   std::vector<int32_t> stops = model->eos;
   stops.insert(stops.end(), r.stopTokens.begin(), r.stopTokens.end());
   r.constraint.emplace(std::move(*grammar), vocab, std::move(stops));
+  if (p.n_grammar_after > 0) {
+    if (!p.grammar_after)
+      return fail(NF_ERR_INVALID_ARGUMENT, "grammar_after is NULL");
+    for (size_t i = 0; i < p.n_grammar_after; ++i)
+      if (p.grammar_after[i] < 0 || p.grammar_after[i] >= vocab)
+        return fail(NF_ERR_INVALID_ARGUMENT,
+                    "grammar_after: token id " +
+                        std::to_string(p.grammar_after[i]) + " is not in [0, " +
+                        std::to_string(vocab) + ")");
+    r.constraintAfter.assign(p.grammar_after,
+                             p.grammar_after + p.n_grammar_after);
+    r.constraintActive = false;
+  }
   return NF_OK;
 }
 

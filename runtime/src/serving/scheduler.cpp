@@ -513,7 +513,9 @@ bool Scheduler::runBatch(std::vector<Entry> &step, std::vector<Ran> &ran,
         r.fed + step[i].count == r.contextLength() ? r.sampler.get() : nullptr;
     capi::EntryOptions &lp = options[i];
     lp.penalties = r.penalties.active() ? &r.penalties : nullptr;
-    lp.constraint = samplers[i] && r.constraint ? &*r.constraint : nullptr;
+    lp.constraint = samplers[i] && r.constraint && r.constraintActive
+                        ? &*r.constraint
+                        : nullptr;
     lp.wantSampled = samplers[i] && r.logprobs >= 0;
     lp.sampled.top = std::max(r.logprobs, 0);
     lp.fed.top = std::max(r.promptLogprobs, 0);
@@ -657,13 +659,19 @@ void Scheduler::accept(Request &r, int32_t token,
   }
   r.generated.push_back(token);
   r.penalties.observe(token);
-  if (r.constraint && !r.constraint->accept(token)) {
+  if (r.constraint && r.constraintActive && !r.constraint->accept(token)) {
     // The mask allowed it, so the grammar engine disagrees with itself.
     finish(r, NF_FINISH_ERROR,
            "internal: the grammar rejected token " + std::to_string(token) +
                " it allowed");
     return;
   }
+  if (r.constraint && !r.constraintActive &&
+      r.generated.size() >= r.constraintAfter.size() &&
+      std::equal(r.constraintAfter.begin(), r.constraintAfter.end(),
+                 r.generated.end() -
+                     static_cast<std::ptrdiff_t>(r.constraintAfter.size())))
+    r.constraintActive = true; // from the next token
   const Clock::time_point now = Clock::now();
   nf_engine_event e = {};
   e.request_user_data = r.userData;

@@ -79,6 +79,10 @@ struct Request {
   /// Its grammar (structured output; set at submission), which follows
   /// the generated tokens.
   std::optional<sampling::TokenConstraint> constraint;
+  /// Tokens the output contains before the grammar applies (none: from
+  /// the first), and whether it applies.
+  std::vector<int32_t> constraintAfter;
+  bool constraintActive = true;
   TextStream text{nullptr, {}};
   int32_t seq = -1; // the model's sequence, -1 while waiting
   size_t fed = 0;   // tokens of prompt + generated in the sequence

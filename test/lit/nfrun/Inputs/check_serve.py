@@ -180,7 +180,7 @@ for field, value, words in [
         ("include_stop_str_in_output", True,
          "'include_stop_str_in_output' is not supported yet"),
         ("use_beam_search", True, "'use_beam_search' is not supported yet"),
-        ("guided_json", {"type": "object"}, "structured output"),
+        ("guided_json", "{not json", "'guided_json' is not a JSON schema"),
         ("stop_token_ids", [-1], "'stop_token_ids' must hold token ids"),
         ("best_of_n", 3, 'unknown field "best_of_n"')]:
     status, body = request("/v1/completions", dict(prompt="x", **{field: value}))

@@ -195,10 +195,10 @@ for raw, words in [
          b"\"stream\": \"yes\"}", "'stream'"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"tools\": [{\"type\": \"function\"}]}", "tools[0] must be"),
-        # Not implemented yet: refused, never ignored.
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
-         b"\"response_format\": {\"type\": \"json_object\"}}",
-         "'response_format' other than"),
+         b"\"response_format\": {\"type\": \"yaml\"}}",
+         "'response_format' type \"yaml\" is not"),
+        # Not implemented yet: refused, never ignored.
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"echo\": true}",
          "'echo' is not supported yet"),
