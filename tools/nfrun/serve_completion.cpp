@@ -88,14 +88,43 @@ json toolCallsJson(const std::vector<ToolCall> &calls, bool indexed) {
   return out;
 }
 
+/// The calls of a forced tool_choice's JSON (ToolCalls::Required: an
+/// array of {"name", "parameters"}; Named: `name`'s arguments); none when
+/// it is not that JSON (cut short by max_tokens).
+std::vector<ToolCall> forcedCalls(const std::string &text, ToolCalls mode,
+                                  const std::string &name) {
+  const auto doc = nlohmann::ordered_json::parse(text, nullptr, false);
+  std::vector<ToolCall> calls;
+  if (mode == ToolCalls::Named && doc.is_object())
+    calls.push_back({name, doc});
+  if (mode == ToolCalls::Required && doc.is_array())
+    for (const auto &c : doc) {
+      if (!c.is_object() || !c.contains("name") || !c["name"].is_string() ||
+          !c.contains("parameters") || !c["parameters"].is_object())
+        return {};
+      calls.push_back({c["name"].get<std::string>(), c["parameters"]});
+    }
+  return calls;
+}
+
 /// A chat answer split, piece by piece, into reasoning and content
 /// (--reasoning-parser) and the content's tool calls (tools with
-/// tool_choice auto), kept for the end.
+/// tool_choice auto: parsed from the model's markup; required or named:
+/// the JSON the grammar forced), kept for the end.
 struct AnswerSplit {
   std::unique_ptr<ReasoningParser> reasoning;
   std::unique_ptr<ToolCallStream> tools;
   nlohmann::ordered_json toolSchemas;
   bool parallel = true;
+  ToolCalls forced = ToolCalls::None; // Required or Named
+  std::string namedTool;
+  std::string forcedText; // the content so far, under a forced tool_choice
+
+  /// The finish_reason of an answer with calls: OpenAI's "stop" for a
+  /// named function, else "tool_calls".
+  const char *callsFinishReason() const {
+    return forced == ToolCalls::Named ? "stop" : "tool_calls";
+  }
 
   /// The parts of the next piece of text; at the `last` one, also the
   /// calls.
@@ -112,7 +141,15 @@ struct AnswerSplit {
     } else {
       d.content = text;
     }
-    if (tools) {
+    if (forced != ToolCalls::None) {
+      forcedText += d.content;
+      d.content.clear();
+      if (last) {
+        calls = forcedCalls(forcedText, forced, namedTool);
+        if (calls.empty()) // not the JSON: the text as it came
+          d.content = std::move(forcedText);
+      }
+    } else if (tools) {
       d.content = tools->feed(d.content);
       if (last) {
         ToolCallOutput out = tools->finish(toolSchemas);
@@ -131,7 +168,7 @@ struct AnswerSplit {
 std::unique_ptr<AnswerSplit> answerSplit(const ParsedRequest &p,
                                          const ServePolicy &policy) {
   if (!p.chat ||
-      (policy.reasoningParser.empty() && p.toolCalls != ToolCalls::Auto))
+      (policy.reasoningParser.empty() && p.toolCalls == ToolCalls::None))
     return nullptr;
   auto split = std::make_unique<AnswerSplit>();
   if (!policy.reasoningParser.empty())
@@ -141,6 +178,10 @@ std::unique_ptr<AnswerSplit> answerSplit(const ParsedRequest &p,
     split->tools = std::make_unique<ToolCallStream>();
     split->toolSchemas = p.tools;
     split->parallel = p.parallelToolCalls;
+  }
+  if (p.toolCalls == ToolCalls::Required || p.toolCalls == ToolCalls::Named) {
+    split->forced = p.toolCalls;
+    split->namedTool = p.namedTool;
   }
   return split;
 }
@@ -187,7 +228,7 @@ json choiceJson(const nf::RequestOutput &all, const ParsedRequest &p,
           reasoned ? json(d.reasoning) : json(nullptr);
     if (!calls.empty()) {
       message["tool_calls"] = toolCallsJson(calls, false);
-      choice["finish_reason"] = "tool_calls";
+      choice["finish_reason"] = split->callsFinishReason();
     }
     choice["message"] = std::move(message);
   } else if (p.chat) {
@@ -460,7 +501,7 @@ void serveCompletion(const httplib::Request &req, httplib::Response &res,
     }
     json choice = {{"finish_reason", calls.empty()
                                          ? finishReason(o.finishReason)
-                                         : "tool_calls"}};
+                                         : c.parser->callsFinishReason()}};
     if (chat)
       choice["delta"] = json::object();
     else

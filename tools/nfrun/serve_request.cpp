@@ -708,21 +708,28 @@ std::optional<std::string> parseTools(const json &body, ParsedRequest &r) {
   std::string choice = given ? "auto" : "none";
   if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
     const json &c = body["tool_choice"];
-    if (!c.is_string())
-      return std::string("'tool_choice' other than \"auto\" and \"none\" "
-                         "is not supported yet (it needs constrained "
-                         "decoding)");
-    choice = c.get<std::string>();
-    if (choice != "auto" && choice != "none") {
-      if (choice == "required")
-        return std::string("'tool_choice' \"required\" is not supported "
-                           "yet (it needs constrained decoding)");
-      return "'tool_choice' must be \"auto\" or \"none\", not " +
-             quoted(std::as_const(choice));
+    if (c.is_object()) {
+      // {"type": "function", "function": {"name": F}}
+      if (c.value("type", json()) != "function" || !c.contains("function") ||
+          !c["function"].is_object() || !c["function"].contains("name") ||
+          !c["function"]["name"].is_string())
+        return std::string("'tool_choice' must be \"auto\", \"none\", "
+                           "\"required\" or {\"type\": \"function\", "
+                           "\"function\": {\"name\": ...}}");
+      choice = "named";
+      r.namedTool = c["function"]["name"].get<std::string>();
+    } else if (c.is_string()) {
+      choice = c.get<std::string>();
+      if (choice != "auto" && choice != "none" && choice != "required")
+        return "'tool_choice' must be \"auto\", \"none\", \"required\" "
+               "or a named function, not " +
+               quoted(std::as_const(choice));
+    } else {
+      return std::string("'tool_choice' must be a string or an object");
     }
   }
   if (!given)
-    return choice == "auto"
+    return choice != "none"
                ? std::optional<std::string>("'tool_choice' needs 'tools'")
                : std::nullopt;
   const json &tools = body["tools"];
@@ -744,8 +751,18 @@ std::optional<std::string> parseTools(const json &body, ParsedRequest &r) {
       return where + ".function: 'parameters' must be a JSON schema object";
   }
   r.tools = nlohmann::ordered_json::parse(tools.dump());
-  r.toolCalls =
-      tools.empty() || choice == "none" ? ToolCalls::None : ToolCalls::Auto;
+  if (choice == "named" &&
+      std::none_of(tools.begin(), tools.end(), [&](const json &t) {
+        return t["function"]["name"] == r.namedTool;
+      }))
+    return "'tool_choice' names " + quoted(std::as_const(r.namedTool)) +
+           ", which is not in 'tools'";
+  if (choice == "required" && tools.empty())
+    return std::string("'tool_choice' \"required\" needs at least one tool");
+  r.toolCalls = tools.empty() || choice == "none" ? ToolCalls::None
+                : choice == "auto"                ? ToolCalls::Auto
+                : choice == "required"            ? ToolCalls::Required
+                                                  : ToolCalls::Named;
   return std::nullopt;
 }
 
@@ -804,6 +821,15 @@ Parsed parseChat(const json &body, const RequestModel &model,
     return *err;
   if (auto err = parseStructuredOutput(body, r.params))
     return *err;
+  if (r.toolCalls == ToolCalls::Required || r.toolCalls == ToolCalls::Named) {
+    if (r.params.grammarKind != NF_GRAMMAR_NONE)
+      return std::string("'tool_choice' \"required\" or a named function "
+                         "and a structured-output constraint: only one");
+    r.params.grammarKind = NF_GRAMMAR_JSON_SCHEMA;
+    r.params.grammar = r.toolCalls == ToolCalls::Named
+                           ? namedToolSchema(r.tools, r.namedTool)
+                           : requiredToolsSchema(r.tools, r.parallelToolCalls);
+  }
   if (r.params.grammarKind != NF_GRAMMAR_NONE &&
       !policy.reasoningParser.empty() && r.promptOpensReasoning) {
     // As vLLM with a reasoning parser: the model reasons freely, and its

@@ -116,9 +116,12 @@ struct ServePolicy {
 /// subset) into `policy`; an error message, or "".
 std::string parseIntentBudget(const std::string &text, ServePolicy &policy);
 
-/// Whether a chat request's output is parsed for tool calls
-/// (tool_parser.h): with tools and tool_choice "auto".
-enum class ToolCalls { None, Auto };
+/// How a chat request's output gives tool calls: none; parsed from the
+/// model's markup (tool_parser.h), with tools and tool_choice "auto"; or,
+/// with tool_choice "required" or a named function, as JSON the grammar
+/// forces (vLLM's way): an array of {"name", "parameters"}, or the named
+/// function's arguments.
+enum class ToolCalls { None, Auto, Required, Named };
 
 /// A validated request: what the serving engine runs, and how to answer.
 struct ParsedRequest {
@@ -141,6 +144,7 @@ struct ParsedRequest {
   /// arguments) and whether its output is parsed for tool calls.
   nlohmann::ordered_json tools;
   ToolCalls toolCalls = ToolCalls::None;
+  std::string namedTool;         // ToolCalls::Named: the function
   bool parallelToolCalls = true; // false: the first call only
   Intent intent = Intent::None;
   PriorityClass priority = PriorityClass::None;

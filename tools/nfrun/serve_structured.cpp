@@ -160,6 +160,44 @@ std::string choiceGrammar(const std::vector<std::string> &choices) {
   return g;
 }
 
+namespace {
+
+/// A function's parameter schema (none: an object without properties).
+nlohmann::ordered_json parametersOf(const nlohmann::ordered_json &function) {
+  if (function.contains("parameters") && function["parameters"].is_object())
+    return function["parameters"];
+  return {{"type", "object"}, {"properties", nlohmann::ordered_json::object()}};
+}
+
+} // namespace
+
+std::string namedToolSchema(const nlohmann::ordered_json &tools,
+                            const std::string &name) {
+  for (const auto &t : tools)
+    if (t["function"]["name"] == name)
+      return parametersOf(t["function"]).dump();
+  return parametersOf(nlohmann::ordered_json::object()).dump();
+}
+
+std::string requiredToolsSchema(const nlohmann::ordered_json &tools,
+                                bool parallel) {
+  nlohmann::ordered_json anyOf = nlohmann::ordered_json::array();
+  for (const auto &t : tools)
+    anyOf.push_back(
+        {{"type", "object"},
+         {"properties",
+          {{"name",
+            {{"type", "string"},
+             {"enum", nlohmann::ordered_json::array({t["function"]["name"]})}}},
+           {"parameters", parametersOf(t["function"])}}},
+         {"required", nlohmann::ordered_json::array({"name", "parameters"})}});
+  nlohmann::ordered_json schema = {
+      {"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", anyOf}}}};
+  if (!parallel)
+    schema["maxItems"] = 1;
+  return schema.dump();
+}
+
 std::optional<std::string> parseStructuredOutput(const json &body,
                                                  nf::RequestParams &params) {
   std::vector<Constraint> found;
@@ -208,15 +246,12 @@ std::optional<std::string> parseStructuredOutput(const json &body,
   if (found.size() > 1)
     return "only one structured-output constraint a request: '" +
            found[0].field + "' and '" + found[1].field + "'";
-  if (found.empty()) {
-    if (flags)
-      return std::string("'structured_outputs.disable_any_whitespace' "
-                         "without a constraint");
+  // The flags also apply to a forced tool_choice's grammar.
+  params.grammarFlags = flags;
+  if (found.empty())
     return std::nullopt;
-  }
   params.grammarKind = found[0].kind;
   params.grammar = std::move(found[0].grammar);
-  params.grammarFlags = flags;
   return std::nullopt;
 }
 

@@ -36,4 +36,14 @@ std::optional<std::string> parseStructuredOutput(const nlohmann::json &body,
 /// An EBNF grammar (XGrammar's) matching exactly one of `choices`.
 std::string choiceGrammar(const std::vector<std::string> &choices);
 
+/// tool_choice as vLLM forces it, for the request's `tools` (OpenAI's
+/// [{"type": "function", "function": {name, parameters}}]): the JSON
+/// schema of the named function's arguments, or of a non-empty array of
+/// {"name", "parameters"} calls of any of them (at most one unless
+/// `parallel`).
+std::string namedToolSchema(const nlohmann::ordered_json &tools,
+                            const std::string &name);
+std::string requiredToolsSchema(const nlohmann::ordered_json &tools,
+                                bool parallel);
+
 } // namespace nfrun

@@ -21,7 +21,8 @@ apply_chat_template, with the request's template variables):
   8. tools reach the template as transformers passes them (tool_choice
      "none": not at all), and so do assistant tool calls (their arguments
      as objects) and tool results in the history; what the template cannot
-     get (tool_choice "required", malformed tools or calls) gets 400. The
+     get (a tool_choice naming no tool, malformed tools or calls) gets 400
+     (tool_choice "required" and named: check_serve_structured.py). The
      parsing of tool calls is unit-tested (test/unit/tool_parser_test.cpp):
      the demo model does not write them.
 Prints "ok: ..." or the first difference (exit status 1).
@@ -217,8 +218,9 @@ for what, msgs, msgs_j, extra, tools_j in (
             (msg.get("reasoning_content"), msg.get("content")) != want or \
             "tool_calls" in msg:
         fail("%s: %s, want %s of %r" % (what, chat, want, prompt))
-for extra, want in ((dict(tools=tools, tool_choice="required"),
-                     "'tool_choice' \\\"required\\\" is not supported"),
+for extra, want in ((dict(tools=tools, tool_choice={
+                         "type": "function", "function": {"name": "f"}}),
+                     "which is not in 'tools'"),
                     (dict(tools=[{"type": "function"}]), "tools[0] must be"),
                     (dict(tool_choice="auto"), "'tool_choice' needs 'tools'"),
                     (dict(messages=[{"role": "assistant", "content": None,

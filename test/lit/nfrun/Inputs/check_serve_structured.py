@@ -159,7 +159,69 @@ if held["message"] != free["message"] or not free["message"].get(
     fail("thinking on: constrained %s, free %s" % (held["message"],
                                                     free["message"]))
 
-# 5. Refusals name the field.
+# 5. tool_choice "required" and a named function: the calls come as JSON
+#    the grammar forces (vLLM's way) and satisfy the tools' schemas.
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"]}}},
+    {"type": "function", "function": {"name": "now",
+                                      "description": "The time."}}]
+
+
+def valid_call(call):
+    args = json.loads(call["function"]["arguments"])
+    if call["type"] != "function" or not call["id"]:
+        return False
+    if call["function"]["name"] == "now":
+        return args == {}
+    return (call["function"]["name"] == "get_weather"
+            and set(args) == {"city", "days"}
+            and isinstance(args["city"], str) and len(args["city"]) <= 12
+            and isinstance(args["days"], int) and 1 <= args["days"] <= 7)
+
+
+calls = 0
+for seed in range(1, 5):
+    for choice, reason in (({"type": "function",
+                             "function": {"name": "get_weather"}}, "stop"),
+                           ("required", "tool_calls")):
+        body = dict(model="m", messages=MESSAGES, max_tokens=64,
+                    temperature=1.0, seed=seed, tools=TOOLS,
+                    tool_choice=choice,
+                    structured_outputs={"disable_any_whitespace": True},
+                    **NO_THINKING)
+        status, text = serve_client.request(base, "/v1/chat/completions", body)
+        if status != 200:
+            fail("tool_choice %s: HTTP %d %s" % (choice, status, text))
+        ch = json.loads(text)["choices"][0]
+        if ch["finish_reason"] == "length":
+            continue
+        got = ch["message"].get("tool_calls") or []
+        if (ch["finish_reason"] != reason or not got
+                or ch["message"]["content"] is not None
+                or not all(valid_call(c) for c in got)
+                or (choice != "required"
+                    and [c["function"]["name"] for c in got] != [
+                        "get_weather"])):
+            fail("tool_choice %s seed %d: %s" % (choice, seed, ch))
+        calls += len(got)
+        checked += 1
+        if seed == 1:  # streamed: the same calls in one delta at the end
+            events, done = serve_client.stream(
+                base, "/v1/chat/completions", dict(body, stream=True), fail)
+            deltas = [c for e in events
+                      for c in e["choices"][0]["delta"].get("tool_calls", [])]
+            strip = [dict(c["function"]) for c in deltas]
+            if (not done or strip != [dict(c["function"]) for c in got]
+                    or events[-1]["choices"][0]["finish_reason"] != reason):
+                fail("streamed tool_choice %s: %s" % (choice, events))
+if calls < 3:
+    fail("only %d forced tool calls ended within 64 tokens" % calls)
+
+# 6. Refusals name the field.
 for extra, says in (
         ({"response_format": {"type": "json_schema", "json_schema": {
             "name": "x", "schema": {"type": "no-such-type"}}}},
@@ -180,6 +242,20 @@ for extra, says in (
     if status != 400 or says not in text or "\n" in json.loads(text)[
             "error"]["message"]:
         fail("%s: HTTP %d %s" % (extra, status, text))
+for extra, says in (
+        ({"tools": TOOLS, "tool_choice": {"type": "function",
+                                          "function": {"name": "nope"}}},
+         "which is not in 'tools'"),
+        ({"tool_choice": "required"}, "needs 'tools'"),
+        ({"tools": TOOLS, "tool_choice": "required",
+          "response_format": {"type": "json_object"}}, "only one"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function"}},
+         "'tool_choice' must be")):
+    status, text = serve_client.request(
+        base, "/v1/chat/completions", dict(model="m", messages=MESSAGES,
+                                           max_tokens=4, **extra))
+    if status != 400 or says not in text:
+        fail("%s: HTTP %d %s" % (extra, status, text))
 serve_client.stop(server, fail)
-print("ok: %d constrained answers satisfy their constraints; reasoning free"
-      % checked)
+print("ok: %d constrained answers satisfy their constraints (%d forced tool "
+      "calls); reasoning free" % (checked, calls))
