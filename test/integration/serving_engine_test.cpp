@@ -560,6 +560,46 @@ TEST(ServingEngine, LogprobsSurvivePreemption) {
   EXPECT_GT(preemptions, 0) << "the pool was meant to run out";
 }
 
+// vLLM's include_stop_str_in_output and skip_special_tokens: the text ends
+// after the stop string instead of before it; special tokens keep their
+// text. References: the decode of the tokens the request generated alone.
+TEST(ServingEngine, StopStringIncludedAndSpecialTokensKept) {
+  nf::Model model = load();
+  auto engine = nf::ServingEngine::create(model);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  const auto prompt = prompts(model, 1)[0];
+  auto run = [&](const nf::RequestParams &p) {
+    auto r = engine->submit(p);
+    EXPECT_TRUE(r.ok()) << r.message();
+    auto out = r->wait();
+    EXPECT_TRUE(out.ok()) << out.message();
+    return *out;
+  };
+  const nf::RequestOutput free = run(greedy(prompt, 24));
+  ASSERT_GT(free.text.size(), 12u);
+  const std::string stop = free.text.substr(8, 3);
+  const size_t at = free.text.find(stop);
+  nf::RequestParams p = greedy(prompt, 24);
+  p.stopStrings = {stop};
+  EXPECT_EQ(run(p).text, free.text.substr(0, at));
+  p.includeStopString = true;
+  const nf::RequestOutput with = run(p);
+  EXPECT_EQ(with.finishReason, NF_FINISH_STOP);
+  EXPECT_EQ(with.text, free.text.substr(0, at + stop.size()));
+  // <s> (a special token, not EOS) forced by logit_bias.
+  nf::RequestParams special = greedy(prompt, 3);
+  special.logitBias = {{1, 100.0f}};
+  const nf::RequestOutput skipped = run(special);
+  special.keepSpecialTokens = true;
+  const nf::RequestOutput kept = run(special);
+  ASSERT_EQ(kept.tokens, std::vector<int32_t>({1, 1, 1}));
+  EXPECT_EQ(skipped.text, "");
+  auto text = model.detokenize(kept.tokens, /*flags=*/0);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(kept.text, *text);
+  EXPECT_EQ(kept.text, "<s><s><s>");
+}
+
 // The text stream (the engine's and nfrun generate's): pieces that join to
 // the whole decode, cut before the first stop string, never ending inside
 // a UTF-8 character or a possible stop string's beginning.

@@ -145,10 +145,18 @@ std::optional<std::string> parseSampling(const json &body,
       r.includeUsage = o["include_usage"].get<bool>();
     }
   }
-  if (body.contains("ignore_eos") && !body["ignore_eos"].is_null()) {
-    if (!body["ignore_eos"].is_boolean())
-      return std::string("'ignore_eos' must be true or false");
-    r.params.ignoreEos = body["ignore_eos"].get<bool>();
+  // vLLM's flags: ignore_eos, include_stop_str_in_output (the text ends
+  // after its stop string), skip_special_tokens (default true).
+  for (auto [key, out, invert] :
+       {std::tuple{"ignore_eos", &r.params.ignoreEos, false},
+        std::tuple{"include_stop_str_in_output", &r.params.includeStopString,
+                   false},
+        std::tuple{"skip_special_tokens", &r.params.keepSpecialTokens, true}}) {
+    if (!body.contains(key) || body[key].is_null())
+      continue;
+    if (!body[key].is_boolean())
+      return "'" + std::string(key) + "' must be true or false";
+    *out = body[key].get<bool>() != invert;
   }
   if (body.contains("return_token_ids") &&
       !body["return_token_ids"].is_null()) {
@@ -349,7 +357,9 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
                                         "frequency_penalty",
                                         "repetition_penalty",
                                         "logit_bias",
-                                        "min_tokens"};
+                                        "min_tokens",
+                                        "include_stop_str_in_output",
+                                        "skip_special_tokens"};
   static const char *const kCompletions[] = {"prompt", "echo"};
   static const char *const kChat[] = {
       "messages",    "max_completion_tokens", "tools",
@@ -359,8 +369,8 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
     const std::string n = name;
     if (v.is_null())
       return true;
-    if (n == "logprobs" || n == "echo" || n == "include_stop_str_in_output" ||
-        n == "parallel_tool_calls" || n == "use_beam_search")
+    if (n == "logprobs" || n == "echo" || n == "parallel_tool_calls" ||
+        n == "use_beam_search")
       return v.is_boolean() ? !v.get<bool>()
                             : v.is_number() && v.get<double>() == 0.0;
     if (n == "top_logprobs" || n == "presence_penalty" ||
@@ -368,8 +378,6 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
       return v.is_number() && v.get<double>() == 0.0;
     if (n == "repetition_penalty" || n == "best_of")
       return v.is_number() && v.get<double>() == 1.0;
-    if (n == "skip_special_tokens")
-      return v.is_boolean() && v.get<bool>();
     if (n == "logit_bias")
       return v.is_object() && v.empty();
     if (n == "suffix")
@@ -380,13 +388,8 @@ std::optional<std::string> unsupportedField(const json &body, bool chat) {
   };
   // Not implemented yet (issue: the OpenAI API for Nemotron 3): refused
   // unless they ask for nothing.
-  static const char *const kNotYet[] = {"top_logprobs",
-                                        "echo",
-                                        "best_of",
-                                        "suffix",
-                                        "include_stop_str_in_output",
-                                        "skip_special_tokens",
-                                        "use_beam_search"};
+  static const char *const kNotYet[] = {"top_logprobs", "echo", "best_of",
+                                        "suffix", "use_beam_search"};
   for (const auto &item : body.items()) {
     // Named, not a structured binding: lambdas cannot capture those before
     // C++20 as clang implements it.

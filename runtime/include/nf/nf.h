@@ -716,6 +716,13 @@ typedef struct nf_request_params {
      the model reasons freely, then answers in the grammar). */
   const int32_t *grammar_after;
   size_t n_grammar_after;
+  /* Nonzero: the text keeps special tokens' text (vLLM's
+     skip_special_tokens false); the tokens that end the request (EOS, stop
+     tokens) still add none. */
+  int keep_special_tokens;
+  /* Nonzero: a stop string ends the text after it instead of before it
+     (vLLM's include_stop_str_in_output). */
+  int include_stop_str;
 } nf_request_params;
 
 /* max_tokens 16, greedy, no stops, priority 0. */

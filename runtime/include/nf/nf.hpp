@@ -497,6 +497,8 @@ struct RequestParams {
   std::string grammar;
   uint32_t grammarFlags = 0;         // NF_GRAMMAR_FLAG_*
   std::vector<int32_t> grammarAfter; // the grammar starts after these
+  bool keepSpecialTokens = false;    // the text keeps special tokens' text
+  bool includeStopString = false;    // the text ends after its stop string
 };
 
 /// The most alternatives a position's logprobs may list.
@@ -726,6 +728,8 @@ public:
     p.grammar_flags = params.grammarFlags;
     p.grammar_after = params.grammarAfter.data();
     p.n_grammar_after = params.grammarAfter.size();
+    p.keep_special_tokens = params.keepSpecialTokens ? 1 : 0;
+    p.include_stop_str = params.includeStopString ? 1 : 0;
     nf_request *r = nullptr;
     const nf_status st = nf_engine_submit(e_, &p, &r);
     if (code)

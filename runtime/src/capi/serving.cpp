@@ -404,8 +404,12 @@ nf_status nf_engine_submit(nf_engine *engine, const nf_request_params *params,
       return st;
     r->logprobs = p.logprobs ? p.top_logprobs : -1;
     r->promptLogprobs = p.prompt_logprobs ? p.prompt_top_logprobs : -1;
-    r->text = nf::serving::TextStream(
-        model->tokenizer ? &*model->tokenizer : nullptr, std::move(stops));
+    nf::serving::TextStream::Options text;
+    text.skipSpecial = p.keep_special_tokens == 0;
+    text.includeStop = p.include_stop_str != 0;
+    r->text =
+        nf::serving::TextStream(model->tokenizer ? &*model->tokenizer : nullptr,
+                                std::move(stops), text);
     if (!std::isfinite(p.expert_budget))
       return fail(NF_ERR_INVALID_ARGUMENT, "expert_budget is not finite");
     auto handle = std::make_unique<nf_request>();

@@ -38,8 +38,8 @@ size_t incompleteUtf8(const std::string &text) {
 }
 
 TextStream::TextStream(const Tokenizer *tokenizer,
-                       std::vector<std::string> stops)
-    : tokenizer_(tokenizer), stops_(std::move(stops)) {}
+                       std::vector<std::string> stops, Options options)
+    : tokenizer_(tokenizer), stops_(std::move(stops)), options_(options) {}
 
 /// The bytes the last of tokens_ adds to decoded_: the decode of a short
 /// tail of the completion with and without it, so that the pieces come out
@@ -49,10 +49,11 @@ TextStream::TextStream(const Tokenizer *tokenizer,
 /// skipped: specials) says nothing about the joint: then the whole
 /// completion.
 StatusOr<std::string> TextStream::newBytes() const {
+  const bool skip = options_.skipSpecial;
   // A token that decodes to nothing alone (a skipped special token, an
   // unknown id) adds nothing in any context: answered without decoding
   // the completion (a run of them would cost a decode of it each).
-  if (tokenizer_->decodeBytes({tokens_.back()}, true).empty())
+  if (tokenizer_->decodeBytes({tokens_.back()}, skip).empty())
     return std::string();
   constexpr size_t kTail = 8;
   const size_t n = tokens_.size();
@@ -60,18 +61,18 @@ StatusOr<std::string> TextStream::newBytes() const {
       tokens_.begin() +
           static_cast<ptrdiff_t>(n > kTail + 1 ? n - kTail - 1 : 0),
       tokens_.end());
-  const std::string after = tokenizer_->decodeBytes(tail, true);
+  const std::string after = tokenizer_->decodeBytes(tail, skip);
   const std::string before = tokenizer_->decodeBytes(
-      std::vector<int32_t>(tail.begin(), tail.end() - 1), true);
+      std::vector<int32_t>(tail.begin(), tail.end() - 1), skip);
   if (before.empty() && tail.size() < n) {
-    const std::string all = tokenizer_->decodeBytes(tokens_, true);
+    const std::string all = tokenizer_->decodeBytes(tokens_, skip);
     if (all.compare(0, decoded_.size(), decoded_) == 0)
       return all.substr(decoded_.size());
-    return tokenizer_->decodeBytes({tokens_.back()}, true);
+    return tokenizer_->decodeBytes({tokens_.back()}, skip);
   }
   if (after.compare(0, before.size(), before) == 0)
     return after.substr(before.size());
-  return tokenizer_->decodeBytes({tokens_.back()}, true);
+  return tokenizer_->decodeBytes({tokens_.back()}, skip);
 }
 
 StatusOr<bool> TextStream::add(int32_t token) {
@@ -86,6 +87,16 @@ StatusOr<bool> TextStream::add(int32_t token) {
   const size_t searched = decoded_.size();
   decoded_ += *piece;
   stopAt_ = findStop(decoded_, stops_, searched);
+  if (stopped()) {
+    // The stop string found there (the first listed, where two begin
+    // there).
+    stopEnd_ = stopAt_;
+    for (const std::string &s : stops_)
+      if (decoded_.compare(stopAt_, s.size(), s) == 0) {
+        stopEnd_ = stopAt_ + s.size();
+        break;
+      }
+  }
   return stopped();
 }
 
@@ -94,7 +105,7 @@ std::string TextStream::take(bool final) {
   // string would begin with, or the start of a character.
   size_t visible = decoded_.size();
   if (stopped())
-    visible = stopAt_;
+    visible = options_.includeStop ? stopEnd_ : stopAt_;
   else if (!final)
     visible -= std::max(heldBack(decoded_, stops_), incompleteUtf8(decoded_));
   if (visible <= given_)

@@ -14,13 +14,24 @@ namespace nf::serving {
 
 class TextStream {
 public:
+  struct Options {
+    /// Special tokens add no text (vLLM's skip_special_tokens).
+    bool skipSpecial = true;
+    /// The text ends after the stop string instead of before it (vLLM's
+    /// include_stop_str_in_output).
+    bool includeStop = false;
+  };
   /// `tokenizer` may be null (token ids only: no text); it must outlive
   /// the stream. Stop strings must not be empty.
-  TextStream(const Tokenizer *tokenizer, std::vector<std::string> stops);
+  TextStream(const Tokenizer *tokenizer, std::vector<std::string> stops,
+             Options options);
+  TextStream(const Tokenizer *tokenizer, std::vector<std::string> stops)
+      : TextStream(tokenizer, std::move(stops), Options()) {}
 
-  /// Adds a generated token's bytes (special tokens add none). Returns
-  /// true when a stop string now occurs in the text: the text ends before
-  /// it, and nothing more may be added.
+  /// Adds a generated token's bytes (special tokens add none unless kept).
+  /// Returns true when a stop string now occurs in the text: the text ends
+  /// before it (or after it, with includeStop), and nothing more may be
+  /// added.
   StatusOr<bool> add(int32_t token);
 
   /// The bytes that became visible since the last call: at the end
@@ -38,10 +49,12 @@ private:
 
   const Tokenizer *tokenizer_;
   std::vector<std::string> stops_;
+  Options options_;
   std::vector<int32_t> tokens_;
   std::string decoded_;
-  size_t stopAt_ = std::string::npos; // where the first stop string begins
-  size_t given_ = 0;                  // bytes handed out by take()
+  size_t stopAt_ = std::string::npos;  // where the first stop string begins
+  size_t stopEnd_ = std::string::npos; // and where it ends
+  size_t given_ = 0;                   // bytes handed out by take()
 };
 
 /// Index of the first stop string in `text` that ends after `from`, or

@@ -121,6 +121,10 @@ if cut.strip():
     s = complete(prompt, stop=[cut])["choices"][0]
     if s["text"] != text[:text.find(cut)] or s["finish_reason"] != "stop":
         fail("stop %r: %r" % (cut, s))
+    s = complete(prompt, stop=[cut], include_stop_str_in_output=True)
+    s = s["choices"][0]
+    if s["text"] != text[:text.find(cut) + len(cut)]:
+        fail("stop %r, include_stop_str_in_output: %r" % (cut, s))
 ids = complete([1, 2, 3], max_tokens=4)
 if ids["usage"]["prompt_tokens"] != 3:
     fail("token prompt usage %s" % ids["usage"])
@@ -177,8 +181,8 @@ if status != 200 or not json.loads(body).get("version"):
 for field, value, words in [
         ("best_of", 2, "'best_of' is not supported yet"),
         ("suffix", "x", "'suffix' is not supported yet"),
-        ("include_stop_str_in_output", True,
-         "'include_stop_str_in_output' is not supported yet"),
+        ("include_stop_str_in_output", 1,
+         "'include_stop_str_in_output' must be true or false"),
         ("use_beam_search", True, "'use_beam_search' is not supported yet"),
         ("guided_json", "{not json", "'guided_json' is not a JSON schema"),
         ("stop_token_ids", [-1], "'stop_token_ids' must hold token ids"),

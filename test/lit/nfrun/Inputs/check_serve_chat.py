@@ -203,8 +203,8 @@ for raw, words in [
          b"\"echo\": true}",
          "'echo' is not supported yet"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
-         b"\"skip_special_tokens\": false}",
-         "'skip_special_tokens' is not supported yet"),
+         b"\"skip_special_tokens\": \"no\"}",
+         "'skip_special_tokens' must be true or false"),
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
          b"\"chat_template_kwargs\": \"no\"}",
          "'chat_template_kwargs' must be an object"),
