@@ -14,6 +14,9 @@
 #               and a shared 2,048-token system prompt (64 requests at once).
 #
 #   OUT=<dir> bash bench/run_serve_bench.sh CARRY [throughput,join,prefix]
+#
+# PREFIX_PLANS (default "pydoc-moe nano") and PREFIX_SHARED=0 (no shared-
+# prompt runs) narrow the prefix part.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 CARRY="${1:-build-gpu-carry}"
@@ -24,6 +27,18 @@ mkdir -p "$OUT"
 bash "$REPO/scripts/gpu_check.sh" unpack "$CARRY" || exit 1
 lib="$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 pydoc="$REPO/examples/pydoc-moe"
+
+# A load run cut by its timeout leaves its server (and the GPU memory it
+# holds) behind: end it before the next one starts.
+reap() {
+  pkill -TERM -f "$CARRY/bin/nfrun serve" 2>/dev/null || return 0
+  for _ in $(seq 60); do
+    pgrep -f "$CARRY/bin/nfrun serve" > /dev/null || return 0
+    sleep 1
+  done
+  pkill -KILL -f "$CARRY/bin/nfrun serve"
+  sleep 2
+}
 
 if [[ ",$PARTS," == *,throughput,* ]]; then
   for dir in "$CARRY" "$CARRY"/ab/*/; do
@@ -62,7 +77,8 @@ if [[ ",$PARTS," == *,prefix,* ]]; then
   export LD_LIBRARY_PATH="$lib"
   nano=nano-bf16
   [ -f "$CARRY/plans/$nano.nfb" ] || nano=nano
-  for plan in pydoc-moe "$nano"; do
+  for plan in ${PREFIX_PLANS:-pydoc-moe nano}; do
+    [ "$plan" = nano ] && plan="$nano"
     [ -f "$CARRY/plans/$plan.nfb" ] || continue
     weights=(--weights "$pydoc")
     [ "$plan" = pydoc-moe ] || weights=(--random-weights)
@@ -74,12 +90,15 @@ if [[ ",$PARTS," == *,prefix,* ]]; then
         --join-tokens 0 --suffix-tokens 1024 --max-tokens 64 \
         --label "$plan, $caching" -- --backend cuda "${weights[@]}" \
         "$caching" >> "$OUT/serve-prefix.md" 2>&1
+      reap
+      [ "${PREFIX_SHARED:-1}" = 0 ] && continue
       # A shared system prompt: 2,048 tokens, 64 requests at once.
       timeout 150 python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
         "$CARRY/plans/$plan.nfb" --mode prefix --streams 64 --turns 1 \
         --join-tokens 2048 --suffix-tokens 64 --max-tokens 32 \
         --label "$plan, $caching" -- --backend cuda "${weights[@]}" \
         --max-batch 64 "$caching" >> "$OUT/serve-prefix.md" 2>&1
+      reap
     done
   done
 fi
