@@ -399,6 +399,25 @@ int runServe(const ServeFlags &f) {
                                    const ServePolicy &) {
                 return detokenizeRequest(body, model);
               }));
+  // vLLM's /tokenizer_info: the special tokens, what lm-evaluation-harness's
+  // remote tokenizer reads (with /tokenize and /detokenize).
+  server.Get("/tokenizer_info", [&](const httplib::Request &req,
+                                    httplib::Response &res) {
+    if (!authorized(req, res))
+      return;
+    if (!model->hasTokenizer())
+      return sendError(res, 400, "this model has no tokenizer");
+    auto token = [&](int32_t id) {
+      return id < 0 ? json(nullptr) : json(requestModel.tokenString(id));
+    };
+    json info = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                 {"eos_token", token(model->eos())},
+                 {"bos_token", token(model->bos())},
+                 {"pad_token", nullptr}};
+    if (model->maxContext() >= 0)
+      info["model_max_length"] = model->maxContext();
+    res.set_content(dumpJson(info), "application/json");
+  });
   server.Get("/version", [&](const httplib::Request &, httplib::Response &res) {
     res.set_content(dumpJson(json{{"version", NF_VERSION}}),
                     "application/json");

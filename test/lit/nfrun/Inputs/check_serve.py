@@ -175,6 +175,12 @@ for path, payload, words in [
 status, body = request("/version")
 if status != 200 or not json.loads(body).get("version"):
     fail("version: HTTP %d %s" % (status, body))
+# vLLM's /tokenizer_info: pydoc-moe's tokenizer.json names <s> and </s>
+# (ids 1 and 2) its BOS and EOS.
+status, body = request("/tokenizer_info")
+if status != 200 or json.loads(body).get("eos_token") != "</s>" or \
+        json.loads(body).get("bos_token") not in ("<s>", None):
+    fail("tokenizer_info: HTTP %d %s" % (status, body))
 
 # 5. Bad requests: fields not implemented, or unknown, are refused, never
 # ignored.
