@@ -36,14 +36,16 @@ else
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Test tooling from PyPI: the official OpenAI client and Prometheus's text
-# parser (the serve tests use them and fail without them), for the Python
-# that lit runs the tests with (Debian's, /usr/bin/python3).
-python_modules=(openai prometheus_client)
+# Test tooling from PyPI: the official OpenAI client, Prometheus's text
+# parser and lm-evaluation-harness (the serve tests use them and fail
+# without them), for the Python that lit runs the tests with (Debian's,
+# /usr/bin/python3).
+python_modules=(openai prometheus_client lm_eval)
+python_packages=(openai prometheus_client "lm_eval[api]==0.4.13")
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 if ! "$py" -c "import $(IFS=,; echo "${python_modules[*]}")" 2>/dev/null; then
-  echo "install-deps: pip installing ${python_modules[*]} for $py"
-  $SUDO "$py" -m pip install -q "${python_modules[@]}" 2>/dev/null ||
-    $SUDO "$py" -m pip install -q --break-system-packages "${python_modules[@]}"
+  echo "install-deps: pip installing ${python_packages[*]} for $py"
+  $SUDO "$py" -m pip install -q "${python_packages[@]}" 2>/dev/null ||
+    $SUDO "$py" -m pip install -q --break-system-packages "${python_packages[@]}"
 fi
