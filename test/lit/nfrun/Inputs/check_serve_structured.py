@@ -188,15 +188,16 @@ for seed in range(1, 5):
     for choice, reason in (({"type": "function",
                              "function": {"name": "get_weather"}}, "stop"),
                            ("required", "tool_calls")):
+        extra = dict(structured_outputs={"disable_any_whitespace": True},
+                     **NO_THINKING)
         body = dict(model="m", messages=MESSAGES, max_tokens=64,
                     temperature=1.0, seed=seed, tools=TOOLS,
-                    tool_choice=choice,
-                    structured_outputs={"disable_any_whitespace": True},
-                    **NO_THINKING)
-        status, text = serve_client.request(base, "/v1/chat/completions", body)
-        if status != 200:
-            fail("tool_choice %s: HTTP %d %s" % (choice, status, text))
-        ch = json.loads(text)["choices"][0]
+                    tool_choice=choice)
+        resp = client.chat.completions.create(extra_body=extra, **body)
+        resp = (resp.model_dump() if hasattr(resp, "model_dump")
+                else resp.model_extra)
+        body.update(extra)
+        ch = resp["choices"][0]
         if ch["finish_reason"] == "length":
             continue
         got = ch["message"].get("tool_calls") or []
