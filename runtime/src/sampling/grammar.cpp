@@ -73,7 +73,10 @@ struct GrammarCompiler::Impl {
           vocab[static_cast<size_t>(id)] = tokenizer.decodeBytes({id}, false);
       xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW, vocabSize,
                                    stopTokens);
-      compiler.emplace(info, /*max_threads=*/2);
+      // The cache is bounded: every request may bring a schema of its own.
+      constexpr int64_t kCacheBytes = int64_t{256} << 20;
+      compiler.emplace(info, /*max_threads=*/2, /*cache_enabled=*/true,
+                       kCacheBytes);
     });
     return *compiler;
   }

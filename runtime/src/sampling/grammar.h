@@ -47,7 +47,8 @@ struct GrammarSpec {
 struct CompiledGrammar;
 
 /// The model's vocabulary as the grammar engine reads it, and the
-/// grammars compiled against it (cached by their text). Thread-safe.
+/// grammars compiled against it (cached by their text, up to 256 MiB,
+/// least recently used first out). Thread-safe.
 class GrammarCompiler {
 public:
   /// `vocabSize`: the logits' width (may exceed the tokenizer's; the rest
