@@ -211,27 +211,22 @@ std::optional<std::string> parseStructuredOutput(const json &body,
   if (has("structured_outputs"))
     if (auto err = structuredOutputs(body["structured_outputs"], found, flags))
       return err;
-  if (has("guided_json")) {
-    Constraint c{"guided_json", NF_GRAMMAR_JSON_SCHEMA, ""};
-    if (auto err = schemaText(body["guided_json"], c.field, c.grammar))
-      return err;
-    found.push_back(std::move(c));
-  }
-  if (has("guided_regex")) {
-    Constraint c{"guided_regex", NF_GRAMMAR_REGEX, ""};
-    if (auto err = stringField(body["guided_regex"], c.field, c.grammar))
-      return err;
-    found.push_back(std::move(c));
-  }
-  if (has("guided_choice")) {
-    Constraint c{"guided_choice", NF_GRAMMAR_EBNF, ""};
-    if (auto err = choiceField(body["guided_choice"], c.field, c.grammar))
-      return err;
-    found.push_back(std::move(c));
-  }
-  if (has("guided_grammar")) {
-    Constraint c{"guided_grammar", NF_GRAMMAR_EBNF, ""};
-    if (auto err = stringField(body["guided_grammar"], c.field, c.grammar))
+  // vLLM's older fields: the field, its kind, and how its value reads.
+  using Reader = std::optional<std::string> (*)(
+      const json &, const std::string &, std::string &);
+  const struct {
+    const char *field;
+    nf_grammar_kind kind;
+    Reader read;
+  } guided[] = {{"guided_json", NF_GRAMMAR_JSON_SCHEMA, schemaText},
+                {"guided_regex", NF_GRAMMAR_REGEX, stringField},
+                {"guided_choice", NF_GRAMMAR_EBNF, choiceField},
+                {"guided_grammar", NF_GRAMMAR_EBNF, stringField}};
+  for (const auto &g : guided) {
+    if (!has(g.field))
+      continue;
+    Constraint c{g.field, g.kind, ""};
+    if (auto err = g.read(body[g.field], c.field, c.grammar))
       return err;
     found.push_back(std::move(c));
   }
