@@ -708,8 +708,8 @@ typedef struct nf_request_params {
      mid-match. An invalid grammar fails the submit
      (NF_ERR_INVALID_ARGUMENT, naming the problem); a model without a
      tokenizer cannot be constrained (NF_ERR_UNSUPPORTED). */
-  nf_grammar_kind grammar_kind;
-  const char *grammar; /* NUL-terminated; ignored for NONE and JSON */
+  int32_t grammar_kind; /* an nf_grammar_kind (an int: any value is checked) */
+  const char *grammar;  /* NUL-terminated; ignored for NONE and JSON */
   uint32_t grammar_flags; /* NF_GRAMMAR_FLAG_* */
   /* n_grammar_after > 0: the grammar applies only after the output has
      contained these tokens (the end of a reasoning block, as `</think>`:
