@@ -71,7 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                       v.vocab;
     for (size_t k = 0; k < row.size(); ++k)
       row[k] = static_cast<float>(k % 7);
-    if (!c.mask(row))
+    if (!c.mask(row.data(), row.size()))
       nf::fuzz::violated("mask failed");
     for (size_t k = 0; k < row.size(); ++k)
       if (!std::isinf(row[k]) && row[k] != static_cast<float>(k % 7))

@@ -261,7 +261,7 @@ nf_status decodeSample(nf_model *model, const nf_batch *batch,
       if (o.penalties && o.penalties->active())
         o.penalties->apply(adjusted);
       if (o.constraint)
-        if (Status s = o.constraint->mask(adjusted); !s)
+        if (Status s = o.constraint->mask(adjusted.data(), adjusted.size()); !s)
           return fail(NF_ERR_RUNTIME, entryError(i, s.message()));
       t = samplers[i]->sampler.sample(adjusted);
     } else {

@@ -146,7 +146,7 @@ TokenConstraint::TokenConstraint(TokenConstraint &&) noexcept = default;
 TokenConstraint &
 TokenConstraint::operator=(TokenConstraint &&) noexcept = default;
 
-Status TokenConstraint::mask(std::span<float> row) try {
+Status TokenConstraint::mask(float *row, size_t width) try {
   Impl &m = *impl_;
   int64_t shape[1] = {static_cast<int64_t>(m.bitmask.size())};
   DLTensor t{};
@@ -157,8 +157,8 @@ Status TokenConstraint::mask(std::span<float> row) try {
   t.shape = shape;
   if (!m.matcher.FillNextTokenBitmask(&t))
     return Status::success(); // every token allowed
-  const size_t n = std::min(row.size(), static_cast<size_t>(m.vocabSize));
-  for (size_t i = 0; i < row.size(); ++i) {
+  const size_t n = std::min(width, static_cast<size_t>(m.vocabSize));
+  for (size_t i = 0; i < width; ++i) {
     const bool allowed =
         i < n && (static_cast<uint32_t>(m.bitmask[i / 32]) >> (i % 32)) & 1u;
     if (!allowed)

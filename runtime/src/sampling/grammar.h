@@ -17,7 +17,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -84,7 +83,7 @@ public:
 
   /// Sets the logits of the tokens the grammar does not allow next to
   /// -inf. Not const: it fills the matcher's mask.
-  Status mask(std::span<float> row);
+  Status mask(float *row, size_t n);
   /// Follows a drawn token; false when the grammar does not allow it.
   bool accept(int32_t token);
   /// Whether a stop token ended the match.
