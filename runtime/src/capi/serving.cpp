@@ -214,7 +214,7 @@ nf_status constrain(nf_model *model, const nf_request_params &p,
                     nf::serving::Request &r) {
   using nf::sampling::GrammarKind;
   GrammarKind kind;
-  switch (static_cast<int32_t>(p.grammar_kind)) {
+  switch (p.grammar_kind) {
   case NF_GRAMMAR_NONE:
     return NF_OK;
   case NF_GRAMMAR_JSON:

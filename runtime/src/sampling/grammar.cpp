@@ -128,6 +128,9 @@ struct TokenConstraint::Impl {
   std::shared_ptr<const CompiledGrammar> grammar;
   xgrammar::GrammarMatcher matcher;
   int32_t vocabSize;
+  // Tokens the tokenizer knows; XGrammar reads past its vocabulary for the
+  // logits' padding ids, so accept() refuses them before it sees them.
+  int32_t knownTokens;
   std::vector<int32_t> bitmask; // bit t: token t allowed
 };
 
@@ -138,6 +141,8 @@ TokenConstraint::TokenConstraint(std::shared_ptr<const CompiledGrammar> grammar,
           grammar,
           xgrammar::GrammarMatcher(grammar->grammar, std::move(stopTokens)),
           vocabSize,
+          static_cast<int32_t>(
+              grammar->grammar.GetTokenizerInfo().GetDecodedVocab().size()),
           std::vector<int32_t>(
               static_cast<size_t>(xgrammar::GetBitmaskSize(vocabSize)))}) {}
 
@@ -172,6 +177,8 @@ Status TokenConstraint::mask(float *row, size_t width) try {
 }
 
 bool TokenConstraint::accept(int32_t token) {
+  if (token < 0 || token >= impl_->knownTokens)
+    return false;
   try {
     return impl_->matcher.AcceptToken(token);
   } catch (const std::exception &) {
