@@ -16,9 +16,9 @@ BOXES = [
     (0, 0, 1, "compiler/hf", ["config.json, safetensors headers", "-> ModelConfig, bound weights"], "#dbe9f6"),
     (0, 1, 1, "compiler/import", ["-> nf dialect: nf.model", "nf.weight, nf.mamba2, nf.moe, ..."], "#dbe9f6"),
     (0, 2, 1, "compiler/Transforms", ["LowerMixers, LowerMoE: nf_kv, nf_moe", "OutlineSteps (prefill, decode)",
-                                      "PackWeights, FuseKernels -> nf.kernel", "CudaRowFormats, PlanMemory"], "#dbe9f6"),
-    (0, 3, 1, "compiler/CodeGen", ["CUDA C++ per op family (Emit*.cpp)", "over the PlanModel, kernels/*.cuh",
-                                   "NVRTC -> cubins + PTX, kernel cache"], "#dbe9f6"),
+                                      "PackWeights, FuseKernels -> nf.kernel", "CudaRowFormats, PlanMemory (every buffer)"], "#dbe9f6"),
+    (0, 3, 1, "compiler/Target/Cuda", ["CUDA C++ per op family (Emit*.cpp)", "over the PlanModel, kernels/*.cuh",
+                                       "NVRTC -> cubins + PTX, kernel cache"], "#dbe9f6"),
     (0, 4, 1, "compiler/Plan", ["PlanModel: the module as numbered values", "PlanWriter -> plan.nfb, written once",
                                 "(flatbuffer, runtime/schema/plan.fbs)"], "#dbe9f6"),
     # The plan
@@ -39,7 +39,7 @@ BOXES = [
 ]
 ARROWS = [  # (from box title, to box title)
     ("compiler/hf", "compiler/import"), ("compiler/import", "compiler/Transforms"),
-    ("compiler/Transforms", "compiler/CodeGen"), ("compiler/CodeGen", "compiler/Plan"),
+    ("compiler/Transforms", "compiler/Target/Cuda"), ("compiler/Target/Cuda", "compiler/Plan"),
     ("compiler/Plan", "plan.nfb"), ("plan.nfb", "runtime/src/engine"),
     ("runtime/src/capi", "runtime/src/serving"), ("runtime/src/serving", "runtime/src/engine"),
     ("runtime/src/engine", "runtime/src/backends"), ("tools/nfrun", "runtime/src/capi"),

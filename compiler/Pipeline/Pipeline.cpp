@@ -59,6 +59,7 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
     PlanMemoryOptions memory;
     memory.maxTokens = options.maxTokens;
     memory.maxSequences = options.maxSequences;
+    memory.expertStats = options.cudaTarget;
     pm.addPass(createPlanMemory(memory));
   }
 }

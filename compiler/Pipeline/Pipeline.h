@@ -30,6 +30,9 @@ struct PipelineOptions {
   /// CUDA target whose GEMM inputs are rounded to bf16 (nf-cuda-row-formats
   /// marks the activations stored rounded by their producers).
   bool cudaBf16Inputs = false;
+  /// A CUDA target: nf-plan-memory reserves the expert statistics region
+  /// its steps write.
+  bool cudaTarget = false;
   /// Compile-time quantisation (nf-quantize-weights): "" (none), "fp8" or
   /// "int4"; which weights ("experts" or "all"); int4 columns per scale.
   std::string quantizeWeights;

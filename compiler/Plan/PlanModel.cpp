@@ -130,13 +130,19 @@ Status Builder::step(func::FuncOp func, PlanStep &out) {
   auto maxTokens = func->getAttrOfType<IntegerAttr>("nf.max_tokens");
   auto arena = func->getAttrOfType<IntegerAttr>("nf.arena_bytes");
   auto noReuse = func->getAttrOfType<IntegerAttr>("nf.no_reuse_bytes");
-  if (!maxTokens || !arena || !noReuse)
+  auto scratchBytes = func->getAttrOfType<IntegerAttr>("nf.scratch_bytes");
+  auto reserved = func->getAttrOfType<IntegerAttr>("nf.reserved_bytes");
+  if (!maxTokens || !arena || !noReuse || !scratchBytes || !reserved)
     return error(func, "step @" + func.getName().str() +
                            " has no memory plan (run every compile phase)");
   out.phase = stepPhase(func).str();
   out.maxTokens = maxTokens.getInt();
   out.arenaBytes = arena.getInt();
   out.noReuseBytes = noReuse.getInt();
+  out.scratchBytes = scratchBytes.getInt();
+  out.reservedBytes = reserved.getInt();
+  if (auto stats = func->getAttrOfType<IntegerAttr>("nf.expert_stats_offset"))
+    out.expertStatsOffset = stats.getInt();
   const int64_t rows = out.maxTokens;
 
   llvm::DenseMap<Value, int> index;
@@ -223,7 +229,9 @@ Status Builder::step(func::FuncOp func, PlanStep &out) {
     Block &body = kernel.getBody().front();
     auto yield = cast<nfir::YieldOp>(body.getTerminator());
     auto offsets = kernel.getArenaOffsets();
-    if (!offsets || offsets->size() != kernel.getNumResults())
+    auto scratchOffsets = kernel.getScratchOffsets();
+    if (!offsets || offsets->size() != kernel.getNumResults() ||
+        !scratchOffsets)
       return error(kernel, "kernel without arena offsets");
     PlanKernel k;
     k.op = kernel;
@@ -247,7 +255,7 @@ Status Builder::step(func::FuncOp func, PlanStep &out) {
       index[arg] = id;
       k.inputs.push_back(id);
     }
-    int64_t scratch = 0;
+    size_t internal = 0;
     for (Operation &op : body.without_terminator()) {
       PlanOp p;
       p.op = &op;
@@ -266,10 +274,11 @@ Status Builder::step(func::FuncOp func, PlanStep &out) {
           p.results.push_back(it->second); // a kernel output
           continue;
         }
-        auto v = bufferValue(result, &op, out.arenaBytes + scratch);
+        if (internal >= scratchOffsets->size())
+          return error(&op, "value without a scratch offset");
+        auto v = bufferValue(result, &op, (*scratchOffsets)[internal++]);
         if (!v)
           return v.status();
-        scratch += v->bytes;
         p.results.push_back(add(result, std::move(*v)));
       }
       for (NamedAttribute a : planAttrs(op))
@@ -283,7 +292,6 @@ Status Builder::step(func::FuncOp func, PlanStep &out) {
         model.policy = select.getPolicy().str();
       k.ops.push_back(std::move(p));
     }
-    out.scratchBytes = std::max(out.scratchBytes, scratch);
     out.kernels.push_back(std::move(k));
   }
 

@@ -8,7 +8,7 @@
 // their attributes are read from the IR.
 //
 // Built once (buildPlanModel) and read by both the CUDA code generator
-// (compiler/CodeGen) and the plan writer, which serialises it once, with the
+// (compiler/Target/Cuda) and the plan writer, which serialises it once, with the
 // generated binaries when there are any.
 //
 //===----------------------------------------------------------------------===//
@@ -87,6 +87,11 @@ struct PlanStep {
   /// Kernel-internal values: offsets in [arenaBytes, arenaBytes +
   /// scratchBytes), reused by every kernel.
   int64_t scratchBytes = 0;
+  /// End of the bf16 copies and the expert statistics region (0: neither;
+  /// nf-plan-memory); a kernel's generated scratch goes after it.
+  int64_t reservedBytes = 0;
+  /// The expert statistics region (CUDA steps with nf_moe.select), or -1.
+  int64_t expertStatsOffset = -1;
 };
 
 struct PlanModel {

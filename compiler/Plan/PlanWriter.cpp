@@ -9,7 +9,7 @@
 
 #include "Plan/PlanWriter.h"
 
-#include "CodeGen/CudaBackend.h"
+#include "Target/Cuda/CudaBackend.h"
 #include "Plan/PlanModel.h"
 #include "Transforms/StepUtils.h"
 #include "nf/IR/NfOps.h"

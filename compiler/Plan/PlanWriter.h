@@ -21,7 +21,7 @@ namespace nf::compiler {
 /// runtime/schema/plan.fbs.
 ///
 /// With `cuda` (target "cuda"), every kernel also gets its CUDA module
-/// (compiler/CodeGen), generated from the module's PlanModel
+/// (compiler/Target/Cuda), generated from the module's PlanModel
 /// (Plan/PlanModel.h), the same tables the plan is written from: the plan
 /// is written once, with the cubins, PTX, launches and source hashes, the
 /// scratch the generated kernels add, and Target{"cuda", archs}. `binaries`,

@@ -33,7 +33,7 @@ namespace {
 
 constexpr llvm::StringLiteral kRowFormatAttr = "nf.row_format";
 /// Decode steps of up to this many tokens run the narrow skinny GEMMs,
-/// which read f32 rows (kNarrowTokens in compiler/CodeGen/KernelEmitter.h).
+/// which read f32 rows (kNarrowTokens in compiler/Target/Cuda/KernelEmitter.h).
 constexpr int64_t kNarrowTokens = 16;
 
 /// The value `v` stands for in the step: through kernel block arguments

@@ -310,7 +310,8 @@ struct FuseKernelsPass : impl::FuseKernelsBase<FuseKernelsPass> {
       resultTypes.push_back(v.getType());
     auto kernel =
         nfir::KernelOp::create(b, loc, resultTypes, inputs.getArrayRef(),
-                               b.getStringAttr(name), DenseI64ArrayAttr());
+                               b.getStringAttr(name), DenseI64ArrayAttr(),
+                               DenseI64ArrayAttr());
     Block *body = new Block();
     kernel.getBody().push_back(body);
     IRMapping map;

@@ -116,13 +116,31 @@ def FuseKernels : Pass<"nf-fuse-kernels", "mlir::ModuleOp"> {
 }
 
 def PlanMemory : Pass<"nf-plan-memory", "mlir::ModuleOp"> {
-  let summary = "Assigns every kernel result an offset in one arena by liveness";
+  let summary = "Places every buffer of a step in its arena";
   let description = [{
-    Bounds each dynamic dimension by the step's maximum tokens (expert
-    assignments: tokens times top-k), then places buffers first-fit in
-    decreasing size order so that buffers with overlapping live ranges never
-    overlap. Records `arena_offsets` on each kernel and `nf.arena_bytes`,
-    `nf.no_reuse_bytes` and `nf.max_tokens` on each step function.
+    The one memory planner: every byte a step uses outside the kernels' own
+    generated scratch is placed here, after the passes that decide what
+    needs memory.
+
+    - Kernel results: each dynamic dimension bounded by the step's maximum
+      tokens (expert assignments: tokens times top-k), placed first-fit in
+      decreasing size order so that buffers with overlapping live ranges
+      never overlap; `arena_offsets` on each kernel, `nf.arena_bytes` and
+      `nf.no_reuse_bytes` on the step.
+    - Kernel-internal values (computed and consumed inside one region):
+      after the results, in op order, reused by every kernel;
+      `scratch_offsets` on each kernel, `nf.scratch_bytes` on the step.
+    - The bf16 copies of rows that `nf-cuda-row-formats` marked "f32+bf16":
+      a value at offset o has its copy at the copies' base + o / 2 (values
+      live together have disjoint offsets, so their copies are disjoint);
+      `nf.copy_offset` on the producer.
+    - With `expert-stats`, the CUDA steps' expert statistics region (each
+      `nf_moe.select`'s counts and experts, read back after the step):
+      `nf.expert_stats_offset` on the step.
+
+    `nf.reserved_bytes` on the step ends the copies and the statistics
+    region (0: neither); a kernel's generated scratch starts after it and
+    after the kernel's own internal values.
   }];
   let options = [
     Option<"maxTokens", "max-tokens", "int64_t", /*default=*/"2048",
@@ -131,6 +149,8 @@ def PlanMemory : Pass<"nf-plan-memory", "mlir::ModuleOp"> {
            "Most sequences (tokens) in one decode step">,
     Option<"alignment", "alignment", "int64_t", /*default=*/"256",
            "Byte alignment of every buffer">,
+    Option<"expertStats", "expert-stats", "bool", /*default=*/"false",
+           "Reserve the expert statistics region (CUDA steps)">,
   ];
 }
 

@@ -1,9 +1,12 @@
-//===- PlanMemory.cpp - liveness-based arena offsets ----------------------===//
+//===- PlanMemory.cpp - every buffer of a step in one arena ---------------===//
 //
 // Every kernel result of a step is a buffer in one arena. A buffer lives from
 // the kernel that writes it to the last kernel (or return) that reads it.
 // Buffers are placed first-fit in decreasing size order; two buffers share
-// bytes only if their live ranges are disjoint.
+// bytes only if their live ranges are disjoint. After them come the regions
+// that follow from earlier passes' decisions: kernel-internal values, the
+// bf16 copies of rows (nf-cuda-row-formats) and the expert statistics
+// (Passes.td says where each is recorded).
 //
 //===----------------------------------------------------------------------===//
 
@@ -36,6 +39,9 @@ struct Buffer {
 
 int64_t alignTo(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
+constexpr llvm::StringLiteral kRowFormatAttr = "nf.row_format";
+constexpr llvm::StringLiteral kCopyOffsetAttr = "nf.copy_offset";
+
 struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
   using Base::Base;
 
@@ -59,13 +65,9 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
     }
   }
 
-  /// Bytes of `v`, the `index`-th result of `kernel`, with `rows` tokens.
-  FailureOr<int64_t> bufferBytes(nfir::KernelOp kernel, unsigned index,
-                                 int64_t rows) {
-    Value v = kernel.getResult(index);
+  /// Bytes of `v`, computed by `def`, with `rows` tokens.
+  FailureOr<int64_t> valueBytes(Value v, Operation *def, int64_t rows) {
     // Expert FFN rows are (token, expert) assignments: tokens * top-k.
-    auto yield = cast<nfir::YieldOp>(kernel.getBody().front().getTerminator());
-    Operation *def = yield.getValues()[index].getDefiningOp();
     if (auto d = dyn_cast<moe::DispatchType>(v.getType())) {
       // permutation + token of each assignment + per-expert offsets (i32).
       int64_t assignments = rows * d.getMaxPerToken();
@@ -73,8 +75,8 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
     }
     auto type = dyn_cast<RankedTensorType>(v.getType());
     if (!type || !type.getElementType().isIntOrFloat())
-      return kernel.emitOpError() << "result " << index << " of type "
-                                  << v.getType() << " has no known size";
+      return emitError(v.getLoc())
+             << "value of type " << v.getType() << " has no known size";
     int64_t dynamicRows = rows;
     if (isa_and_nonnull<moe::ExpertUpOp, moe::ExpertDownOp>(def))
       dynamicRows *= cast<moe::DispatchType>(def->getOperand(1).getType())
@@ -83,6 +85,17 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
     for (int64_t d : type.getShape())
       elements *= ShapedType::isDynamic(d) ? dynamicRows : d;
     return elements * ((type.getElementTypeBitWidth() + 7) / 8);
+  }
+
+  /// Bytes of the `index`-th result of `kernel`, with `rows` tokens.
+  FailureOr<int64_t> bufferBytes(nfir::KernelOp kernel, unsigned index,
+                                 int64_t rows) {
+    auto yield = cast<nfir::YieldOp>(kernel.getBody().front().getTerminator());
+    Operation *def = yield.getValues()[index].getDefiningOp();
+    auto bytes = valueBytes(kernel.getResult(index), def ? def : kernel, rows);
+    if (failed(bytes))
+      return kernel.emitOpError() << "result " << index << " has no known size";
+    return bytes;
   }
 
   LogicalResult plan(func::FuncOp func, int64_t rows) {
@@ -154,8 +167,87 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
     func->setAttr("nf.arena_bytes", b.getI64IntegerAttr(arena));
     func->setAttr("nf.no_reuse_bytes", b.getI64IntegerAttr(noReuse));
     func->setAttr("nf.max_tokens", b.getI64IntegerAttr(rows));
-    return success();
+    return placeRegions(func, kernels, arena, rows);
   }
+
+  /// The regions after the kernel results (Passes.td).
+  LogicalResult placeRegions(func::FuncOp func,
+                             ArrayRef<nfir::KernelOp> kernels, int64_t arena,
+                             int64_t rows) {
+    Builder b(func.getContext());
+    // Kernel-internal values: each kernel's after the results, in op order;
+    // every kernel starts again at the same place.
+    llvm::DenseMap<Value, int64_t> offsetOf, bytesOf;
+    int64_t scratch = 0;
+    for (nfir::KernelOp kernel : kernels) {
+      auto yield =
+          cast<nfir::YieldOp>(kernel.getBody().front().getTerminator());
+      for (auto [v, offset] :
+           llvm::zip(yield.getValues(), *kernel.getArenaOffsets())) {
+        auto bytes = valueBytes(v, v.getDefiningOp(), rows);
+        if (failed(bytes))
+          return failure();
+        offsetOf[v] = offset;
+        bytesOf[v] = alignTo(*bytes, alignment);
+      }
+      SmallVector<int64_t> offsets;
+      int64_t used = 0;
+      for (Value v : kernel.internalValues()) {
+        auto bytes = valueBytes(v, v.getDefiningOp(), rows);
+        if (failed(bytes))
+          return failure();
+        offsets.push_back(arena + used);
+        offsetOf[v] = arena + used;
+        bytesOf[v] = alignTo(*bytes, alignment);
+        used += bytesOf[v];
+      }
+      kernel.setScratchOffsetsAttr(b.getDenseI64ArrayAttr(offsets));
+      scratch = std::max(scratch, used);
+    }
+    func->setAttr("nf.scratch_bytes", b.getI64IntegerAttr(scratch));
+
+    // The bf16 copies: half the bytes, at half the offset.
+    const int64_t copies = alignTo(arena + scratch, alignment);
+    int64_t reserved = 0;
+    for (nfir::KernelOp kernel : kernels)
+      kernel.getBody().walk([&](Operation *op) {
+        auto format = op->getAttrOfType<StringAttr>(kRowFormatAttr);
+        if (!format || format.getValue() != "f32+bf16" ||
+            op->getNumResults() != 1)
+          return;
+        Value v = op->getResult(0);
+        const int64_t at = copies + offsetOf.lookup(v) / 2;
+        op->setAttr(kCopyOffsetAttr, b.getI64IntegerAttr(at));
+        reserved =
+            std::max(reserved, alignTo(at + (bytesOf.lookup(v) + 1) / 2,
+                                       alignment));
+      });
+
+    // The expert statistics: per select (layer l of L), counts i32 [rows]
+    // then, after all counts, experts i32 [rows, k]; the runtime reads
+    // docs/cuda.md's layout.
+    if (expertStats) {
+      int64_t layers = 0, maxK = 0;
+      for (nfir::KernelOp kernel : kernels)
+        kernel.getBody().walk([&](moe::SelectOp select) {
+          if (select->getNumResults() != 3)
+            return;
+          ++layers;
+          auto experts = cast<ShapedType>(select->getResult(0).getType());
+          int64_t k = 1;
+          for (int64_t d : experts.getShape().drop_front())
+            k *= d;
+          maxK = std::max(maxK, k);
+        });
+      if (layers > 0) {
+        const int64_t offset =
+            alignTo(std::max(arena + scratch, reserved), alignment);
+        func->setAttr("nf.expert_stats_offset", b.getI64IntegerAttr(offset));
+        reserved = offset + alignTo(4 * layers * rows * (1 + maxK), alignment);
+      }
+    }
+    func->setAttr("nf.reserved_bytes", b.getI64IntegerAttr(reserved));
+    return success();  }
 };
 
 } // namespace

@@ -16,8 +16,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "CodeGen/CudaBackend.h"
-#include "CodeGen/KernelCache.h"
+#include "Target/Cuda/CudaBackend.h"
+#include "Target/Cuda/KernelCache.h"
 #include "Pipeline/Pipeline.h"
 #include "Plan/PlanWriter.h"
 #include "Plan/QuantizedWeights.h"
@@ -293,6 +293,7 @@ int runCompile(const CompileFlags &flags) {
     pm.enableTiming();
   nf::compiler::PipelineOptions pipeline = flags.pipeline;
   pipeline.cudaBf16Inputs = cuda && nf::codegen::roundsGemmInputsToBf16(*cuda);
+  pipeline.cudaTarget = cuda.has_value();
   nf::compiler::buildPipeline(pm, *phase, pipeline);
   if (mlir::failed(pm.run(*module)))
     return fail(firstError.message.empty()

@@ -12,6 +12,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 #include <cmath>
 #include <string>
@@ -449,6 +450,19 @@ LogicalResult GatedRMSNormOp::verify() {
 // KernelOp
 //===----------------------------------------------------------------------===//
 
+SmallVector<Value> KernelOp::internalValues() {
+  Block &body = getBody().front();
+  llvm::SmallPtrSet<Value, 8> yielded;
+  for (Value v : cast<YieldOp>(body.getTerminator()).getValues())
+    yielded.insert(v);
+  SmallVector<Value> out;
+  for (Operation &op : body.without_terminator())
+    for (Value r : op.getResults())
+      if (!yielded.contains(r))
+        out.push_back(r);
+  return out;
+}
+
 LogicalResult KernelOp::verify() {
   Block &body = getBody().front();
   if (body.getNumArguments() != getInputs().size())
@@ -468,6 +482,13 @@ LogicalResult KernelOp::verify() {
       offsets && offsets->size() != getNumResults())
     return emitOpError() << "has " << offsets->size() << " arena offsets for "
                          << getNumResults() << " results";
+  if (auto offsets = getScratchOffsets()) {
+    const size_t internal = internalValues().size();
+    if (offsets->size() != internal)
+      return emitOpError() << "has " << offsets->size()
+                           << " scratch offsets for " << internal
+                           << " internal values";
+  }
   return success();
 }
 

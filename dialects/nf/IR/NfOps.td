@@ -281,16 +281,24 @@ def Nf_KernelOp : Nf_Op<"kernel", [IsolatedFromAbove,
     by op, over the kernel's operands (block arguments) and yields its
     results. The CPU backend executes the region op by op; the CUDA code
     generator emits one kernel for it. `name` says which fused pattern it is
-    (e.g. `add_rms_norm`, `mamba_decode`); `arena_offsets`, set by
-    `nf-plan-memory`, gives each result's byte offset in the step's arena.
+    (e.g. `add_rms_norm`, `mamba_decode`). Set by `nf-plan-memory`:
+    `arena_offsets` gives each result's byte offset in the step's arena,
+    `scratch_offsets` that of each value the region computes but does not
+    yield (its ops' results in order, the yielded ones skipped).
   }];
   let arguments = (ins Variadic<AnyType>:$inputs, StrAttr:$name,
-                       OptionalAttr<DenseI64ArrayAttr>:$arena_offsets);
+                       OptionalAttr<DenseI64ArrayAttr>:$arena_offsets,
+                       OptionalAttr<DenseI64ArrayAttr>:$scratch_offsets);
   let results = (outs Variadic<AnyType>:$results);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
     $name (`(` $inputs^ `:` type($inputs) `)`)? attr-dict-with-keyword
     (`->` type($results)^)? $body
+  }];
+  let extraClassDeclaration = [{
+    /// The values the region's ops compute and the yield does not return,
+    /// in op order: what `scratch_offsets` places.
+    ::llvm::SmallVector<::mlir::Value> internalValues();
   }];
   let hasVerifier = 1;
 }

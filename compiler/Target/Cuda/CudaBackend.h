@@ -10,7 +10,7 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
-#include "CodeGen/CudaCodegen.h"
+#include "Target/Cuda/CudaCodegen.h"
 #include "nf/status.h"
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 # Usage: cmake -DKERNELS_DIR=<dir> -DOUT=<file> -P EmbedKernels.cmake
 file(GLOB files RELATIVE "${KERNELS_DIR}" "${KERNELS_DIR}/*.h" "${KERNELS_DIR}/*.cuh")
 list(SORT files)
-set(content "// Generated from kernels/ by compiler/CodeGen/EmbedKernels.cmake.\n")
+set(content "// Generated from kernels/ by compiler/Target/Cuda/EmbedKernels.cmake.\n")
 foreach(f IN LISTS files)
   file(READ "${KERNELS_DIR}/${f}" text)
   string(FIND "${text}" ")nf_kernel_src\"" clash)

@@ -1,26 +1,23 @@
 //===- RowFormats.cpp - bf16 rows and copies ------------------------------===//
 //
 // A step's row formats (RowFormats), read before any kernel is emitted from
-// the decisions of nf-cuda-row-formats (compiler/Transforms), with the
-// arena offsets of the bf16 copies.
+// the decisions of nf-cuda-row-formats and nf-plan-memory
+// (compiler/Transforms): which rows are bf16, where the bf16 copies are.
 //
 //===----------------------------------------------------------------------===//
 
-#include "CodeGen/KernelEmitter.h"
+#include "Target/Cuda/KernelEmitter.h"
 
 namespace nf::codegen::detail {
 
 /// The values stored as bf16 rows (prefill) or with bf16 copies beside their
 /// f32 rows (decode) are chosen by nf-cuda-row-formats, which marks their
-/// producers with `nf.row_format` ("bf16" / "f32+bf16"); the emitters of
-/// those producers and of their readers consult the result. A value's copy
-/// sits at `valuesEnd + offset / 2`: values live at the same time have
-/// disjoint offsets, so their copies (half the bytes) are disjoint too.
+/// producers with `nf.row_format` ("bf16" / "f32+bf16"); nf-plan-memory
+/// places the copies (`nf.copy_offset`). The emitters of those producers and
+/// of their readers consult the result.
 StatusOr<RowFormats> rowFormatsOf(const PlanStep &step,
                                   const std::vector<ValueInfo> &values) {
   RowFormats out;
-  const int64_t valuesEnd = alignTo(step.arenaBytes + step.scratchBytes);
-  int64_t end = valuesEnd;
   for (const PlanKernel &k : step.kernels)
     for (const PlanOp &op : k.ops) {
       std::optional<std::string> format = stringAttr(op, "nf.row_format");
@@ -31,13 +28,11 @@ StatusOr<RowFormats> rowFormatsOf(const PlanStep &step,
                         values[v].kind == pl::ValueKind::Tensor &&
                         values[v].dtype == pl::DType::F32 &&
                         values[v].rows != pl::Rows::None;
+      const std::optional<int64_t> copy = intAttr(op, "nf.copy_offset");
       if (*format == "bf16" && rows) {
         out.bf16.insert(v);
-      } else if (*format == "f32+bf16" && rows && values[v].offset >= 0 &&
-                 values[v].offset % 32 == 0) {
-        const int64_t at = valuesEnd + values[v].offset / 2;
-        out.shadow[v] = at;
-        end = std::max(end, at + (values[v].bytes + 1) / 2);
+      } else if (*format == "f32+bf16" && rows && copy && *copy % 32 == 0) {
+        out.shadow[v] = *copy;
       } else {
         return Status::error("cuda: " + step.phase + " kernel '" + k.name +
                              "': " + opName(op) + " has nf.row_format '" +
@@ -45,8 +40,6 @@ StatusOr<RowFormats> rowFormatsOf(const PlanStep &step,
                              "', which its result cannot be stored as");
       }
     }
-  if (!out.shadow.empty())
-    out.shadowEnd = alignTo(end);
   return out;
 }
 

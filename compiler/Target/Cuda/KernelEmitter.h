@@ -1,6 +1,6 @@
 //===- KernelEmitter.h - one plan kernel -> CUDA C++ ------------*- C++ -*-===//
 //
-// Private to compiler/CodeGen. KernelEmitter turns one plan kernel into one
+// Private to compiler/Target/Cuda. KernelEmitter turns one plan kernel into one
 // CUDA module; CudaCodegen.cpp runs it for each kernel of a step and
 // assembles the step, and the op emitters are defined by op family in
 // Emit*.cpp. Also here: what those files share (the step's value table and
@@ -10,7 +10,7 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
-#include "CodeGen/CudaCodegen.h"
+#include "Target/Cuda/CudaCodegen.h"
 #include "Plan/PlanModel.h"
 
 #include "nf/plan_generated.h"
@@ -86,8 +86,6 @@ struct RowFormats {
   /// Stored as f32 with a bf16 copy at this arena offset (nf.row_format
   /// "f32+bf16": decode).
   std::map<int, int64_t> shadow;
-  /// End of the copies' region (0: none); generated scratch goes after it.
-  int64_t shadowEnd = 0;
 };
 
 /// The step's expert statistics region (Step.expert_stats_offset, plan
@@ -221,10 +219,11 @@ public:
   KernelEmitter(const PlanModel &plan, const std::vector<ValueInfo> &values,
                 const RowFormats &rowFormats, const std::string &phase,
                 int index, const PlanKernel &kernel, int64_t maxTokens,
-                int64_t arenaBytes, const CudaCodegenOptions &opts)
+                int64_t arenaBytes, int64_t reservedBytes,
+                const CudaCodegenOptions &opts)
       : plan(plan), values(values), rowFormats(rowFormats), phase(phase),
         index(index), kernel(kernel), maxTokens(maxTokens),
-        arenaBytes(arenaBytes), opts(opts) {}
+        arenaBytes(arenaBytes), reservedBytes(reservedBytes), opts(opts) {}
 
   StatusOr<CudaKernelSource> run(int64_t &scratchEnd);
 
@@ -602,6 +601,7 @@ private:
   int index;
   const PlanKernel &kernel;
   int64_t maxTokens, arenaBytes;
+  int64_t reservedBytes; // end of the step's copies and statistics regions
   const CudaCodegenOptions &opts;
 
   std::vector<const PlanOp *> ops;

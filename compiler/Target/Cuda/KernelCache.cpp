@@ -1,6 +1,6 @@
 //===- KernelCache.cpp - content-addressed NVRTC output cache -------------===//
 
-#include "CodeGen/KernelCache.h"
+#include "Target/Cuda/KernelCache.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/SHA256.h"

@@ -1,9 +1,9 @@
 //===- CudaBackend.cpp - plan -> CUDA binaries ----------------------------===//
 
-#include "CodeGen/CudaBackend.h"
+#include "Target/Cuda/CudaBackend.h"
 
-#include "CodeGen/KernelCache.h"
-#include "CodeGen/NvrtcCompiler.h"
+#include "Target/Cuda/KernelCache.h"
+#include "Target/Cuda/NvrtcCompiler.h"
 
 #include <algorithm>
 #include <atomic>

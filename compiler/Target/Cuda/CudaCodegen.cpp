@@ -25,8 +25,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "CodeGen/CudaCodegen.h"
-#include "CodeGen/KernelEmitter.h"
+#include "Target/Cuda/CudaCodegen.h"
+#include "Target/Cuda/KernelEmitter.h"
 
 #include <cctype>
 #include <string_view>
@@ -38,9 +38,9 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
   for (const PlanOp &op : kernel.ops)
     ops.push_back(&op);
   outputs.insert(kernel.outputs.begin(), kernel.outputs.end());
-  // Generated scratch goes after the plan's kernel-internal values and the
-  // bf16 copies' region.
-  scratchTop = std::max(arenaBytes, rowFormats.shadowEnd);
+  // Generated scratch goes after the step's reserved regions (bf16 copies,
+  // expert statistics) and this kernel's internal values.
+  scratchTop = std::max(arenaBytes, reservedBytes);
   for (const PlanOp *op : ops)
     for (int r : results(*op))
       if (r >= 0 && r < static_cast<int>(values.size()) &&
@@ -324,14 +324,15 @@ StatusOr<CudaStepSources> generateStep(const PlanModel &plan,
   }
   CudaStepSources out;
   const int64_t arena = step.arenaBytes;
-  int64_t scratchEnd = arena + step.scratchBytes;
   auto formats = rowFormatsOf(step, values);
   if (!formats)
     return formats.status();
   RowFormats &rowFormats = *formats;
-  scratchEnd = std::max(scratchEnd, rowFormats.shadowEnd);
-  // The expert statistics region, before the generated scratch (which
-  // each kernel reuses).
+  // nf-plan-memory placed everything but the kernels' generated scratch,
+  // which each kernel reuses after the reserved regions.
+  int64_t scratchEnd =
+      std::max(arena + step.scratchBytes, step.reservedBytes);
+  // The expert statistics region's layout (its offset is the planner's).
   ExpertStatsLayout stats;
   stats.rows = step.maxTokens;
   for (const PlanKernel &kernel : step.kernels)
@@ -344,14 +345,17 @@ StatusOr<CudaStepSources> generateStep(const PlanModel &plan,
         stats.maxK = std::max(stats.maxK, values[e].cols);
       }
   if (stats.layers > 0) {
-    stats.offset = alignTo(scratchEnd);
-    scratchEnd = stats.offset + alignTo(stats.bytes());
-    rowFormats.shadowEnd = scratchEnd; // generated scratch after it
+    if (step.expertStatsOffset < 0)
+      return Status::error("cuda: " + step.phase +
+                           " step has no expert statistics region (plan "
+                           "memory without expert-stats)");
+    stats.offset = step.expertStatsOffset;
     out.expertStatsOffset = stats.offset;
   }
   for (size_t k = 0; k < step.kernels.size(); ++k) {
     KernelEmitter e(plan, values, rowFormats, phase, static_cast<int>(k),
-                    step.kernels[k], step.maxTokens, arena, opts);
+                    step.kernels[k], step.maxTokens, arena,
+                    step.reservedBytes, opts);
     e.expertStats = &stats;
     auto src = e.run(scratchEnd);
     if (!src)

@@ -7,7 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "CodeGen/KernelEmitter.h"
+#include "Target/Cuda/KernelEmitter.h"
 
 namespace nf::codegen::detail {
 

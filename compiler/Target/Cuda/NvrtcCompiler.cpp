@@ -1,6 +1,6 @@
 //===- NvrtcCompiler.cpp - CUDA C++ -> cubin / PTX with NVRTC -------------===//
 
-#include "CodeGen/NvrtcCompiler.h"
+#include "Target/Cuda/NvrtcCompiler.h"
 
 #if NF_HAVE_NVRTC
 #include <nvrtc.h>

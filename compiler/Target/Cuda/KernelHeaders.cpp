@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "CodeGen/CudaCodegen.h"
+#include "Target/Cuda/CudaCodegen.h"
 
 namespace nf::codegen {
 
