@@ -41,6 +41,7 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
     mixers.maxSequences = options.maxSequences;
     mixers.pageSize = options.pageSize;
     mixers.kvPages = options.kvPages;
+    mixers.kvDtype = options.kvCacheDtype;
     pm.addPass(createLowerMixers(mixers));
     LowerMoEOptions moe;
     moe.policy = options.expertPolicy;

@@ -22,6 +22,8 @@ struct PipelineOptions {
   int64_t maxSequences = 64; // decode step, and recurrent-state slots
   int64_t pageSize = 16;
   int64_t kvPages = 4096;
+  /// What the KV cache stores: "f32", "bf16" or "fp8".
+  std::string kvCacheDtype = "f32";
   // "budget" by default: every plan then honours per-request budgets, and
   // at the default budget (1.0) it computes exactly static top-k.
   std::string expertPolicy = "budget";

@@ -34,6 +34,8 @@ FailureOr<pl::DType> dtypeOf(Type t) {
     return pl::DType::I32;
   if (t.isSignlessInteger(64))
     return pl::DType::I64;
+  if (isa<Float8E4M3FNType>(t))
+    return pl::DType::F8E4M3;
   return failure();
 }
 
@@ -72,10 +74,7 @@ StatusOr<int> Builder::weightIndex(nfir::WeightOp op) {
   auto type = op.getResult().getType();
   // A quantised weight's tensors hold codes of its storage type.
   auto quant = op.getQuant();
-  auto dtype =
-      quant && isa<Float8E4M3FNType>(quant->getStorage())
-          ? FailureOr<pl::DType>(pl::DType::F8E4M3)
-          : dtypeOf(quant ? quant->getStorage() : type.getElementType());
+  auto dtype = dtypeOf(quant ? quant->getStorage() : type.getElementType());
   if (failed(dtype))
     return error(op, "unsupported weight dtype");
   PlanWeight w;

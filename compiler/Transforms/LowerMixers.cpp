@@ -36,9 +36,23 @@ RankedTensorType activation(MLIRContext *ctx, int64_t features) {
 
 struct LowerMixersPass : impl::LowerMixersBase<LowerMixersPass> {
   using Base::Base;
+  Type kvElement; // of every KV cache (kv-dtype)
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    MLIRContext *ctx = &getContext();
+    if (kvDtype == "f32") {
+      kvElement = Float32Type::get(ctx);
+    } else if (kvDtype == "bf16") {
+      kvElement = BFloat16Type::get(ctx);
+    } else if (kvDtype == "fp8") {
+      kvElement = Float8E4M3FNType::get(ctx);
+    } else {
+      module.emitError() << "nf-lower-mixers: kv-dtype must be f32, bf16 or "
+                            "fp8, got '"
+                         << kvDtype << "'";
+      return signalPassFailure();
+    }
     for (auto func : module.getOps<func::FuncOp>()) {
       if (stepPhase(func).empty())
         continue;
@@ -143,10 +157,11 @@ struct LowerMixersPass : impl::LowerMixersBase<LowerMixersPass> {
     const int64_t nq = op.getNumHeads(), nkv = op.getNumKvHeads(),
                   hd = op.getHeadDim();
     std::string name = "kv_cache_" + std::to_string(layer);
-    // The cache keeps the compute precision (f32) so decode is exact.
+    // f32 by default, so decode is exact; bf16 and fp8 halve and quarter
+    // the bytes (the backend rounds on write).
     declare<kv::KVCacheOp>(module, name,
                            kv::KVCacheType::get(ctx, pageSize, kvPages, nkv, hd,
-                                                Float32Type::get(ctx)),
+                                                kvElement),
                            layer);
     auto sym = FlatSymbolRefAttr::get(ctx, name);
     Value q = nfir::LinearOp::create(b, loc, activation(ctx, nq * hd),

@@ -76,6 +76,9 @@ def LowerMixers : Pass<"nf-lower-mixers", "mlir::ModuleOp"> {
            "Tokens per KV-cache page">,
     Option<"kvPages", "kv-pages", "int64_t", /*default=*/"4096",
            "KV-cache pages per attention layer">,
+    Option<"kvDtype", "kv-dtype", "std::string", /*default=*/"\"f32\"",
+           "What the KV cache stores: f32, bf16 or fp8 (E4M3, a scale per "
+           "token and kv head)">,
   ];
   let dependentDialects = ["mlir::nf_kv::NfKvDialect"];
 }

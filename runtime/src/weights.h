@@ -54,6 +54,19 @@ inline float bf16ToF32(uint16_t v) {
   return f;
 }
 
+/// `v` rounded to the nearest bf16 value, ties to even, as an f32 (NaN
+/// stays NaN).
+inline float roundToBf16(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return v;
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 /// Exact IEEE binary16 -> binary32 (normals, subnormals, zeros, inf, NaN).
 inline float f16ToF32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

@@ -406,6 +406,13 @@ int main(int argc, char **argv) {
       ->capture_default_str()
       ->check(nf::cli::Positive);
   compileCmd
+      ->add_option("--kv-cache-dtype", compile.pipeline.kvCacheDtype,
+                   "What the KV cache stores: f32 (exact), bf16, or fp8 "
+                   "(E4M3, a scale per token and kv head); the CPU backend "
+                   "rounds on write, the CUDA target stores f32 only")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "fp8"}));
+  compileCmd
       ->add_option("--expert-policy", compile.pipeline.expertPolicy,
                    "Expert selection: topk or budget")
       ->capture_default_str()

@@ -57,6 +57,8 @@ int64_t dtypeSize(pl::DType t) {
     return 2;
   case pl::DType::I64:
     return 8;
+  case pl::DType::F8E4M3:
+    return 1;
   }
   return 0;
 }
@@ -326,16 +328,20 @@ int runInspect(const std::string &path, bool launches) {
       if (s->kind() == pl::StorageKind::KVCache) {
         ++kvLayers;
         kvList += (kvList.empty() ? "" : " ") + std::to_string(s->layer());
-        int64_t b = 2 * s->num_pages() * s->page_size() * s->kv_heads() *
-                    s->head_dim() * dtypeSize(s->dtype());
+        // K and V of a token; fp8 rows carry an f32 scale per kv head.
+        const int64_t perToken =
+            2 * s->kv_heads() *
+            (s->head_dim() * dtypeSize(s->dtype()) +
+             (s->dtype() == pl::DType::F8E4M3 ? 4 : 0));
+        int64_t b = s->num_pages() * s->page_size() * perToken;
         kvBytes += b;
         char line[256];
         std::snprintf(line, sizeof line,
                       "%" PRId64 " pages x %" PRId64 " tokens, %" PRId64
-                      " KV heads x %" PRId64 ", %s: %s per layer",
+                      " KV heads x %" PRId64 ", %s: %s per token, %s per layer",
                       s->num_pages(), s->page_size(), s->kv_heads(),
                       s->head_dim(), dtypeName(s->dtype()).c_str(),
-                      bytes(b).c_str());
+                      bytes(perToken).c_str(), bytes(b).c_str());
         kvLine = line;
       } else {
         ++mambaLayers;

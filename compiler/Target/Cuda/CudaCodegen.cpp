@@ -373,6 +373,12 @@ StatusOr<CudaStepSources> generateStep(const PlanModel &plan,
 
 StatusOr<CudaPlanSources> generateCudaSources(const compiler::PlanModel &plan,
                                               const CudaCodegenOptions &opts) {
+  for (const compiler::PlanStorage &s : plan.storage)
+    if (s.kind == ::nf::plan::StorageKind::KVCache && s.dtype != ::nf::plan::DType::F32)
+      return Status::error("cuda: KV cache " + s.name + " stores " +
+                           ::nf::plan::EnumNameDType(s.dtype) +
+                           "; the CUDA kernels read f32 caches only "
+                           "(--kv-cache-dtype=f32)");
   CudaPlanSources out;
   auto prefill = detail::generateStep(plan, plan.prefill, "prefill", opts);
   if (!prefill)

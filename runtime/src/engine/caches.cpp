@@ -94,6 +94,7 @@ StatusOr<KvCache> KvCache::create(std::span<const KvLayerShape> layers,
       Storage s;
       s.numKvHeads = shape.numKvHeads;
       s.headDim = shape.headDim;
+      s.storage = shape.storage;
       const size_t n = static_cast<size_t>(numPages) * pageSize *
                        static_cast<size_t>(s.numKvHeads * s.headDim);
       s.k.assign(n, 0.0f);
@@ -174,6 +175,7 @@ PagedKvLayer KvCache::layer(int32_t l) {
   out.pageSize = pageSize_;
   out.numKvHeads = s.numKvHeads;
   out.headDim = s.headDim;
+  out.storage = s.storage;
   return out;
 }
 

@@ -32,6 +32,12 @@ struct MambaShape {
   int64_t ssmStateSize() const { return numHeads * headDim * stateSize; }
 };
 
+/// What an attention layer's cache stores (the plan's Storage.dtype): f32,
+/// bf16, or fp8 E4M3 with one f32 scale per (token, kv head) row of
+/// head_dim values (amax / 448). The CPU backend keeps f32 arrays and rounds
+/// on write, so it holds exactly the values such a cache would.
+enum class KvStorage : uint8_t { F32, BF16, F8E4M3 };
+
 /// One attention layer's cache storage: K and V each [numPages, pageSize,
 /// nkv, hd] f32. A sequence's logical page j (positions j·pageSize ...) lives
 /// in physical page pageTable[j].
@@ -42,6 +48,7 @@ struct PagedKvLayer {
   int32_t pageSize = 0;
   int64_t numKvHeads = 0;
   int64_t headDim = 0;
+  KvStorage storage = KvStorage::F32; // values rounded on write
 };
 
 /// Recurrent state of every Mamba layer, per slot: conv [CD, K-1] and ssm
@@ -78,6 +85,7 @@ private:
 struct KvLayerShape {
   int64_t numKvHeads = 0;
   int64_t headDim = 0;
+  KvStorage storage = KvStorage::F32;
 };
 
 /// Paged K/V storage of every attention layer and its page allocator.
@@ -116,6 +124,7 @@ public:
 private:
   struct Storage {
     int64_t numKvHeads = 0, headDim = 0;
+    KvStorage storage = KvStorage::F32;
     std::vector<float> k, v;
   };
   std::vector<Storage> layers_;

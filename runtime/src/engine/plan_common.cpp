@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 namespace nf::engine {
 
 namespace fb = flatbuffers;
 namespace pl = nf::plan;
+using cpu::KvStorage;
 
 // ---------------------------------------------------------------------------
 // Model facts
@@ -73,17 +75,25 @@ StatusOr<StorageLayout> readStorage(const PlanFile &pf,
         if (s.page_size() <= 0 || s.num_pages() <= 0 || s.kv_heads() <= 0 ||
             s.head_dim() <= 0)
           return Status::error(ctx + ": kv cache sizes must be positive");
-        if (s.dtype() != pl::DType::F32)
+        // The CPU backend rounds on write (caches.h); CUDA stores f32.
+        const bool cpu = std::string_view(backendName) == "CPU";
+        KvStorage storage = KvStorage::F32;
+        if (s.dtype() == pl::DType::BF16 && cpu)
+          storage = KvStorage::BF16;
+        else if (s.dtype() == pl::DType::F8E4M3 && cpu)
+          storage = KvStorage::F8E4M3;
+        else if (s.dtype() != pl::DType::F32)
           return Status::error(
               ctx + ": kv cache dtype " + pl::EnumNameDType(s.dtype()) +
-              " is not supported by the " + backendName + " backend (f32)");
+              " is not supported by the " + backendName + " backend (f32" +
+              (cpu ? ", bf16, f8e4m3)" : ")"));
         if (pageSize != 0 &&
             (s.page_size() != pageSize || s.num_pages() != numPages))
           return Status::error(ctx + ": every kv cache must have the same "
                                      "page size and page count");
         pageSize = s.page_size();
         numPages = s.num_pages();
-        si.kv = {s.kv_heads(), s.head_dim()};
+        si.kv = {s.kv_heads(), s.head_dim(), storage};
         si.pageSize = pageSize;
         si.numPages = numPages;
         si.ordinal = static_cast<int32_t>(out.kv.size());

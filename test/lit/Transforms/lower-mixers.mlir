@@ -1,5 +1,13 @@
 // RUN: nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers="max-sequences=8 page-size=32 kv-pages=100" | FileCheck %s
 // RUN: nf-opt %s --nf-outline-steps --nf-lower-mixers -split-input-file -verify-diagnostics
+// RUN: nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers="kv-dtype=bf16" | FileCheck %s --check-prefix=BF16
+// RUN: nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers="kv-dtype=fp8" | FileCheck %s --check-prefix=FP8
+// RUN: not nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers="kv-dtype=f16" 2>&1 | FileCheck %s --check-prefix=BADDTYPE
+
+// kv-dtype: what the cache stores (the K/V rows stay f32 activations).
+// BF16: nf_kv.kv_cache @kv_cache_1 layer 1 : !nf_kv.kv_cache<{{.*}}elementType = bf16>
+// FP8: nf_kv.kv_cache @kv_cache_1 layer 1 : !nf_kv.kv_cache<{{.*}}elementType = f8E4M3FN>
+// BADDTYPE: error: nf-lower-mixers: kv-dtype must be f32, bf16 or fp8, got 'f16'
 
 // Storage is declared once per layer, before the steps, and shared by them.
 // CHECK: nf_kv.mamba_state @mamba_state_0 layer 0 : !nf_kv.mamba_state<slots = 8, convDim = 32, convWindow = 3, numHeads = 4, headDim = 4, stateSize = 4>
