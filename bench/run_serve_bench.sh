@@ -15,8 +15,11 @@
 #
 #   OUT=<dir> bash bench/run_serve_bench.sh CARRY [throughput,join,prefix]
 #
-# PREFIX_PLANS (default "pydoc-moe nano") and PREFIX_SHARED=0 (no shared-
-# prompt runs) narrow the prefix part.
+# PREFIX_PLANS (default "pydoc-moe nano"), PREFIX_SHARED=0 (no shared-
+# prompt runs) and PREFIX_CACHING (default "--enable-prefix-caching
+# --no-enable-prefix-caching") narrow the prefix part; PREFIX_TIMEOUT
+# (default 150 s) bounds each run (the Nano shape's random weights take
+# minutes to make).
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 CARRY="${1:-build-gpu-carry}"
@@ -82,10 +85,10 @@ if [[ ",$PARTS," == *,prefix,* ]]; then
     [ -f "$CARRY/plans/$plan.nfb" ] || continue
     weights=(--weights "$pydoc")
     [ "$plan" = pydoc-moe ] || weights=(--random-weights)
-    for caching in --enable-prefix-caching --no-enable-prefix-caching; do
+    for caching in ${PREFIX_CACHING:---enable-prefix-caching --no-enable-prefix-caching}; do
       # Multi-turn chat: 8 turns of 1,024 new tokens and a 64-token reply
       # each (the 8th turn has ~8K tokens of history).
-      timeout 150 python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
+      timeout "${PREFIX_TIMEOUT:-150}" python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
         "$CARRY/plans/$plan.nfb" --mode prefix --streams 4 --turns 8 \
         --join-tokens 0 --suffix-tokens 1024 --max-tokens 64 \
         --label "$plan, $caching" -- --backend cuda "${weights[@]}" \
@@ -93,7 +96,7 @@ if [[ ",$PARTS," == *,prefix,* ]]; then
       reap
       [ "${PREFIX_SHARED:-1}" = 0 ] && continue
       # A shared system prompt: 2,048 tokens, 64 requests at once.
-      timeout 150 python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
+      timeout "${PREFIX_TIMEOUT:-150}" python3 "$REPO/bench/serve_load.py" "$CARRY/bin/nfrun" \
         "$CARRY/plans/$plan.nfb" --mode prefix --streams 64 --turns 1 \
         --join-tokens 2048 --suffix-tokens 64 --max-tokens 32 \
         --label "$plan, $caching" -- --backend cuda "${weights[@]}" \
