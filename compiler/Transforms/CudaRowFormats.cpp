@@ -31,7 +31,6 @@ using namespace mlir;
 namespace nf::compiler {
 namespace {
 
-constexpr llvm::StringLiteral kRowFormatAttr = "nf.row_format";
 /// Decode steps of up to this many tokens run the narrow skinny GEMMs,
 /// which read f32 rows (kNarrowTokens in compiler/Target/Cuda/KernelEmitter.h).
 constexpr int64_t kNarrowTokens = 16;

@@ -39,7 +39,6 @@ struct Buffer {
 
 int64_t alignTo(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
-constexpr llvm::StringLiteral kRowFormatAttr = "nf.row_format";
 constexpr llvm::StringLiteral kCopyOffsetAttr = "nf.copy_offset";
 
 struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
@@ -167,29 +166,29 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
     func->setAttr("nf.arena_bytes", b.getI64IntegerAttr(arena));
     func->setAttr("nf.no_reuse_bytes", b.getI64IntegerAttr(noReuse));
     func->setAttr("nf.max_tokens", b.getI64IntegerAttr(rows));
-    return placeRegions(func, kernels, arena, rows);
+    return placeRegions(func, kernels, buffers, arena, rows);
   }
 
   /// The regions after the kernel results (Passes.td).
   LogicalResult placeRegions(func::FuncOp func,
-                             ArrayRef<nfir::KernelOp> kernels, int64_t arena,
+                             ArrayRef<nfir::KernelOp> kernels,
+                             ArrayRef<Buffer> results, int64_t arena,
                              int64_t rows) {
     Builder b(func.getContext());
+    // Offsets and bytes of the values inside the kernels: the results as
+    // placed (their yielded values), then the internal ones.
+    llvm::DenseMap<Value, int64_t> offsetOf, bytesOf;
+    for (const Buffer &buf : results) {
+      nfir::KernelOp kernel = buf.kernel;
+      Value v = cast<nfir::YieldOp>(kernel.getBody().front().getTerminator())
+                    .getValues()[buf.result];
+      offsetOf[v] = buf.offset;
+      bytesOf[v] = buf.bytes;
+    }
     // Kernel-internal values: each kernel's after the results, in op order;
     // every kernel starts again at the same place.
-    llvm::DenseMap<Value, int64_t> offsetOf, bytesOf;
     int64_t scratch = 0;
     for (nfir::KernelOp kernel : kernels) {
-      auto yield =
-          cast<nfir::YieldOp>(kernel.getBody().front().getTerminator());
-      for (auto [v, offset] :
-           llvm::zip(yield.getValues(), *kernel.getArenaOffsets())) {
-        auto bytes = valueBytes(v, v.getDefiningOp(), rows);
-        if (failed(bytes))
-          return failure();
-        offsetOf[v] = offset;
-        bytesOf[v] = alignTo(*bytes, alignment);
-      }
       SmallVector<int64_t> offsets;
       int64_t used = 0;
       for (Value v : kernel.internalValues()) {
@@ -218,9 +217,8 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
         Value v = op->getResult(0);
         const int64_t at = copies + offsetOf.lookup(v) / 2;
         op->setAttr(kCopyOffsetAttr, b.getI64IntegerAttr(at));
-        reserved =
-            std::max(reserved, alignTo(at + (bytesOf.lookup(v) + 1) / 2,
-                                       alignment));
+        reserved = std::max(
+            reserved, alignTo(at + (bytesOf.lookup(v) + 1) / 2, alignment));
       });
 
     // The expert statistics: per select (layer l of L), counts i32 [rows]
@@ -247,7 +245,8 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
       }
     }
     func->setAttr("nf.reserved_bytes", b.getI64IntegerAttr(reserved));
-    return success();  }
+    return success();
+  }
 };
 
 } // namespace

@@ -22,6 +22,8 @@ namespace moe = ::mlir::nf_moe;
 
 inline constexpr llvm::StringLiteral kPhaseAttr = "nf.phase";
 inline constexpr llvm::StringLiteral kArgRoleAttr = "nf.arg";
+/// How a CUDA plan stores an op's result rows (nf-cuda-row-formats).
+inline constexpr llvm::StringLiteral kRowFormatAttr = "nf.row_format";
 
 /// The phase of a step function, or "" for any other function.
 llvm::StringRef stepPhase(mlir::func::FuncOp func);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <string_view>
 
 namespace nf::engine {
 
@@ -44,7 +43,7 @@ Status readModelInfo(const PlanFile &pf, const BoundWeights &weights,
 StatusOr<StorageLayout> readStorage(const PlanFile &pf,
                                     const EngineOptions &options,
                                     int64_t defaultSlots,
-                                    const char *backendName) {
+                                    const char *backendName, bool roundedKv) {
   const pl::Plan &plan = *pf.plan;
   StorageLayout out;
   int64_t slots = 0, pageSize = 0, numPages = 0;
@@ -75,18 +74,16 @@ StatusOr<StorageLayout> readStorage(const PlanFile &pf,
         if (s.page_size() <= 0 || s.num_pages() <= 0 || s.kv_heads() <= 0 ||
             s.head_dim() <= 0)
           return Status::error(ctx + ": kv cache sizes must be positive");
-        // The CPU backend rounds on write (caches.h); CUDA stores f32.
-        const bool cpu = std::string_view(backendName) == "CPU";
         KvStorage storage = KvStorage::F32;
-        if (s.dtype() == pl::DType::BF16 && cpu)
+        if (s.dtype() == pl::DType::BF16 && roundedKv)
           storage = KvStorage::BF16;
-        else if (s.dtype() == pl::DType::F8E4M3 && cpu)
+        else if (s.dtype() == pl::DType::F8E4M3 && roundedKv)
           storage = KvStorage::F8E4M3;
         else if (s.dtype() != pl::DType::F32)
           return Status::error(
               ctx + ": kv cache dtype " + pl::EnumNameDType(s.dtype()) +
               " is not supported by the " + backendName + " backend (f32" +
-              (cpu ? ", bf16, f8e4m3)" : ")"));
+              (roundedKv ? ", bf16, f8e4m3)" : ")"));
         if (pageSize != 0 &&
             (s.page_size() != pageSize || s.num_pages() != numPages))
           return Status::error(ctx + ": every kv cache must have the same "

@@ -55,11 +55,12 @@ struct StorageLayout {
 /// Checks the plan's Storage table and applies EngineOptions::maxSequences
 /// and kvPages (sequence slots default to the plan's slots, else
 /// `defaultSlots`). `backendName` names the backend in "not supported"
-/// errors ("CPU", "CUDA").
+/// errors ("CPU", "CUDA"); `roundedKv`: it holds bf16 and fp8 KV caches
+/// (cpu::KvStorage), not only f32.
 StatusOr<StorageLayout> readStorage(const PlanFile &plan,
                                     const EngineOptions &options,
                                     int64_t defaultSlots,
-                                    const char *backendName);
+                                    const char *backendName, bool roundedKv);
 
 // ---------------------------------------------------------------------------
 // Step programs

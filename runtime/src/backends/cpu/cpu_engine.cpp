@@ -37,7 +37,9 @@ namespace cpu_detail {
 
 Status CpuEngine::initStorage(const EngineOptions &options) {
   StatusOr<StorageLayout> layout =
-      readStorage(*plan_, options, decode_.maxTokens, "CPU");
+      // Rounded on write (engine/caches.h).
+      readStorage(*plan_, options, decode_.maxTokens, "CPU",
+                  /*roundedKv=*/true);
   if (!layout)
     return layout.status();
   storage_ = std::move(layout->entries);

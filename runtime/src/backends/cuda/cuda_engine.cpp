@@ -165,7 +165,8 @@ Status CudaEngine::init(const EngineOptions &options) {
   budgetPooled_ = options.budgetStepScope ? 1 : 0;
   distinctExpertCap_ = options.distinctExpertCap;
   StatusOr<StorageLayout> layout =
-      readStorage(*plan_, options, info_.maxDecodeTokens, "CUDA");
+      readStorage(*plan_, options, info_.maxDecodeTokens, "CUDA",
+                  /*roundedKv=*/false);
   if (!layout)
     return layout.status();
   storage_ = std::move(*layout);
