@@ -239,7 +239,7 @@ __device__ __forceinline__ void mbarrier_arrive_copies(unsigned bar) {
 // memory. The producer streams 64-deep K slices with cp.async into
 // wgmma_ws_stages<TN>() stages (the 128-byte swizzle of wgmma_tile) and
 // signals each stage's "full" barrier when its copies land
-// (cp.async.mbarrier.arrive); a consumer warpgroup releases a stage on its
+// (cp.async.mbarrier.arrive); each consumer warp releases a stage on its
 // "empty" barrier once the wgmma reading it completed. The pipeline runs
 // across tiles: the producer loads the next tile while the consumers store
 // the last one. (wgmma_tile instead makes all 256 threads load and multiply,
@@ -273,8 +273,8 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
   const int tid = threadIdx.x, wg = tid >> 7;
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
-      mbarrier_init(full0 + 8 * s, 128); // each producer thread's copies
-      mbarrier_init(empty0 + 8 * s, CW); // each consumer warpgroup
+      mbarrier_init(full0 + 8 * s, 128);     // each producer thread's copies
+      mbarrier_init(empty0 + 8 * s, 4 * CW); // each consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -325,8 +325,13 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
     return;
   }
   // Consumers: warpgroup cw multiplies rows 64 cw .. 64 cw + 63 of a tile.
+  // Every consumer warp releases a stage itself (lane 0): a warpgroup that
+  // skips the wgmma (no rows) does not keep its warps in step, and one
+  // arrival per warpgroup would let the producer refill a stage, and move
+  // its "full" barrier two phases on, while a lagging warp still waits for
+  // the earlier phase (a deadlock).
   const int cw = wg - 1, lane = lane_id(), warp = (tid >> 5) & 3;
-  const bool signals = (tid & 127) == 0;
+  const bool signals = lane == 0;
   int it = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     int g, row0, rows, n0;
@@ -341,6 +346,12 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
     const bool active = cw * 64 < rows;
     for (int kt = 0; kt < KT; ++kt, ++it) {
       const int stage = it % ST;
+#ifdef NF_WS_SKEW_TEST
+      // bench/kernels/ws_gemm_check.cu: the warps of a warpgroup without
+      // rows out of step.
+      if (!active && warp != 0)
+        __nanosleep(20000);
+#endif
       mbarrier_wait(full0 + 8 * stage, (it / ST) & 1);
       // The producer's cp.async wrote the stage through the generic proxy;
       // wgmma reads it through the async proxy (PTX memory model).

@@ -60,6 +60,10 @@
 #              against its reference (1e-4), device top lists off and on
 #   fallback   --backend auto without a driver: one "nf: CUDA unavailable"
 #              line and CPU results; --backend cuda without one: exit 1
+#   kernels    (sm_90 only) bench/kernels/ws_gemm_check.cu built with nvcc
+#              and -DNF_WS_SKEW_TEST: the warp-specialised wgmma GEMM against
+#              an f64 reference, every launch finishing within 10 s while
+#              the warps of a consumer warpgroup without rows run out of step
 #   speed      (information) pydoc-moe generate tok/s, cuda and cpu
 # Logs: $OUT/*.log, gtest XML $OUT/cuda-tests.xml. Exit status 0 when every
 # check passed.
@@ -326,7 +330,24 @@ EOF
     record FAIL fallback "auto exit $rc, forced exit $forced; see fallback-auto.log"
   fi
 
-  # 5. Speed (information only).
+  # 5. Kernel checks built here with nvcc (sm_90a): the warp-specialised
+  # GEMM with the warps of an idle consumer warpgroup out of step.
+  local cap
+  cap="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)"
+  if [ "$cap" != "9.0" ]; then
+    record INFO kernels "skipped: compute capability ${cap:-unknown}, not 9.0"
+  elif ! nvcc -O3 -std=c++17 -arch=sm_90a -I "$REPO/kernels" -DNF_WS_SKEW_TEST \
+    "$REPO/bench/kernels/ws_gemm_check.cu" -o "$OUT/ws_gemm_check" \
+    > "$OUT/kernels.log" 2>&1; then
+    record FAIL kernels "ws_gemm_check does not build; see kernels.log"
+  elif timeout 300 "$OUT/ws_gemm_check" >> "$OUT/kernels.log" 2>&1; then
+    record PASS kernels "ws_gemm_check (skewed warps): $(grep -c ' ok$' "$OUT/kernels.log") shapes"
+  else
+    record FAIL kernels "ws_gemm_check: $(grep -v ' ok$' "$OUT/kernels.log" | tail -1)"
+  fi
+  rm -f "$OUT/ws_gemm_check"
+
+  # 6. Speed (information only).
   local prompt
   prompt="$(python3 -c "print(','.join(str(i % 200 + 3) for i in range(256)))")"
   for b in cuda cpu; do
