@@ -236,6 +236,14 @@ private:
     const char *e = std::getenv("NF_CUDA_PROFILE");
     return e && *e && *e != '0';
   }();
+  /// NF_CUDA_TRACE: each launch of an uncaptured program is written to
+  /// stderr before it starts and waited for, so a kernel that never
+  /// finishes is the last line (diagnostics of hangs).
+  const bool tracing_ = [] {
+    const char *e = std::getenv("NF_CUDA_TRACE");
+    return e && *e && *e != '0';
+  }();
+  bool capturing_ = false;
   std::map<std::string, std::pair<double, int64_t>> profile_; // where -> (s, n)
   bool profileEvents_ = false;
   bool usePdl_ = false;

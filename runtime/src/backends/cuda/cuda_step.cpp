@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -58,15 +59,25 @@ Status CudaEngine::enqueue(const Program &p, int64_t rows) {
     const LaunchInfo &l = p.launches[i];
     if (!l.runsFor(rows))
       continue;
+    const bool traced = tracing_ && !capturing_;
+    if (traced)
+      std::fprintf(stderr, "nf trace: %zu rows: %s grid %u block %u smem %u\n",
+                   static_cast<size_t>(rows), l.where.c_str(), l.grid, l.block,
+                   l.shared);
     const auto t0 = std::chrono::steady_clock::now();
     const bool timed = profiling_ && g.profileStart && g.profileEnd;
     if (timed)
       (void)d_->cuEventRecord(g.profileStart.get(), stream);
     if (Status s = launch(*d_, l.fn, l.grid, l.block, l.shared, l.cooperative,
-                          l.programmatic && !profiling_, stream, g.args.ptr(),
-                          g.arena.ptr());
+                          l.programmatic && !profiling_ && !traced, stream,
+                          g.args.ptr(), g.arena.ptr());
         !s)
       return Status::error(l.where + ": " + s.message());
+    if (traced)
+      if (Status s =
+              d_->check(d_->cuStreamSynchronize(stream), "cuStreamSynchronize");
+          !s)
+        return Status::error(l.where + ": " + s.message());
     if (profiling_) {
       double seconds = 0.0;
       float ms = 0.0f;
@@ -104,6 +115,11 @@ Status CudaEngine::captureDecode() {
     if (l.minTokens > 1 && l.minTokens - 1 < decode_.maxTokens)
       bounds.insert(l.minTokens - 1);
   }
+  capturing_ = true;
+  struct Reset {
+    bool &flag;
+    ~Reset() { flag = false; }
+  } reset{capturing_};
   for (int64_t bound : bounds) {
     const std::string what = ": capturing the decode graph for " +
                              std::to_string(bound) + " tokens: ";
