@@ -270,6 +270,39 @@ TEST(PrefixCache, SamePromptsTogetherPrefillOnce) {
   EXPECT_EQ(out->tokens, sampled[1]);
 }
 
+// A conversation's next turn continues from the snapshot of the last one
+// and computes its new tokens in one chunk, where a first prompt pauses at
+// its last block boundary: on a MoE model each pause is a step that reads
+// about all the expert weights.
+TEST(PrefixCache, NextTurnsDoNotPauseAtBlockBoundaries) {
+  nf::Model reference = load();
+  nf::Model model = load();
+  nf::EngineParams ep;
+  ep.prefixCacheBlock = 16;
+  auto engine = nf::ServingEngine::create(model, ep);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  const std::vector<int32_t> a = tokens(model, kSystem);
+  const size_t n = a.size();
+  ASSERT_NE((n - 1) % 16, 0u); // a block boundary before its last token
+  constexpr int kTokens = 4;
+  Outcome first = run(*engine, a, kTokens);
+  const int64_t firstSteps = settled(*engine).steps;
+  // Chunks to the block boundary, to the last token, the last token (the
+  // first answer token), then the other answer tokens one step each.
+  EXPECT_EQ(firstSteps, 3 + (kTokens - 1));
+
+  const std::vector<int32_t> turn =
+      concat(concat(a, first.tokens),
+             tokens(model, "\ndef last(items):\n    return items[-1]\n"));
+  const size_t hit = n + kTokens - 1;
+  ASSERT_LT(hit / 16, (turn.size() - 1) / 16); // a boundary among the new
+  ASSERT_NE((turn.size() - 1) % 16, 0u);
+  Outcome next = run(*engine, turn, kTokens);
+  EXPECT_EQ(next.cached, static_cast<int64_t>(hit));
+  EXPECT_EQ(next.tokens, alone(reference, turn, kTokens));
+  EXPECT_EQ(settled(*engine).steps - firstSteps, 2 + (kTokens - 1));
+}
+
 // Requests that arrive together with one system prompt and questions of
 // their own compute the system prompt once: the others wait for the first
 // one's snapshot at the last block boundary inside it and continue from

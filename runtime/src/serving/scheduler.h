@@ -222,6 +222,13 @@ private:
   int32_t openSequence(Request &r, const PrefixCache::Hit &hit);
   /// The points of r's prompt after r->fed kept as snapshots.
   void planSnapshots(Request &r) const;
+  /// This step's chunk of r's prompt (`count` tokens, within `budget`)
+  /// shortened to end at a snapshot point, or r's block point dropped
+  /// where ending there would cost a step (fitSnapshots in scheduler.cpp).
+  void fitSnapshots(Request &r, int64_t &count, int64_t budget) const;
+  /// Whether a request waiting to be admitted starts with r's first p
+  /// prompt tokens (same salt).
+  bool awaitedByWaiting(const Request &r, size_t p) const;
 
   nf_model *model_;
   const SchedulerOptions options_;
