@@ -53,6 +53,8 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
   if (last >= Phase::Fuse)
     pm.addPass(createFuseKernels());
   if (last >= Phase::Plan) {
+    if (options.cudaTarget)
+      pm.addPass(createCudaGemmPaths());
     CudaRowFormatsOptions rowFormats;
     rowFormats.bf16Inputs = options.cudaBf16Inputs;
     rowFormats.maxSequences = options.maxSequences;

@@ -359,6 +359,17 @@ std::optional<std::string> stringAttr(const PlanOp &op, std::string_view name) {
   return std::nullopt;
 }
 
+std::vector<std::string> stringListAttr(const PlanOp &op,
+                                        std::string_view name) {
+  std::vector<std::string> out;
+  if (auto l = dyn_cast_or_null<ArrayAttr>(
+          op.op->getAttr(StringRef(name.data(), name.size()))))
+    for (Attribute a : l)
+      if (auto s = dyn_cast<StringAttr>(a))
+        out.push_back(s.str());
+  return out;
+}
+
 std::optional<std::vector<int64_t>> listAttr(const PlanOp &op,
                                              std::string_view name) {
   Attribute a = op.op->getAttr(StringRef(name.data(), name.size()));

@@ -8,8 +8,8 @@
 // their attributes are read from the IR.
 //
 // Built once (buildPlanModel) and read by both the CUDA code generator
-// (compiler/Target/Cuda) and the plan writer, which serialises it once, with the
-// generated binaries when there are any.
+// (compiler/Target/Cuda) and the plan writer, which serialises it once, with
+// the generated binaries when there are any.
 //
 //===----------------------------------------------------------------------===//
 #pragma once
@@ -112,6 +112,9 @@ StatusOr<PlanModel> buildPlanModel(mlir::ModuleOp module);
 std::optional<int64_t> intAttr(const PlanOp &op, std::string_view name);
 std::optional<double> floatAttr(const PlanOp &op, std::string_view name);
 std::optional<std::string> stringAttr(const PlanOp &op, std::string_view name);
+/// A string array attribute's entries (empty when absent or of another kind).
+std::vector<std::string> stringListAttr(const PlanOp &op,
+                                        std::string_view name);
 std::optional<std::vector<int64_t>> listAttr(const PlanOp &op,
                                              std::string_view name);
 /// Every attribute the plan stores of `op`: its discardable attributes, then

@@ -3,6 +3,7 @@
 // Marks the producers of activations that tensor-core GEMMs read with
 // `nf.row_format` (Passes.td): "bf16" rows in prefill, "f32+bf16" (f32 rows
 // and a bf16 copy) in decode steps wide enough for the wide skinny GEMMs.
+// Which GEMMs those are is nf-cuda-gemm-paths' decision (`nf.gemm_paths`).
 // A value is followed across kernels: a kernel's block argument is its
 // input operand, a kernel's result the value its region yields.
 //
@@ -35,32 +36,6 @@ namespace {
 /// which read f32 rows (kNarrowTokens in compiler/Target/Cuda/KernelEmitter.h).
 constexpr int64_t kNarrowTokens = 16;
 
-/// The value `v` stands for in the step: through kernel block arguments
-/// (their input operands) and kernel results (the values their regions
-/// yield), to the op result that computes it.
-Value canonical(Value v) {
-  while (true) {
-    if (auto arg = dyn_cast<BlockArgument>(v)) {
-      auto kernel = dyn_cast<nfir::KernelOp>(arg.getOwner()->getParentOp());
-      if (!kernel)
-        return v;
-      v = kernel.getInputs()[arg.getArgNumber()];
-    } else if (auto kernel = v.getDefiningOp<nfir::KernelOp>()) {
-      auto yield =
-          cast<nfir::YieldOp>(kernel.getBody().front().getTerminator());
-      v = yield.getValues()[cast<OpResult>(v).getResultNumber()];
-    } else {
-      return v;
-    }
-  }
-}
-
-bool isBf16Weight(Value v) {
-  auto w = canonical(v).getDefiningOp<nfir::WeightOp>();
-  return w && !w.getQuant() &&
-         w.getResult().getType().getElementType().isBF16();
-}
-
 /// An f32 tensor of token (or expert assignment) rows.
 bool isF32Rows(Value v) {
   auto t = dyn_cast<RankedTensorType>(v.getType());
@@ -78,18 +53,6 @@ int64_t rowElements(Value v) {
        d < t.getRank(); ++d)
     n *= t.getDimSize(d);
   return n;
-}
-
-/// The weight operand of an op that runs as a GEMM over its operand 0.
-Value gemmWeight(Operation &op) {
-  if (isa<nfir::LinearOp, nfir::LMHeadOp, moe::LatentProjOp>(op) &&
-      op.getNumOperands() == 2)
-    return op.getOperand(1);
-  if (isa<moe::ExpertUpOp, moe::ExpertDownOp>(op) && op.getNumOperands() == 3)
-    return op.getOperand(2);
-  if (isa<moe::SharedExpertOp>(op) && op.getNumOperands() == 3)
-    return op.getOperand(1);
-  return {};
 }
 
 struct CudaRowFormats : impl::CudaRowFormatsBase<CudaRowFormats> {
@@ -115,35 +78,31 @@ struct CudaRowFormats : impl::CudaRowFormatsBase<CudaRowFormats> {
     Value logits;
     if (auto ret = dyn_cast<func::ReturnOp>(entry.getTerminator());
         ret && ret.getNumOperands() == 1)
-      logits = canonical(ret.getOperand(0));
+      logits = canonicalValue(ret.getOperand(0));
     llvm::DenseSet<Value> read, notGemmOnly, gemmRead;
     llvm::DenseMap<Value, Operation *> producer;
     for (auto kernel : entry.getOps<nfir::KernelOp>()) {
       Block &body = kernel.getBody().front();
       for (Operation &op : body.without_terminator()) {
         Value gemmInput; // operand 0, read as a bf16 GEMM input
-        Value weight = gemmWeight(op);
-        if (weight && isBf16Weight(weight)) {
-          const int64_t k = rowElements(op.getOperand(0));
-          if (decode ? k % 32 == 0 : k % 8 == 0)
-            gemmInput = canonical(op.getOperand(0));
-        } else if (auto router = dyn_cast<moe::RouterOp>(op);
-                   router && !decode && op.getNumOperands() == 3 &&
-                   isBf16Weight(op.getOperand(1)) &&
-                   rowElements(op.getOperand(0)) % 8 == 0) {
+        SmallVector<StringRef, 2> paths = gemmPaths(op);
+        if (isa<moe::RouterOp>(op)) {
           // Only when the selection follows in the kernel: the router's
           // logits GEMM then reads bf16 rows (a lone router reads f32).
           auto select = dyn_cast_or_null<moe::SelectOp>(op.getNextNode());
-          if (select && op.getNumResults() == 2 &&
-              select->getNumOperands() == 3 &&
+          if (!paths.empty() && paths[0] == "bf16_planes" && select &&
+              op.getNumResults() == 2 && select->getNumOperands() == 3 &&
               select->getOperand(0) == op.getResult(0) &&
               select->getOperand(1) == op.getResult(1))
-            gemmInput = canonical(op.getOperand(0));
+            gemmInput = canonicalValue(op.getOperand(0));
+        } else if (!paths.empty() &&
+                   paths[0] == (decode ? "bf16_skinny" : "bf16_planes")) {
+          gemmInput = canonicalValue(op.getOperand(0));
         }
         if (gemmInput)
           gemmRead.insert(gemmInput);
         for (auto [i, operand] : llvm::enumerate(op.getOperands())) {
-          Value v = canonical(operand);
+          Value v = canonicalValue(operand);
           read.insert(v);
           if (!(i == 0 && v == gemmInput))
             notGemmOnly.insert(v);

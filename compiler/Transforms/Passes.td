@@ -157,6 +157,28 @@ def PlanMemory : Pass<"nf-plan-memory", "mlir::ModuleOp"> {
   ];
 }
 
+def CudaGemmPaths : Pass<"nf-cuda-gemm-paths", "mlir::ModuleOp"> {
+  let summary = "Chooses the CUDA GEMM path of each op that multiplies by weights";
+  let description = [{
+    Marks every op inside `nf.kernel` regions that runs GEMMs over weights
+    (`nf.linear`, `nf.lm_head`, `nf_moe.latent_proj`, `nf_moe.expert_up`,
+    `nf_moe.expert_down`, the logits of `nf_moe.router`: one;
+    `nf_moe.shared_expert`: its up, then its down projection) with
+    `nf.gemm_paths`, one string per GEMM:
+    - `"bf16_planes"`: outside decode steps, unquantised bf16 weights and K
+      a multiple of 8: the input rows are split into bf16 planes (one per
+      term of the matmul inputs, or stored as bf16 rows by their producer)
+      and multiplied on tensor cores in tiles (wgmma on sm_90a).
+    - `"bf16_skinny"`: decode steps, unquantised bf16 weights and K a
+      multiple of 32: the skinny tensor-core GEMVs (weights as mma's A
+      operand), whose wide variants may stream a bf16 copy of the rows
+      (not for routers).
+    - `"other"`: the f32 and quantised paths, chosen by the code generator.
+    `nf-cuda-row-formats` and the CUDA code generator read the paths
+    instead of deciding them again.
+  }];
+}
+
 def CudaRowFormats : Pass<"nf-cuda-row-formats", "mlir::ModuleOp"> {
   let summary = "Chooses how a CUDA plan stores the activations GEMMs read";
   let description = [{
@@ -167,9 +189,10 @@ def CudaRowFormats : Pass<"nf-cuda-row-formats", "mlir::ModuleOp"> {
     with `nf.row_format`:
     - `"bf16"` (prefill): its result is stored as bf16 rows instead of f32.
       A result qualifies when it is an f32 token or assignment row tensor,
-      not the logits, every reader is the input of a GEMM with bf16 weights
-      and K a multiple of 8 (a linear, an expert projection, the shared
-      expert, or a router whose selection is in the same kernel), and its
+      not the logits, every reader is the input of a GEMM on the
+      `"bf16_planes"` path of `nf-cuda-gemm-paths` (a linear, an expert
+      projection, the shared expert) or of a router with bf16 weights and K
+      a multiple of 8 whose selection is in the same kernel, and its
       producer can write bf16 rows (norms, activations, linears, expert
       up-projections).
     - `"f32+bf16"` (decode, steps of more than 16 tokens): its result keeps
@@ -177,7 +200,7 @@ def CudaRowFormats : Pass<"nf-cuda-row-formats", "mlir::ModuleOp"> {
       variants stream; narrow steps and every other reader take the f32
       rows, so results do not depend on the step's size. A result qualifies
       when it is an f32 row tensor, not the logits, read as the input of a
-      GEMM with bf16 weights and K a multiple of 32, and its producer can
+      GEMM on the `"bf16_skinny"` path, and its producer can
       write the copy (norms, activations, expert up-projections,
       attention).
     The CUDA code generator stores and reads these values accordingly.

@@ -2,6 +2,9 @@
 
 #include "Transforms/StepUtils.h"
 
+#include "nf/IR/NfOps.h"
+#include "nf_moe/IR/NfMoeOps.h"
+
 using namespace mlir;
 
 namespace nf::compiler {
@@ -23,6 +26,51 @@ Value stepArgument(func::FuncOp func, StringRef role) {
 func::FuncOp enclosingStep(Operation *op) {
   auto func = op->getParentOfType<func::FuncOp>();
   return func && !stepPhase(func).empty() ? func : func::FuncOp();
+}
+
+Value canonicalValue(Value v) {
+  while (true) {
+    if (auto arg = dyn_cast<BlockArgument>(v)) {
+      auto kernel = dyn_cast<nfir::KernelOp>(arg.getOwner()->getParentOp());
+      if (!kernel)
+        return v;
+      v = kernel.getInputs()[arg.getArgNumber()];
+    } else if (auto kernel = v.getDefiningOp<nfir::KernelOp>()) {
+      auto yield =
+          cast<nfir::YieldOp>(kernel.getBody().front().getTerminator());
+      v = yield.getValues()[cast<OpResult>(v).getResultNumber()];
+    } else {
+      return v;
+    }
+  }
+}
+
+bool isBf16Weight(Value v) {
+  auto w = canonicalValue(v).getDefiningOp<nfir::WeightOp>();
+  return w && !w.getQuant() &&
+         w.getResult().getType().getElementType().isBF16();
+}
+
+SmallVector<Value, 2> gemmWeights(Operation &op) {
+  if (isa<nfir::LinearOp, nfir::LMHeadOp, moe::LatentProjOp>(op) &&
+      op.getNumOperands() == 2)
+    return {op.getOperand(1)};
+  if (isa<moe::ExpertUpOp, moe::ExpertDownOp>(op) && op.getNumOperands() == 3)
+    return {op.getOperand(2)};
+  if (isa<moe::SharedExpertOp>(op) && op.getNumOperands() == 3)
+    return {op.getOperand(1), op.getOperand(2)};
+  if (isa<moe::RouterOp>(op) && op.getNumOperands() == 3)
+    return {op.getOperand(1)};
+  return {};
+}
+
+SmallVector<StringRef, 2> gemmPaths(Operation &op) {
+  SmallVector<StringRef, 2> out;
+  if (auto paths = op.getAttrOfType<ArrayAttr>(kGemmPathsAttr))
+    for (Attribute a : paths)
+      if (auto s = dyn_cast<StringAttr>(a))
+        out.push_back(s.getValue());
+  return out;
 }
 
 } // namespace nf::compiler

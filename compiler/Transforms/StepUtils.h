@@ -24,6 +24,8 @@ inline constexpr llvm::StringLiteral kPhaseAttr = "nf.phase";
 inline constexpr llvm::StringLiteral kArgRoleAttr = "nf.arg";
 /// How a CUDA plan stores an op's result rows (nf-cuda-row-formats).
 inline constexpr llvm::StringLiteral kRowFormatAttr = "nf.row_format";
+/// The CUDA GEMM path of each GEMM of an op (nf-cuda-gemm-paths).
+inline constexpr llvm::StringLiteral kGemmPathsAttr = "nf.gemm_paths";
 
 /// The phase of a step function, or "" for any other function.
 llvm::StringRef stepPhase(mlir::func::FuncOp func);
@@ -31,5 +33,19 @@ llvm::StringRef stepPhase(mlir::func::FuncOp func);
 mlir::Value stepArgument(mlir::func::FuncOp func, llvm::StringRef role);
 /// The step function enclosing `op`, or null.
 mlir::func::FuncOp enclosingStep(mlir::Operation *op);
+
+/// The value `v` stands for in the step: through kernel block arguments
+/// (their input operands) and kernel results (the values their regions
+/// yield), to the op result that computes it.
+mlir::Value canonicalValue(mlir::Value v);
+/// Whether `v` is an unquantised bf16 weight (through kernel boundaries).
+bool isBf16Weight(mlir::Value v);
+/// The weight operands of the GEMMs `op` runs, in order (nf.linear,
+/// nf.lm_head, nf_moe.latent_proj, nf_moe.expert_up / expert_down: one;
+/// nf_moe.shared_expert: up, then down; nf_moe.router: its gate); empty for
+/// other ops.
+llvm::SmallVector<mlir::Value, 2> gemmWeights(mlir::Operation &op);
+/// The GEMM paths nf-cuda-gemm-paths gave `op` (kGemmPathsAttr), or none.
+llvm::SmallVector<llvm::StringRef, 2> gemmPaths(mlir::Operation &op);
 
 } // namespace nf::compiler

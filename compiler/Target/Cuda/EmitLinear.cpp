@@ -51,11 +51,13 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   const std::string spec = fn + "_spec";
   const std::string rowOffset =
       "static_cast<long long>(" + s.rowIndex + ") * " + num(s.K);
-  // Prefill with bf16 weights: the input rows are split into bf16 planes
-  // first (one launch), so the GEMM streams both operands with cp.async
-  // (pipelined_mma_tile); input rows stored as bf16 by their producer
-  // (s.input16) are streamed as they are.
-  const bool planes = onBf16Planes(phase, s.wtype == "nf::bf16", s.K);
+  // The bf16-plane path (prefill with bf16 weights): the input rows are
+  // split into bf16 planes first (one launch), so the GEMM streams both
+  // operands with cp.async (pipelined_mma_tile); input rows stored as bf16
+  // by their producer (s.input16) are streamed as they are.
+  if (s.path.empty())
+    internalError = fn + ": the op has no nf.gemm_paths (nf-cuda-gemm-paths)";
+  const bool planes = s.path == kBf16Planes;
   const bool stored16 = !s.input16.empty();
   if (stored16 && !planes) // nf-cuda-row-formats promised a plane-path reader
     internalError = fn + " reads bf16 rows but is not a bf16-plane GEMM";
@@ -199,7 +201,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // bench/results/2026-11-30g/run39-wide64: the generated 32-feature
   // variant takes 111 registers, two blocks per SM, the sweep's more than
   // 128; the 64-feature one 176, one block.)
-  if (phase == "decode" && s.wtype == "nf::bf16" && s.K % 32 == 0) {
+  if (s.path == kBf16Skinny) {
     constexpr int64_t kWarps = 8;
     // Blocks loop over items, so the group scan at their start is paid
     // once (measured on the H200: equal to or faster than a block per item,
@@ -401,6 +403,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
       shape[0] != V(out[0]).cols)
     return fail(i, "weight does not match the input and result");
   LinearSpec s;
+  s.path = gemmPath(op, 0);
   s.wtype = *wt;
   s.N = shape[0];
   s.K = shape[1];
@@ -596,9 +599,8 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   // -> 3.16 ms), but 44 us against 22 + 3.3 for in_proj and the conv at
   // batch 32 on the H200. The wide variants store xBC, and a conv launch
   // follows for their steps.
-  const bool wideConv = convPiece >= 0 && phase == "decode" &&
-                        s.wtype == "nf::bf16" && s.K % 32 == 0 &&
-                        maxTokens > kNarrowTokens;
+  const bool wideConv =
+      convPiece >= 0 && s.path == kBf16Skinny && maxTokens > kNarrowTokens;
   if (wideConv)
     s.wideStore = rawStore;
   emitLinear(fnName(i, label), s, comment);

@@ -160,8 +160,10 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
     // With bf16 matmul inputs the logits are a GEMM of the input rounded to
     // bf16 (as bf16 frameworks compute them: products exact, sums in f32)
     // whose epilogue computes s and sb (f64) from each f32 logit.
-    if (bf16RowsAllowed(opts) && onBf16Planes(phase, wg == "nf::bf16", H)) {
+    if (bf16RowsAllowed(opts) && isRouter &&
+        gemmPath(first, 0) == kBf16Planes) {
       LinearSpec s;
+      s.path = kBf16Planes;
       s.wtype = wg;
       s.N = E;
       s.K = H;
@@ -288,6 +290,7 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
       shape[2] != V(in[0]).cols || shape[1] != V(out[0]).cols)
     return fail(i, "weight is not [experts, out, in] stacked experts");
   LinearSpec s;
+  s.path = gemmPath(op, 0);
   s.wtype = *wt;
   s.N = shape[1];
   s.K = shape[2];
@@ -355,14 +358,13 @@ bool KernelEmitter::oneTokenExperts(size_t d) {
   const ValueInfo &disp = V(dout[0]);
   const int64_t KW = V(din[0]).cols;
   auto upShape = weightShape(uin[2]), downShape = weightShape(win[2]);
-  const std::optional<std::string> bf16("nf::bf16");
   // The hidden rows read as f32 (SlotGroups rows are slot rows, row_linear
   // and row_experts_combine read S::row); at most 8 slots (a register
   // per slot and lane).
   if (KW < 1 || KW > 8 || V(cin[2]).cols != KW || KW > disp.maxPerToken ||
-      weightType(uin[2]) != bf16 || weightType(win[2]) != bf16 ||
-      upShape.size() != 3 || downShape.size() != 3 || upShape[2] % 32 ||
-      downShape[2] % 32 || rowsBf16(uin[0]) || rowsBf16(uout[0]) ||
+      gemmPath(*ops[d + 1], 0) != kBf16Skinny ||
+      gemmPath(*ops[d + 2], 0) != kBf16Skinny || upShape.size() != 3 ||
+      downShape.size() != 3 || rowsBf16(uin[0]) || rowsBf16(uout[0]) ||
       !isTensor(uin[0], pl::DType::F32) || V(uin[0]).cols != upShape[2] ||
       downShape[2] != upShape[1] || downShape[1] != V(c->sum).cols)
     return false;
@@ -375,6 +377,7 @@ bool KernelEmitter::oneTokenExperts(size_t d) {
   auto slotSpec = [&](int weight, const std::vector<int64_t> &shape,
                       bool early) {
     LinearSpec s;
+    s.path = kBf16Skinny;
     s.wtype = "nf::bf16";
     s.N = shape[1];
     s.K = shape[2];

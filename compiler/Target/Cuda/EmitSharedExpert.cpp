@@ -28,22 +28,22 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   const int64_t I = up[0];
   // The hidden rows as bf16 where the down GEMM would round them anyway
   // (as nf-cuda-row-formats does for plan values).
-  const bool hidden16 =
-      bf16RowsAllowed(opts) && onBf16Planes(phase, *dt == "nf::bf16", I);
+  const bool hidden16 = bf16RowsAllowed(opts) && gemmPath(op, 1) == kBf16Planes;
   const int64_t hidden = newScratch(maxTokens * I * (hidden16 ? 2 : 4));
   const std::string hid =
       std::string(hidden16 ? "nf::arena<unsigned short>" : "nf::arena<float>") +
       "(a, " + num(hidden) + "ll)";
   // Decode: a bf16 copy for the wide down projection (as nf-cuda-row-formats
   // gives values).
-  const bool hiddenCopy = decodeCopiesOn(phase, opts, maxTokens) &&
-                          *dt == "nf::bf16" && I % 32 == 0;
+  const bool hiddenCopy =
+      decodeCopiesOn(phase, opts, maxTokens) && gemmPath(op, 1) == kBf16Skinny;
   const std::string hidCopy =
       hiddenCopy ? "nf::arena<unsigned short>(a, " +
                        num(newScratch(maxTokens * I * 2)) + "ll)"
                  : std::string();
   const std::string hidOut = hiddenCopy ? shadowedRows(hid, hidCopy) : hid;
   LinearSpec s1;
+  s1.path = gemmPath(op, 0);
   s1.wtype = *ut;
   s1.N = I;
   s1.K = H;
@@ -63,6 +63,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
              "at " +
                  num(hidden) + (hidden16 ? ", bf16 rows)" : ")"));
   LinearSpec s2;
+  s2.path = gemmPath(op, 1);
   s2.wtype = *dt;
   s2.N = down[0];
   s2.K = I;

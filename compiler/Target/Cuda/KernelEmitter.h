@@ -10,8 +10,8 @@
 //===----------------------------------------------------------------------===//
 #pragma once
 
-#include "Target/Cuda/CudaCodegen.h"
 #include "Plan/PlanModel.h"
+#include "Target/Cuda/CudaCodegen.h"
 
 #include "nf/plan_generated.h"
 #include "nf/plan_ops.h"
@@ -52,11 +52,15 @@ inline int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /// shared variables when checking a target's limit (the limit is for both).
 constexpr int64_t kStaticSharedAllowance = 2048;
 
-/// A linear layer with these weights and K runs on the bf16-plane GEMMs
-/// (emitLinear): outside decode, bf16 weights, K a multiple of 8.
-inline bool onBf16Planes(const std::string &phase, bool bf16Weights,
-                         int64_t K) {
-  return phase != "decode" && bf16Weights && K % 8 == 0;
+/// GEMM paths chosen by nf-cuda-gemm-paths (`nf.gemm_paths`, one per GEMM
+/// of an op): bf16-plane tensor-core tiles (outside decode) and the skinny
+/// tensor-core GEMVs (decode).
+inline constexpr std::string_view kBf16Planes = "bf16_planes",
+                                  kBf16Skinny = "bf16_skinny";
+/// The path of `op`'s GEMM i, or "" when the op has none.
+inline std::string gemmPath(const PlanOp &op, size_t i) {
+  std::vector<std::string> paths = stringListAttr(op, "nf.gemm_paths");
+  return i < paths.size() ? paths[i] : std::string();
 }
 /// Plane GEMM inputs may be stored as bf16 rows by their producers
 /// (nf-cuda-row-formats): one bf16 term, targets with mma.sync's bf16 shapes.
@@ -168,6 +172,9 @@ inline const std::vector<int> &results(const PlanOp &op) { return op.results; }
 
 /// The fixed part of a linear layer spec (nf_linear.cuh).
 struct LinearSpec {
+  /// The GEMM's path (nf-cuda-gemm-paths: "bf16_planes", "bf16_skinny",
+  /// "other"); gemmPath of the op it comes from.
+  std::string path;
   std::string wtype;
   int64_t N = 0, K = 0, G = 1;
   std::string groups = "nf::DenseGroups";

@@ -1,8 +1,8 @@
 // RUN: nfc import %fixtures/tiny-hybrid-bf16 -o %t.mlir
 // RUN: nfc compile %t.mlir --compile-to fuse -o %t.fused.mlir
-// RUN: nf-opt %t.fused.mlir --nf-cuda-row-formats="bf16-inputs=1 max-sequences=32" | FileCheck %s
-// RUN: nf-opt %t.fused.mlir --nf-cuda-row-formats="bf16-inputs=1 max-sequences=16" | FileCheck %s --check-prefix=NARROW
-// RUN: nf-opt %t.fused.mlir --nf-cuda-row-formats="bf16-inputs=0" | FileCheck %s --check-prefix=EXACT
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats="bf16-inputs=1 max-sequences=32" | FileCheck %s
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats="bf16-inputs=1 max-sequences=16" | FileCheck %s --check-prefix=NARROW
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats="bf16-inputs=0" | FileCheck %s --check-prefix=EXACT
 // RUN: nfc compile %t.mlir --compile-to plan -o - | FileCheck %s --check-prefix=EXACT
 
 // tiny-hybrid-bf16 (M E * M - E M * E, hidden 64, bf16 weights). Prefill:
@@ -26,7 +26,7 @@
 // attention's output is not a producer that writes bf16 rows: o_proj reads
 // f32 (split in its own launch).
 // CHECK: nf.kernel "moe_expert_down_combine"
-// CHECK: nf_moe.expert_down %arg3, %arg4, %arg5 : (
+// CHECK: nf_moe.expert_down %arg3, %arg4, %arg5 {nf.gemm_paths = ["bf16_planes"]} : (
 // CHECK: nf.kernel "nf_kv_attend"
 // CHECK: nf_kv.attend {{.*}} {mode = "prefill", num_heads = 4 : i64, scale = {{.*}}} :
 // CHECK: nf.kernel "nf_linear"
@@ -36,7 +36,7 @@
 // CHECK: nf.kernel "add_rms_norm"
 // CHECK: nf.rms_norm {{.*}}nf.row_format = "bf16"
 // CHECK: nf.kernel "nf_lm_head"
-// CHECK: nf.lm_head %arg3, %arg4 : (
+// CHECK: nf.lm_head %arg3, %arg4 {nf.gemm_paths = ["bf16_planes"]} : (
 
 // Decode steps of up to 32 tokens: f32 rows with a bf16 copy for the wide
 // GEMVs, where some reader is a GEMM with K a multiple of 32 (here also the

@@ -1,7 +1,7 @@
 // RUN: nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers --nf-lower-moe --nf-pack-weights --nf-fuse-kernels --nf-plan-memory="max-tokens=100 max-sequences=4 alignment=64" | FileCheck %s
 // RUN: nfc import %fixtures/tiny-hybrid-bf16 -o %t.mlir
 // RUN: nfc compile %t.mlir --compile-to fuse -o %t.fused.mlir
-// RUN: nf-opt %t.fused.mlir --nf-cuda-row-formats="bf16-inputs=1 max-sequences=32" --nf-plan-memory="max-sequences=32 expert-stats=1" | %python %S/Inputs/check_plan_regions.py | FileCheck %s --check-prefix=REGIONS
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats="bf16-inputs=1 max-sequences=32" --nf-plan-memory="max-sequences=32 expert-stats=1" | %python %S/Inputs/check_plan_regions.py | FileCheck %s --check-prefix=REGIONS
 // RUN: nf-opt %t.fused.mlir --nf-plan-memory | %python %S/Inputs/check_plan_regions.py | FileCheck %s --check-prefix=CPU
 // RUN: not nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-fuse-kernels --nf-plan-memory="alignment=48" 2>&1 | FileCheck %s --check-prefix=ALIGN
 // RUN: not nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-fuse-kernels --nf-plan-memory="max-tokens=0" 2>&1 | FileCheck %s --check-prefix=TOKENS

@@ -1,0 +1,35 @@
+// RUN: nfc import %fixtures/tiny-hybrid-bf16 -o %t.mlir
+// RUN: nfc compile %t.mlir --compile-to fuse -o %t.fused.mlir
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths | FileCheck %s
+// RUN: nfc import %fixtures/tiny-hybrid -o %t.f32.mlir
+// RUN: nfc compile %t.f32.mlir --compile-to fuse -o %t.f32.fused.mlir
+// RUN: nf-opt %t.f32.fused.mlir --nf-cuda-gemm-paths | FileCheck %s --check-prefix=F32
+// RUN: nfc compile %t.mlir --compile-to plan -o - | FileCheck %s --check-prefix=CPU
+
+// tiny-hybrid-bf16 (hidden 64, bf16 weights; the shared expert's
+// intermediate 48). Prefill: every GEMM over bf16 weights with K a multiple
+// of 8 takes the bf16-plane tiles, the router's logits and both GEMMs of the
+// shared expert included.
+// CHECK-LABEL: func.func @prefill
+// CHECK: nf.linear {{.*}}nf.gemm_paths = ["bf16_planes"]
+// CHECK: nf_moe.router {{.*}}nf.gemm_paths = ["bf16_planes"]
+// CHECK: nf_moe.expert_up {{.*}}nf.gemm_paths = ["bf16_planes"]
+// CHECK: nf_moe.expert_down {{.*}}nf.gemm_paths = ["bf16_planes"]
+// CHECK: nf_moe.shared_expert {{.*}}nf.gemm_paths = ["bf16_planes", "bf16_planes"]
+// CHECK: nf.lm_head {{.*}}nf.gemm_paths = ["bf16_planes"]
+// Decode: the skinny tensor-core GEMVs where K is a multiple of 32 (not the
+// shared expert's down projection, K 48), never for the router.
+// CHECK-LABEL: func.func @decode
+// CHECK: nf.linear {{.*}}nf.gemm_paths = ["bf16_skinny"]
+// CHECK: nf_moe.shared_expert {{.*}}nf.gemm_paths = ["bf16_skinny", "other"]
+// CHECK: nf_moe.router {{.*}}nf.gemm_paths = ["other"]
+// CHECK: nf_moe.expert_up {{.*}}nf.gemm_paths = ["bf16_skinny"]
+// CHECK: nf_moe.expert_down {{.*}}nf.gemm_paths = ["bf16_skinny"]
+
+// tiny-hybrid has f32 weights: no bf16 path anywhere.
+// F32-NOT: bf16_planes
+// F32-NOT: bf16_skinny
+// F32: nf.gemm_paths = ["other"]
+
+// The pass runs for CUDA targets only: a CPU plan has no paths.
+// CPU-NOT: nf.gemm_paths
