@@ -142,6 +142,8 @@ Status Builder::step(func::FuncOp func, PlanStep &out) {
   out.reservedBytes = reserved.getInt();
   if (auto stats = func->getAttrOfType<IntegerAttr>("nf.expert_stats_offset"))
     out.expertStatsOffset = stats.getInt();
+  if (auto narrow = func->getAttrOfType<IntegerAttr>(kSkinnyNarrowTokensAttr))
+    out.skinnyNarrowTokens = narrow.getInt();
   const int64_t rows = out.maxTokens;
 
   llvm::DenseMap<Value, int> index;

@@ -92,6 +92,9 @@ struct PlanStep {
   int64_t reservedBytes = 0;
   /// The expert statistics region (CUDA steps with nf_moe.select), or -1.
   int64_t expertStatsOffset = -1;
+  /// CUDA decode steps: steps of up to this many tokens run the narrow
+  /// skinny GEMV variants (nf.skinny_narrow_tokens), or 0.
+  int64_t skinnyNarrowTokens = 0;
 };
 
 struct PlanModel {

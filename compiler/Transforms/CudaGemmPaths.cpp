@@ -2,8 +2,10 @@
 //
 // Marks the ops that run GEMMs over weights with `nf.gemm_paths`
 // (Passes.td): bf16-plane tensor-core tiles outside decode, the skinny
-// tensor-core GEMVs in decode, or another path. nf-cuda-row-formats and the
-// CUDA code generator (compiler/Target/Cuda) read the decision.
+// tensor-core GEMVs in decode, or another path, and each decode step with
+// the token count up to which its skinny GEMVs run their narrow variants
+// (`nf.skinny_narrow_tokens`). nf-cuda-row-formats and the CUDA code
+// generator (compiler/Target/Cuda) read these decisions.
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,6 +27,11 @@ using namespace mlir;
 namespace nf::compiler {
 namespace {
 
+/// Decode steps of up to this many tokens run the narrow skinny variants
+/// (items of 16 rows, mma's N, reading f32 rows); longer steps the wide
+/// variants, which stream the rows' bf16 copies (nf-cuda-row-formats).
+constexpr int64_t kSkinnyNarrowTokens = 16;
+
 struct CudaGemmPaths : impl::CudaGemmPathsBase<CudaGemmPaths> {
   void runOnOperation() override {
     Builder b(&getContext());
@@ -33,6 +40,9 @@ struct CudaGemmPaths : impl::CudaGemmPathsBase<CudaGemmPaths> {
       if (phase.empty())
         continue;
       const bool decode = phase == "decode";
+      if (decode)
+        func->setAttr(kSkinnyNarrowTokensAttr,
+                      b.getI64IntegerAttr(kSkinnyNarrowTokens));
       func.walk([&](Operation *op) {
         if (!op->getParentOfType<nfir::KernelOp>())
           return;

@@ -32,10 +32,6 @@ using namespace mlir;
 namespace nf::compiler {
 namespace {
 
-/// Decode steps of up to this many tokens run the narrow skinny GEMMs,
-/// which read f32 rows (kNarrowTokens in compiler/Target/Cuda/KernelEmitter.h).
-constexpr int64_t kNarrowTokens = 16;
-
 /// An f32 tensor of token (or expert assignment) rows.
 bool isF32Rows(Value v) {
   auto t = dyn_cast<RankedTensorType>(v.getType());
@@ -65,9 +61,16 @@ struct CudaRowFormats : impl::CudaRowFormatsBase<CudaRowFormats> {
       StringRef phase = stepPhase(func);
       if (phase == "prefill")
         markStep(func, /*decode=*/false);
-      else if (phase == "decode" && maxSequences > kNarrowTokens)
+      else if (phase == "decode" && hasWideSteps(func))
         markStep(func, /*decode=*/true);
     }
+  }
+
+  /// Decode steps can be longer than those that run the narrow skinny
+  /// variants, which read f32 rows (nf-cuda-gemm-paths).
+  bool hasWideSteps(func::FuncOp func) const {
+    auto narrow = func->getAttrOfType<IntegerAttr>(kSkinnyNarrowTokensAttr);
+    return narrow && maxSequences > narrow.getInt();
   }
 
   /// Prefill: every reader takes the value as a GEMM input on the bf16

@@ -174,8 +174,12 @@ def CudaGemmPaths : Pass<"nf-cuda-gemm-paths", "mlir::ModuleOp"> {
       operand), whose wide variants may stream a bf16 copy of the rows
       (not for routers).
     - `"other"`: the f32 and quantised paths, chosen by the code generator.
-    `nf-cuda-row-formats` and the CUDA code generator read the paths
-    instead of deciding them again.
+    Marks each decode step function with `nf.skinny_narrow_tokens` (16):
+    steps of 2 to that many tokens run the narrow skinny variants (items of
+    16 rows reading f32 rows), longer steps the wide variants, which stream
+    bf16 copies of their rows; one-token steps run row GEMVs.
+    `nf-cuda-row-formats` and the CUDA code generator read these decisions
+    instead of making them again.
   }];
 }
 
@@ -195,7 +199,8 @@ def CudaRowFormats : Pass<"nf-cuda-row-formats", "mlir::ModuleOp"> {
       a multiple of 8 whose selection is in the same kernel, and its
       producer can write bf16 rows (norms, activations, linears, expert
       up-projections).
-    - `"f32+bf16"` (decode, steps of more than 16 tokens): its result keeps
+    - `"f32+bf16"` (decode steps that can be longer than their
+      `nf.skinny_narrow_tokens`): its result keeps
       f32 rows and gets a bf16 copy beside them, which the wide skinny GEMM
       variants stream; narrow steps and every other reader take the f32
       rows, so results do not depend on the step's size. A result qualifies

@@ -26,6 +26,10 @@ inline constexpr llvm::StringLiteral kArgRoleAttr = "nf.arg";
 inline constexpr llvm::StringLiteral kRowFormatAttr = "nf.row_format";
 /// The CUDA GEMM path of each GEMM of an op (nf-cuda-gemm-paths).
 inline constexpr llvm::StringLiteral kGemmPathsAttr = "nf.gemm_paths";
+/// On decode steps: steps of up to this many tokens run the narrow skinny
+/// GEMV variants, longer ones the wide variants (nf-cuda-gemm-paths).
+inline constexpr llvm::StringLiteral kSkinnyNarrowTokensAttr =
+    "nf.skinny_narrow_tokens";
 
 /// The phase of a step function, or "" for any other function.
 llvm::StringRef stepPhase(mlir::func::FuncOp func);

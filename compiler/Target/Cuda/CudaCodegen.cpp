@@ -330,8 +330,7 @@ StatusOr<CudaStepSources> generateStep(const PlanModel &plan,
   RowFormats &rowFormats = *formats;
   // nf-plan-memory placed everything but the kernels' generated scratch,
   // which each kernel reuses after the reserved regions.
-  int64_t scratchEnd =
-      std::max(arena + step.scratchBytes, step.reservedBytes);
+  int64_t scratchEnd = std::max(arena + step.scratchBytes, step.reservedBytes);
   // The expert statistics region's layout (its offset is the planner's).
   ExpertStatsLayout stats;
   stats.rows = step.maxTokens;
@@ -354,9 +353,10 @@ StatusOr<CudaStepSources> generateStep(const PlanModel &plan,
   }
   for (size_t k = 0; k < step.kernels.size(); ++k) {
     KernelEmitter e(plan, values, rowFormats, phase, static_cast<int>(k),
-                    step.kernels[k], step.maxTokens, arena,
-                    step.reservedBytes, opts);
+                    step.kernels[k], step.maxTokens, arena, step.reservedBytes,
+                    opts);
     e.expertStats = &stats;
+    e.narrowTokens = step.skinnyNarrowTokens;
     auto src = e.run(scratchEnd);
     if (!src)
       return src.status();
@@ -374,7 +374,8 @@ StatusOr<CudaStepSources> generateStep(const PlanModel &plan,
 StatusOr<CudaPlanSources> generateCudaSources(const compiler::PlanModel &plan,
                                               const CudaCodegenOptions &opts) {
   for (const compiler::PlanStorage &s : plan.storage)
-    if (s.kind == ::nf::plan::StorageKind::KVCache && s.dtype != ::nf::plan::DType::F32)
+    if (s.kind == ::nf::plan::StorageKind::KVCache &&
+        s.dtype != ::nf::plan::DType::F32)
       return Status::error("cuda: KV cache " + s.name + " stores " +
                            ::nf::plan::EnumNameDType(s.dtype) +
                            "; the CUDA kernels read f32 caches only "

@@ -189,7 +189,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // Decode with bf16 weights: the skinny tensor-core kernel (weights as mma's
   // A operand, K split across a block's warps), which reads each weight byte
   // once at any batch size up to 64 rows per group.
-  // Two variants: up to kNarrowTokens tokens (16 features a block, 4 K
+  // Two variants: up to narrowTokens (16 features a block, 4 K
   // steps in flight) and more (32 features a block; with bf16 inputs each
   // warp's next activations staged in shared memory: batch-32 experts 93 ->
   // 79 us a launch, step 11.5 -> 10.9 ms on the H200; exact products keep
@@ -202,6 +202,11 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // variant takes 111 registers, two blocks per SM, the sweep's more than
   // 128; the 64-feature one 176, one block.)
   if (s.path == kBf16Skinny) {
+    if (narrowTokens <= 0) {
+      internalError = fn + ": a decode step without nf.skinny_narrow_tokens "
+                           "(nf-cuda-gemm-paths)";
+      return;
+    }
     constexpr int64_t kWarps = 8;
     // Blocks loop over items, so the group scan at their start is paid
     // once (measured on the H200: equal to or faster than a block per item,
@@ -225,10 +230,10 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     const int64_t narrowCap =
         opts.matmulTerms == 1 ? int64_t(opts.smCount) * 3 : cap;
     const std::string terms = num(opts.matmulTerms);
-    const int64_t narrowRows = std::min(s.maxRows, kNarrowTokens);
+    const int64_t narrowRows = std::min(s.maxRows, narrowTokens);
     const int64_t narrowItems =
         (std::min(s.G, narrowRows) + 1) * ceilDiv(s.N, 16);
-    const bool wide = maxTokens > kNarrowTokens;
+    const bool wide = wideSteps();
     // One weight (not the routed experts), not run beside the experts.
     const bool dense = s.G == 1 && !s.wideWithExperts;
     // Dynamic shared memory (nf::skinny_smem): the fold's sums and, when
@@ -248,7 +253,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
           (stageX ? warps * 2 * nt * (rows16 ? 1 : 2) * 32 * 16 : 0);
       const std::string x = stageX ? "true" : "false";
       const std::string &variantSpec =
-          minT > uint32_t(kNarrowTokens) ? wideSpec : spec;
+          minT > uint32_t(narrowTokens) ? wideSpec : spec;
       std::string tail = rows16 ? ", true" : "";
       if (rows != 16)
         tail = (rows16 ? ", true, " : ", false, ") + num(rows);
@@ -285,7 +290,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     if (!row || maxTokens > 1)
       variant(fn + (row || wide ? "_narrow" : ""),
               gridOf(narrowItems, narrowCap), 1, 4, kWarps, false, false,
-              row ? 2 : 0, wide ? kNarrowTokens : 0);
+              row ? 2 : 0, wide ? uint32_t(narrowTokens) : 0);
     if (wide && x16 && s.wideFeatureTiles && s.G == 1) {
       // A block's 8 warps own 16 features each (128 a tile) and share the
       // tile's 32 rows, staged once in shared memory: each weight byte is
@@ -305,7 +310,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
                     wideSpec + ", " + num(kMt) + ", " + num(kNt) + ", " +
                     num(kW) + ", " + num(kStages) + ", " + num(kKp) + ">(a);\n",
                 comment + " (feature tiles of 128, rows staged once)",
-                kNarrowTokens + 1, 0, /*bodyWaits=*/true);
+                narrowTokens + 1, 0, /*bodyWaits=*/true);
       launches.back().sharedBytes = static_cast<uint32_t>(smem);
     } else if (wide && x16 && dense && opts.hopperOrLater &&
                opts.matmulTerms == 1 && s.groups == "nf::DenseGroups" &&
@@ -324,14 +329,14 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
       // / 10.71 (bench/results/2026-12-01e/ab-rows32).
       const int64_t items = ceilDiv(s.maxRows, 32) * ceilDiv(s.N, 32);
       variant(fn + "_wide", gridOf(items, int64_t(opts.smCount) * 3), 2, 2,
-              kWideWarps, opts.matmulTerms == 1, x16, kNarrowTokens + 1, 0, 32);
+              kWideWarps, opts.matmulTerms == 1, x16, narrowTokens + 1, 0, 32);
       functions.back().minBlocks = 3;
     } else if (wide) {
       const int64_t items =
           (std::min(s.G, s.maxRows) + ceilDiv(s.maxRows, 16)) *
           ceilDiv(s.N, 32);
       variant(fn + "_wide", gridOf(items, kWideCap), 2, 2, kWideWarps,
-              opts.matmulTerms == 1, x16, kNarrowTokens + 1, 0);
+              opts.matmulTerms == 1, x16, narrowTokens + 1, 0);
       if (wide4) // 128 registers: ptxas took 140 for the routed experts'
         functions.back().minBlocks = 4; // up (co-launch), three an SM
     }
@@ -386,7 +391,7 @@ void KernelEmitter::emitTmaLinear(const std::string &fn,
     launches.back().sharedBytes = static_cast<uint32_t>(tmaLinearSmem(c));
   };
   const int64_t split = kTmaRows32.rows;
-  launch(fn + "_wide", kTmaRows32, kNarrowTokens + 1,
+  launch(fn + "_wide", kTmaRows32, narrowTokens + 1,
          maxTokens > split ? uint32_t(split) : 0);
   if (maxTokens > split)
     launch(fn + "_wide64", kTmaRows64, uint32_t(split + 1), 0);
@@ -599,13 +604,12 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   // -> 3.16 ms), but 44 us against 22 + 3.3 for in_proj and the conv at
   // batch 32 on the H200. The wide variants store xBC, and a conv launch
   // follows for their steps.
-  const bool wideConv =
-      convPiece >= 0 && s.path == kBf16Skinny && maxTokens > kNarrowTokens;
+  const bool wideConv = convPiece >= 0 && s.path == kBf16Skinny && wideSteps();
   if (wideConv)
     s.wideStore = rawStore;
   emitLinear(fnName(i, label), s, comment);
   if (wideConv)
-    if (auto conv = causalConv(i + 2, kNarrowTokens + 1); !conv)
+    if (auto conv = causalConv(i + 2, narrowTokens + 1); !conv)
       return conv;
   return consumed;
 }

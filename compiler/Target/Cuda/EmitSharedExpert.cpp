@@ -35,8 +35,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
       "(a, " + num(hidden) + "ll)";
   // Decode: a bf16 copy for the wide down projection (as nf-cuda-row-formats
   // gives values).
-  const bool hiddenCopy =
-      decodeCopiesOn(phase, opts, maxTokens) && gemmPath(op, 1) == kBf16Skinny;
+  const bool hiddenCopy = decodeCopies() && gemmPath(op, 1) == kBf16Skinny;
   const std::string hidCopy =
       hiddenCopy ? "nf::arena<unsigned short>(a, " +
                        num(newScratch(maxTokens * I * 2)) + "ll)"
@@ -206,11 +205,11 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
       !endsWith(launches[l1 + 1].function, "moe_route"))
     return consumed;
   // The last variant of each GEMV is the wide one where steps have more
-  // than kNarrowTokens tokens; the others (one token, few tokens) run
+  // than the narrow tokens; the others (one token, few tokens) run
   // beside the routing chain.
   bool split = withExperts && variants >= 2 && l3 - l2 == 1 &&
-               l4 - l3 == variants && l5 - l4 == variants &&
-               launches[l0 + variants - 1].minTokens > kNarrowTokens;
+               l4 - l3 == variants && l5 - l4 == variants && wideSteps() &&
+               launches[l0 + variants - 1].minTokens > narrowTokens;
   // (The wide variants run beside the shared expert's.)
   split = split && functions[l3 + variants - 1].sliceable &&
           functions[l4 + variants - 1].sliceable;

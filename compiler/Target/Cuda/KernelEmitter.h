@@ -114,23 +114,10 @@ struct ExpertStatsLayout {
   }
 };
 
-/// Decode steps of 2 to this many tokens run the narrow skinny variants
-/// (f32 rows), longer ones the wide variants, one-token steps row_linear
-/// (emitLinear).
-constexpr int64_t kNarrowTokens = 16;
 /// row_linear's 16-byte weight chunks in flight a lane (steps of one token):
 /// 6 was the best of 4 to 11 on the Nano shapes alone on the H200
 /// (bench/kernels/row_linear_sweep.cu).
 constexpr int64_t kRowChunks = 6;
-
-/// Rows that skinny GEMVs read get bf16 copies for their wide variants
-/// (nf.row_format "f32+bf16"): decode steps of bf16 inputs that have wide
-/// variants.
-inline bool decodeCopiesOn(const std::string &phase,
-                           const CudaCodegenOptions &opts, int64_t maxTokens) {
-  return phase == "decode" && bf16RowsAllowed(opts) &&
-         maxTokens > kNarrowTokens;
-}
 
 inline std::string num(int64_t v) { return std::to_string(v); }
 
@@ -196,13 +183,13 @@ struct LinearSpec {
   int64_t rowsPerToken = 1; // input rows per token (assignments: top-k)
   std::string store;        // statements storing v at (r, n)
   /// Optional: the store of the wide decode variants (steps of more than
-  /// kNarrowTokens tokens) where it differs (S::store of `<spec>_wide`).
+  /// the step's narrow tokens) where it differs (S::store of `<spec>_wide`).
   std::string wideStore;
   /// Optional (N even): statements storing v0 at (r, n) and v1 at (r, n + 1)
   /// for an even n, in one store each (S::store2).
   std::string store2;
   int64_t maxRows = 0;
-  /// Decode steps of more than kNarrowTokens tokens with a bf16 copy of the
+  /// Decode steps of more than the narrow tokens with a bf16 copy of the
   /// input: split_k_linear instead of skinny_linear's wide variant (for
   /// layers with enough feature tiles to fill the GPU without splitting K).
   bool wideFeatureTiles = false;
@@ -310,13 +297,22 @@ private:
     return "nf::arena<unsigned short>(a, " + num(rowFormats.shadow.at(v)) +
            "ll)";
   }
-  /// f32 rows with a bf16 copy that steps of more than kNarrowTokens
-  /// tokens write (nf::ShadowedRows).
-  static std::string shadowedRows(const std::string &f32,
-                                  const std::string &bf16) {
-    return "nf::shadowed_rows<" + num(kNarrowTokens) + ">(a->num_tokens, " +
+  /// f32 rows with a bf16 copy that the wide steps write
+  /// (nf::ShadowedRows).
+  std::string shadowedRows(const std::string &f32,
+                           const std::string &bf16) const {
+    return "nf::shadowed_rows<" + num(narrowTokens) + ">(a->num_tokens, " +
            f32 + ", " + bf16 + ")";
   }
+  /// A decode step whose longest steps run the wide skinny variants (more
+  /// than nf.skinny_narrow_tokens tokens); steps of 2 to that many tokens
+  /// run the narrow ones, one-token steps row_linear (emitLinear).
+  bool wideSteps() const {
+    return phase == "decode" && narrowTokens > 0 && maxTokens > narrowTokens;
+  }
+  /// Rows that skinny GEMVs read get bf16 copies for their wide variants
+  /// (nf.row_format "f32+bf16" of nf-cuda-row-formats).
+  bool decodeCopies() const { return bf16RowsAllowed(opts) && wideSteps(); }
   /// Pointer expression of activation v as its producer writes it: f32,
   /// `unsigned short *` for bf16 rows, or nf::ShadowedRows for f32 rows
   /// with a bf16 copy (written with nf::store_act).
@@ -596,6 +592,8 @@ private:
 public:
   /// The step's expert statistics (none: offset -1).
   const ExpertStatsLayout *expertStats = nullptr;
+  /// The step's nf.skinny_narrow_tokens (decode; 0 elsewhere).
+  int64_t narrowTokens = 0;
 
 private:
   const PlanModel &plan;

@@ -19,7 +19,9 @@
 // CHECK: nf.lm_head {{.*}}nf.gemm_paths = ["bf16_planes"]
 // Decode: the skinny tensor-core GEMVs where K is a multiple of 32 (not the
 // shared expert's down projection, K 48), never for the router.
+// Decode steps record how many tokens their narrow skinny variants take.
 // CHECK-LABEL: func.func @decode
+// CHECK-SAME: nf.skinny_narrow_tokens = 16
 // CHECK: nf.linear {{.*}}nf.gemm_paths = ["bf16_skinny"]
 // CHECK: nf_moe.shared_expert {{.*}}nf.gemm_paths = ["bf16_skinny", "other"]
 // CHECK: nf_moe.router {{.*}}nf.gemm_paths = ["other"]
@@ -33,3 +35,4 @@
 
 // The pass runs for CUDA targets only: a CPU plan has no paths.
 // CPU-NOT: nf.gemm_paths
+// CPU-NOT: nf.skinny_narrow_tokens
