@@ -22,6 +22,18 @@ bool keepsBefore(const std::shared_ptr<Request> &x,
   return x->effectivePriority() < y->effectivePriority();
 }
 
+/// `r`'s prompt is longer than p tokens and starts with the first p tokens
+/// of `source`'s, under the same cache salt (so a snapshot of `source` at p
+/// serves `r`). Compared from the point back: prompts with a common start
+/// differ near their ends, so a pair that does not match stops at once.
+bool startsWithPromptOf(const Request &r, const Request &source, size_t p) {
+  return r.cacheSalt == source.cacheSalt && p < r.prompt.size() &&
+         p <= source.prompt.size() &&
+         std::equal(std::make_reverse_iterator(source.prompt.begin() + p),
+                    source.prompt.rend(),
+                    std::make_reverse_iterator(r.prompt.begin() + p));
+}
+
 } // namespace
 
 Scheduler::Scheduler(nf_model *model, const SchedulerOptions &options)
@@ -224,18 +236,10 @@ bool Scheduler::awaitsSnapshot(const Request &r) const {
   // wait ends, whether or not the snapshot was kept.
   if (!cache_ || !r.generated.empty() || r.owesPromptLogprobs())
     return false;
-  for (const auto &l : running_) {
-    if (l->cacheSalt != r.cacheSalt)
-      continue;
-    // Compared from the point back: prompts with a common start differ
-    // near their ends, so a pair that does not match stops at once.
+  for (const auto &l : running_)
     for (auto p = l->snapshots.rbegin(); p != l->snapshots.rend(); ++p)
-      if (*p > l->fed && *p < r.prompt.size() &&
-          std::equal(std::make_reverse_iterator(l->prompt.begin() + *p),
-                     l->prompt.rend(),
-                     std::make_reverse_iterator(r.prompt.begin() + *p)))
+      if (*p > l->fed && startsWithPromptOf(r, *l, *p))
         return true;
-  }
   return false;
 }
 
@@ -279,11 +283,7 @@ void Scheduler::planSnapshots(Request &r) const {
 
 bool Scheduler::awaitedByWaiting(const Request &r, size_t p) const {
   for (const auto &w : waiting_)
-    if (w->cacheSalt == r.cacheSalt && w->generated.empty() &&
-        p < w->prompt.size() &&
-        std::equal(std::make_reverse_iterator(r.prompt.begin() + p),
-                   r.prompt.rend(),
-                   std::make_reverse_iterator(w->prompt.begin() + p)))
+    if (w->generated.empty() && startsWithPromptOf(*w, r, p))
       return true;
   return false;
 }
