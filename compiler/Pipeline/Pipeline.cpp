@@ -59,6 +59,13 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
     rowFormats.bf16Inputs = options.cudaBf16Inputs;
     rowFormats.maxSequences = options.maxSequences;
     pm.addPass(createCudaRowFormats(rowFormats));
+    if (options.cudaTarget) {
+      CudaGemmVariantsOptions variants;
+      variants.maxSequences = options.maxSequences;
+      variants.smCount = options.cudaSmCount;
+      variants.hopperOrLater = options.cudaHopperOrLater;
+      pm.addPass(createCudaGemmVariants(variants));
+    }
     PlanMemoryOptions memory;
     memory.maxTokens = options.maxTokens;
     memory.maxSequences = options.maxSequences;

@@ -35,6 +35,10 @@ struct PipelineOptions {
   /// A CUDA target: nf-plan-memory reserves the expert statistics region
   /// its steps write.
   bool cudaTarget = false;
+  /// The CUDA target's SMs, and whether every architecture is sm_90 or
+  /// later (nf-cuda-gemm-variants).
+  int64_t cudaSmCount = 132;
+  bool cudaHopperOrLater = false;
   /// Compile-time quantisation (nf-quantize-weights): "" (none), "fp8" or
   /// "int4"; which weights ("experts" or "all"); int4 columns per scale.
   std::string quantizeWeights;

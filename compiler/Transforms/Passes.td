@@ -183,6 +183,37 @@ def CudaGemmPaths : Pass<"nf-cuda-gemm-paths", "mlir::ModuleOp"> {
   }];
 }
 
+def CudaGemmVariants : Pass<"nf-cuda-gemm-variants", "mlir::ModuleOp"> {
+  let summary = "Chooses the kernel of each skinny GEMM in wide decode steps";
+  let description = [{
+    In decode steps that can be longer than their `nf.skinny_narrow_tokens`
+    (`max-sequences` more), marks every op with `nf.gemm_paths` with
+    `nf.gemm_wide_variants`, one string per GEMM: the kernel its longer
+    steps run.
+    - `"feature_tiles"`: an LM head whose result no op reads (it computes
+      only the logit rows) and whose input has a bf16 copy
+      (`nf-cuda-row-formats`): tiles of 128 features whose rows are staged
+      once in shared memory.
+    - `"tma"`: another single dense weight (`nf.linear`, `nf.lm_head`,
+      `nf_moe.latent_proj`) whose input has a bf16 copy, every target sm_90
+      or later: weights and rows streamed into shared memory by TMA.
+    - `"skinny_rows32"`: a dense weight of more than two 32-feature columns
+      an SM: skinny items of up to 32 rows, each weight tile read once.
+    - `"skinny"`: the skinny GEMV's wide variant (routed experts, the shared
+      expert beside them, other dense weights).
+    - `"none"`: a GEMM not on the `"bf16_skinny"` path.
+    The CUDA code generator emits the variant it is given.
+  }];
+  let options = [
+    Option<"maxSequences", "max-sequences", "int64_t", /*default=*/"64",
+           "Most tokens in one decode step">,
+    Option<"smCount", "sm-count", "int64_t", /*default=*/"132",
+           "Streaming multiprocessors the launch grids are sized for">,
+    Option<"hopperOrLater", "hopper-or-later", "bool", /*default=*/"false",
+           "Every target is sm_90 or later (TMA)">,
+  ];
+}
+
 def CudaRowFormats : Pass<"nf-cuda-row-formats", "mlir::ModuleOp"> {
   let summary = "Chooses how a CUDA plan stores the activations GEMMs read";
   let description = [{

@@ -30,6 +30,10 @@ inline constexpr llvm::StringLiteral kGemmPathsAttr = "nf.gemm_paths";
 /// GEMV variants, longer ones the wide variants (nf-cuda-gemm-paths).
 inline constexpr llvm::StringLiteral kSkinnyNarrowTokensAttr =
     "nf.skinny_narrow_tokens";
+/// The kernel each GEMM of an op runs in wide decode steps
+/// (nf-cuda-gemm-variants).
+inline constexpr llvm::StringLiteral kGemmWideVariantsAttr =
+    "nf.gemm_wide_variants";
 
 /// The phase of a step function, or "" for any other function.
 llvm::StringRef stepPhase(mlir::func::FuncOp func);

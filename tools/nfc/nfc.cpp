@@ -16,11 +16,11 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Target/Cuda/CudaBackend.h"
-#include "Target/Cuda/KernelCache.h"
 #include "Pipeline/Pipeline.h"
 #include "Plan/PlanWriter.h"
 #include "Plan/QuantizedWeights.h"
+#include "Target/Cuda/CudaBackend.h"
+#include "Target/Cuda/KernelCache.h"
 #include "import/Importer.h"
 #include "nf/IR/NfOps.h"
 #include "nf/file.h"
@@ -294,6 +294,10 @@ int runCompile(const CompileFlags &flags) {
   nf::compiler::PipelineOptions pipeline = flags.pipeline;
   pipeline.cudaBf16Inputs = cuda && nf::codegen::roundsGemmInputsToBf16(*cuda);
   pipeline.cudaTarget = cuda.has_value();
+  if (cuda) {
+    pipeline.cudaSmCount = cuda->smCount;
+    pipeline.cudaHopperOrLater = nf::codegen::targetsHopperOrLater(*cuda);
+  }
   nf::compiler::buildPipeline(pm, *phase, pipeline);
   if (mlir::failed(pm.run(*module)))
     return fail(firstError.message.empty()

@@ -65,6 +65,12 @@ bool roundsGemmInputsToBf16(const CudaOptions &opts) {
                      [](const std::string &a) { return capability(a) >= 80; });
 }
 
+bool targetsHopperOrLater(const CudaOptions &opts) {
+  return !opts.archs.empty() &&
+         std::all_of(opts.archs.begin(), opts.archs.end(),
+                     [](const std::string &a) { return capability(a) >= 90; });
+}
+
 namespace {
 
 struct Job {
@@ -127,9 +133,7 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const compiler::PlanModel &plan,
   cg.ampereOrLater =
       std::all_of(opts.archs.begin(), opts.archs.end(),
                   [&](const std::string &a) { return capability(a) >= 80; });
-  cg.hopperOrLater =
-      std::all_of(opts.archs.begin(), opts.archs.end(),
-                  [&](const std::string &a) { return capability(a) >= 90; });
+  cg.hopperOrLater = targetsHopperOrLater(opts);
   cg.maxSharedBytes = 227 * 1024;
   for (const std::string &a : opts.archs) {
     const int cc = capability(a);

@@ -66,6 +66,8 @@ struct CudaPlanBinaries {
 /// target has mma.sync's bf16 shapes (sm_80 or later): their producers may
 /// then store them rounded (nf-cuda-row-formats).
 bool roundsGemmInputsToBf16(const CudaOptions &opts);
+/// Every target is sm_90 or later (thread block clusters, TMA).
+bool targetsHopperOrLater(const CudaOptions &opts);
 
 StatusOr<CudaPlanBinaries> compileCudaPlan(const compiler::PlanModel &plan,
                                            const CudaOptions &opts);

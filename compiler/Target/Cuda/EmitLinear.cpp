@@ -291,7 +291,18 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
       variant(fn + (row || wide ? "_narrow" : ""),
               gridOf(narrowItems, narrowCap), 1, 4, kWarps, false, false,
               row ? 2 : 0, wide ? uint32_t(narrowTokens) : 0);
-    if (wide && x16 && s.wideFeatureTiles && s.G == 1) {
+    // The wide steps' kernel: nf-cuda-gemm-variants' choice, whose
+    // conditions the kernels need are checked here.
+    const std::string &wv = s.wideVariant;
+    auto require = [&](bool ok, const char *what) {
+      if (!ok)
+        internalError = fn + ": wide variant \"" + wv + "\" needs " + what;
+    };
+    if (wide && wv.empty())
+      internalError =
+          fn + ": the op has no nf.gemm_wide_variants (nf-cuda-gemm-variants)";
+    if (wide && wv == "feature_tiles") {
+      require(x16 && s.G == 1, "one weight and the rows' bf16 copy");
       // A block's 8 warps own 16 features each (128 a tile) and share the
       // tile's 32 rows, staged once in shared memory: each weight byte is
       // read once per 32 rows, the rows once per 128 features (skinny items
@@ -312,13 +323,17 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
                 comment + " (feature tiles of 128, rows staged once)",
                 narrowTokens + 1, 0, /*bodyWaits=*/true);
       launches.back().sharedBytes = static_cast<uint32_t>(smem);
-    } else if (wide && x16 && dense && opts.hopperOrLater &&
-               opts.matmulTerms == 1 && s.groups == "nf::DenseGroups" &&
-               s.weightIndex >= 0 && s.shadowOffset >= 0 && s.rowIndex == "r" &&
-               s.K % 8 == 0 && kTmaSmem <= opts.maxSharedBytes) {
+    } else if (wide && wv == "tma") {
+      require(x16 && dense && opts.hopperOrLater && opts.matmulTerms == 1 &&
+                  s.groups == "nf::DenseGroups" && s.weightIndex >= 0 &&
+                  s.shadowOffset >= 0 && s.rowIndex == "r" && s.K % 8 == 0 &&
+                  kTmaSmem <= opts.maxSharedBytes,
+              "one dense weight, the rows' bf16 copy and sm_90");
       // One dense weight read from the rows' bf16 copy: TMA (nf_tma.cuh).
       emitTmaLinear(fn, wideSpec, s, comment);
-    } else if (wide && dense && wide4 && 2 * ceilDiv(s.N, 32) > kWideCap) {
+    } else if (wide && wv == "skinny_rows32") {
+      require(dense && wide4 && 2 * ceilDiv(s.N, 32) > kWideCap,
+              "a dense weight of more 32-feature items than fit at once");
       // Wide layers whose 16-row items at 32 rows would not all fit on the
       // GPU at once (in_proj: 644 items for 528 blocks): items of up to 32
       // rows, each weight tile read once, in one round of three blocks an
@@ -332,6 +347,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
               kWideWarps, opts.matmulTerms == 1, x16, narrowTokens + 1, 0, 32);
       functions.back().minBlocks = 3;
     } else if (wide) {
+      require(wv == "skinny" || wv.empty(), "a kernel (unknown variant)");
       const int64_t items =
           (std::min(s.G, s.maxRows) + ceilDiv(s.maxRows, 16)) *
           ceilDiv(s.N, 32);
@@ -409,6 +425,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     return fail(i, "weight does not match the input and result");
   LinearSpec s;
   s.path = gemmPath(op, 0);
+  s.wideVariant = gemmWideVariant(op, 0);
   s.wtype = *wt;
   s.N = shape[0];
   s.K = shape[1];
@@ -425,7 +442,6 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   // (a->logit_rows: the last token of each sequence unless every token's
   // logits are asked for), when nothing else reads its result.
   if (label == "lm_head" && usersOf(out[0]).empty()) {
-    s.wideFeatureTiles = true;
     s.groups = "nf::LogitRowGroups";
     s.rowIndex = "nf::logit_row(a, r)";
     rn = "static_cast<long long>(nf::logit_row(a, r)) * ";

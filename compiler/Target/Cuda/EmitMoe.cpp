@@ -291,6 +291,7 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
     return fail(i, "weight is not [experts, out, in] stacked experts");
   LinearSpec s;
   s.path = gemmPath(op, 0);
+  s.wideVariant = gemmWideVariant(op, 0);
   s.wtype = *wt;
   s.N = shape[1];
   s.K = shape[2];

@@ -43,6 +43,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   const std::string hidOut = hiddenCopy ? shadowedRows(hid, hidCopy) : hid;
   LinearSpec s1;
   s1.path = gemmPath(op, 0);
+  s1.wideVariant = gemmWideVariant(op, 0);
   s1.wtype = *ut;
   s1.N = I;
   s1.K = H;
@@ -63,6 +64,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
                  num(hidden) + (hidden16 ? ", bf16 rows)" : ")"));
   LinearSpec s2;
   s2.path = gemmPath(op, 1);
+  s2.wideVariant = gemmWideVariant(op, 1);
   s2.wtype = *dt;
   s2.N = down[0];
   s2.K = I;

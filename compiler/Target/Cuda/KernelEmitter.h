@@ -62,6 +62,13 @@ inline std::string gemmPath(const PlanOp &op, size_t i) {
   std::vector<std::string> paths = stringListAttr(op, "nf.gemm_paths");
   return i < paths.size() ? paths[i] : std::string();
 }
+/// The kernel of `op`'s GEMM i in wide decode steps
+/// (nf-cuda-gemm-variants: "feature_tiles", "tma", "skinny_rows32",
+/// "skinny", "none"), or "" when the op has none.
+inline std::string gemmWideVariant(const PlanOp &op, size_t i) {
+  std::vector<std::string> v = stringListAttr(op, "nf.gemm_wide_variants");
+  return i < v.size() ? v[i] : std::string();
+}
 /// Plane GEMM inputs may be stored as bf16 rows by their producers
 /// (nf-cuda-row-formats): one bf16 term, targets with mma.sync's bf16 shapes.
 inline bool bf16RowsAllowed(const CudaCodegenOptions &opts) {
@@ -162,6 +169,9 @@ struct LinearSpec {
   /// The GEMM's path (nf-cuda-gemm-paths: "bf16_planes", "bf16_skinny",
   /// "other"); gemmPath of the op it comes from.
   std::string path;
+  /// The kernel of wide decode steps (nf-cuda-gemm-variants); gemmWideVariant
+  /// of the op it comes from.
+  std::string wideVariant;
   std::string wtype;
   int64_t N = 0, K = 0, G = 1;
   std::string groups = "nf::DenseGroups";
@@ -189,10 +199,6 @@ struct LinearSpec {
   /// for an even n, in one store each (S::store2).
   std::string store2;
   int64_t maxRows = 0;
-  /// Decode steps of more than the narrow tokens with a bf16 copy of the
-  /// input: split_k_linear instead of skinny_linear's wide variant (for
-  /// layers with enough feature tiles to fill the GPU without splitting K).
-  bool wideFeatureTiles = false;
   /// The shared expert: its wide variant runs side by side with the routed
   /// experts' and takes their block size.
   bool wideWithExperts = false;

@@ -1,0 +1,99 @@
+//===- CudaGemmVariants.cpp - the kernel of each wide decode GEMM --------===//
+//
+// Marks the ops that run GEMMs over weights in decode steps with wide steps
+// (more tokens than their `nf.skinny_narrow_tokens`) with
+// `nf.gemm_wide_variants` (Passes.td): the kernel the skinny GEMMs run in
+// those steps. The CUDA code generator (compiler/Target/Cuda/EmitLinear.cpp)
+// emits the variant it is given, with the measurements behind each choice.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Transforms/Passes.h"
+#include "Transforms/StepUtils.h"
+
+#include "nf/IR/NfOps.h"
+#include "nf_moe/IR/NfMoeOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseSet.h"
+
+namespace nf::compiler {
+#define GEN_PASS_DEF_CUDAGEMMVARIANTS
+#include "Transforms/Passes.h.inc"
+} // namespace nf::compiler
+
+using namespace mlir;
+
+namespace nf::compiler {
+namespace {
+
+/// Features of a wide skinny item (32) and items a layer needs before its
+/// 16-row items would not all fit on the GPU at once (more than two item
+/// columns an SM; EmitLinear.cpp's four-warp wide blocks, four an SM).
+constexpr int64_t kWideFeatures = 32;
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct CudaGemmVariants : impl::CudaGemmVariantsBase<CudaGemmVariants> {
+  using CudaGemmVariantsBase::CudaGemmVariantsBase;
+
+  void runOnOperation() override {
+    for (auto func : getOperation().getOps<func::FuncOp>()) {
+      auto narrow = func->getAttrOfType<IntegerAttr>(kSkinnyNarrowTokensAttr);
+      if (stepPhase(func) == "decode" && narrow &&
+          maxSequences > narrow.getInt())
+        markStep(func);
+    }
+  }
+
+  void markStep(func::FuncOp func) {
+    // Values some op reads (an LM head whose result nothing reads computes
+    // only the rows whose logits the runtime takes).
+    llvm::DenseSet<Value> read;
+    func.walk([&](Operation *op) {
+      if (op->getParentOfType<nfir::KernelOp>() && !isa<nfir::YieldOp>(op))
+        for (Value v : op->getOperands())
+          read.insert(canonicalValue(v));
+    });
+    Builder b(&getContext());
+    func.walk([&](Operation *op) {
+      SmallVector<StringRef, 2> paths = gemmPaths(*op);
+      if (paths.empty())
+        return;
+      SmallVector<Attribute, 2> variants;
+      for (StringRef path : paths)
+        variants.push_back(b.getStringAttr(
+            path == "bf16_skinny" ? variant(*op, read) : "none"));
+      op->setAttr(kGemmWideVariantsAttr, b.getArrayAttr(variants));
+    });
+  }
+
+  /// The wide kernel of a skinny GEMM. Routed experts and the shared expert
+  /// (which runs beside them) keep skinny items; one dense weight can
+  /// take feature tiles (an LM head whose rows are the logit rows), TMA or
+  /// items of 32 rows.
+  StringRef variant(Operation &op, const llvm::DenseSet<Value> &read) const {
+    if (!isa<nfir::LinearOp, nfir::LMHeadOp, moe::LatentProjOp>(op))
+      return "skinny";
+    auto w = dyn_cast<RankedTensorType>(op.getOperand(1).getType());
+    const int64_t n = w ? w.getShape().front() : 0;
+    const bool logitRows =
+        isa<nfir::LMHeadOp>(op) && !read.contains(op.getResult(0));
+    // The input's bf16 copy (nf-cuda-row-formats), which feature tiles and
+    // TMA stream.
+    Operation *producer = canonicalValue(op.getOperand(0)).getDefiningOp();
+    auto format = producer ? producer->getAttrOfType<StringAttr>(kRowFormatAttr)
+                           : StringAttr();
+    const bool copy = format && format.getValue() == "f32+bf16";
+    if (copy && logitRows)
+      return "feature_tiles";
+    if (copy && !logitRows && hopperOrLater)
+      return "tma";
+    if (ceilDiv(n, kWideFeatures) > 2 * smCount)
+      return "skinny_rows32";
+    return "skinny";
+  }
+};
+
+} // namespace
+} // namespace nf::compiler

@@ -1,0 +1,42 @@
+// RUN: nfc import %fixtures/tiny-hybrid-bf16 -o %t.mlir
+// RUN: nfc compile %t.mlir --compile-to fuse -o %t.fused.mlir
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats=bf16-inputs=1 --nf-cuda-gemm-variants=hopper-or-later=1 | FileCheck %s
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-gemm-variants=sm-count=1 | FileCheck %s --check-prefix=FEW-SMS
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats=bf16-inputs=1 --nf-cuda-gemm-variants=hopper-or-later=0 | FileCheck %s --check-prefix=NO-TMA
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-gemm-variants=max-sequences=16 | FileCheck %s --check-prefix=NARROW
+
+// tiny-hybrid-bf16 (hidden 64, bf16 weights). Prefill steps have no wide
+// decode variants.
+// CHECK-LABEL: func.func @prefill
+// CHECK-NOT: nf.gemm_wide_variants
+// Decode with bf16 inputs on sm_90: the dense projections, whose inputs
+// get bf16 copies, stream on TMA; the routed experts and the shared expert
+// beside them keep the skinny GEMV (the shared expert's down projection,
+// K 48, and the router are not on the skinny path); the LM head, whose
+// result only the runtime reads, runs feature tiles.
+// CHECK-LABEL: func.func @decode
+// CHECK: nf.linear {{.*}}nf.gemm_wide_variants = ["tma"]
+// CHECK: nf_moe.shared_expert {{.*}}nf.gemm_wide_variants = ["skinny", "none"]
+// CHECK: nf_moe.router {{.*}}nf.gemm_wide_variants = ["none"]
+// CHECK: nf_moe.expert_up {{.*}}nf.gemm_wide_variants = ["skinny"]
+// CHECK: nf_moe.expert_down {{.*}}nf.gemm_wide_variants = ["skinny"]
+// CHECK: nf.lm_head {{.*}}nf.gemm_wide_variants = ["feature_tiles"]
+
+// Exact inputs (no bf16 copies) on one SM: every dense weight has more
+// 32-feature items than two an SM, so its wide steps take items of 32 rows.
+// FEW-SMS-LABEL: func.func @decode
+// FEW-SMS-NOT: "tma"
+// FEW-SMS-NOT: "feature_tiles"
+// FEW-SMS: nf.linear {{.*}}nf.gemm_wide_variants = ["skinny_rows32"]
+// FEW-SMS: nf_moe.expert_up {{.*}}nf.gemm_wide_variants = ["skinny"]
+// FEW-SMS: nf.lm_head {{.*}}nf.gemm_wide_variants = ["skinny_rows32"]
+
+// Copies but a target before sm_90: no TMA; the LM head keeps its tiles.
+// NO-TMA-LABEL: func.func @decode
+// NO-TMA-NOT: "tma"
+// NO-TMA: nf.linear {{.*}}nf.gemm_wide_variants = ["skinny"]
+// NO-TMA: nf.lm_head {{.*}}nf.gemm_wide_variants = ["feature_tiles"]
+
+// Decode steps of at most nf.skinny_narrow_tokens tokens have no wide
+// variants.
+// NARROW-NOT: nf.gemm_wide_variants
