@@ -15,9 +15,10 @@ BOXES = [
     # Compiler: nfc (links MLIR)
     (0, 0, 1, "compiler/hf", ["config.json, safetensors headers", "-> ModelConfig, bound weights"], "#dbe9f6"),
     (0, 1, 1, "compiler/import", ["-> nf dialect: nf.model", "nf.weight, nf.mamba2, nf.moe, ..."], "#dbe9f6"),
-    (0, 2, 1, "compiler/Transforms", ["OutlineSteps, LowerMixers, LowerMoE",
-                                      "PackWeights, FuseKernels -> nf.kernel", "CudaGemmPaths, CudaRowFormats,",
-                                      "CudaGemmVariants, PlanMemory"], "#dbe9f6"),
+    (0, 2, 1, "compiler/Transforms", ["OutlineSteps, LowerMixers, LowerMoE,",
+                                      "PackWeights, FuseKernels (nf.kernel);",
+                                      "Cuda: GemmPaths, Epilogues, RowFormats,",
+                                      "GemmVariants (CUDA targets); PlanMemory"], "#dbe9f6"),
     (0, 3, 1, "compiler/Target/Cuda", ["CUDA C++ per op family (Emit*.cpp)", "over the PlanModel, kernels/*.cuh",
                                        "NVRTC -> cubins + PTX, kernel cache"], "#dbe9f6"),
     (0, 4, 1, "compiler/Plan", ["PlanModel: the module as numbered values", "PlanWriter -> plan.nfb, written once",

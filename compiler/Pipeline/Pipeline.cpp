@@ -53,8 +53,10 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
   if (last >= Phase::Fuse)
     pm.addPass(createFuseKernels());
   if (last >= Phase::Plan) {
-    if (options.cudaTarget)
+    if (options.cudaTarget) {
       pm.addPass(createCudaGemmPaths());
+      pm.addPass(createCudaEpilogues());
+    }
     CudaRowFormatsOptions rowFormats;
     rowFormats.bf16Inputs = options.cudaBf16Inputs;
     rowFormats.maxSequences = options.maxSequences;

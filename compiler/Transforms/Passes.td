@@ -214,6 +214,25 @@ def CudaGemmVariants : Pass<"nf-cuda-gemm-variants", "mlir::ModuleOp"> {
   ];
 }
 
+def CudaEpilogues : Pass<"nf-cuda-epilogues", "mlir::ModuleOp"> {
+  let summary = "Chooses the ops that CUDA linear layers compute in their epilogues";
+  let description = [{
+    Marks every `nf.linear`, `nf.lm_head` and `nf_moe.latent_proj` inside an
+    `nf.kernel` region whose next ops its GEMM's epilogue computes with
+    `nf.epilogue`, the names of those ops in order:
+    - `["nf.split", "nf_kv.append"]`: the split of its result, then the
+      append of two of the pieces into an f32 KV cache (the K/V rows are
+      stored into their pages as they are computed);
+    - `["nf.split", "nf_kv.causal_conv"]` (decode steps): the split, then
+      the decode conv of a piece (each channel's conv computed as its
+      column is stored);
+    - `["nf.split"]`: the split of its result (each piece stored directly);
+    - `["nf.activation"]`: an activation of its result.
+    The CUDA code generator emits those ops in the GEMM's store instead of
+    launching them.
+  }];
+}
+
 def CudaRowFormats : Pass<"nf-cuda-row-formats", "mlir::ModuleOp"> {
   let summary = "Chooses how a CUDA plan stores the activations GEMMs read";
   let description = [{

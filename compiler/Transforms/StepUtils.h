@@ -34,6 +34,8 @@ inline constexpr llvm::StringLiteral kSkinnyNarrowTokensAttr =
 /// (nf-cuda-gemm-variants).
 inline constexpr llvm::StringLiteral kGemmWideVariantsAttr =
     "nf.gemm_wide_variants";
+/// The ops after a CUDA GEMM that its epilogue computes (nf-cuda-epilogues).
+inline constexpr llvm::StringLiteral kEpilogueAttr = "nf.epilogue";
 
 /// The phase of a step function, or "" for any other function.
 llvm::StringRef stepPhase(mlir::func::FuncOp func);

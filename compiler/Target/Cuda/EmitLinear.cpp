@@ -454,10 +454,21 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   int convPiece = -1;
   std::string rawStore;
   std::vector<size_t> fused;
+  // The ops the epilogue computes: nf-cuda-epilogues' choice.
+  const std::vector<std::string> epilogue = stringListAttr(op, "nf.epilogue");
+  for (size_t k = 0; k < epilogue.size(); ++k)
+    if (i + 1 + k >= ops.size() || opName(*ops[i + 1 + k]) != epilogue[k])
+      return fail(i, "nf.epilogue names " + epilogue[k] +
+                         ", which does not follow");
+  auto cannotFuse = [&](size_t k) {
+    return fail(k, "cannot be computed in the linear layer's epilogue "
+                   "(nf.epilogue)");
+  };
 
   // linear + split [+ append]: the epilogue writes the split columns.
-  if (i + 1 < ops.size() && opCode(*ops[i + 1]) == OpCode::Split &&
-      operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
+  if (!epilogue.empty() && epilogue[0] == "nf.split") {
+    if (operands(*ops[i + 1]) != std::vector<int>{out[0]})
+      return cannotFuse(i + 1);
     const PlanOp &sp = *ops[i + 1];
     auto pieces = results(sp);
     auto sizes = listAttr(sp, attr::Sizes);
@@ -474,7 +485,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
       return fail(i + 1, "sizes do not sum to the input's columns");
     // K/V rows of a following append, by split piece.
     std::map<int, std::string> cacheOf;
-    if (i + 2 < ops.size() && opCode(*ops[i + 2]) == OpCode::KvAppend) {
+    if (epilogue.size() == 2 && epilogue[1] == "nf_kv.append") {
       const PlanOp &ap = *ops[i + 2];
       auto ain = operands(ap);
       const PlanStorage *st = storageOf(ap, pl::StorageKind::KVCache);
@@ -498,14 +509,14 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
           comment += " + nf.split + nf_kv.append";
         }
       }
+      if (consumed != 3)
+        return cannotFuse(i + 2);
     }
     // A decode conv of a split piece (one token per sequence): the
     // piece's store is the conv of its channel (nf::causal_conv_decode),
     // and the piece itself is stored only if something else reads it.
     std::string convStore;
-    if (consumed == 1 && phase == "decode" && i + 2 < ops.size() &&
-        opCode(*ops[i + 2]) == OpCode::CausalConv &&
-        stringAttr(*ops[i + 2], attr::Mode).value_or("") == "decode") {
+    if (epilogue.size() == 2 && epilogue[1] == "nf_kv.causal_conv") {
       const PlanOp &cv = *ops[i + 2];
       auto cin = operands(cv), cout = results(cv);
       const PlanStorage *st = storageOf(cv, pl::StorageKind::MambaState);
@@ -538,7 +549,12 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
                      "in the epilogue)";
         }
       }
+      if (consumed != 3 || phase != "decode" ||
+          stringAttr(cv, attr::Mode).value_or("") != "decode")
+        return cannotFuse(i + 2);
     }
+    if (epilogue.size() != 1 + (consumed == 3 ? 1 : 0))
+      return fail(i, "nf.epilogue: unknown ops after nf.split");
     if (consumed == 1) {
       consumed = 2;
       label += "_split";
@@ -579,10 +595,11 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     store += "\n";
     rawStore += "\n";
     store2 = pairs ? store2 + "\n" : std::string();
-  } else if (i + 1 < ops.size() && opCode(*ops[i + 1]) == OpCode::Activation &&
-             operands(*ops[i + 1]) == std::vector<int>{out[0]}) {
+  } else if (epilogue.size() == 1 && epilogue[0] == "nf.activation") {
     // linear + activation: in the epilogue.
     const PlanOp &act = *ops[i + 1];
+    if (operands(act) != std::vector<int>{out[0]})
+      return cannotFuse(i + 1);
     auto aout = results(act);
     auto kind = activationKind(i + 1, attr::Kind, true);
     if (!kind)
@@ -598,6 +615,8 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     consumed = 2;
     label += std::string("_") + stringAttr(act, attr::Kind).value_or("act");
     comment += " + nf.activation";
+  } else if (!epilogue.empty()) {
+    return fail(i, "nf.epilogue: no CUDA epilogue computes " + epilogue[0]);
   }
   bool raw = consumed == 1;
   if (!raw) {
