@@ -1,10 +1,10 @@
-//===- CudaEpilogues.cpp - ops a CUDA GEMM computes in its epilogue ------===//
+//===- CudaEpilogues.cpp - ops a CUDA launch computes in its epilogue ----===//
 //
-// Marks the weight GEMMs of CUDA plans whose following ops in the same
-// kernel are computed by the GEMM's epilogue with `nf.epilogue` (Passes.td):
-// the ops' names, in order. The CUDA code generator
-// (compiler/Target/Cuda/EmitLinear.cpp) emits those ops in the GEMM's store
-// instead of launching them, and fails where the mark and the ops differ.
+// Marks the ops of CUDA plans whose following ops in the same kernel their
+// launch computes as it stores its result with `nf.epilogue` (Passes.td):
+// the ops' names, in order. The CUDA code generator (compiler/Target/Cuda)
+// emits those ops in the producer's store instead of launching them, and
+// fails where the mark and the ops differ.
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,6 +17,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/DenseSet.h"
 
 namespace nf::compiler {
 #define GEN_PASS_DEF_CUDAEPILOGUES
@@ -38,16 +39,27 @@ struct CudaEpilogues : impl::CudaEpiloguesBase<CudaEpilogues> {
       StringRef phase = stepPhase(func);
       if (phase.empty())
         continue;
+      // Ops already in an epilogue get none of their own.
+      llvm::DenseSet<Operation *> absorbed;
       func.walk([&](Operation *op) {
-        if (!isa<nfir::LinearOp, nfir::LMHeadOp, moe::LatentProjOp>(op) ||
-            !op->getParentOfType<nfir::KernelOp>())
+        if (!op->getParentOfType<nfir::KernelOp>() || absorbed.contains(op))
           return;
-        SmallVector<Operation *, 2> ops = epilogue(module, op, phase);
+        SmallVector<Operation *, 3> ops;
+        if (isa<nfir::LinearOp, nfir::LMHeadOp, moe::LatentProjOp>(op))
+          ops = linearEpilogue(module, op, phase);
+        else if (isa<nfir::AddOp>(op))
+          ops = addEpilogue(op);
+        else if (isa<moe::SharedExpertOp>(op))
+          ops = sharedExpertEpilogue(op);
+        else if (isa<moe::CombineOp>(op))
+          ops = combineEpilogue(op);
         if (ops.empty())
           return;
-        SmallVector<Attribute, 2> names;
-        for (Operation *e : ops)
+        SmallVector<Attribute, 3> names;
+        for (Operation *e : ops) {
           names.push_back(b.getStringAttr(e->getName().getStringRef()));
+          absorbed.insert(e);
+        }
         op->setAttr(kEpilogueAttr, b.getArrayAttr(names));
       });
     }
@@ -60,13 +72,13 @@ struct CudaEpilogues : impl::CudaEpiloguesBase<CudaEpilogues> {
   ///   decode steps, an nf_kv.causal_conv (mode "decode") of a piece (the
   ///   conv of each channel computed as its column is stored);
   /// - nf.activation of its result.
-  SmallVector<Operation *, 2> epilogue(ModuleOp module, Operation *op,
-                                       StringRef phase) const {
+  SmallVector<Operation *, 3> linearEpilogue(ModuleOp module, Operation *op,
+                                             StringRef phase) const {
     Operation *next = op->getNextNode();
     if (auto act = dyn_cast_or_null<nfir::ActivationOp>(next))
       return act->getOperand(0) == op->getResult(0)
-                 ? SmallVector<Operation *, 2>{next}
-                 : SmallVector<Operation *, 2>{};
+                 ? SmallVector<Operation *, 3>{next}
+                 : SmallVector<Operation *, 3>{};
     auto split = dyn_cast_or_null<nfir::SplitOp>(next);
     if (!split || split->getNumOperands() != 1 ||
         split->getOperand(0) != op->getResult(0))
@@ -85,6 +97,50 @@ struct CudaEpilogues : impl::CudaEpiloguesBase<CudaEpilogues> {
       return {split, conv};
     }
     return {split};
+  }
+
+  /// nf.add, then nf.rms_norm of the sum: one row kernel writes both.
+  SmallVector<Operation *, 3> addEpilogue(Operation *op) const {
+    auto norm = dyn_cast_or_null<nfir::RMSNormOp>(op->getNextNode());
+    if (norm && norm->getOperand(0) == op->getResult(0))
+      return {norm};
+    return {};
+  }
+
+  /// The routed experts' combine, then the add of the shared expert's
+  /// rows, the residual add and the RMSNorm of the sum, where nothing else
+  /// reads the combined rows or the first sum: one row kernel a token.
+  SmallVector<Operation *, 3> combineEpilogue(Operation *op) const {
+    auto add1 = dyn_cast_or_null<nfir::AddOp>(op->getNextNode());
+    auto add2 = add1 ? dyn_cast_or_null<nfir::AddOp>(add1->getNextNode())
+                     : nfir::AddOp();
+    auto norm = add2 ? dyn_cast_or_null<nfir::RMSNormOp>(add2->getNextNode())
+                     : nfir::RMSNormOp();
+    if (!norm || op->getNumResults() != 1 ||
+        !addsOnce(op->getResult(0), add1) ||
+        !addsOnce(add1->getResult(0), add2) ||
+        norm->getOperand(0) != add2->getResult(0))
+      return {};
+    return {add1, add2, norm};
+  }
+
+  /// `add` adds v to another value, and nothing else reads v.
+  static bool addsOnce(Value v, Operation *add) {
+    const bool lhs = add->getOperand(0) == v, rhs = add->getOperand(1) == v;
+    return lhs != rhs &&
+           llvm::all_of(v.getUsers(), [&](Operation *u) { return u == add; });
+  }
+
+  /// The shared expert, then the nf.add of its result and another row (the
+  /// routed experts' combined rows) where nothing else reads its result:
+  /// the down projection's epilogue adds the row and stores the sum.
+  SmallVector<Operation *, 3> sharedExpertEpilogue(Operation *op) const {
+    Operation *add = dyn_cast_or_null<nfir::AddOp>(op->getNextNode());
+    if (!add || op->getNumResults() != 1)
+      return {};
+    if (!addsOnce(op->getResult(0), add))
+      return {};
+    return {add};
   }
 };
 

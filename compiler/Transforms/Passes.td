@@ -215,11 +215,12 @@ def CudaGemmVariants : Pass<"nf-cuda-gemm-variants", "mlir::ModuleOp"> {
 }
 
 def CudaEpilogues : Pass<"nf-cuda-epilogues", "mlir::ModuleOp"> {
-  let summary = "Chooses the ops that CUDA linear layers compute in their epilogues";
+  let summary = "Chooses the ops CUDA launches compute in their epilogues";
   let description = [{
-    Marks every `nf.linear`, `nf.lm_head` and `nf_moe.latent_proj` inside an
-    `nf.kernel` region whose next ops its GEMM's epilogue computes with
-    `nf.epilogue`, the names of those ops in order:
+    Marks every op inside an `nf.kernel` region whose next ops its launch
+    computes as it stores its result with `nf.epilogue`, the names of those
+    ops in order (ops in an epilogue get no mark of their own). For
+    `nf.linear`, `nf.lm_head` and `nf_moe.latent_proj`:
     - `["nf.split", "nf_kv.append"]`: the split of its result, then the
       append of two of the pieces into an f32 KV cache (the K/V rows are
       stored into their pages as they are computed);
@@ -228,8 +229,17 @@ def CudaEpilogues : Pass<"nf-cuda-epilogues", "mlir::ModuleOp"> {
       column is stored);
     - `["nf.split"]`: the split of its result (each piece stored directly);
     - `["nf.activation"]`: an activation of its result.
-    The CUDA code generator emits those ops in the GEMM's store instead of
-    launching them.
+    For other ops:
+    - `nf.add`: `["nf.rms_norm"]`, the norm of the sum (one row kernel);
+    - `nf_moe.shared_expert`: `["nf.add"]`, the add of its result to
+      another row where nothing else reads its result (the down
+      projection's epilogue stores the sum);
+    - `nf_moe.combine`: `["nf.add", "nf.add", "nf.rms_norm"]`, the add of
+      the shared expert's rows, the residual add and the norm of the sum,
+      where nothing else reads the combined rows or the first sum (one row
+      kernel a token).
+    The CUDA code generator emits those ops in the producer's launch and
+    fails where the mark and the ops differ.
   }];
 }
 

@@ -455,20 +455,15 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   std::string rawStore;
   std::vector<size_t> fused;
   // The ops the epilogue computes: nf-cuda-epilogues' choice.
-  const std::vector<std::string> epilogue = stringListAttr(op, "nf.epilogue");
-  for (size_t k = 0; k < epilogue.size(); ++k)
-    if (i + 1 + k >= ops.size() || opName(*ops[i + 1 + k]) != epilogue[k])
-      return fail(i, "nf.epilogue names " + epilogue[k] +
-                         ", which does not follow");
-  auto cannotFuse = [&](size_t k) {
-    return fail(k, "cannot be computed in the linear layer's epilogue "
-                   "(nf.epilogue)");
-  };
+  auto epi = epilogueOf(i);
+  if (!epi)
+    return epi.status();
+  const std::vector<std::string> &epilogue = *epi;
 
   // linear + split [+ append]: the epilogue writes the split columns.
   if (!epilogue.empty() && epilogue[0] == "nf.split") {
     if (operands(*ops[i + 1]) != std::vector<int>{out[0]})
-      return cannotFuse(i + 1);
+      return notInEpilogue(i + 1);
     const PlanOp &sp = *ops[i + 1];
     auto pieces = results(sp);
     auto sizes = listAttr(sp, attr::Sizes);
@@ -510,7 +505,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
         }
       }
       if (consumed != 3)
-        return cannotFuse(i + 2);
+        return notInEpilogue(i + 2);
     }
     // A decode conv of a split piece (one token per sequence): the
     // piece's store is the conv of its channel (nf::causal_conv_decode),
@@ -551,7 +546,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
       }
       if (consumed != 3 || phase != "decode" ||
           stringAttr(cv, attr::Mode).value_or("") != "decode")
-        return cannotFuse(i + 2);
+        return notInEpilogue(i + 2);
     }
     if (epilogue.size() != 1 + (consumed == 3 ? 1 : 0))
       return fail(i, "nf.epilogue: unknown ops after nf.split");
@@ -599,7 +594,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     // linear + activation: in the epilogue.
     const PlanOp &act = *ops[i + 1];
     if (operands(act) != std::vector<int>{out[0]})
-      return cannotFuse(i + 1);
+      return notInEpilogue(i + 1);
     auto aout = results(act);
     auto kind = activationKind(i + 1, attr::Kind, true);
     if (!kind)

@@ -422,10 +422,12 @@ bool KernelEmitter::oneTokenExperts(size_t d) {
 
 std::optional<KernelEmitter::CombineTail>
 KernelEmitter::combineTail(size_t i) const {
-  if (i + 3 >= ops.size() || opCode(*ops[i]) != OpCode::Combine ||
-      opCode(*ops[i + 1]) != OpCode::Add ||
-      opCode(*ops[i + 2]) != OpCode::Add ||
-      opCode(*ops[i + 3]) != OpCode::RmsNorm)
+  // nf-cuda-epilogues' choice (epilogueOf checks that the ops follow).
+  if (i >= ops.size() || opCode(*ops[i]) != OpCode::Combine)
+    return std::nullopt;
+  auto epilogue = epilogueOf(i);
+  if (!epilogue ||
+      *epilogue != std::vector<std::string>{"nf.add", "nf.add", "nf.rms_norm"})
     return std::nullopt;
   auto out = results(*ops[i]);
   auto a1 = operands(*ops[i + 1]), r1 = results(*ops[i + 1]);
@@ -490,6 +492,11 @@ StatusOr<size_t> KernelEmitter::combine(size_t i) {
               "nf.rms_norm: one block per token");
     return size_t(4);
   }
+  auto epilogue = epilogueOf(i);
+  if (!epilogue)
+    return epilogue.status();
+  if (!epilogue->empty())
+    return notInEpilogue(i + 1);
   // Four columns a thread where rows are whole float4s (the template's
   // choice).
   addLaunch(fnName(i, "moe_combine"),

@@ -63,8 +63,11 @@ StatusOr<size_t> KernelEmitter::add(size_t i) {
     return fail(i, "expects two f32 row tensors of one shape");
   const int64_t H = V(out[0]).cols;
   includes.insert("nf_rows.cuh");
-  // add + rms_norm of the sum: one row kernel.
-  if (i + 1 < ops.size() && opCode(*ops[i + 1]) == OpCode::RmsNorm) {
+  // add + rms_norm of the sum: one row kernel (nf-cuda-epilogues).
+  auto epilogue = epilogueOf(i);
+  if (!epilogue)
+    return epilogue.status();
+  if (*epilogue == std::vector<std::string>{"nf.rms_norm"}) {
     const PlanOp &norm = *ops[i + 1];
     auto nin = operands(norm), nout = results(norm);
     auto wt = nin.size() == 2 ? weightType(nin[1]) : std::nullopt;
@@ -80,7 +83,11 @@ StatusOr<size_t> KernelEmitter::add(size_t i) {
                 "nf.add + nf.rms_norm");
       return size_t(2);
     }
+    return notInEpilogue(i + 1);
   }
+  if (!epilogue->empty())
+    return fail(i, "nf.epilogue: no CUDA epilogue of nf.add computes " +
+                       epilogue->front());
   addLaunch(fnName(i, "add"), elementGrid(maxTokens * H), 256,
             "  nf::add<" + num(H) + ">(a, " + arenaPtr(in[0]) + ", " +
                 arenaPtr(in[1]) + ", " + arenaPtr(out[0]) + ");\n",

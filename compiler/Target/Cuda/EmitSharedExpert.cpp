@@ -77,8 +77,12 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   // writes the sum instead (same value as the add: one f32 addition).
   std::string dst = arenaPtr(out[0]), addend, addend2;
   size_t consumed = 1;
-  if (i + 1 < ops.size() && opCode(*ops[i + 1]) == OpCode::Add &&
-      !needed(out[0], {i + 1})) {
+  auto epilogue = epilogueOf(i);
+  if (!epilogue)
+    return epilogue.status();
+  if (*epilogue == std::vector<std::string>{"nf.add"}) {
+    if (needed(out[0], {i + 1}))
+      return notInEpilogue(i + 1);
     auto ain = operands(*ops[i + 1]), aout = results(*ops[i + 1]);
     if (ain.size() == 2 && aout.size() == 1 &&
         (ain[0] == out[0]) != (ain[1] == out[0])) {
@@ -94,6 +98,12 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
         consumed = 2;
       }
     }
+    if (consumed != 2)
+      return notInEpilogue(i + 1);
+  } else if (!epilogue->empty()) {
+    return fail(i, "nf.epilogue: no CUDA epilogue of the shared expert "
+                   "computes " +
+                       epilogue->front());
   }
   s2.store = "    " + dst + "[static_cast<long long>(r) * " + num(s2.N) +
              " + n] = v" + addend + ";\n";

@@ -379,6 +379,22 @@ private:
     return u;
   }
   bool isOutput(int v) const { return outputs.count(v) != 0; }
+  /// The names of the ops after op i that its launch computes in its
+  /// epilogue (nf-cuda-epilogues' nf.epilogue), checked against the ops
+  /// that follow it.
+  StatusOr<std::vector<std::string>> epilogueOf(size_t i) const {
+    std::vector<std::string> names = stringListAttr(*ops[i], "nf.epilogue");
+    for (size_t k = 0; k < names.size(); ++k)
+      if (i + 1 + k >= ops.size() || opName(*ops[i + 1 + k]) != names[k])
+        return fail(i, "nf.epilogue names " + names[k] +
+                           ", which does not follow");
+    return names;
+  }
+  /// Op k, which nf.epilogue names, does not fit its producer's epilogue.
+  Status notInEpilogue(size_t k) const {
+    return fail(k, "cannot be computed in the epilogue that nf.epilogue "
+                   "puts it in");
+  }
   /// v must be stored unless every reader is among `fused`.
   bool needed(int v, std::initializer_list<size_t> fused) const {
     if (isOutput(v))

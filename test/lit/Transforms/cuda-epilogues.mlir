@@ -8,13 +8,29 @@
 // its split pieces (the conv runs as its own kernel), the attention qkv
 // projection also writes K/V into the f32 cache, the MLP up-projection
 // applies its activation.
+// Each residual add normalises its sum for the next layer; the shared
+// expert's down projection adds the routed experts' rows.
 // CHECK-LABEL: func.func @prefill
 // CHECK: nf.linear {{.*}}nf.epilogue = ["nf.split"]
+// CHECK: nf.add {{.*}}nf.epilogue = ["nf.rms_norm"]
+// CHECK: nf_moe.shared_expert {{.*}}nf.epilogue = ["nf.add"]
+// CHECK: nf.add {{.*}}nf.epilogue = ["nf.rms_norm"]
 // CHECK: nf.linear {{.*}}nf.epilogue = ["nf.split", "nf_kv.append"]
 // CHECK: nf.linear {{.*}}nf.epilogue = ["nf.activation"]
-// Decode: the in_proj also computes the conv of each xBC channel.
+// Decode: the in_proj also computes the conv of each xBC channel; the shared
+// expert runs beside the routing (no epilogue), and the combine of the
+// routed rows adds the shared rows and the residual and normalises; those
+// adds get no epilogue of their own.
 // CHECK-LABEL: func.func @decode
 // CHECK: nf.linear {{.*}}nf.epilogue = ["nf.split", "nf_kv.causal_conv"]
+// CHECK: nf.add {{.*}}nf.epilogue = ["nf.rms_norm"]
+// CHECK-NOT: nf_moe.shared_expert {{.*}}nf.epilogue
+// CHECK: nf_moe.combine {{.*}}nf.epilogue = ["nf.add", "nf.add", "nf.rms_norm"]
+// CHECK-NEXT: nf.add
+// CHECK-NOT: nf.epilogue
+// CHECK-NEXT: nf.add
+// CHECK-NOT: nf.epilogue
+// CHECK-NEXT: nf.rms_norm
 // CHECK: nf.linear {{.*}}nf.epilogue = ["nf.split", "nf_kv.append"]
 // CHECK: nf.linear {{.*}}nf.epilogue = ["nf.activation"]
 // The LM head's result goes to the runtime: no epilogue.
