@@ -211,6 +211,24 @@ StatusOr<WeightStore> WeightStore::openCheckpoint(const std::string &dir) {
   }
 }
 
+WeightStore WeightStore::inMemory(const std::string &where) {
+  WeightStore ws;
+  ws.where_ = where;
+  return ws;
+}
+
+void WeightStore::addView(const std::string &name, DType dtype,
+                          const std::vector<int64_t> &shape,
+                          const uint8_t *data) {
+  TensorInfo info;
+  info.name = name;
+  info.dtype = dtype;
+  info.shape = shape;
+  info.file = where_;
+  tensors_[name] = std::move(info);
+  data_[name] = data;
+}
+
 StatusOr<WeightView> WeightStore::find(const std::string &name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end())

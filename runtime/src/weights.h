@@ -201,6 +201,14 @@ public:
   /// A checkpoint directory (`model.safetensors` or an indexed shard set).
   static StatusOr<WeightStore> openCheckpoint(const std::string &dir);
 
+  /// Tensors the caller holds in memory (synthetic weights); `where`
+  /// names them in errors. Add them with addView.
+  static WeightStore inMemory(const std::string &where);
+  /// Adds tensor `name` whose `dtype` and `shape` bytes `data` holds (kept
+  /// alive by the caller, aligned for the dtype).
+  void addView(const std::string &name, DType dtype,
+               const std::vector<int64_t> &shape, const uint8_t *data);
+
   WeightStore() = default;
   WeightStore(WeightStore &&) noexcept = default;
   WeightStore &operator=(WeightStore &&) noexcept = default;

@@ -329,14 +329,23 @@ StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &pf,
   const pl::Plan &plan = *pf.plan;
   auto bw = std::make_unique<BoundWeights>();
   bw->dir = "<synthetic weights, seed " + std::to_string(seed) + ">";
+  // Quantised weights: random codes and scales in an in-memory store,
+  // bound (dequantised) as a checkpoint's are.
+  bool quantised = false;
   for (const pl::Weight *w : *plan.weights())
-    if (w->quant())
-      return Status::error(pf.path +
-                           ": random weights for quantised plans are not "
-                           "supported; give the checkpoint");
+    quantised = quantised || w->quant();
+  if (quantised) {
+    WeightStore codes = WeightStore::inMemory(bw->dir);
+    if (Status s = addRandomQuantTensors(pf, seed, codes, bw->packed); !s)
+      return s;
+    bw->stores.push_back(std::move(codes));
+    bw->files.push_back(bw->dir);
+  }
   // The largest weight of each dtype sizes that dtype's random block.
   std::map<nf::DType, size_t> largest;
   for (const pl::Weight *w : *plan.weights()) {
+    if (w->quant())
+      continue;
     size_t n = 1;
     for (int64_t d : *w->shape())
       n *= static_cast<size_t>(d);
@@ -400,6 +409,16 @@ StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &pf,
   };
   for (size_t i = 0; i < plan.weights()->size(); ++i) {
     const pl::Weight *w = plan.weights()->Get(static_cast<fb::uoffset_t>(i));
+    if (w->quant()) {
+      BoundWeight b;
+      const std::string ctx = pf.path + ": weight " + std::to_string(i);
+      if (Status s =
+              bindQuantisedWeight(WeightFinder(*bw), *w, ctx, b, bw->packed);
+          !s)
+        return s;
+      bw->weights.push_back(std::move(b));
+      continue;
+    }
     const nf::DType dtype = toDType(w->dtype());
     BoundWeight b;
     b.shape.assign(w->shape()->begin(), w->shape()->end());

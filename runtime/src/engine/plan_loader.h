@@ -107,4 +107,13 @@ Status bindQuantisedWeight(const WeightFinder &finder,
                            BoundWeight &out,
                            std::vector<std::unique_ptr<uint8_t[]>> &packed);
 
+/// Random codes, scales and input scales for every quantised weight of
+/// plan `pf`, added to `store` under the plan's tensor names (the blocks
+/// they view are owned by `packed`): bound like a checkpoint's, they
+/// dequantise to values uniform in about [-0.05, 0.05]. Codes of all
+/// weights view windows of one random block per code type.
+Status addRandomQuantTensors(const PlanFile &pf, uint64_t seed,
+                             WeightStore &store,
+                             std::vector<std::unique_ptr<uint8_t[]>> &packed);
+
 } // namespace nf::engine

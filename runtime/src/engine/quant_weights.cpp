@@ -111,15 +111,16 @@ StatusOr<float> inputScale(const WeightFinder &finder,
   return s;
 }
 
-} // namespace
-
-Status bindQuantisedWeight(const WeightFinder &finder, const pl::Weight &w,
-                           const std::string &ctx, BoundWeight &out,
-                           std::vector<std::unique_ptr<uint8_t[]>> &packed) {
+/// The parts of quantised weight `w` (code, scale and input-scale tensor
+/// names, rows of each), checked against its shape and quant table; `shape`
+/// receives the weight's logical shape.
+StatusOr<std::vector<Part>> quantParts(const pl::Weight &w,
+                                       const std::string &ctx,
+                                       std::vector<int64_t> &shape) {
   const pl::WeightQuant &q = *w.quant();
   const auto &names = *w.tensors();
   const size_t n = names.size();
-  std::vector<int64_t> shape;
+  shape.clear();
   if (w.shape())
     shape.assign(w.shape()->begin(), w.shape()->end());
   if (shape.size() != (w.stacked() ? 3u : 2u))
@@ -129,7 +130,6 @@ Status bindQuantisedWeight(const WeightFinder &finder, const pl::Weight &w,
   for (int64_t d : shape)
     if (d <= 0)
       return Status::error(ctx + " has shape " + shapeString(shape));
-  const int64_t C = shape.back();
   const bool expectedDtype = q.scheme() == pl::QuantScheme::Int4
                                  ? w.dtype() == pl::DType::I32
                                  : w.dtype() == pl::DType::F8E4M3;
@@ -158,7 +158,6 @@ Status bindQuantisedWeight(const WeightFinder &finder, const pl::Weight &w,
                            shapeString(shape));
     for (size_t i = 0; i < n; ++i)
       parts[i].rows = rows[i];
-    out.input.partRows = rows;
   } else {
     if (n != 1)
       return Status::error(ctx + ": " + std::to_string(n) +
@@ -180,6 +179,26 @@ Status bindQuantisedWeight(const WeightFinder &finder, const pl::Weight &w,
       parts[i].inputScale =
           q.input_scales()->Get(static_cast<fb::uoffset_t>(i))->str();
   }
+
+  return parts;
+}
+
+} // namespace
+
+Status bindQuantisedWeight(const WeightFinder &finder, const pl::Weight &w,
+                           const std::string &ctx, BoundWeight &out,
+                           std::vector<std::unique_ptr<uint8_t[]>> &packed) {
+  const pl::WeightQuant &q = *w.quant();
+  std::vector<int64_t> shape;
+  StatusOr<std::vector<Part>> partsOr = quantParts(w, ctx, shape);
+  if (!partsOr)
+    return partsOr.status();
+  const std::vector<Part> &parts = *partsOr;
+  const bool isStatic = q.activations() == pl::ActivationQuant::StaticPerTensor;
+  const int64_t C = shape.back();
+  if (w.concat_rows() && w.concat_rows()->size() > 0)
+    for (const Part &p : parts)
+      out.input.partRows.push_back(p.rows);
 
   size_t elements = 1;
   for (int64_t d : shape)
@@ -211,6 +230,101 @@ Status bindQuantisedWeight(const WeightFinder &finder, const pl::Weight &w,
   out.input.kind = q.activations();
   out.quantised = true;
   packed.push_back(std::move(buf));
+  return Status::success();
+}
+
+Status addRandomQuantTensors(const PlanFile &pf, uint64_t seed,
+                             WeightStore &store,
+                             std::vector<std::unique_ptr<uint8_t[]>> &packed) {
+  struct Planned {
+    std::vector<Part> parts;
+    const pl::WeightQuant *q;
+    int64_t C;
+  };
+  std::vector<Planned> planned;
+  // Sizes of the shared blocks: the largest part's codes and scales.
+  size_t fp8Bytes = 0, int4Words = 0, scales = 1;
+  const auto &weights = *pf.plan->weights();
+  for (fb::uoffset_t wi = 0; wi < weights.size(); ++wi) {
+    const pl::Weight &w = *weights.Get(wi);
+    if (!w.quant())
+      continue;
+    std::vector<int64_t> shape;
+    StatusOr<std::vector<Part>> parts =
+        quantParts(w, pf.path + ": weight " + std::to_string(wi), shape);
+    if (!parts)
+      return parts.status();
+    const pl::WeightQuant &q = *w.quant();
+    const int64_t C = shape.back();
+    for (const Part &p : *parts) {
+      if (q.scheme() == pl::QuantScheme::Int4)
+        int4Words = std::max(int4Words, size_t(p.rows * ((C + 7) / 8)));
+      else
+        fp8Bytes = std::max(fp8Bytes, size_t(p.rows * C));
+      const int64_t perRow =
+          q.granularity() == pl::QuantGranularity::PerChannel ? 1
+          : q.granularity() == pl::QuantGranularity::PerGroup &&
+                  q.group_size() > 0
+              ? C / q.group_size()
+              : 0;
+      scales = std::max(scales, size_t(perRow ? p.rows * perRow : 1));
+    }
+    planned.push_back({std::move(*parts), &q, C});
+  }
+  uint64_t state = seed * 0xD1B54A32D192ED03ull + 7;
+  auto next = [&state] { // xorshift64*
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    return state * 0x2545F4914F6CDD1Dull;
+  };
+  auto block = [&](size_t bytes) {
+    packed.push_back(std::make_unique<uint8_t[]>(bytes + 64 * 8));
+    return packed.back().get();
+  };
+  // Dequantised weights uniform in about [-0.05, 0.05], as syntheticWeights'
+  // unquantised ones: fp8 codes of uniform values at scale 0.05 / 448, int4
+  // codes uniform in [-8, 7] at scale 0.05 / 8. Room for window offsets.
+  const size_t fp8Room = fp8Bytes / 8 + 64, int4Room = int4Words / 8 + 16;
+  uint8_t *fp8 = block(fp8Bytes + fp8Room);
+  for (size_t i = 0; i < fp8Bytes + fp8Room; ++i) {
+    const float u =
+        static_cast<float>(next() >> 40) / static_cast<float>(1 << 24) - 0.5f;
+    fp8[i] = e4m3Code(u * 2.0f * 448.0f);
+  }
+  uint8_t *int4 = block(4 * (int4Words + int4Room));
+  for (size_t i = 0; i < 4 * (int4Words + int4Room); ++i)
+    int4[i] = static_cast<uint8_t>(next() >> 56);
+  auto constant = [&](float v, size_t n) {
+    uint8_t *b = block(4 * n);
+    for (size_t i = 0; i < n; ++i)
+      std::memcpy(b + 4 * i, &v, 4);
+    return b;
+  };
+  const uint8_t *fp8Scale = constant(0.05f / 448.0f, scales);
+  const uint8_t *int4Scale = constant(0.05f / 8.0f, scales);
+  // Static input scales: activations up to +-8 representable.
+  const uint8_t *inputScale = constant(8.0f / 448.0f, 1);
+  for (const Planned &w : planned) {
+    const bool isInt4 = w.q->scheme() == pl::QuantScheme::Int4;
+    const int64_t words = isInt4 ? (w.C + 7) / 8 : w.C;
+    for (const Part &p : w.parts) {
+      const size_t room = isInt4 ? int4Room : fp8Room;
+      const size_t offset = (next() % room) & ~size_t(15);
+      store.addView(p.codes, isInt4 ? nf::DType::I32 : nf::DType::F8E4M3,
+                    {p.rows, words}, isInt4 ? int4 + 4 * offset : fp8 + offset);
+      std::vector<int64_t> scaleShape{1};
+      if (w.q->granularity() == pl::QuantGranularity::PerChannel)
+        scaleShape = {p.rows};
+      else if (w.q->granularity() == pl::QuantGranularity::PerGroup)
+        scaleShape = {p.rows, w.q->group_size() > 0 ? w.C / w.q->group_size()
+                                                    : int64_t(0)};
+      store.addView(p.scale, nf::DType::F32, scaleShape,
+                    isInt4 ? int4Scale : fp8Scale);
+      if (!p.inputScale.empty())
+        store.addView(p.inputScale, nf::DType::F32, {1}, inputScale);
+    }
+  }
   return Status::success();
 }
 
