@@ -354,23 +354,14 @@ StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &pf,
   }
   std::map<nf::DType, const uint8_t *> blocks;
   std::map<nf::DType, size_t> blockElements;
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto next = [&state] { // xorshift64*
-    state ^= state >> 12;
-    state ^= state << 25;
-    state ^= state >> 27;
-    return state * 0x2545F4914F6CDD1Dull;
-  };
+  WeightRandom next(seed, 0x9E3779B97F4A7C15ull);
   for (auto [dtype, elements] : largest) {
     // Room for per-weight offsets: 1/8 more than the largest weight.
     const size_t n = elements + elements / 8 + 64;
     const size_t es = dtypeSize(dtype);
     auto block = std::make_unique<uint8_t[]>(n * es);
     for (size_t i = 0; i < n; ++i) {
-      const float v =
-          (static_cast<float>(next() >> 40) / static_cast<float>(1 << 24) -
-           0.5f) *
-          0.1f;
+      const float v = next.centred() * 0.1f;
       uint32_t bits;
       std::memcpy(&bits, &v, 4);
       if (dtype == nf::DType::F32) {

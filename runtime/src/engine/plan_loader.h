@@ -69,6 +69,27 @@ struct BoundWeights {
 StatusOr<std::unique_ptr<BoundWeights>>
 bindWeights(const PlanFile &plan, const std::string &weightsDir);
 
+/// The random numbers of synthetic weights: xorshift64* (Vigna), seeded
+/// per use so that each kind of weight has its own stream.
+class WeightRandom {
+public:
+  WeightRandom(uint64_t seed, uint64_t stream) : state_(seed * stream + 1) {}
+  uint64_t operator()() {
+    state_ ^= state_ >> 12;
+    state_ ^= state_ << 25;
+    state_ ^= state_ >> 27;
+    return state_ * 0x2545F4914F6CDD1Dull;
+  }
+  /// Uniform in [-0.5, 0.5).
+  float centred() {
+    return static_cast<float>((*this)() >> 40) / static_cast<float>(1 << 24) -
+           0.5f;
+  }
+
+private:
+  uint64_t state_;
+};
+
 /// Seeded random weights of the plan's shapes and dtypes instead of a
 /// checkpoint (benchmarks of model shapes whose checkpoint is not at hand):
 /// values uniform in [-0.05, 0.05]. Every weight views a window of one

@@ -271,13 +271,7 @@ Status addRandomQuantTensors(const PlanFile &pf, uint64_t seed,
     }
     planned.push_back({std::move(*parts), &q, C});
   }
-  uint64_t state = seed * 0xD1B54A32D192ED03ull + 7;
-  auto next = [&state] { // xorshift64*
-    state ^= state >> 12;
-    state ^= state << 25;
-    state ^= state >> 27;
-    return state * 0x2545F4914F6CDD1Dull;
-  };
+  WeightRandom next(seed, 0xD1B54A32D192ED03ull);
   auto block = [&](size_t bytes) {
     packed.push_back(std::make_unique<uint8_t[]>(bytes + 64 * 8));
     return packed.back().get();
@@ -288,9 +282,7 @@ Status addRandomQuantTensors(const PlanFile &pf, uint64_t seed,
   const size_t fp8Room = fp8Bytes / 8 + 64, int4Room = int4Words / 8 + 16;
   uint8_t *fp8 = block(fp8Bytes + fp8Room);
   for (size_t i = 0; i < fp8Bytes + fp8Room; ++i) {
-    const float u =
-        static_cast<float>(next() >> 40) / static_cast<float>(1 << 24) - 0.5f;
-    fp8[i] = e4m3Code(u * 2.0f * 448.0f);
+    fp8[i] = e4m3Code(next.centred() * 2.0f * 448.0f);
   }
   uint8_t *int4 = block(4 * (int4Words + int4Room));
   for (size_t i = 0; i < 4 * (int4Words + int4Room); ++i)
