@@ -34,6 +34,7 @@ bool isResultOf(Value v, Operation *op) { return v.getDefiningOp() == op; }
 struct CudaEpilogues : impl::CudaEpiloguesBase<CudaEpilogues> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    clearDecision(module, kEpilogueAttr);
     Builder b(&getContext());
     for (auto func : module.getOps<func::FuncOp>()) {
       StringRef phase = stepPhase(func);

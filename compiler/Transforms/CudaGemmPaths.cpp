@@ -34,6 +34,8 @@ constexpr int64_t kSkinnyNarrowTokens = 16;
 
 struct CudaGemmPaths : impl::CudaGemmPathsBase<CudaGemmPaths> {
   void runOnOperation() override {
+    clearDecision(getOperation(), kGemmPathsAttr);
+    clearDecision(getOperation(), kSkinnyNarrowTokensAttr);
     Builder b(&getContext());
     for (auto func : getOperation().getOps<func::FuncOp>()) {
       StringRef phase = stepPhase(func);

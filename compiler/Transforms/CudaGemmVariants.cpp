@@ -38,6 +38,7 @@ struct CudaGemmVariants : impl::CudaGemmVariantsBase<CudaGemmVariants> {
   using CudaGemmVariantsBase::CudaGemmVariantsBase;
 
   void runOnOperation() override {
+    clearDecision(getOperation(), kGemmWideVariantsAttr);
     for (auto func : getOperation().getOps<func::FuncOp>()) {
       auto narrow = func->getAttrOfType<IntegerAttr>(kSkinnyNarrowTokensAttr);
       if (stepPhase(func) == "decode" && narrow &&

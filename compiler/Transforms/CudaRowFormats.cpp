@@ -55,6 +55,7 @@ struct CudaRowFormats : impl::CudaRowFormatsBase<CudaRowFormats> {
   using CudaRowFormatsBase::CudaRowFormatsBase;
 
   void runOnOperation() override {
+    clearDecision(getOperation(), kRowFormatAttr);
     if (!bf16Inputs)
       return;
     for (auto func : getOperation().getOps<func::FuncOp>()) {

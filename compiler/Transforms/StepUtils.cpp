@@ -45,6 +45,10 @@ Value canonicalValue(Value v) {
   }
 }
 
+void clearDecision(ModuleOp module, StringRef name) {
+  module.walk([&](Operation *op) { op->removeAttr(name); });
+}
+
 bool isBf16Weight(Value v) {
   auto w = canonicalValue(v).getDefiningOp<nfir::WeightOp>();
   return w && !w.getQuant() &&

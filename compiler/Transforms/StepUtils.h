@@ -55,6 +55,9 @@ bool isBf16Weight(mlir::Value v);
 /// nf_moe.shared_expert: up, then down; nf_moe.router: its gate); empty for
 /// other ops.
 llvm::SmallVector<mlir::Value, 2> gemmWeights(mlir::Operation &op);
+/// Removes attribute `name` from every op of `module` (functions included):
+/// a pass that decides it starts from no decision, whatever its input says.
+void clearDecision(mlir::ModuleOp module, llvm::StringRef name);
 /// The GEMM paths nf-cuda-gemm-paths gave `op` (kGemmPathsAttr), or none.
 llvm::SmallVector<llvm::StringRef, 2> gemmPaths(mlir::Operation &op);
 

@@ -40,3 +40,12 @@
 // BF16-KV-NOT: "nf_kv.append"]
 // BF16-KV: nf.epilogue = ["nf.split"]
 // BF16-KV-NOT: "nf_kv.append"]
+
+// A pass's decision is its own: marks in its input (here a stale epilogue on
+// every RMSNorm, which no rule gives it) are dropped, not trusted.
+// RUN: sed -e 's/ {epsilon = / {nf.epilogue = ["nf.add"], nf.gemm_paths = ["bf16_planes"], nf.row_format = "bf16", epsilon = /' %t.fused.mlir > %t.stale.mlir
+// RUN: nf-opt %t.stale.mlir --nf-cuda-gemm-paths --nf-cuda-epilogues --nf-cuda-row-formats --nf-cuda-gemm-variants | FileCheck %s --check-prefix=STALE
+// STALE: nf.rms_norm
+// STALE-NOT: nf.rms_norm {{.*}}nf.epilogue
+// STALE-NOT: nf.rms_norm {{.*}}nf.gemm_paths
+// STALE-NOT: nf.rms_norm {{.*}}nf.row_format
