@@ -9,6 +9,7 @@ set -uo pipefail
 carry=$(cd "$1" && pwd)
 batches=$2
 shift 2
+mkdir -p "$OUT"
 bash scripts/gpu_check.sh unpack "$carry" || exit 1 # plans/*.nfb.xz
 export LD_LIBRARY_PATH="$carry/lib:${LD_LIBRARY_PATH:-}"
 python3 bench/make_nano_shape.py /tmp/nano > /dev/null
