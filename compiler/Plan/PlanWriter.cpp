@@ -118,6 +118,11 @@ fb::Offset<pl::Op> Writer::op(const PlanOp &p) {
   std::vector<fb::Offset<pl::IntListAttr>> lists;
   for (NamedAttribute a : planAttrs(*p.op)) {
     Attribute v = a.getValue();
+    // Other kinds (a symbol: p.storage; unit marks the compiler alone
+    // reads) are not stored, so neither is their name.
+    if (!isa<BoolAttr, IntegerAttr, FloatAttr, StringAttr, DenseI64ArrayAttr>(
+            v))
+      continue;
     auto name = b.CreateString(a.getName().str());
     if (auto flag = dyn_cast<BoolAttr>(v)) {
       ints.push_back(pl::CreateIntAttr(b, name, flag.getValue()));
@@ -130,7 +135,7 @@ fb::Offset<pl::Op> Writer::op(const PlanOp &p) {
     } else if (auto l = dyn_cast<DenseI64ArrayAttr>(v)) {
       lists.push_back(pl::CreateIntListAttr(
           b, name, b.CreateVector(l.asArrayRef().data(), l.size())));
-    } // a symbol: p.storage
+    }
   }
   return pl::CreateOp(
       b, b.CreateString(opName(p)), b.CreateVector(p.operands),
