@@ -18,7 +18,7 @@ BOXES = [
     (0, 2, 1, "compiler/Transforms", ["OutlineSteps, LowerMixers, LowerMoE,",
                                       "PackWeights, FuseKernels (nf.kernel);",
                                       "Cuda: GemmPaths, Epilogues, RowFormats,",
-                                      "GemmVariants (CUDA targets); PlanMemory"], "#dbe9f6"),
+                                      "GemmVariants, CoLaunches; PlanMemory"], "#dbe9f6"),
     (0, 3, 1, "compiler/Target/Cuda", ["CUDA C++ per op family (Emit*.cpp)", "over the PlanModel, kernels/*.cuh",
                                        "NVRTC -> cubins + PTX, kernel cache"], "#dbe9f6"),
     (0, 4, 1, "compiler/Plan", ["PlanModel: the module as numbered values", "PlanWriter -> plan.nfb, written once",

@@ -55,7 +55,10 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
   if (last >= Phase::Plan) {
     if (options.cudaTarget) {
       pm.addPass(createCudaGemmPaths());
-      pm.addPass(createCudaEpilogues());
+      CudaEpiloguesOptions epilogues;
+      epilogues.smCount = options.cudaSmCount;
+      epilogues.hopperOrLater = options.cudaHopperOrLater;
+      pm.addPass(createCudaEpilogues(epilogues));
     }
     CudaRowFormatsOptions rowFormats;
     rowFormats.bf16Inputs = options.cudaBf16Inputs;
@@ -67,6 +70,10 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
       variants.smCount = options.cudaSmCount;
       variants.hopperOrLater = options.cudaHopperOrLater;
       pm.addPass(createCudaGemmVariants(variants));
+      CudaCoLaunchesOptions coLaunches;
+      coLaunches.maxSequences = options.maxSequences;
+      coLaunches.rowLinear = options.cudaRowLinear;
+      pm.addPass(createCudaCoLaunches(coLaunches));
     }
     PlanMemoryOptions memory;
     memory.maxTokens = options.maxTokens;

@@ -39,6 +39,9 @@ struct PipelineOptions {
   /// later (nf-cuda-gemm-variants).
   int64_t cudaSmCount = 132;
   bool cudaHopperOrLater = false;
+  /// Decode steps of one token run row_linear (nf-cuda-co-launches' one-token
+  /// experts need it).
+  bool cudaRowLinear = true;
   /// Compile-time quantisation (nf-quantize-weights): "" (none), "fp8" or
   /// "int4"; which weights ("experts" or "all"); int4 columns per scale.
   std::string quantizeWeights;

@@ -32,9 +32,12 @@ namespace {
 bool isResultOf(Value v, Operation *op) { return v.getDefiningOp() == op; }
 
 struct CudaEpilogues : impl::CudaEpiloguesBase<CudaEpilogues> {
+  using CudaEpiloguesBase::CudaEpiloguesBase;
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     clearDecision(module, kEpilogueAttr);
+    clearDecision(module, kEpilogueMaxTokensAttr);
     Builder b(&getContext());
     for (auto func : module.getOps<func::FuncOp>()) {
       StringRef phase = stepPhase(func);
@@ -54,6 +57,8 @@ struct CudaEpilogues : impl::CudaEpiloguesBase<CudaEpilogues> {
           ops = sharedExpertEpilogue(op);
         else if (isa<moe::CombineOp>(op))
           ops = combineEpilogue(op);
+        else if (auto ssm = dyn_cast<kv::SSMUpdateOp>(op))
+          ops = ssmEpilogue(module, ssm, phase);
         if (ops.empty())
           return;
         SmallVector<Attribute, 3> names;
@@ -123,6 +128,46 @@ struct CudaEpilogues : impl::CudaEpiloguesBase<CudaEpilogues> {
         norm->getOperand(0) != add2->getResult(0))
       return {};
     return {add1, add2, norm};
+  }
+
+  /// A decode SSM update, then the gated RMSNorm of its result over the
+  /// state's groups: one launch of clusters, a block per head
+  /// (ssm_gated_decode, nf_mamba.cuh), for steps whose clusters fit the GPU
+  /// at a block an SM (marked with kEpilogueMaxTokensAttr). The conditions
+  /// are the kernel's: ssm_decode's tiling (NS threads per head channel
+  /// holding at most 16 state values where possible), at most 8 heads a
+  /// group, the group's channels a multiple of 128 and at most 1024.
+  SmallVector<Operation *, 3> ssmEpilogue(ModuleOp module, kv::SSMUpdateOp op,
+                                          StringRef phase) const {
+    auto norm = dyn_cast_or_null<nfir::GatedRMSNormOp>(op->getNextNode());
+    if (!hopperOrLater || phase != "decode" || !norm ||
+        norm.getInput() != op.getResult() || !op.getResult().hasOneUse())
+      return {};
+    auto decl = dyn_cast_or_null<kv::MambaStateOp>(
+        SymbolTable::lookupSymbolIn(module, op.getStateAttr()));
+    if (!decl)
+      return {};
+    kv::MambaStateType state = decl.getType();
+    const int64_t NH = state.getNumHeads(), P = state.getHeadDim(),
+                  N = state.getStateSize(), CD = state.getConvDim();
+    if (NH <= 0 || P <= 0 || N <= 0 || CD <= NH * P ||
+        (CD - NH * P) % (2 * N) != 0)
+      return {};
+    const int64_t G = (CD - NH * P) / (2 * N);
+    int64_t NS = 1;
+    while (NS < 32 && N / NS > 16 && N % (NS * 2) == 0)
+      NS *= 2;
+    if (32 % NS != 0 || N % (4 * NS) != 0 || P % (32 / NS) != 0 ||
+        (NH * P) % 4 != 0 || CD % 4 != 0 || NH % G != 0)
+      return {};
+    const int64_t HPG = NH / G, warpsPerHead = P / (32 / NS);
+    if (HPG > 8 || P % 4 != 0 || warpsPerHead * 32 > 1024 ||
+        (HPG * P) % 128 != 0 || HPG * P > 1024 || norm.getGroups() != G)
+      return {};
+    op->setAttr(
+        kEpilogueMaxTokensAttr,
+        Builder(op).getI64IntegerAttr(std::max<int64_t>(smCount / NH, 1)));
+    return {norm};
   }
 
   /// `add` adds v to another value, and nothing else reads v.

@@ -237,10 +237,59 @@ def CudaEpilogues : Pass<"nf-cuda-epilogues", "mlir::ModuleOp"> {
     - `nf_moe.combine`: `["nf.add", "nf.add", "nf.rms_norm"]`, the add of
       the shared expert's rows, the residual add and the norm of the sum,
       where nothing else reads the combined rows or the first sum (one row
-      kernel a token).
+      kernel a token);
+    - `nf_kv.ssm_update` (decode, every target sm_90 or later):
+      `["nf.gated_rms_norm"]`, the gated norm of its result over the state's
+      groups where nothing else reads the result and the state's tiling
+      allows (a thread block cluster per (sequence, group), a block per
+      head, the norm over distributed shared memory). Such a launch runs
+      only in steps whose clusters fit the GPU at a block an SM, up to
+      `nf.epilogue_max_tokens` (sm-count / heads) tokens; longer steps
+      launch the norm after the update.
     The CUDA code generator emits those ops in the producer's launch and
     fails where the mark and the ops differ.
   }];
+  let options = [
+    Option<"smCount", "sm-count", "int64_t", /*default=*/"132",
+           "Streaming multiprocessors the launch grids are sized for">,
+    Option<"hopperOrLater", "hopper-or-later", "bool", /*default=*/"false",
+           "Every target is sm_90 or later (thread block clusters)">,
+  ];
+}
+
+def CudaCoLaunches : Pass<"nf-cuda-co-launches", "mlir::ModuleOp"> {
+  let summary = "Chooses the launches a decode MoE layer runs side by side";
+  let description = [{
+    In decode steps, for each `nf_moe.shared_expert` followed in its kernel
+    by the layer's `nf_moe.router` (FuseKernels' hoisted shared experts):
+    - `nf.co_launch` on the shared expert, where both its GEMMs are on the
+      `"bf16_skinny"` path (`nf-cuda-gemm-paths`), the router's ranking
+      (`nf_moe.select` of both its scores) follows it and it has at most 256
+      experts (a co-launch's static shared memory holds both parts'):
+      - `"routing"` (steps no longer than `nf.skinny_narrow_tokens`): each
+        GEMV variant runs in one launch with the routing chain, the up
+        projection beside the router's logits, the down projection beside
+        the ranking;
+      - `"routing_and_experts"` (steps can be longer, and the routed experts,
+        also skinny, follow in the kernel): the narrow variants so, and the
+        wide variants beside the routed experts' wide variants (the up
+        projections together, then the down projections).
+    - `nf.one_token_experts` (unit) on the `nf_moe.dispatch` of the routed
+      experts that follow, where their GEMMs are skinny, one-token steps run
+      `row_linear` (`row-linear`), the `nf_moe.combine` computes the layer's
+      end in its epilogue (`nf-cuda-epilogues`) and a token has at most 8
+      slots: in steps of one token, the experts read the ranking's slots
+      (no dispatch) and the down projection computes the combine, both adds
+      and the norm.
+    The CUDA code generator arranges the launches so and fails where it
+    cannot.
+  }];
+  let options = [
+    Option<"maxSequences", "max-sequences", "int64_t", /*default=*/"64",
+           "Most tokens in one decode step">,
+    Option<"rowLinear", "row-linear", "bool", /*default=*/"true",
+           "Decode steps of one token run row_linear">,
+  ];
 }
 
 def CudaRowFormats : Pass<"nf-cuda-row-formats", "mlir::ModuleOp"> {

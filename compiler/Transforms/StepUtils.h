@@ -36,6 +36,17 @@ inline constexpr llvm::StringLiteral kGemmWideVariantsAttr =
     "nf.gemm_wide_variants";
 /// The ops after a CUDA GEMM that its epilogue computes (nf-cuda-epilogues).
 inline constexpr llvm::StringLiteral kEpilogueAttr = "nf.epilogue";
+/// Steps of up to this many tokens compute the epilogue in the producer's
+/// launch; longer ones launch the ops after it (nf-cuda-epilogues).
+inline constexpr llvm::StringLiteral kEpilogueMaxTokensAttr =
+    "nf.epilogue_max_tokens";
+/// How a decode shared expert's launches run beside its MoE layer's
+/// (nf-cuda-co-launches).
+inline constexpr llvm::StringLiteral kCoLaunchAttr = "nf.co_launch";
+/// On a decode dispatch: steps of one token run the routed experts on the
+/// ranking's slots (nf-cuda-co-launches).
+inline constexpr llvm::StringLiteral kOneTokenExpertsAttr =
+    "nf.one_token_experts";
 
 /// The phase of a step function, or "" for any other function.
 llvm::StringRef stepPhase(mlir::func::FuncOp func);

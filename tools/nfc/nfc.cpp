@@ -297,6 +297,7 @@ int runCompile(const CompileFlags &flags) {
   if (cuda) {
     pipeline.cudaSmCount = cuda->smCount;
     pipeline.cudaHopperOrLater = nf::codegen::targetsHopperOrLater(*cuda);
+    pipeline.cudaRowLinear = cuda->rowLinear;
   }
   nf::compiler::buildPipeline(pm, *phase, pipeline);
   if (mlir::failed(pm.run(*module)))

@@ -136,6 +136,16 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
                          ? 1
                          : std::clamp<int64_t>(45056 / perToken, 1, 32);
   const int64_t block = PT * NS;
+  // nf-cuda-epilogues' choice: the gated norm after a decode update, in its
+  // launch for steps of up to nf.epilogue_max_tokens tokens.
+  auto epilogue = epilogueOf(i);
+  if (!epilogue)
+    return epilogue.status();
+  const bool fuseNorm =
+      *epilogue == std::vector<std::string>{"nf.gated_rms_norm"};
+  if (!epilogue->empty() && !fuseNorm)
+    return fail(i, "nf.epilogue: no CUDA epilogue of the SSM computes " +
+                       epilogue->front());
   includes.insert("nf_mamba.cuh");
   const std::string state = "nf::storage(a, " + num(2 * op.storage + 1) + ")";
   // Decode: a warp per (sequence, head, 32 / NS channels), no shared
@@ -143,7 +153,8 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   // docs/performance.md.
   if (opCode(op) == OpCode::SsmUpdate && 32 % NS == 0 && N % (4 * NS) == 0 &&
       P % (32 / NS) == 0 && (NH * P) % 4 == 0 && CD % 4 == 0) {
-    // With the gated norm of its result (groups = the state's groups):
+    // With the gated norm of its result (nf-cuda-epilogues; groups = the
+    // state's groups):
     // steps whose clusters fit the GPU at a block an SM (a block per head:
     // up to SMs / NH tokens, Nano 2) run both in one launch of clusters
     // (ssm_gated_decode; the norm's launch was 3.9 us a layer on the
@@ -153,46 +164,44 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
     // at its bytes (batch 8 with clusters up to 16 tokens: 5.07 -> 5.41
     // ms).
     const int64_t HPG = NH / G, warpsPerHead = P / (32 / NS);
-    const int64_t fusedTokens = std::max<int64_t>(opts.smCount / NH, 1);
-    bool fuseNorm = opts.hopperOrLater && i + 1 < ops.size() &&
-                    opCode(*ops[i + 1]) == OpCode::GatedRmsNorm &&
-                    !needed(out[0], {i + 1}) && HPG <= 8 && P % 4 == 0 &&
-                    warpsPerHead * 32 <= 1024;
+    const int64_t fusedTokens =
+        intAttr(op, "nf.epilogue_max_tokens").value_or(0);
     if (fuseNorm) {
       const PlanOp &nop = *ops[i + 1];
       auto nin = operands(nop), nout = results(nop);
       auto groups = intAttr(nop, attr::Groups);
       auto eps = floatAttr(nop, attr::Epsilon);
       auto wt = nin.size() == 3 ? weightType(nin[2]) : std::nullopt;
-      fuseNorm = nin.size() == 3 && nout.size() == 1 && nin[0] == out[0] &&
-                 isAct(nin[1]) && isAct(nout[0]) && V(nin[1]).cols == NH * P &&
-                 V(nout[0]).cols == NH * P && wt &&
-                 weightNumel(nin[2]) == NH * P && groups && *groups == G &&
-                 eps && (HPG * P) % 128 == 0 && HPG * P <= 1024;
-      if (fuseNorm) {
-        includes.insert("nf_rows.cuh");
-        const int64_t clusters = std::min(maxTokens, fusedTokens) * G;
-        addLaunch(fnName(i, "ssm_gated_decode"),
-                  static_cast<uint32_t>(clusters * HPG), 32 * warpsPerHead,
-                  "  nf::ssm_gated_decode<" + *t3 + ", " + *t4 + ", " + *t5 +
-                      ", " + *wt + ", " + num(NH) + ", " + num(P) + ", " +
-                      num(N) + ", " + num(G) + ", " + num(NS) + ">(a, " +
-                      arenaPtr(in[1]) + ", " + arenaPtr(in[2]) + ", " +
-                      weightPtr(in[3]) + ", " + weightPtr(in[4]) + ", " +
-                      weightPtr(in[5]) + ", " + floatLit(*lo) + ", " +
-                      floatLit(*hi) + ", " + state + ", " + arenaPtr(nin[1]) +
-                      ", " + weightPtr(nin[2]) + ", " + doubleLit(*eps) + ", " +
-                      outPtr(nout[0]) + ");\n",
-                  opName(op) + " + nf.gated_rms_norm: a cluster of a group's " +
-                      num(HPG) +
-                      " heads per (sequence, group), a block per "
-                      "head, the norm over distributed shared memory",
-                  0, maxTokens > fusedTokens ? fusedTokens : 0,
-                  /*bodyWaits=*/true);
-        functions.back().clusterBlocks = static_cast<int>(HPG);
-        if (maxTokens <= fusedTokens)
-          return size_t(2);
-      }
+      if (!(opts.hopperOrLater && fusedTokens > 0 && !needed(out[0], {i + 1}) &&
+            HPG <= 8 && P % 4 == 0 && warpsPerHead * 32 <= 1024 &&
+            nin.size() == 3 && nout.size() == 1 && nin[0] == out[0] &&
+            isAct(nin[1]) && isAct(nout[0]) && V(nin[1]).cols == NH * P &&
+            V(nout[0]).cols == NH * P && wt && weightNumel(nin[2]) == NH * P &&
+            groups && *groups == G && eps && (HPG * P) % 128 == 0 &&
+            HPG * P <= 1024))
+        return notInEpilogue(i + 1);
+      includes.insert("nf_rows.cuh");
+      const int64_t clusters = std::min(maxTokens, fusedTokens) * G;
+      addLaunch(fnName(i, "ssm_gated_decode"),
+                static_cast<uint32_t>(clusters * HPG), 32 * warpsPerHead,
+                "  nf::ssm_gated_decode<" + *t3 + ", " + *t4 + ", " + *t5 +
+                    ", " + *wt + ", " + num(NH) + ", " + num(P) + ", " +
+                    num(N) + ", " + num(G) + ", " + num(NS) + ">(a, " +
+                    arenaPtr(in[1]) + ", " + arenaPtr(in[2]) + ", " +
+                    weightPtr(in[3]) + ", " + weightPtr(in[4]) + ", " +
+                    weightPtr(in[5]) + ", " + floatLit(*lo) + ", " +
+                    floatLit(*hi) + ", " + state + ", " + arenaPtr(nin[1]) +
+                    ", " + weightPtr(nin[2]) + ", " + doubleLit(*eps) + ", " +
+                    outPtr(nout[0]) + ");\n",
+                opName(op) + " + nf.gated_rms_norm: a cluster of a group's " +
+                    num(HPG) +
+                    " heads per (sequence, group), a block per "
+                    "head, the norm over distributed shared memory",
+                0, maxTokens > fusedTokens ? fusedTokens : 0,
+                /*bodyWaits=*/true);
+      functions.back().clusterBlocks = static_cast<int>(HPG);
+      if (maxTokens <= fusedTokens)
+        return size_t(2);
     }
     const int64_t warps = maxTokens * NH * (P / (32 / NS));
     addLaunch(fnName(i, "ssm_update"),
@@ -214,6 +223,8 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
       return norm;
     return size_t(2);
   }
+  if (fuseNorm) // only the decode update's warp layout has the fused form
+    return notInEpilogue(i + 1);
   const int64_t items = maxTokens * NH * (P / PT);
   // Prefill on tensor cores (SSD's matrix form, nf_mamba.cuh ssd_chunk)
   // when the head channels and state fit mma's tiles: chunks of kChunk

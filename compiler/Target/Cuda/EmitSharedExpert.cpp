@@ -188,12 +188,16 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
   // row_linear's): the routed projections on the ranking's slots, the down
   // projection ending the layer (oneTokenExperts), in place of those
   // variants; the dispatch and the layer's end launch then run for more
-  // tokens only. On the H200 (Nano, batch 1): see row_experts_combine.
-  if (l6 == l5 + 1 && l4 > l3 && l5 > l4 &&
-      endsWith(launches[l3].function, "_row") &&
-      endsWith(launches[l4].function, "_row") &&
-      launches[l3].maxTokens == launches[l4].maxTokens &&
-      launches[l3].maxTokens <= 1 && oneTokenExperts(d)) {
+  // tokens only (nf-cuda-co-launches' nf.one_token_experts). On the H200
+  // (Nano, batch 1): see row_experts_combine.
+  if (withExperts && ops[d]->op->hasAttr("nf.one_token_experts")) {
+    if (!(l6 == l5 + 1 && l4 > l3 && l5 > l4 &&
+          endsWith(launches[l3].function, "_row") &&
+          endsWith(launches[l4].function, "_row") &&
+          launches[l3].maxTokens == launches[l4].maxTokens &&
+          launches[l3].maxTokens <= 1 && oneTokenExperts(d)))
+      return fail(d, "nf.one_token_experts: the layer's experts have no "
+                     "one-token form");
     for (size_t k = 0; k < 2; ++k) {
       const size_t to = k == 0 ? l3 : l4, from = l6 + k;
       launches[to] = launches[from];
@@ -204,34 +208,35 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
     launches[l2].minTokens = 2; // the dispatch
     launches[l5].minTokens = 2; // moe_combine_add_rms_norm
   }
+  // nf-cuda-co-launches' choice: "routing", "routing_and_experts" or none
+  // (one launch after the other).
+  const std::string form =
+      stringAttr(*ops[i], "nf.co_launch").value_or(std::string());
+  if (form.empty())
+    return consumed;
+  auto cannot = [&](const std::string &why) {
+    return fail(i, "nf.co_launch \"" + form + "\": " + why);
+  };
   const int E = static_cast<int>(V(results(*ops[i + 1])[0]).cols);
   bool sliceable = true;
   for (size_t l = l0; l < l2; ++l)
     sliceable = sliceable && functions[l].sliceable;
-  // Other forms (e.g. f32 weights: the general linear, whose template
-  // indexes the whole grid) run one after the other, and so do routers of
-  // more than 256 experts: a co-launch's static shared memory is both
-  // parts' (the ranking's 16 bytes an expert) and must stay within 48 KB.
+  // Co-launched templates index blocks through nf::Step (f32 weights' general
+  // linear indexes the whole grid); a co-launch's static shared memory is
+  // both parts' (the ranking's 16 bytes an expert) and must stay within
+  // 48 KB.
   if (!sliceable || E > 256 || variants == 0 || l1 - l0 != 2 * variants ||
       l2 - l1 != 2 || !endsWith(launches[l1].function, "router_logits") ||
       !endsWith(launches[l1 + 1].function, "moe_route"))
-    return consumed;
-  // The last variant of each GEMV is the wide one where steps have more
-  // than the narrow tokens; the others (one token, few tokens) run
-  // beside the routing chain.
-  bool split = withExperts && variants >= 2 && l3 - l2 == 1 &&
-               l4 - l3 == variants && l5 - l4 == variants && wideSteps() &&
-               launches[l0 + variants - 1].minTokens > narrowTokens;
-  // (The wide variants run beside the shared expert's.)
-  split = split && functions[l3 + variants - 1].sliceable &&
-          functions[l4 + variants - 1].sliceable;
-  if (!split) {
-    // Co-launches need one block size: GEMV variants of another (the wide
-    // ones) run one after the other.
+    return cannot("the shared expert's and the routing chain's launches "
+                  "cannot share a grid");
+  if (form == "routing") {
+    // Co-launches need one block size.
     for (size_t v = 0; v < variants; ++v)
       if (launches[l0 + v].block != launches[l1].block ||
           launches[l0 + variants + v].block != launches[l1 + 1].block)
-        return consumed;
+        return cannot("a GEMV variant's block size differs from the routing "
+                      "chain's");
     // Logits: a warp per (token, expert), 8 a block; ranking: a block per
     // token. Ranking with the down projection first (the later indices).
     coLaunch(l1 + 1, l0 + variants, variants,
@@ -241,6 +246,18 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
     });
     return consumed;
   }
+  // The last variant of each GEMV is the wide one (steps of more than the
+  // narrow tokens), beside the routed experts' wide variant; the others
+  // (one token, few tokens) run beside the routing chain.
+  if (form != "routing_and_experts")
+    return cannot("unknown form");
+  if (!(withExperts && variants >= 2 && l3 - l2 == 1 && l4 - l3 == variants &&
+        l5 - l4 == variants && wideSteps() &&
+        launches[l0 + variants - 1].minTokens > narrowTokens &&
+        functions[l3 + variants - 1].sliceable &&
+        functions[l4 + variants - 1].sliceable))
+    return cannot("the routed experts' variants do not pair with the shared "
+                  "expert's");
   // Variants [0, few) of each GEMV take few tokens, variant `few` is the
   // wide one; the routing launches run for every step size, so each takes a
   // copy per token range.

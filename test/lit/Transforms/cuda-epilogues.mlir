@@ -49,3 +49,25 @@
 // STALE-NOT: nf.rms_norm {{.*}}nf.epilogue
 // STALE-NOT: nf.rms_norm {{.*}}nf.gemm_paths
 // STALE-NOT: nf.rms_norm {{.*}}nf.row_format
+
+// RUN: nfc import %examples/pydoc-moe -o %t.pydoc.mlir
+// RUN: nfc compile %t.pydoc.mlir --compile-to fuse -o %t.pydoc.fused.mlir
+// RUN: nf-opt %t.pydoc.fused.mlir --nf-cuda-epilogues=hopper-or-later=1 | FileCheck %s --check-prefix=SSM
+// RUN: nf-opt %t.pydoc.fused.mlir --nf-cuda-epilogues="hopper-or-later=1 sm-count=4" | FileCheck %s --check-prefix=SSM-FEW-SMS
+// RUN: nf-opt %t.pydoc.fused.mlir --nf-cuda-epilogues | FileCheck %s --check-prefix=SSM-PRE-HOPPER
+// RUN: nf-opt %t.fused.mlir --nf-cuda-epilogues=hopper-or-later=1 | FileCheck %s --check-prefix=SSM-TILING
+
+// pydoc-moe (8 heads of 32 channels, state 32, 2 groups) on sm_90: the
+// decode SSM update computes the gated norm in its launch of clusters for
+// steps of up to 132 / 8 = 16 tokens (one token on a 4-SM target).
+// SSM-LABEL: func.func @decode
+// SSM: nf_kv.ssm_update {{.*}}nf.epilogue = ["nf.gated_rms_norm"], nf.epilogue_max_tokens = 16 : i64
+// SSM-NEXT: nf.gated_rms_norm
+// SSM-FEW-SMS-LABEL: func.func @decode
+// SSM-FEW-SMS: nf_kv.ssm_update {{.*}}nf.epilogue_max_tokens = 1 : i64
+// Without clusters (a target before sm_90), or where the state's tiling
+// does not fit the kernel (tiny-hybrid-bf16: heads of 16 channels, which
+// the warp of 32 channels does not divide), the norm is its own launch.
+// SSM-PRE-HOPPER-NOT: nf.epilogue_max_tokens
+// SSM-PRE-HOPPER-NOT: nf.epilogue = ["nf.gated_rms_norm"]
+// SSM-TILING-NOT: nf.epilogue = ["nf.gated_rms_norm"]
