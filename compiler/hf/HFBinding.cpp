@@ -11,7 +11,7 @@ namespace nf::hf {
 
 namespace {
 
-using detail::shapeString;
+using ::nf::shapeString;
 
 class Binder {
 public:

@@ -23,40 +23,10 @@
 
 namespace nf::hf {
 
-namespace detail {
-
-std::string shapeString(const std::vector<int64_t> &shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i)
-      s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
-// Strings from config.json; keep messages on one line by escaping control
-// characters.
-std::string printable(const std::string &s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-
-} // namespace detail
-
 namespace {
 
 using json = nlohmann::json;
-using detail::printable;
+using ::nf::printable;
 
 // A JSON value for a message: short enough to stay on one line.
 std::string brief(const json &j) {

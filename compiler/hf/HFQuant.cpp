@@ -15,8 +15,8 @@
 
 namespace nf::hf {
 
-using detail::printable;
-using detail::shapeString;
+using ::nf::printable;
+using ::nf::shapeString;
 
 const char *quantSchemeName(QuantScheme s) {
   return s == QuantScheme::Fp8E4M3 ? "fp8_e4m3" : "int4";

@@ -121,6 +121,20 @@ StatusOr<std::string> readWholeFile(const std::string &path,
   return text;
 }
 
+std::string printable(const std::string &s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 StatusOr<std::string> pathInside(const std::string &dir,
                                  const std::string &name,
                                  const std::string &source,
@@ -131,17 +145,7 @@ StatusOr<std::string> pathInside(const std::string &dir,
                          "' is not a file name inside the checkpoint "
                          "directory");
   };
-  // Names come from untrusted bytes; keep the message on one line.
-  std::string shown;
-  for (unsigned char c : name) {
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      shown += buf;
-    } else {
-      shown += static_cast<char>(c);
-    }
-  }
+  const std::string shown = printable(name);
   // A NUL would end the path early at the system call.
   if (name.empty() || name.find('\0') != std::string::npos)
     return refuse(shown);

@@ -28,32 +28,6 @@ namespace fs = std::filesystem;
 // allocation driven by 8 untrusted bytes.
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
 
-std::string shapeString(const std::vector<int64_t> &shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i)
-      s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
-// Names come from untrusted bytes; keep messages on one line by escaping
-// control characters.
-std::string printable(const std::string &s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-
 Status fail(const std::string &path, const std::string &what) {
   return Status::error(path + ": " + what);
 }
@@ -496,6 +470,16 @@ Status writeSafetensors(const std::string &path,
     return fail(path, "cannot rename into place: " + ec.message());
   }
   return Status::success();
+}
+
+std::string shapeString(const std::vector<int64_t> &shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i)
+      s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
 }
 
 } // namespace nf

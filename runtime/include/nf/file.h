@@ -44,6 +44,10 @@ private:
   uint64_t size_ = 0;
 };
 
+/// `s` with control characters written as \xNN, so that an error message
+/// quoting untrusted bytes (a file name, a JSON string) stays on one line.
+std::string printable(const std::string &s);
+
 /// The contents of `path`, refused with "<path>: file is too large (N bytes;
 /// the limit is M)" beyond `maxBytes`.
 StatusOr<std::string> readWholeFile(const std::string &path,

@@ -34,6 +34,8 @@ enum class DType {
 
 /// "F32" -> DType::F32 ... ; nullopt for a string safetensors does not define.
 std::optional<DType> parseDType(const std::string &s);
+/// A shape as "[a, b, c]", for messages.
+std::string shapeString(const std::vector<int64_t> &shape);
 /// Canonical safetensors spelling ("BF16").
 const char *dtypeName(DType t);
 /// Bytes per element.
