@@ -27,9 +27,10 @@ using namespace mlir;
 namespace nf::compiler {
 namespace {
 
-/// Features of a wide skinny item (32) and items a layer needs before its
-/// 16-row items would not all fit on the GPU at once (more than two item
-/// columns an SM; EmitLinear.cpp's four-warp wide blocks, four an SM).
+/// Features of a wide skinny item. A dense layer of more than two such
+/// columns an SM takes items of 32 rows ("skinny_rows32"): at 32 rows its
+/// 16-row items would not all fit on the GPU at once (EmitLinear.cpp's
+/// four-warp wide blocks, four an SM).
 constexpr int64_t kWideFeatures = 32;
 
 int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
