@@ -70,6 +70,12 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
       variants.smCount = options.cudaSmCount;
       variants.hopperOrLater = options.cudaHopperOrLater;
       pm.addPass(createCudaGemmVariants(variants));
+      CudaAttentionFormsOptions attention;
+      attention.maxSequences = options.maxSequences;
+      attention.bf16Inputs = options.cudaBf16Inputs;
+      attention.ampereOrLater = options.cudaAmpereOrLater;
+      attention.maxSharedBytes = options.cudaMaxSharedBytes;
+      pm.addPass(createCudaAttentionForms(attention));
       CudaCoLaunchesOptions coLaunches;
       coLaunches.maxSequences = options.maxSequences;
       coLaunches.rowLinear = options.cudaRowLinear;

@@ -35,10 +35,13 @@ struct PipelineOptions {
   /// A CUDA target: nf-plan-memory reserves the expert statistics region
   /// its steps write.
   bool cudaTarget = false;
-  /// The CUDA target's SMs, and whether every architecture is sm_90 or
-  /// later (nf-cuda-gemm-variants).
+  /// The CUDA target's SMs, whether every architecture is sm_80 / sm_90 or
+  /// later, and the shared memory a block may have on every one (the CUDA
+  /// decision passes).
   int64_t cudaSmCount = 132;
+  bool cudaAmpereOrLater = false;
   bool cudaHopperOrLater = false;
+  int64_t cudaMaxSharedBytes = 99 * 1024;
   /// Decode steps of one token run row_linear (nf-cuda-co-launches' one-token
   /// experts need it).
   bool cudaRowLinear = true;

@@ -257,6 +257,45 @@ def CudaEpilogues : Pass<"nf-cuda-epilogues", "mlir::ModuleOp"> {
   ];
 }
 
+def CudaAttentionForms : Pass<"nf-cuda-attention-forms", "mlir::ModuleOp"> {
+  let summary = "Chooses the CUDA kernel form of each attention";
+  let description = [{
+    Marks every `nf_kv.attend` of a step with `nf.attention_form`, the
+    kernels its launches run (kernels/nf_attention.cuh):
+    - decode, split-context flash decoding and a combine:
+      - `"split_mma"`: a warp per (token, kv head, split) whose query heads
+        are one tensor-core tile (every target sm_80 or later, at most 16
+        query heads a kv head, head_dim a multiple of 16, the K/V tiles
+        within the targets' shared memory);
+      - `"split_gqa"`: a warp per (token, head, split) for steps of up to 3
+        tokens, a warp per (token, kv head, split) for its 2 to 16 query
+        heads from 4 tokens (decode steps of at least 4 tokens, the queries
+        within 48 KB of static shared memory);
+      - `"split"`: a warp per (token, head, split).
+    - prefill:
+      - `"mma"`: FlashAttention-2 on tensor cores (sm_80 or later, head_dim
+        a multiple of 16 and at most 128, its tiles within the targets'
+        shared memory), with `nf.attention_positions` K/V positions a tile:
+        64 with bf16 inputs (the step's K/V rows rounded to bf16 once) where
+        they fit, else 32;
+      - `"tiles"`: a block per (query tile, kv head), K/V tiles in shared
+        memory (a one-token block within 48 KB);
+      - `"warp"`: a warp per (token, head).
+    The CUDA code generator emits the form it is given.
+  }];
+  let options = [
+    Option<"maxSequences", "max-sequences", "int64_t", /*default=*/"64",
+           "Most tokens in one decode step">,
+    Option<"bf16Inputs", "bf16-inputs", "bool", /*default=*/"false",
+           "Tensor-core inputs are rounded to bf16 (one term)">,
+    Option<"ampereOrLater", "ampere-or-later", "bool", /*default=*/"true",
+           "Every target is sm_80 or later (mma.sync's bf16 shapes)">,
+    Option<"maxSharedBytes", "max-shared-bytes", "int64_t",
+           /*default=*/"232448",
+           "Dynamic shared memory a block may have on every target">,
+  ];
+}
+
 def CudaCoLaunches : Pass<"nf-cuda-co-launches", "mlir::ModuleOp"> {
   let summary = "Chooses the launches a decode MoE layer runs side by side";
   let description = [{

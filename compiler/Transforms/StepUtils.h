@@ -40,6 +40,11 @@ inline constexpr llvm::StringLiteral kEpilogueAttr = "nf.epilogue";
 /// launch; longer ones launch the ops after it (nf-cuda-epilogues).
 inline constexpr llvm::StringLiteral kEpilogueMaxTokensAttr =
     "nf.epilogue_max_tokens";
+/// The kernel form of an nf_kv.attend, and its prefill K/V tile positions
+/// (nf-cuda-attention-forms).
+inline constexpr llvm::StringLiteral kAttentionFormAttr = "nf.attention_form";
+inline constexpr llvm::StringLiteral kAttentionPositionsAttr =
+    "nf.attention_positions";
 /// How a decode shared expert's launches run beside its MoE layer's
 /// (nf-cuda-co-launches).
 inline constexpr llvm::StringLiteral kCoLaunchAttr = "nf.co_launch";

@@ -296,7 +296,9 @@ int runCompile(const CompileFlags &flags) {
   pipeline.cudaTarget = cuda.has_value();
   if (cuda) {
     pipeline.cudaSmCount = cuda->smCount;
+    pipeline.cudaAmpereOrLater = nf::codegen::targetsAmpereOrLater(*cuda);
     pipeline.cudaHopperOrLater = nf::codegen::targetsHopperOrLater(*cuda);
+    pipeline.cudaMaxSharedBytes = nf::codegen::maxSharedBytesOf(*cuda);
     pipeline.cudaRowLinear = cuda->rowLinear;
   }
   nf::compiler::buildPipeline(pm, *phase, pipeline);

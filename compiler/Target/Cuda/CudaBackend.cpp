@@ -59,10 +59,26 @@ int capability(const std::string &arch) {
 
 } // namespace
 
-bool roundsGemmInputsToBf16(const CudaOptions &opts) {
-  return opts.matmulTerms == 1 && !opts.archs.empty() &&
+bool targetsAmpereOrLater(const CudaOptions &opts) {
+  return !opts.archs.empty() &&
          std::all_of(opts.archs.begin(), opts.archs.end(),
                      [](const std::string &a) { return capability(a) >= 80; });
+}
+
+bool roundsGemmInputsToBf16(const CudaOptions &opts) {
+  return opts.matmulTerms == 1 && targetsAmpereOrLater(opts);
+}
+
+int64_t maxSharedBytesOf(const CudaOptions &opts) {
+  int64_t bytes = 227 * 1024;
+  for (const std::string &a : opts.archs) {
+    const int cc = capability(a);
+    const int64_t kb = cc == 80 || cc == 87    ? 163
+                       : cc == 90 || cc == 100 ? 227
+                                               : 99;
+    bytes = std::min<int64_t>(bytes, kb * 1024);
+  }
+  return bytes;
 }
 
 bool targetsHopperOrLater(const CudaOptions &opts) {
@@ -127,21 +143,9 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const compiler::PlanModel &plan,
   cg.wgmma = std::all_of(
       opts.archs.begin(), opts.archs.end(),
       [](const std::string &a) { return a == "sm_90" || a == "sm_90a"; });
-  // Per architecture: compute capability, and the dynamic shared memory a
-  // block may opt into (CUDA C++ Programming Guide, "Technical
-  // Specifications per Compute Capability").
-  cg.ampereOrLater =
-      std::all_of(opts.archs.begin(), opts.archs.end(),
-                  [&](const std::string &a) { return capability(a) >= 80; });
+  cg.ampereOrLater = targetsAmpereOrLater(opts);
   cg.hopperOrLater = targetsHopperOrLater(opts);
-  cg.maxSharedBytes = 227 * 1024;
-  for (const std::string &a : opts.archs) {
-    const int cc = capability(a);
-    const int64_t kb = cc == 80 || cc == 87    ? 163
-                       : cc == 90 || cc == 100 ? 227
-                                               : 99;
-    cg.maxSharedBytes = std::min<int64_t>(cg.maxSharedBytes, kb * 1024);
-  }
+  cg.maxSharedBytes = maxSharedBytesOf(opts);
   auto sources = generateCudaSources(plan, cg);
   if (!sources)
     return sources.status();

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Target/Cuda/KernelEmitter.h"
+#include "Target/Cuda/KernelShapes.h"
 
 namespace nf::codegen::detail {
 
@@ -50,6 +51,14 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                    "head_dim features");
   if (st->dtype != pl::DType::F32)
     return fail(i, "only f32 KV caches are supported");
+  // nf-cuda-attention-forms' choice; the emitter checks that the target
+  // and shapes allow it.
+  const std::string form =
+      stringAttr(op, "nf.attention_form").value_or(std::string());
+  auto unsupported = [&](const char *what) {
+    return fail(i, "nf.attention_form \"" + form + "\" needs " + what);
+  };
+  namespace sh = shapes;
   includes.insert("nf_attention.cuh");
   const std::string args = "(a, " + arenaPtr(in[1]) + ", nf::storage(a, " +
                            num(2 * op.storage) + "), nf::storage(a, " +
@@ -86,16 +95,22 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                 "per (token, head)");
     };
     const int64_t rep = *heads / NKV;
+    if (form != "split_mma" && form != "split_gqa" && form != "split")
+      return fail(i, "a decode attention without a decode nf.attention_form "
+                     "(nf-cuda-attention-forms)");
     // On tensor cores for every step size where every target has them
     // (kv_attend_split_mma: a warp per (token, kv head, split) whose query
     // heads are mma's 16 rows, K/V tiles through its shared memory, in the
     // plan's bf16 terms), 4 warps a block and one block an SM (the tiles),
     // so its splits aim at 4 warps an SM. (Before sm_80 the kernel has no
     // body.)
-    constexpr int64_t kMmaWarps = 4;
-    const int64_t mmaSmem = kMmaWarps * 2 * 32 * (HD + 8) * 4;
-    if (opts.ampereOrLater && rep <= 16 && HD % 16 == 0 &&
-        mmaSmem + kStaticSharedAllowance <= opts.maxSharedBytes) {
+    constexpr int64_t kMmaWarps = sh::kSplitMmaWarps;
+    const int64_t mmaSmem = sh::splitMmaSmem(HD);
+    if (form == "split_mma") {
+      if (!(opts.ampereOrLater && rep <= 16 && HD % 16 == 0 &&
+            mmaSmem + kStaticSharedAllowance <= opts.maxSharedBytes))
+        return unsupported("sm_80, at most 16 query heads a kv head and "
+                           "its tiles in shared memory");
       const std::string mmaTarget = num(int64_t(opts.smCount) * kMmaWarps * 4);
       addLaunch(
           fnName(i, "attend_split_mma"),
@@ -128,10 +143,11 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
     // split count (decode_splits: 16 warps an SM, not 64 / 16 heads): batch
     // 32 70 us against 132 with the per-head form's 8 splits (the combine
     // 19 against 11 us).
-    constexpr int64_t kGqaWarps = 4, kGqaTokens = 4;
-    const bool gqa = rep >= 2 && rep <= 16 && HD % 4 == 0 &&
-                     kGqaWarps * rep * (HD + 32) * 4 <= 48 * 1024 &&
-                     maxTokens >= kGqaTokens;
+    constexpr int64_t kGqaWarps = sh::kGqaWarps, kGqaTokens = sh::kGqaTokens;
+    const bool gqa = form == "split_gqa";
+    if (gqa && !(sh::gqaFits(rep, HD) && maxTokens >= kGqaTokens))
+      return unsupported("2 to 16 query heads a kv head whose queries fit "
+                         "48 KB, and steps of 4 tokens");
     // Where the grouped form takes over (INT32_MAX: never); the split
     // count depends on it (decode_splits), so every launch gets it.
     const std::string gqaFrom = gqa ? num(kGqaTokens) : "0x7fffffff";
@@ -177,19 +193,20 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   // (kv_rows_to_bf16, codegen scratch), and the blocks stream them with
   // cp.async into double-buffered tiles instead of each converting the f32
   // cache rows through registers.
-  constexpr int64_t kWarps = 8, kRows = 16 * kWarps;
+  constexpr int64_t kWarps = sh::kMmaWarps, kRows = sh::kMmaRows;
   const int64_t terms = opts.matmulTerms;
   const bool kv16 = terms == 1;
   auto mmaSmem = [&](int64_t positions) {
-    return 2 * terms *
-           (kRows * (HD + 8) + (kv16 ? 4 : 2) * positions * (HD + 8));
+    return sh::mmaSmem(HD, terms, kv16, positions);
   };
-  const int64_t positions =
-      terms == 1 && mmaSmem(64) + kStaticSharedAllowance <= opts.maxSharedBytes
-          ? 64
-          : 32;
-  if (HD % 16 == 0 && HD <= 128 && opts.ampereOrLater &&
-      mmaSmem(positions) + kStaticSharedAllowance <= opts.maxSharedBytes) {
+  if (form == "mma") {
+    const int64_t positions = intAttr(op, "nf.attention_positions").value_or(0);
+    if (!((positions == 32 || positions == 64) && HD % 16 == 0 && HD <= 128 &&
+          opts.ampereOrLater &&
+          mmaSmem(positions) + kStaticSharedAllowance <= opts.maxSharedBytes))
+      return unsupported("sm_80, head_dim a multiple of 16 up to 128, and "
+                         "tiles of nf.attention_positions (32 or 64) in "
+                         "shared memory");
     const int64_t tiles = ceilDiv(maxTokens * (*heads / NKV), kRows) * NKV;
     const int64_t smem = mmaSmem(positions);
     const std::string tmpl = num(HD) + ", " + num(kWarps) + ", " + num(terms) +
@@ -231,17 +248,15 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   }
   // Block per (token, kv head), K/V tiles in shared memory, when they fit.
   const int64_t rep = *heads / NKV;
-  const int64_t warps = std::min<int64_t>(rep, 16);
-  const int64_t hpw = ceilDiv(rep, warps);
-  const int64_t smem = 32 * (2 * HD + 1) * 4 + warps * hpw * HD * 4 + 256;
+  const int64_t warps = sh::attendWarps(rep);
   // Prefill: a block per (query tile of consecutive tokens, kv head) when a
   // one-token block's tiles fit in 48 KiB; four tokens share each K/V tile
   // (queries in dynamic shared memory; bit-identical to one per block) when
   // their queries fit too.
-  if (smem <= 48 * 1024) {
-    auto tileSmem = [&](int64_t qt) {
-      return (32 * (HD + 1) + 32 * HD + qt * warps * hpw * HD) * 4;
-    };
+  if (form == "tiles") {
+    if (sh::attendBlockSmem(rep, HD) > 48 * 1024)
+      return unsupported("a one-token block within 48 KB");
+    auto tileSmem = [&](int64_t qt) { return sh::attendTileSmem(rep, HD, qt); };
     const int64_t qt = tileSmem(4) <= 96 * 1024 ? 4 : 1;
     addLaunch(fnName(i, "attend"),
               gridOf(ceilDiv(maxTokens, qt) * NKV, int64_t(opts.smCount) * 8),
@@ -255,6 +270,9 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
     launches.back().sharedBytes = static_cast<uint32_t>(tileSmem(qt));
     return size_t(1);
   }
+  if (form != "warp")
+    return fail(i, "a prefill attention without a prefill nf.attention_form "
+                   "(nf-cuda-attention-forms)");
   constexpr int perBlock = 4;
   addLaunch(
       fnName(i, "attend"),

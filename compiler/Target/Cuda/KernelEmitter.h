@@ -12,6 +12,7 @@
 
 #include "Plan/PlanModel.h"
 #include "Target/Cuda/CudaCodegen.h"
+#include "Target/Cuda/KernelShapes.h"
 
 #include "nf/plan_generated.h"
 #include "nf/plan_ops.h"
@@ -48,9 +49,7 @@ inline int64_t alignTo(int64_t v) {
   return (v + kAlignment - 1) / kAlignment * kAlignment;
 }
 inline int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-/// Bytes left beside a kernel's dynamic shared memory for its static
-/// shared variables when checking a target's limit (the limit is for both).
-constexpr int64_t kStaticSharedAllowance = 2048;
+using shapes::kStaticSharedAllowance;
 
 /// GEMM paths chosen by nf-cuda-gemm-paths (`nf.gemm_paths`, one per GEMM
 /// of an op): bf16-plane tensor-core tiles (outside decode) and the skinny

@@ -1,0 +1,66 @@
+//===- KernelShapes.h - CUDA kernel facts the passes and emitter share -*-===//
+//
+// Sizes of kernels/*.cuh templates that decide which form of a kernel a
+// target can run: the CUDA decision passes (compiler/Transforms/Cuda*.cpp)
+// choose by them and the emitter (Emit*.cpp) sizes its launches by them.
+// Header-only, no dependencies: each function matches the kernel's own
+// constexpr size (the emitter static_asserts the two are equal).
+//
+//===----------------------------------------------------------------------===//
+#pragma once
+
+#include <cstdint>
+
+namespace nf::codegen::shapes {
+
+/// Bytes left beside a kernel's dynamic shared memory for its static
+/// shared variables when checking a target's limit (the limit is for both).
+inline constexpr int64_t kStaticSharedAllowance = 2048;
+
+// Attention (kernels/nf_attention.cuh).
+
+/// Decode on tensor cores (kv_attend_split_mma): warps a block, and their
+/// K/V tiles (nf::kv_attend_split_mma_smem).
+inline constexpr int64_t kSplitMmaWarps = 4;
+constexpr int64_t splitMmaSmem(int64_t headDim) {
+  return kSplitMmaWarps * 2 * 32 * (headDim + 8) * 4;
+}
+/// Decode, grouped queries (kv_attend_split_gqa): warps a block, and the
+/// step size from which it takes over from a warp per head.
+inline constexpr int64_t kGqaWarps = 4, kGqaTokens = 4;
+/// Its queries and exponentials in static shared memory (48 KB at most).
+constexpr bool gqaFits(int64_t rep, int64_t headDim) {
+  return rep >= 2 && rep <= 16 && headDim % 4 == 0 &&
+         kGqaWarps * rep * (headDim + 32) * 4 <= 48 * 1024;
+}
+/// Prefill on tensor cores (kv_attend_mma): 8 warps of 16 rows a block;
+/// the query tile and double-buffered K/V tiles of `positions` positions,
+/// in the plan's bf16 terms, or with bf16 K/V rows (kv16: one term)
+/// (nf::kv_attend_mma_smem).
+inline constexpr int64_t kMmaWarps = 8, kMmaRows = 16 * kMmaWarps;
+constexpr int64_t mmaSmem(int64_t headDim, int64_t terms, bool kv16,
+                          int64_t positions) {
+  return 2 * terms *
+         (kMmaRows * (headDim + 8) +
+          (kv16 ? 4 : 2) * positions * (headDim + 8));
+}
+/// Prefill without tensor cores (kv_attend): warps a block (a warp per
+/// query head of a kv head, at most 16), the heads each warp takes, and the
+/// shared memory of a block of `tokens` tokens.
+constexpr int64_t attendWarps(int64_t rep) { return rep < 16 ? rep : 16; }
+constexpr int64_t attendHeadsPerWarp(int64_t rep) {
+  return (rep + attendWarps(rep) - 1) / attendWarps(rep);
+}
+constexpr int64_t attendTileSmem(int64_t rep, int64_t headDim, int64_t tokens) {
+  return (32 * (headDim + 1) + 32 * headDim +
+          tokens * attendWarps(rep) * attendHeadsPerWarp(rep) * headDim) *
+         4;
+}
+/// A one-token block's static and dynamic shared memory: the tiled form
+/// runs where it is at most 48 KB.
+constexpr int64_t attendBlockSmem(int64_t rep, int64_t headDim) {
+  return 32 * (2 * headDim + 1) * 4 +
+         attendWarps(rep) * attendHeadsPerWarp(rep) * headDim * 4 + 256;
+}
+
+} // namespace nf::codegen::shapes
