@@ -67,18 +67,13 @@ struct CudaAttentionForms : impl::CudaAttentionFormsBase<CudaAttentionForms> {
     }
   }
 
-  bool fits(int64_t smem) const {
-    return smem + shapes::kStaticSharedAllowance <= maxSharedBytes;
-  }
-
   /// Decode (split-context flash decoding, then a combine): on tensor cores
   /// where every target has them and the query heads of a kv head fit
   /// mma's 16 rows; else a warp per (token, head, split), taken over by a
   /// warp per (token, kv head, split) for its grouped query heads from
   /// kGqaTokens tokens where they fit.
   StringRef decodeForm(int64_t rep, int64_t headDim) const {
-    if (ampereOrLater && rep <= 16 && headDim % 16 == 0 &&
-        fits(shapes::splitMmaSmem(headDim)))
+    if (ampereOrLater && shapes::splitMmaFits(rep, headDim, maxSharedBytes))
       return "split_mma";
     if (shapes::gqaFits(rep, headDim) && maxSequences >= shapes::kGqaTokens)
       return "split_gqa";
@@ -91,11 +86,11 @@ struct CudaAttentionForms : impl::CudaAttentionFormsBase<CudaAttentionForms> {
   StringRef prefillForm(int64_t rep, int64_t headDim,
                         int64_t &positions) const {
     const int64_t terms = bf16Inputs ? 1 : 3;
-    const bool kv16 = bf16Inputs;
     positions =
-        bf16Inputs && fits(shapes::mmaSmem(headDim, terms, kv16, 64)) ? 64 : 32;
-    if (headDim % 16 == 0 && headDim <= 128 && ampereOrLater &&
-        fits(shapes::mmaSmem(headDim, terms, kv16, positions)))
+        bf16Inputs && shapes::mmaFits(headDim, terms, 64, maxSharedBytes) ? 64
+                                                                          : 32;
+    if (ampereOrLater &&
+        shapes::mmaFits(headDim, terms, positions, maxSharedBytes))
       return "mma";
     positions = 0;
     if (shapes::attendBlockSmem(rep, headDim) <= 48 * 1024)

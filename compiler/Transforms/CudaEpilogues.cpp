@@ -11,6 +11,8 @@
 #include "Transforms/Passes.h"
 #include "Transforms/StepUtils.h"
 
+#include "Target/Cuda/KernelShapes.h"
+
 #include "nf/IR/NfOps.h"
 #include "nf_kv/IR/NfKvOps.h"
 #include "nf_moe/IR/NfMoeOps.h"
@@ -25,6 +27,7 @@ namespace nf::compiler {
 } // namespace nf::compiler
 
 using namespace mlir;
+namespace shapes = ::nf::codegen::shapes;
 
 namespace nf::compiler {
 namespace {
@@ -133,10 +136,8 @@ struct CudaEpilogues : impl::CudaEpiloguesBase<CudaEpilogues> {
   /// A decode SSM update, then the gated RMSNorm of its result over the
   /// state's groups: one launch of clusters, a block per head
   /// (ssm_gated_decode, nf_mamba.cuh), for steps whose clusters fit the GPU
-  /// at a block an SM (marked with kEpilogueMaxTokensAttr). The conditions
-  /// are the kernel's: ssm_decode's tiling (NS threads per head channel
-  /// holding at most 16 state values where possible), at most 8 heads a
-  /// group, the group's channels a multiple of 128 and at most 1024.
+  /// at a block an SM (marked with kEpilogueMaxTokensAttr), where the
+  /// state's shapes fit the kernel (KernelShapes.h).
   SmallVector<Operation *, 3> ssmEpilogue(ModuleOp module, kv::SSMUpdateOp op,
                                           StringRef phase) const {
     auto norm = dyn_cast_or_null<nfir::GatedRMSNormOp>(op->getNextNode());
@@ -154,15 +155,9 @@ struct CudaEpilogues : impl::CudaEpiloguesBase<CudaEpilogues> {
         (CD - NH * P) % (2 * N) != 0)
       return {};
     const int64_t G = (CD - NH * P) / (2 * N);
-    int64_t NS = 1;
-    while (NS < 32 && N / NS > 16 && N % (NS * 2) == 0)
-      NS *= 2;
-    if (32 % NS != 0 || N % (4 * NS) != 0 || P % (32 / NS) != 0 ||
-        (NH * P) % 4 != 0 || CD % 4 != 0 || NH % G != 0)
-      return {};
-    const int64_t HPG = NH / G, warpsPerHead = P / (32 / NS);
-    if (HPG > 8 || P % 4 != 0 || warpsPerHead * 32 > 1024 ||
-        (HPG * P) % 128 != 0 || HPG * P > 1024 || norm.getGroups() != G)
+    if (NH % G != 0 || norm.getGroups() != G ||
+        !shapes::ssmDecodeFits(NH, P, N, CD) ||
+        !shapes::ssmGatedDecodeFits(P, N, NH / G))
       return {};
     op->setAttr(
         kEpilogueMaxTokensAttr,

@@ -107,8 +107,8 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
     constexpr int64_t kMmaWarps = sh::kSplitMmaWarps;
     const int64_t mmaSmem = sh::splitMmaSmem(HD);
     if (form == "split_mma") {
-      if (!(opts.ampereOrLater && rep <= 16 && HD % 16 == 0 &&
-            mmaSmem + kStaticSharedAllowance <= opts.maxSharedBytes))
+      if (!(opts.ampereOrLater &&
+            sh::splitMmaFits(rep, HD, opts.maxSharedBytes)))
         return unsupported("sm_80, at most 16 query heads a kv head and "
                            "its tiles in shared memory");
       const std::string mmaTarget = num(int64_t(opts.smCount) * kMmaWarps * 4);
@@ -201,9 +201,8 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   };
   if (form == "mma") {
     const int64_t positions = intAttr(op, "nf.attention_positions").value_or(0);
-    if (!((positions == 32 || positions == 64) && HD % 16 == 0 && HD <= 128 &&
-          opts.ampereOrLater &&
-          mmaSmem(positions) + kStaticSharedAllowance <= opts.maxSharedBytes))
+    if (!((positions == 32 || positions == 64) && opts.ampereOrLater &&
+          sh::mmaFits(HD, terms, positions, opts.maxSharedBytes)))
       return unsupported("sm_80, head_dim a multiple of 16 up to 128, and "
                          "tiles of nf.attention_positions (32 or 64) in "
                          "shared memory");

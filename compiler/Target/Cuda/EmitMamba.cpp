@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Target/Cuda/KernelEmitter.h"
+#include "Target/Cuda/KernelShapes.h"
 
 namespace nf::codegen::detail {
 
@@ -121,9 +122,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
     return fail(i, "missing time_step_min / time_step_max");
   // Tiling (nf_mamba.cuh): NS threads per head channel, each holding
   // N / NS (<= 16 where possible) state values; PT channels per block.
-  int64_t NS = 1;
-  while (NS < 32 && (N / NS > 16) && N % (NS * 2) == 0)
-    NS *= 2;
+  const int64_t NS = shapes::ssmThreadsPerChannel(N);
   int64_t PT = P;
   while (PT > 1 && (P % PT != 0 || PT * NS > 128))
     --PT;
@@ -151,8 +150,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   // Decode: a warp per (sequence, head, 32 / NS channels), no shared
   // memory or barriers (ssm_decode); the H200, Nano at batch 32: see
   // docs/performance.md.
-  if (opCode(op) == OpCode::SsmUpdate && 32 % NS == 0 && N % (4 * NS) == 0 &&
-      P % (32 / NS) == 0 && (NH * P) % 4 == 0 && CD % 4 == 0) {
+  if (opCode(op) == OpCode::SsmUpdate && shapes::ssmDecodeFits(NH, P, N, CD)) {
     // With the gated norm of its result (nf-cuda-epilogues; groups = the
     // state's groups):
     // steps whose clusters fit the GPU at a block an SM (a block per head:
@@ -173,12 +171,11 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
       auto eps = floatAttr(nop, attr::Epsilon);
       auto wt = nin.size() == 3 ? weightType(nin[2]) : std::nullopt;
       if (!(opts.hopperOrLater && fusedTokens > 0 && !needed(out[0], {i + 1}) &&
-            HPG <= 8 && P % 4 == 0 && warpsPerHead * 32 <= 1024 &&
-            nin.size() == 3 && nout.size() == 1 && nin[0] == out[0] &&
-            isAct(nin[1]) && isAct(nout[0]) && V(nin[1]).cols == NH * P &&
+            shapes::ssmGatedDecodeFits(P, N, HPG) && nin.size() == 3 &&
+            nout.size() == 1 && nin[0] == out[0] && isAct(nin[1]) &&
+            isAct(nout[0]) && V(nin[1]).cols == NH * P &&
             V(nout[0]).cols == NH * P && wt && weightNumel(nin[2]) == NH * P &&
-            groups && *groups == G && eps && (HPG * P) % 128 == 0 &&
-            HPG * P <= 1024))
+            groups && *groups == G && eps))
         return notInEpilogue(i + 1);
       includes.insert("nf_rows.cuh");
       const int64_t clusters = std::min(maxTokens, fusedTokens) * G;

@@ -63,4 +63,54 @@ constexpr int64_t attendBlockSmem(int64_t rep, int64_t headDim) {
          attendWarps(rep) * attendHeadsPerWarp(rep) * headDim * 4 + 256;
 }
 
+/// The decode step's attention forms (nf-cuda-attention-forms): tensor
+/// cores for a kv head's query heads (at most 16, mma's rows) whose tiles
+/// fit `maxSharedBytes` (every target sm_80 or later besides).
+constexpr bool splitMmaFits(int64_t rep, int64_t headDim,
+                            int64_t maxSharedBytes) {
+  return rep <= 16 && headDim % 16 == 0 &&
+         splitMmaSmem(headDim) + kStaticSharedAllowance <= maxSharedBytes;
+}
+/// Prefill on tensor cores with K/V tiles of `positions` positions (every
+/// target sm_80 or later besides).
+constexpr bool mmaFits(int64_t headDim, int64_t terms, int64_t positions,
+                       int64_t maxSharedBytes) {
+  return headDim % 16 == 0 && headDim <= 128 &&
+         mmaSmem(headDim, terms, terms == 1, positions) +
+                 kStaticSharedAllowance <=
+             maxSharedBytes;
+}
+
+// Mamba2 (kernels/nf_mamba.cuh).
+
+/// Threads per head channel of the SSM kernels (NS): each holds N / NS state
+/// values, at most 16 where N allows.
+constexpr int64_t ssmThreadsPerChannel(int64_t stateSize) {
+  int64_t ns = 1;
+  while (ns < 32 && stateSize / ns > 16 && stateSize % (ns * 2) == 0)
+    ns *= 2;
+  return ns;
+}
+/// The decode update's warp layout (ssm_decode): a warp per (sequence, head,
+/// 32 / NS channels), state and channel rows read 4 at a time.
+constexpr bool ssmDecodeFits(int64_t heads, int64_t headDim, int64_t stateSize,
+                             int64_t convDim) {
+  const int64_t ns = ssmThreadsPerChannel(stateSize);
+  return 32 % ns == 0 && stateSize % (4 * ns) == 0 &&
+         headDim % (32 / ns) == 0 && (heads * headDim) % 4 == 0 &&
+         convDim % 4 == 0;
+}
+/// The decode update with its gated norm in one launch of clusters
+/// (ssm_gated_decode): a cluster of a group's heads (at most 8), a block of
+/// headDim / (32 / NS) warps per head, the group's channels a multiple of
+/// 128 and at most 1024.
+constexpr bool ssmGatedDecodeFits(int64_t headDim, int64_t stateSize,
+                                  int64_t headsPerGroup) {
+  const int64_t ns = ssmThreadsPerChannel(stateSize);
+  return headsPerGroup <= 8 && headDim % 4 == 0 &&
+         headDim / (32 / ns) * 32 <= 1024 &&
+         (headsPerGroup * headDim) % 128 == 0 &&
+         headsPerGroup * headDim <= 1024;
+}
+
 } // namespace nf::codegen::shapes
