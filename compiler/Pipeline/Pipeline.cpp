@@ -76,6 +76,12 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
       attention.ampereOrLater = options.cudaAmpereOrLater;
       attention.maxSharedBytes = options.cudaMaxSharedBytes;
       pm.addPass(createCudaAttentionForms(attention));
+      CudaScanFormsOptions scans;
+      scans.maxTokens = options.maxTokens;
+      scans.matmulTerms = options.cudaMatmulTerms;
+      scans.ampereOrLater = options.cudaAmpereOrLater;
+      scans.maxSharedBytes = options.cudaMaxSharedBytes;
+      pm.addPass(createCudaScanForms(scans));
       CudaCoLaunchesOptions coLaunches;
       coLaunches.maxSequences = options.maxSequences;
       coLaunches.rowLinear = options.cudaRowLinear;

@@ -42,6 +42,8 @@ struct PipelineOptions {
   bool cudaAmpereOrLater = false;
   bool cudaHopperOrLater = false;
   int64_t cudaMaxSharedBytes = 99 * 1024;
+  /// bf16 terms of each tensor-core product (1: bf16 inputs; exact: 3).
+  int64_t cudaMatmulTerms = 3;
   /// Decode steps of one token run row_linear (nf-cuda-co-launches' one-token
   /// experts need it).
   bool cudaRowLinear = true;

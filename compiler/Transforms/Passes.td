@@ -296,6 +296,36 @@ def CudaAttentionForms : Pass<"nf-cuda-attention-forms", "mlir::ModuleOp"> {
   ];
 }
 
+def CudaScanForms : Pass<"nf-cuda-scan-forms", "mlir::ModuleOp"> {
+  let summary = "Chooses the CUDA kernel form of each Mamba2 scan";
+  let description = [{
+    Marks every prefill `nf_kv.ssm_scan` with `nf.scan_form`, the kernels
+    its launches run (kernels/nf_mamba.cuh), in chunks of 256 tokens:
+    - `"ssd"`: SSD's matrix form on tensor cores (ssd_chunk; every target
+      sm_80 or later, head channels and state size multiples of 16, at most
+      128 channels), with `nf.scan_sub_chunk` tokens a sub-chunk: 64 where
+      its tiles fit the targets' shared memory, else 32. Steps longer than a
+      chunk first compute each chunk's state from zero and carry the
+      chunks' initial states in order (generated scratch).
+    - `"chunked"`: the sequential walk, each chunk's state computed in
+      parallel and carried in order (steps longer than a chunk, head
+      channels a multiple of 4 and state size of 8).
+    - `"sequential"`: the walk over each sequence's tokens.
+    The CUDA code generator emits the form it is given.
+  }];
+  let options = [
+    Option<"maxTokens", "max-tokens", "int64_t", /*default=*/"2048",
+           "Most tokens in one prefill step">,
+    Option<"matmulTerms", "matmul-terms", "int64_t", /*default=*/"3",
+           "bf16 terms of each tensor-core product (1: bf16 inputs)">,
+    Option<"ampereOrLater", "ampere-or-later", "bool", /*default=*/"true",
+           "Every target is sm_80 or later (mma.sync's bf16 shapes)">,
+    Option<"maxSharedBytes", "max-shared-bytes", "int64_t",
+           /*default=*/"232448",
+           "Dynamic shared memory a block may have on every target">,
+  ];
+}
+
 def CudaCoLaunches : Pass<"nf-cuda-co-launches", "mlir::ModuleOp"> {
   let summary = "Chooses the launches a decode MoE layer runs side by side";
   let description = [{

@@ -45,6 +45,10 @@ inline constexpr llvm::StringLiteral kEpilogueMaxTokensAttr =
 inline constexpr llvm::StringLiteral kAttentionFormAttr = "nf.attention_form";
 inline constexpr llvm::StringLiteral kAttentionPositionsAttr =
     "nf.attention_positions";
+/// The kernel form of a prefill nf_kv.ssm_scan, and its tensor-core
+/// sub-chunk tokens (nf-cuda-scan-forms).
+inline constexpr llvm::StringLiteral kScanFormAttr = "nf.scan_form";
+inline constexpr llvm::StringLiteral kScanSubChunkAttr = "nf.scan_sub_chunk";
 /// How a decode shared expert's launches run beside its MoE layer's
 /// (nf-cuda-co-launches).
 inline constexpr llvm::StringLiteral kCoLaunchAttr = "nf.co_launch";

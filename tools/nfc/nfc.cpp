@@ -299,6 +299,7 @@ int runCompile(const CompileFlags &flags) {
     pipeline.cudaAmpereOrLater = nf::codegen::targetsAmpereOrLater(*cuda);
     pipeline.cudaHopperOrLater = nf::codegen::targetsHopperOrLater(*cuda);
     pipeline.cudaMaxSharedBytes = nf::codegen::maxSharedBytesOf(*cuda);
+    pipeline.cudaMatmulTerms = cuda->matmulTerms;
     pipeline.cudaRowLinear = cuda->rowLinear;
   }
   nf::compiler::buildPipeline(pm, *phase, pipeline);

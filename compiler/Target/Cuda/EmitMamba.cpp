@@ -223,27 +223,30 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   if (fuseNorm) // only the decode update's warp layout has the fused form
     return notInEpilogue(i + 1);
   const int64_t items = maxTokens * NH * (P / PT);
-  // Prefill on tensor cores (SSD's matrix form, nf_mamba.cuh ssd_chunk)
-  // when the head channels and state fit mma's tiles: chunks of kChunk
-  // tokens, sub-chunks of 64 tokens (32 where 64 needs more shared memory
-  // than the targets have). Measured on the H200 at the Nano shape, 8192
-  // tokens (bench/kernels/ssd_check.cu): 0.80 ms per layer with bf16
-  // inputs, 1.96 with exact products, against 2.20 for the walk.
-  constexpr int64_t kChunk = 256;
+  // The form nf-cuda-scan-forms chose (prefill scans; updates walk).
+  const std::string form = opCode(op) == OpCode::SsmScan
+                               ? stringAttr(op, "nf.scan_form").value_or("")
+                               : std::string("sequential");
+  if (form.empty())
+    return fail(i, "has no nf.scan_form (nf-cuda-scan-forms)");
+  constexpr int64_t kChunk = shapes::kSsmChunk;
   const int64_t terms = opts.matmulTerms;
-  auto smemOf = [&](int64_t q, bool states) {
-    return 2 * terms *
-           (q * (N + 8) + q * (P + 8) +
-            (states ? 0 : q * (N + 8) + q * (P + 8) + P * (N + 8)));
-  };
-  auto fits = [&](int64_t q) {
-    return smemOf(q, false) + kStaticSharedAllowance <= opts.maxSharedBytes;
-  };
-  const int64_t kSub = fits(64) ? 64 : 32;
-  if (opCode(op) == OpCode::SsmScan && opts.ampereOrLater && P % 16 == 0 &&
-      N % 16 == 0 && P <= 128 && st->slots > 0 && fits(kSub)) {
+  // Prefill on tensor cores (SSD's matrix form, nf_mamba.cuh ssd_chunk):
+  // chunks of kChunk tokens, sub-chunks of nf.scan_sub_chunk tokens.
+  // Measured on the H200 at the Nano shape, 8192 tokens
+  // (bench/kernels/ssd_check.cu): 0.80 ms per layer with bf16 inputs, 1.96
+  // with exact products, against 2.20 for the walk.
+  if (form == "ssd") {
+    const int64_t kSub = intAttr(op, "nf.scan_sub_chunk").value_or(0);
+    if (!(opts.ampereOrLater && (kSub == 64 || kSub == 32) && st->slots > 0 &&
+          shapes::ssdFits(P, N, kSub, terms, opts.maxSharedBytes)))
+      return fail(i, "nf.scan_form \"ssd\" needs sm_80, head channels and "
+                     "state in mma's tiles and nf.scan_sub_chunk (32 or 64) "
+                     "tiles in shared memory");
     const int64_t cmax = ceilDiv(maxTokens, kChunk);
-    auto smemOfSub = [&](bool states) { return smemOf(kSub, states); };
+    auto smemOfSub = [&](bool states) {
+      return shapes::ssdChunkSmem(P, N, kSub, terms, states);
+    };
     std::string local = "static_cast<float *>(nullptr)", decay = local;
     const std::string common = ", " + num(NH) + ", " + num(P) + ", " + num(N) +
                                ", " + num(G) + ", " + num(kChunk) + ", " +
@@ -264,7 +267,7 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
     };
     const uint32_t block = static_cast<uint32_t>(32 * (P / 16));
     if (maxTokens > kChunk) {
-      const int64_t slots = maxTokens / kChunk + st->slots + 1;
+      const int64_t slots = shapes::ssmChunkStates(maxTokens, st->slots);
       local = "nf::arena<float>(a, " + num(newScratch(slots * NH * P * N * 4)) +
               "ll)";
       decay = "nf::arena<float>(a, " + num(newScratch(slots * NH * 4)) + "ll)";
@@ -289,12 +292,17 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   }
   // Prefill steps longer than a chunk: the chunked scan (nf_mamba.cuh), so
   // a long sequence's chunks walk in parallel.
-  const bool chunked = opCode(op) == OpCode::SsmScan && maxTokens > kChunk &&
-                       P % 4 == 0 && N % 8 == 0 && st->slots > 0;
+  const bool chunked = form == "chunked";
+  if (chunked && !(maxTokens > kChunk && st->slots > 0 &&
+                   shapes::ssmChunkedWalkFits(P, N)))
+    return fail(i, "nf.scan_form \"chunked\" needs steps longer than a "
+                   "chunk, head channels a multiple of 4 and state of 8");
+  if (!chunked && form != "sequential")
+    return fail(i, "unknown nf.scan_form \"" + form + "\"");
   std::string chunkArgs, chunkInit;
   if (chunked) {
     const int64_t cmax = ceilDiv(maxTokens, kChunk);
-    const int64_t slots = maxTokens / kChunk + st->slots + 1;
+    const int64_t slots = shapes::ssmChunkStates(maxTokens, st->slots);
     const int64_t localOff = newScratch(slots * NH * P * N * 4);
     const int64_t decayOff = newScratch(slots * NH * 4);
     const std::string local = "nf::arena<float>(a, " + num(localOff) + "ll)";

@@ -113,4 +113,39 @@ constexpr bool ssmGatedDecodeFits(int64_t headDim, int64_t stateSize,
          headsPerGroup * headDim <= 1024;
 }
 
+/// The prefill scan's chunks (ssd_chunk, ssm_chunk_states): tokens a chunk.
+inline constexpr int64_t kSsmChunk = 256;
+/// The scan on tensor cores (ssd_chunk, SSD's matrix form): shared memory of
+/// a block with sub-chunks of `subChunk` tokens, in the plan's bf16 terms;
+/// `states`: the chunk-states launch, which stages no C, y or state tile
+/// (nf::ssd_chunk_smem).
+constexpr int64_t ssdChunkSmem(int64_t headDim, int64_t stateSize,
+                               int64_t subChunk, int64_t terms, bool states) {
+  const int64_t q = subChunk, P = headDim, N = stateSize;
+  return 2 * terms *
+         (q * (N + 8) + q * (P + 8) +
+          (states ? 0 : q * (N + 8) + q * (P + 8) + P * (N + 8)));
+}
+/// Whether the tensor-core scan takes the shapes (mma's tiles over head
+/// channels and state, up to 128 channels) and its tiles fit
+/// `maxSharedBytes` (every target sm_80 or later besides).
+constexpr bool ssdFits(int64_t headDim, int64_t stateSize, int64_t subChunk,
+                       int64_t terms, int64_t maxSharedBytes) {
+  return headDim % 16 == 0 && stateSize % 16 == 0 && headDim <= 128 &&
+         ssdChunkSmem(headDim, stateSize, subChunk, terms, false) +
+                 kStaticSharedAllowance <=
+             maxSharedBytes;
+}
+/// Whether the sequential walk can take a long step's chunks in parallel
+/// (ssm_chunk_states: state rows read 4 channels and 8 state values at a
+/// time).
+constexpr bool ssmChunkedWalkFits(int64_t headDim, int64_t stateSize) {
+  return headDim % 4 == 0 && stateSize % 8 == 0;
+}
+/// Chunk states a step of `maxTokens` tokens over `stateSlots` sequence
+/// slots may have (each sequence's chunks, plus a partial one each).
+constexpr int64_t ssmChunkStates(int64_t maxTokens, int64_t stateSlots) {
+  return maxTokens / kSsmChunk + stateSlots + 1;
+}
+
 } // namespace nf::codegen::shapes
