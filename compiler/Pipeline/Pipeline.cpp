@@ -86,6 +86,12 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
       coLaunches.maxSequences = options.maxSequences;
       coLaunches.rowLinear = options.cudaRowLinear;
       pm.addPass(createCudaCoLaunches(coLaunches));
+      CudaKernelScratchOptions scratch;
+      scratch.maxTokens = options.maxTokens;
+      scratch.maxSequences = options.maxSequences;
+      scratch.matmulTerms = options.cudaMatmulTerms;
+      scratch.ampereOrLater = options.cudaAmpereOrLater;
+      pm.addPass(createCudaKernelScratch(scratch));
     }
     PlanMemoryOptions memory;
     memory.maxTokens = options.maxTokens;

@@ -140,6 +140,8 @@ Status Builder::step(func::FuncOp func, PlanStep &out) {
   out.noReuseBytes = noReuse.getInt();
   out.scratchBytes = scratchBytes.getInt();
   out.reservedBytes = reserved.getInt();
+  if (auto end = func->getAttrOfType<IntegerAttr>("nf.kernel_scratch_end"))
+    out.kernelScratchEnd = end.getInt();
   if (auto stats = func->getAttrOfType<IntegerAttr>("nf.expert_stats_offset"))
     out.expertStatsOffset = stats.getInt();
   if (auto narrow = func->getAttrOfType<IntegerAttr>(kSkinnyNarrowTokensAttr))

@@ -88,8 +88,11 @@ struct PlanStep {
   /// scratchBytes), reused by every kernel.
   int64_t scratchBytes = 0;
   /// End of the bf16 copies and the expert statistics region (0: neither;
-  /// nf-plan-memory); a kernel's generated scratch goes after it.
+  /// nf-plan-memory).
   int64_t reservedBytes = 0;
+  /// End of every region of the step, the CUDA kernels' scratch regions
+  /// (nf.kernel_scratch_offsets on their ops) included (nf-plan-memory).
+  int64_t kernelScratchEnd = 0;
   /// The expert statistics region (CUDA steps with nf_moe.select), or -1.
   int64_t expertStatsOffset = -1;
   /// CUDA decode steps: steps of up to this many tokens run the narrow

@@ -121,9 +121,8 @@ def FuseKernels : Pass<"nf-fuse-kernels", "mlir::ModuleOp"> {
 def PlanMemory : Pass<"nf-plan-memory", "mlir::ModuleOp"> {
   let summary = "Places every buffer of a step in its arena";
   let description = [{
-    The one memory planner: every byte a step uses outside the kernels' own
-    generated scratch is placed here, after the passes that decide what
-    needs memory.
+    The one memory planner: every byte a step uses is placed here, after
+    the passes that decide what needs memory.
 
     - Kernel results: each dynamic dimension bounded by the step's maximum
       tokens (expert assignments: tokens times top-k), placed first-fit in
@@ -141,9 +140,16 @@ def PlanMemory : Pass<"nf-plan-memory", "mlir::ModuleOp"> {
       `nf_moe.select`'s counts and experts, read back after the step):
       `nf.expert_stats_offset` on the step.
 
+    - The scratch regions of the ops' kernels (`nf.kernel_scratch`, from
+      `nf-cuda-kernel-scratch`): each kernel's after the regions above and
+      its own internal values, in op order, every kernel starting again
+      there; `nf.kernel_scratch_offsets` on each op. Then the regions used
+      after the step (`nf.after_step_scratch`), never reused:
+      `nf.after_step_scratch_offsets`. The end of every region of the step,
+      `nf.kernel_scratch_end`, on the step.
+
     `nf.reserved_bytes` on the step ends the copies and the statistics
-    region (0: neither); a kernel's generated scratch starts after it and
-    after the kernel's own internal values.
+    region (0: neither).
   }];
   let options = [
     Option<"maxTokens", "max-tokens", "int64_t", /*default=*/"2048",
@@ -323,6 +329,45 @@ def CudaScanForms : Pass<"nf-cuda-scan-forms", "mlir::ModuleOp"> {
     Option<"maxSharedBytes", "max-shared-bytes", "int64_t",
            /*default=*/"232448",
            "Dynamic shared memory a block may have on every target">,
+  ];
+}
+
+def CudaKernelScratch : Pass<"nf-cuda-kernel-scratch", "mlir::ModuleOp"> {
+  let summary = "Sizes the scratch regions of each op's CUDA kernels";
+  let description = [{
+    Marks every op whose CUDA kernels use memory beyond the plan's values
+    with `nf.kernel_scratch`, the bytes of each region in the order the code
+    generator uses them, for the step's most tokens (prefill: `max-tokens`,
+    decode: `max-sequences`), from the forms the earlier CUDA passes chose:
+    - a GEMM on the `"bf16_planes"` path whose input rows are not stored as
+      bf16: the rows split into the plan's bf16 terms (`matmul-terms`);
+    - `nf_moe.shared_expert`: its hidden rows (bf16 where its down GEMM is
+      on the plane path with bf16 inputs), their bf16 copy for decode steps
+      that run the wide skinny variants, then its GEMMs' planes;
+    - `nf_moe.router` with its select after it: each token's f64 logit sums,
+      then the planes of its logits GEMM with bf16 inputs;
+    - decode `nf_kv.attend`: each context split's partial output, max and
+      sum; prefill `"mma"` with bf16 inputs: the step's K and V rows as bf16;
+    - `nf_kv.ssm_scan` whose steps run in more than one chunk (`"ssd"`,
+      `"chunked"`): each chunk's state from zero, and its decay.
+    On the op that computes a decode step's f32 logits, the top-logits
+    launches the runtime runs after the step (kernels/nf_sample.cuh):
+    `nf.top_logits_chunk`, the logits each block ranks (none for
+    vocabularies beyond 64 chunks of 4096), and `nf.after_step_scratch`,
+    their buffers (each chunk's best 64, the rows' 64 ids and values, the
+    noise, the totals, the chunks' parts of the totals).
+    `nf-plan-memory` places the regions (`nf.kernel_scratch_offsets`,
+    `nf.after_step_scratch_offsets`).
+  }];
+  let options = [
+    Option<"maxTokens", "max-tokens", "int64_t", /*default=*/"2048",
+           "Most tokens in one prefill step">,
+    Option<"maxSequences", "max-sequences", "int64_t", /*default=*/"64",
+           "Most tokens in one decode step">,
+    Option<"matmulTerms", "matmul-terms", "int64_t", /*default=*/"3",
+           "bf16 terms of each tensor-core product (1: bf16 inputs)">,
+    Option<"ampereOrLater", "ampere-or-later", "bool", /*default=*/"true",
+           "Every target is sm_80 or later (mma.sync's bf16 shapes)">,
   ];
 }
 

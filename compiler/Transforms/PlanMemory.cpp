@@ -5,8 +5,9 @@
 // Buffers are placed first-fit in decreasing size order; two buffers share
 // bytes only if their live ranges are disjoint. After them come the regions
 // that follow from earlier passes' decisions: kernel-internal values, the
-// bf16 copies of rows (nf-cuda-row-formats) and the expert statistics
-// (Passes.td says where each is recorded).
+// bf16 copies of rows (nf-cuda-row-formats), the expert statistics and the
+// scratch regions of the CUDA kernels (nf-cuda-kernel-scratch) (Passes.td
+// says where each is recorded).
 //
 //===----------------------------------------------------------------------===//
 
@@ -50,6 +51,8 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
           << "nf-plan-memory: alignment must be a power of two";
       return signalPassFailure();
     }
+    clearDecision(getOperation(), kKernelScratchOffsetsAttr);
+    clearDecision(getOperation(), kAfterStepScratchOffsetsAttr);
     for (auto func : getOperation().getOps<func::FuncOp>()) {
       StringRef phase = stepPhase(func);
       if (phase.empty())
@@ -169,6 +172,27 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
     return placeRegions(func, kernels, buffers, arena, rows);
   }
 
+  /// Places the scratch regions `op` lists in `sizesAttr` (if any) from
+  /// `top` on, in order; records them in `offsetsAttr` and moves `top` past
+  /// them.
+  LogicalResult placeScratch(Operation &op, StringRef sizesAttr,
+                             StringRef offsetsAttr, int64_t &top) {
+    auto bytes = op.getAttrOfType<DenseI64ArrayAttr>(sizesAttr);
+    if (!bytes)
+      return success();
+    SmallVector<int64_t> offsets;
+    for (int64_t n : bytes.asArrayRef()) {
+      if (n <= 0)
+        return op.emitOpError()
+               << sizesAttr << ": a region of " << n << " bytes";
+      offsets.push_back(alignTo(top, alignment));
+      top = offsets.back() + alignTo(n, alignment);
+    }
+    op.setAttr(offsetsAttr,
+               Builder(op.getContext()).getDenseI64ArrayAttr(offsets));
+    return success();
+  }
+
   /// The regions after the kernel results (Passes.td).
   LogicalResult placeRegions(func::FuncOp func,
                              ArrayRef<nfir::KernelOp> kernels,
@@ -188,6 +212,7 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
     // Kernel-internal values: each kernel's after the results, in op order;
     // every kernel starts again at the same place.
     int64_t scratch = 0;
+    llvm::DenseMap<Operation *, int64_t> internalEnd; // per kernel
     for (nfir::KernelOp kernel : kernels) {
       SmallVector<int64_t> offsets;
       int64_t used = 0;
@@ -201,6 +226,7 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
         used += bytesOf[v];
       }
       kernel.setScratchOffsetsAttr(b.getDenseI64ArrayAttr(offsets));
+      internalEnd[kernel] = arena + used;
       scratch = std::max(scratch, used);
     }
     func->setAttr("nf.scratch_bytes", b.getI64IntegerAttr(scratch));
@@ -245,6 +271,27 @@ struct PlanMemoryPass : impl::PlanMemoryBase<PlanMemoryPass> {
       }
     }
     func->setAttr("nf.reserved_bytes", b.getI64IntegerAttr(reserved));
+
+    // The kernels' scratch regions: a kernel's run only while it does, so
+    // each kernel's start after everything above and its own internal
+    // values, and every kernel reuses the same bytes. Then the regions used
+    // after the step: after all of them, never reused.
+    const int64_t regionsEnd = std::max(arena, reserved);
+    int64_t end = std::max(arena + scratch, reserved);
+    for (nfir::KernelOp kernel : kernels) {
+      int64_t top = std::max(regionsEnd, internalEnd.lookup(kernel));
+      for (Operation &op : kernel.getBody().front())
+        if (failed(placeScratch(op, kKernelScratchAttr,
+                                kKernelScratchOffsetsAttr, top)))
+          return failure();
+      end = std::max(end, top);
+    }
+    for (nfir::KernelOp kernel : kernels)
+      for (Operation &op : kernel.getBody().front())
+        if (failed(placeScratch(op, kAfterStepScratchAttr,
+                                kAfterStepScratchOffsetsAttr, end)))
+          return failure();
+    func->setAttr("nf.kernel_scratch_end", b.getI64IntegerAttr(end));
     return success();
   }
 };

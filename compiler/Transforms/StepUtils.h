@@ -49,6 +49,20 @@ inline constexpr llvm::StringLiteral kAttentionPositionsAttr =
 /// sub-chunk tokens (nf-cuda-scan-forms).
 inline constexpr llvm::StringLiteral kScanFormAttr = "nf.scan_form";
 inline constexpr llvm::StringLiteral kScanSubChunkAttr = "nf.scan_sub_chunk";
+/// The bytes of each scratch region an op's CUDA kernels use beyond the
+/// plan's values, in the order they use them (nf-cuda-kernel-scratch), and
+/// where they are (nf-plan-memory).
+inline constexpr llvm::StringLiteral kKernelScratchAttr = "nf.kernel_scratch";
+inline constexpr llvm::StringLiteral kKernelScratchOffsetsAttr =
+    "nf.kernel_scratch_offsets";
+/// Likewise for regions used after the step (the decode step's top-logits
+/// buffers), and the logits each top-logits block ranks.
+inline constexpr llvm::StringLiteral kAfterStepScratchAttr =
+    "nf.after_step_scratch";
+inline constexpr llvm::StringLiteral kAfterStepScratchOffsetsAttr =
+    "nf.after_step_scratch_offsets";
+inline constexpr llvm::StringLiteral kTopLogitsChunkAttr =
+    "nf.top_logits_chunk";
 /// How a decode shared expert's launches run beside its MoE layer's
 /// (nf-cuda-co-launches).
 inline constexpr llvm::StringLiteral kCoLaunchAttr = "nf.co_launch";

@@ -34,18 +34,10 @@
 namespace nf::codegen {
 namespace detail {
 
-StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
+StatusOr<CudaKernelSource> KernelEmitter::run() {
   for (const PlanOp &op : kernel.ops)
     ops.push_back(&op);
   outputs.insert(kernel.outputs.begin(), kernel.outputs.end());
-  // Generated scratch goes after the step's reserved regions (bf16 copies,
-  // expert statistics) and this kernel's internal values.
-  scratchTop = std::max(arenaBytes, reservedBytes);
-  for (const PlanOp *op : ops)
-    for (int r : results(*op))
-      if (r >= 0 && r < static_cast<int>(values.size()) &&
-          V(r).offset >= arenaBytes)
-        scratchTop = std::max(scratchTop, V(r).offset + V(r).bytes);
   for (const PlanOp *op : ops)
     for (int v : operands(*op))
       if (v < 0 || v >= static_cast<int>(values.size()))
@@ -130,6 +122,18 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
     return fail(0, "kernel has no ops");
   if (!internalError.empty())
     return fail(ops.size(), "internal: " + internalError);
+  // Every region nf-cuda-kernel-scratch sized is one the code uses.
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const size_t sized = listAttr(*ops[i], "nf.kernel_scratch")
+                             .value_or(std::vector<int64_t>{})
+                             .size();
+    auto it = scratchTaken.find(ops[i]);
+    const size_t taken = it == scratchTaken.end() ? 0 : it->second;
+    if (taken != sized)
+      return fail(
+          i, "internal: nf.kernel_scratch sizes " + std::to_string(sized) +
+                 " scratch regions; its kernels use " + std::to_string(taken));
+  }
   // Every value stored as bf16 rows or with a bf16 copy must have been
   // written so by its producer here (nf-cuda-row-formats, RowFormats.cpp and
   // the emitters agree).
@@ -204,59 +208,54 @@ StatusOr<CudaKernelSource> KernelEmitter::run(int64_t &scratchEnd) {
   out.source = src.str();
   out.launches = launches;
   out.hopperFeatures = hopperFeatures;
-  scratchEnd = std::max(scratchEnd, scratchTop);
   return out;
 }
 
 namespace {
 
-/// Values per row the top-logits launches keep: a sampler whose top-k is
-/// below this reads no vocabulary row (the runtime checks the rest).
-constexpr int kTopLogits = 64;
-/// sizeof(nf::top_logit_noise): how a row is ranked.
-constexpr int64_t kTopLogitNoiseBytes = 24;
-
 /// Appends the top-logits functions (kernels/nf_sample.cuh) to the module of
-/// the kernel that computes the decode step's logits, with their output after
-/// every other scratch value (they run after the step). Vocabularies beyond
-/// 64 chunks of 4096 logits (a 32 KB shared-memory sort) get none.
-void addTopLogits(const PlanStep &step, const std::vector<ValueInfo> &values,
-                  const CudaCodegenOptions &opts, int64_t &scratchEnd,
-                  CudaStepSources &out) {
-  const int logits = step.logits;
-  if (logits < 0 || logits >= static_cast<int>(values.size()) ||
-      values[logits].dtype != pl::DType::F32 || values[logits].offset < 0)
-    return;
+/// the kernel that computes the decode step's logits, where
+/// nf-cuda-kernel-scratch gave that op `nf.top_logits_chunk`; their buffers
+/// are its after-step regions (nf-plan-memory).
+Status addTopLogits(const PlanStep &step, const std::vector<ValueInfo> &values,
+                    const CudaCodegenOptions &opts, CudaStepSources &out) {
   int kernel = -1;
+  const PlanOp *op = nullptr;
   for (size_t k = 0; k < step.kernels.size(); ++k)
-    for (int v : step.kernels[k].outputs)
-      if (v == logits)
+    for (const PlanOp &o : step.kernels[k].ops)
+      if (intAttr(o, "nf.top_logits_chunk")) {
         kernel = static_cast<int>(k);
+        op = &o;
+      }
+  if (!op)
+    return Status::success();
+  const int logits = step.logits;
+  const int64_t chunk = *intAttr(*op, "nf.top_logits_chunk");
+  const std::vector<int64_t> regions =
+      listAttr(*op, "nf.after_step_scratch_offsets")
+          .value_or(std::vector<int64_t>{});
+  if (logits < 0 || logits >= static_cast<int>(values.size()) ||
+      op->results.size() != 1 || op->results[0] != logits ||
+      values[logits].dtype != pl::DType::F32 || values[logits].offset < 0 ||
+      chunk != shapes::topLogitsChunk(values[logits].cols) ||
+      regions.size() != 6)
+    return Status::error("cuda: " + opName(*op) +
+                         " has nf.top_logits_chunk but does not compute the "
+                         "step's f32 logits, or has no after-step regions "
+                         "(nf-cuda-kernel-scratch, nf-plan-memory)");
   const int64_t vocab = values[logits].cols;
-  auto pow2AtLeast = [](int64_t n) {
-    int64_t p = 1;
-    while (p < n)
-      p <<= 1;
-    return p;
-  };
-  const int64_t chunk =
-      std::max(pow2AtLeast(ceilDiv(vocab, 64)),
-               std::min<int64_t>(
-                   2048, pow2AtLeast(std::max<int64_t>(vocab, kTopLogits))));
-  if (kernel < 0 || chunk > 4096)
-    return;
+  constexpr int64_t kTopLogits = shapes::kTopLogits;
   const int64_t chunks = ceilDiv(vocab, chunk), rows = step.maxTokens;
   CudaTopLogits &t = out.topLogits;
   t.kernel = kernel;
   t.k = kTopLogits;
-  const int64_t partial = alignTo(scratchEnd);
-  t.idsOffset = alignTo(partial + rows * chunks * kTopLogits * 8);
-  t.valuesOffset = alignTo(t.idsOffset + rows * kTopLogits * 4);
-  t.noiseOffset = alignTo(t.valuesOffset + rows * kTopLogits * 4);
-  t.totalsOffset = alignTo(t.noiseOffset + rows * kTopLogitNoiseBytes);
+  const int64_t partial = regions[0];
+  t.idsOffset = regions[1];
+  t.valuesOffset = regions[2];
+  t.noiseOffset = regions[3];
+  t.totalsOffset = regions[4];
   // The chunks' parts of the totals (nf::top_chunk_total, 16 bytes).
-  const int64_t chunkSums = alignTo(t.totalsOffset + rows * 8);
-  scratchEnd = alignTo(chunkSums + rows * chunks * 16);
+  const int64_t chunkSums = regions[5];
 
   CudaKernelSource &src = out.kernels[static_cast<size_t>(kernel)];
   const std::string prefix = "dk" + std::to_string(kernel) + "_top_logits";
@@ -301,6 +300,7 @@ void addTopLogits(const PlanStep &step, const std::vector<ValueInfo> &values,
   m.grid = gridOf(rows, int64_t(opts.smCount) * 8);
   m.block = 512;
   t.launches = {c, m};
+  return Status::success();
 }
 
 StatusOr<CudaStepSources> generateStep(const PlanModel &plan,
@@ -328,9 +328,10 @@ StatusOr<CudaStepSources> generateStep(const PlanModel &plan,
   if (!formats)
     return formats.status();
   RowFormats &rowFormats = *formats;
-  // nf-plan-memory placed everything but the kernels' generated scratch,
-  // which each kernel reuses after the reserved regions.
-  int64_t scratchEnd = std::max(arena + step.scratchBytes, step.reservedBytes);
+  // nf-plan-memory placed everything, the kernels' scratch regions and the
+  // top logits' buffers too.
+  const int64_t scratchEnd = std::max(
+      {arena + step.scratchBytes, step.reservedBytes, step.kernelScratchEnd});
   // The expert statistics region's layout (its offset is the planner's).
   ExpertStatsLayout stats;
   stats.rows = step.maxTokens;
@@ -353,17 +354,17 @@ StatusOr<CudaStepSources> generateStep(const PlanModel &plan,
   }
   for (size_t k = 0; k < step.kernels.size(); ++k) {
     KernelEmitter e(plan, values, rowFormats, phase, static_cast<int>(k),
-                    step.kernels[k], step.maxTokens, arena, step.reservedBytes,
-                    opts);
+                    step.kernels[k], step.maxTokens, arena, opts);
     e.expertStats = &stats;
     e.narrowTokens = step.skinnyNarrowTokens;
-    auto src = e.run(scratchEnd);
+    auto src = e.run();
     if (!src)
       return src.status();
     out.kernels.push_back(std::move(*src));
   }
   if (std::string_view(phase) == "decode")
-    addTopLogits(step, values, opts, scratchEnd, out);
+    if (Status s = addTopLogits(step, values, opts, out); !s.ok())
+      return s;
   out.scratchBytes = alignTo(scratchEnd - arena);
   return out;
 }

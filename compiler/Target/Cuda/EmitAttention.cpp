@@ -71,10 +71,10 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   // context is one 32-position tile per warp; at batch 32 (Nano: 2 kv
   // heads) 33 splits of 32 positions.
   if (phase == "decode") {
-    constexpr int64_t kSplits = 64, perBlock = 8;
+    constexpr int64_t kSplits = sh::kDecodeSplits, perBlock = 8;
     const std::string warpsTarget = num(int64_t(opts.smCount) * 64);
     const int64_t part =
-        newScratch(maxTokens * *heads * kSplits * (HD + 2) * 4);
+        scratchOf(op, maxTokens * *heads * kSplits * (HD + 2) * 4);
     const std::string partPtr = "nf::arena<float>(a, " + num(part) + "ll)";
     // Every split launch: (q, K cache, V cache, scale, partials).
     const std::string splitArgs =
@@ -214,7 +214,7 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
     std::string callArgs = args;
     if (kv16) {
       const int64_t row = NKV * HD;
-      const int64_t k16 = newScratch(2 * maxTokens * row * 2);
+      const int64_t k16 = scratchOf(op, 2 * maxTokens * row * 2);
       const std::string k16Ptr =
           "nf::arena<unsigned short>(a, " + num(k16) + "ll)";
       const std::string v16Ptr = "nf::arena<unsigned short>(a, " +

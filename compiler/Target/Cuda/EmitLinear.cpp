@@ -64,7 +64,10 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   const int64_t terms = opts.matmulTerms;
   const int64_t planeElems = maxTokens * s.rowsPerToken * s.K;
   const bool splitLaunch = planes && !stored16;
-  const int64_t planeOff = splitLaunch ? newScratch(terms * planeElems * 2) : 0;
+  if (splitLaunch && !s.owner)
+    internalError = fn + ": plane GEMM without an op to take scratch from";
+  const int64_t planeOff =
+      splitLaunch && s.owner ? scratchOf(*s.owner, terms * planeElems * 2) : 0;
   const std::string planePtr =
       stored16 ? s.input16
                : "nf::arena<unsigned short>(a, " + num(planeOff) + "ll)";
@@ -424,6 +427,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
       shape[0] != V(out[0]).cols)
     return fail(i, "weight does not match the input and result");
   LinearSpec s;
+  s.owner = &op;
   s.path = gemmPath(op, 0);
   s.wideVariant = gemmWideVariant(op, 0);
   s.wtype = *wt;

@@ -268,9 +268,10 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
     const uint32_t block = static_cast<uint32_t>(32 * (P / 16));
     if (maxTokens > kChunk) {
       const int64_t slots = shapes::ssmChunkStates(maxTokens, st->slots);
-      local = "nf::arena<float>(a, " + num(newScratch(slots * NH * P * N * 4)) +
-              "ll)";
-      decay = "nf::arena<float>(a, " + num(newScratch(slots * NH * 4)) + "ll)";
+      local = "nf::arena<float>(a, " +
+              num(scratchOf(op, slots * NH * P * N * 4)) + "ll)";
+      decay =
+          "nf::arena<float>(a, " + num(scratchOf(op, slots * NH * 4)) + "ll)";
       addLaunch(fnName(i, "ssd_states"),
                 gridOf(cmax * NH, int64_t(opts.smCount) * 8), block, body(true),
                 "nf_kv.ssm_scan, chunked on tensor cores: each chunk's state "
@@ -303,8 +304,8 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   if (chunked) {
     const int64_t cmax = ceilDiv(maxTokens, kChunk);
     const int64_t slots = shapes::ssmChunkStates(maxTokens, st->slots);
-    const int64_t localOff = newScratch(slots * NH * P * N * 4);
-    const int64_t decayOff = newScratch(slots * NH * 4);
+    const int64_t localOff = scratchOf(op, slots * NH * P * N * 4);
+    const int64_t decayOff = scratchOf(op, slots * NH * 4);
     const std::string local = "nf::arena<float>(a, " + num(localOff) + "ll)";
     const std::string decay = "nf::arena<float>(a, " + num(decayOff) + "ll)";
     addLaunch(fnName(i, "ssm_chunk_states"),

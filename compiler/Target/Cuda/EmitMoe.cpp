@@ -117,7 +117,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
   // each staged value more. The per-token blocks then only rank.
   std::string pre = "nullptr";
   if (isRouter && phase != "decode") {
-    const int64_t off = newScratch(maxTokens * E * 2 * 8);
+    const int64_t off = scratchOf(first, maxTokens * E * 2 * 8);
     pre = "nf::arena<double>(a, " + num(off) + "ll)";
     constexpr int64_t kSmallTileTokens = 2048;
     auto tiles = [&](int64_t tokens, int64_t experts, const char *suffix,
@@ -163,6 +163,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
     if (bf16RowsAllowed(opts) && isRouter &&
         gemmPath(first, 0) == kBf16Planes) {
       LinearSpec s;
+      s.owner = &first;
       s.path = kBf16Planes;
       s.wtype = wg;
       s.N = E;
@@ -193,7 +194,7 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
       tiles(32, 64, "_large", maxTokens, kSmallTileTokens + 1, 0);
     }
   } else if (isRouter) {
-    const int64_t off = newScratch(maxTokens * E * 2 * 8);
+    const int64_t off = scratchOf(first, maxTokens * E * 2 * 8);
     pre = "nf::arena<double>(a, " + num(off) + "ll)";
     addLaunch(fnName(i, "router_logits"),
               gridOf(ceilDiv(maxTokens * E, 8), int64_t(opts.smCount) * 8), 256,
@@ -290,6 +291,7 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
       shape[2] != V(in[0]).cols || shape[1] != V(out[0]).cols)
     return fail(i, "weight is not [experts, out, in] stacked experts");
   LinearSpec s;
+  s.owner = &op;
   s.path = gemmPath(op, 0);
   s.wideVariant = gemmWideVariant(op, 0);
   s.wtype = *wt;

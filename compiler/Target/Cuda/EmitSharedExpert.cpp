@@ -29,7 +29,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   // The hidden rows as bf16 where the down GEMM would round them anyway
   // (as nf-cuda-row-formats does for plan values).
   const bool hidden16 = bf16RowsAllowed(opts) && gemmPath(op, 1) == kBf16Planes;
-  const int64_t hidden = newScratch(maxTokens * I * (hidden16 ? 2 : 4));
+  const int64_t hidden = scratchOf(op, maxTokens * I * (hidden16 ? 2 : 4));
   const std::string hid =
       std::string(hidden16 ? "nf::arena<unsigned short>" : "nf::arena<float>") +
       "(a, " + num(hidden) + "ll)";
@@ -38,10 +38,11 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   const bool hiddenCopy = decodeCopies() && gemmPath(op, 1) == kBf16Skinny;
   const std::string hidCopy =
       hiddenCopy ? "nf::arena<unsigned short>(a, " +
-                       num(newScratch(maxTokens * I * 2)) + "ll)"
+                       num(scratchOf(op, maxTokens * I * 2)) + "ll)"
                  : std::string();
   const std::string hidOut = hiddenCopy ? shadowedRows(hid, hidCopy) : hid;
   LinearSpec s1;
+  s1.owner = &op;
   s1.path = gemmPath(op, 0);
   s1.wideVariant = gemmWideVariant(op, 0);
   s1.wtype = *ut;
@@ -63,6 +64,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
              "at " +
                  num(hidden) + (hidden16 ? ", bf16 rows)" : ")"));
   LinearSpec s2;
+  s2.owner = &op;
   s2.path = gemmPath(op, 1);
   s2.wideVariant = gemmWideVariant(op, 1);
   s2.wtype = *dt;

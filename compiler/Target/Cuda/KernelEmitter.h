@@ -165,6 +165,9 @@ inline const std::vector<int> &results(const PlanOp &op) { return op.results; }
 
 /// The fixed part of a linear layer spec (nf_linear.cuh).
 struct LinearSpec {
+  /// The op whose scratch regions (nf.kernel_scratch) the GEMM's planes
+  /// take.
+  const PlanOp *owner = nullptr;
   /// The GEMM's path (nf-cuda-gemm-paths: "bf16_planes", "bf16_skinny",
   /// "other"); gemmPath of the op it comes from.
   std::string path;
@@ -218,13 +221,12 @@ public:
   KernelEmitter(const PlanModel &plan, const std::vector<ValueInfo> &values,
                 const RowFormats &rowFormats, const std::string &phase,
                 int index, const PlanKernel &kernel, int64_t maxTokens,
-                int64_t arenaBytes, int64_t reservedBytes,
-                const CudaCodegenOptions &opts)
+                int64_t arenaBytes, const CudaCodegenOptions &opts)
       : plan(plan), values(values), rowFormats(rowFormats), phase(phase),
         index(index), kernel(kernel), maxTokens(maxTokens),
-        arenaBytes(arenaBytes), reservedBytes(reservedBytes), opts(opts) {}
+        arenaBytes(arenaBytes), opts(opts) {}
 
-  StatusOr<CudaKernelSource> run(int64_t &scratchEnd);
+  StatusOr<CudaKernelSource> run();
 
 private:
   /// Each launch's function, written after every spec (run()).
@@ -561,10 +563,26 @@ private:
   }
   void emitLinear(const std::string &fn, const LinearSpec &s,
                   const std::string &comment);
-  int64_t newScratch(int64_t bytes) {
-    const int64_t off = alignTo(scratchTop);
-    scratchTop = off + alignTo(bytes);
-    return off;
+  /// The offset of `op`'s next scratch region, which nf-cuda-kernel-scratch
+  /// sized (`bytes`, as this emitter uses it) and nf-plan-memory placed.
+  int64_t scratchOf(const PlanOp &op, int64_t bytes) {
+    const size_t n = scratchTaken[&op]++;
+    const std::vector<int64_t> sizes =
+        listAttr(op, "nf.kernel_scratch").value_or(std::vector<int64_t>{});
+    const std::vector<int64_t> offsets =
+        listAttr(op, "nf.kernel_scratch_offsets")
+            .value_or(std::vector<int64_t>{});
+    if (n >= sizes.size() || n >= offsets.size() || sizes[n] != bytes) {
+      internalError =
+          opName(op) + ": its kernels use a scratch region of " +
+          std::to_string(bytes) + " bytes that " +
+          (n < sizes.size()
+               ? "nf.kernel_scratch sizes as " + std::to_string(sizes[n])
+               : std::string("nf.kernel_scratch does not list")) +
+          " (nf-cuda-kernel-scratch)";
+      return 0;
+    }
+    return offsets[n];
   }
 
   // Op handlers: each returns the number of ops it consumed.
@@ -627,7 +645,6 @@ private:
   int index;
   const PlanKernel &kernel;
   int64_t maxTokens, arenaBytes;
-  int64_t reservedBytes; // end of the step's copies and statistics regions
   const CudaCodegenOptions &opts;
 
   std::vector<const PlanOp *> ops;
@@ -636,7 +653,8 @@ private:
   std::ostringstream text;
   std::vector<FunctionText> functions;
   std::vector<CudaLaunchInfo> launches;
-  int64_t scratchTop = 0;
+  /// Scratch regions of each op taken so far (scratchOf).
+  std::map<const PlanOp *, size_t> scratchTaken;
   bool hopperFeatures = false; // some launch uses wgmma
   /// Initializers of the module's nf_tensor_map_descs (nf_abi.h).
   std::vector<std::string> tensorMaps;

@@ -19,6 +19,9 @@ inline constexpr int64_t kStaticSharedAllowance = 2048;
 
 // Attention (kernels/nf_attention.cuh).
 
+/// Decode (flash decoding): most splits of a (token, head)'s context; each
+/// keeps its partial output, max and sum in generated scratch.
+inline constexpr int64_t kDecodeSplits = 64;
 /// Decode on tensor cores (kv_attend_split_mma): warps a block, and their
 /// K/V tiles (nf::kv_attend_split_mma_smem).
 inline constexpr int64_t kSplitMmaWarps = 4;
@@ -146,6 +149,31 @@ constexpr bool ssmChunkedWalkFits(int64_t headDim, int64_t stateSize) {
 /// slots may have (each sequence's chunks, plus a partial one each).
 constexpr int64_t ssmChunkStates(int64_t maxTokens, int64_t stateSlots) {
   return maxTokens / kSsmChunk + stateSlots + 1;
+}
+
+// Sampling (kernels/nf_sample.cuh).
+
+/// Values per row the top-logits launches keep: a sampler whose top-k is
+/// below this reads no vocabulary row (the runtime checks the rest).
+inline constexpr int64_t kTopLogits = 64;
+/// sizeof(nf::top_logit_noise): how a row is ranked.
+inline constexpr int64_t kTopLogitNoiseBytes = 24;
+/// The logits a top_logits_chunks block ranks: at most 64 chunks of a row,
+/// at least kTopLogits logits and at most 2048 where that allows; 0 for
+/// vocabularies beyond 64 chunks of 4096 (a 32 KB shared-memory sort),
+/// which get no top-logits launches.
+constexpr int64_t topLogitsChunk(int64_t vocab) {
+  auto pow2AtLeast = [](int64_t n) {
+    int64_t p = 1;
+    while (p < n)
+      p <<= 1;
+    return p;
+  };
+  const int64_t least = pow2AtLeast((vocab + 63) / 64);
+  const int64_t most = pow2AtLeast(vocab > kTopLogits ? vocab : kTopLogits);
+  const int64_t chunk =
+      least > (most < 2048 ? most : 2048) ? least : (most < 2048 ? most : 2048);
+  return chunk <= 4096 ? chunk : 0;
 }
 
 } // namespace nf::codegen::shapes

@@ -1,0 +1,60 @@
+// RUN: nfc import %fixtures/tiny-hybrid-bf16 -o %t.mlir
+// RUN: nfc compile %t.mlir --compile-to fuse -o %t.fused.mlir
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-attention-forms --nf-cuda-scan-forms=max-tokens=600 --nf-cuda-kernel-scratch="max-tokens=600 max-sequences=32" | FileCheck %s
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats="bf16-inputs=1 max-sequences=32" --nf-cuda-attention-forms=bf16-inputs=1 --nf-cuda-scan-forms="max-tokens=600 matmul-terms=1" --nf-cuda-kernel-scratch="max-tokens=600 max-sequences=32 matmul-terms=1" | FileCheck %s --check-prefix=BF16
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-attention-forms --nf-cuda-scan-forms=max-tokens=200 --nf-cuda-kernel-scratch="max-tokens=200 max-sequences=32" | FileCheck %s --check-prefix=ONE-CHUNK
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-attention-forms --nf-cuda-scan-forms=max-tokens=600 --nf-cuda-kernel-scratch --nf-cuda-kernel-scratch="ampere-or-later=0 max-tokens=100 max-sequences=2" | FileCheck %s --check-prefix=AGAIN
+
+// tiny-hybrid-bf16: hidden 64, Mamba 8 heads x 16 channels, state 16, 64
+// slots; attention 4 heads on 2 kv heads of 16; 16 experts of 32, top-4;
+// a shared expert of 48; bf16 weights. Steps of 600 prefill tokens and 32
+// decode tokens, exact products (3 bf16 terms).
+// CHECK-LABEL: func.func @prefill
+// The in_proj GEMM's input split into 3 bf16 planes: 3 x 600 x 64 x 2.
+// CHECK: nf.linear {{.*}}nf.kernel_scratch = array<i64: 230400>
+// SSD over 3 chunks of 256: the chunk states of 600 / 256 + 64 + 1 = 67
+// chunks (67 x 8 x 16 x 16 x 4) and their decays (67 x 8 x 4).
+// CHECK: nf_kv.ssm_scan {{.*}}nf.kernel_scratch = array<i64: 548864, 2144>
+// out_proj reads 128 features: 3 x 600 x 128 x 2.
+// CHECK: nf.linear {{.*}}nf.kernel_scratch = array<i64: 460800>
+// The router's f64 sums (s, sb) of 16 experts: 600 x 16 x 2 x 8.
+// CHECK: nf_moe.router {{.*}}nf.kernel_scratch = array<i64: 153600>
+// Expert down projections read 4 rows a token: 3 x 2400 x 32 x 2.
+// CHECK: nf_moe.expert_up {{.*}}nf.kernel_scratch = array<i64: 230400>
+// CHECK: nf_moe.expert_down {{.*}}nf.kernel_scratch = array<i64: 460800>
+// The shared expert's f32 hidden rows (600 x 48 x 4), then both GEMMs'
+// planes.
+// CHECK: nf_moe.shared_expert {{.*}}nf.kernel_scratch = array<i64: 115200, 230400, 172800>
+// Exact attention on tensor cores reads the cache as it is.
+// CHECK: nf_kv.attend {{.*}}nf.attention_positions = 32 : i64, num_heads
+// The prefill LM head's planes, and no top-logits launches.
+// CHECK: nf.lm_head %{{.*}} {nf.gemm_paths = ["bf16_planes"], nf.kernel_scratch = array<i64: 230400>}
+// CHECK-LABEL: func.func @decode
+// CHECK: nf_moe.shared_expert {{.*}}nf.kernel_scratch = array<i64: 6144>
+// CHECK: nf_moe.router {{.*}}nf.kernel_scratch = array<i64: 8192>
+// Each of 64 context splits' partial output, max and sum:
+// 32 x 4 x 64 x (16 + 2) x 4.
+// CHECK: nf_kv.attend {{.*}}nf.kernel_scratch = array<i64: 589824>
+// The top-logits launches after the step rank the 512 logits of a row in
+// one chunk of 512 (kernels/nf_sample.cuh): each chunk's best 64 (32 x 64 x
+// 8), the rows' 64 ids and values (32 x 64 x 4 each), the noise (32 x 24),
+// the totals (32 x 8) and the chunks' parts of them (32 x 16).
+// CHECK: nf.lm_head {{.*}}nf.after_step_scratch = array<i64: 16384, 8192, 8192, 768, 256, 512>{{.*}}nf.top_logits_chunk = 512 : i64
+
+// bf16 inputs: rows stored as bf16 by their producers need no planes; the
+// shared expert's hidden rows are bf16 (600 x 48 x 2); the attention rounds
+// the step's K and V rows to bf16 once (2 x 600 x 2 x 16 x 2).
+// BF16-LABEL: func.func @prefill
+// BF16: nf_moe.router {{.*}}nf.kernel_scratch = array<i64: 153600>
+// BF16: nf_moe.shared_expert {{.*}}nf.kernel_scratch = array<i64: 57600>
+// BF16: nf_kv.attend {{.*}}nf.kernel_scratch = array<i64: 76800>
+
+// Steps of one chunk need no chunk states.
+// ONE-CHUNK-LABEL: func.func @prefill
+// ONE-CHUNK: nf_kv.ssm_scan
+// ONE-CHUNK-NOT: nf.kernel_scratch
+// ONE-CHUNK-SAME: : (
+
+// A second run sizes afresh (decode: 2 x 4 x 64 x 18 x 4).
+// AGAIN-LABEL: func.func @decode
+// AGAIN: nf_kv.attend {{.*}}nf.kernel_scratch = array<i64: 36864>
