@@ -54,7 +54,9 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
     pm.addPass(createFuseKernels());
   if (last >= Phase::Plan) {
     if (options.cudaTarget) {
-      pm.addPass(createCudaGemmPaths());
+      CudaGemmPathsOptions paths;
+      paths.ampereOrLater = options.cudaAmpereOrLater;
+      pm.addPass(createCudaGemmPaths(paths));
       CudaEpiloguesOptions epilogues;
       epilogues.smCount = options.cudaSmCount;
       epilogues.hopperOrLater = options.cudaHopperOrLater;

@@ -33,6 +33,8 @@ namespace {
 constexpr int64_t kSkinnyNarrowTokens = 16;
 
 struct CudaGemmPaths : impl::CudaGemmPathsBase<CudaGemmPaths> {
+  using CudaGemmPathsBase::CudaGemmPathsBase;
+
   void runOnOperation() override {
     clearDecision(getOperation(), kGemmPathsAttr);
     clearDecision(getOperation(), kSkinnyNarrowTokensAttr);
@@ -60,7 +62,7 @@ struct CudaGemmPaths : impl::CudaGemmPathsBase<CudaGemmPaths> {
           StringRef path = "other";
           // A router's logits GEMM has no skinny path (its decode kernels
           // compute the logits with their selection).
-          if (k > 0 && isBf16Weight(w)) {
+          if (ampereOrLater && k > 0 && isBf16Weight(w)) {
             if (!decode && k % 8 == 0)
               path = "bf16_planes";
             else if (decode && k % 32 == 0 && !isa<moe::RouterOp>(op))

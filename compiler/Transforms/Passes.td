@@ -179,7 +179,9 @@ def CudaGemmPaths : Pass<"nf-cuda-gemm-paths", "mlir::ModuleOp"> {
       multiple of 32: the skinny tensor-core GEMVs (weights as mma's A
       operand), whose wide variants may stream a bf16 copy of the rows
       (not for routers).
-    - `"other"`: the f32 and quantised paths, chosen by the code generator.
+    - `"other"`: the f32 and quantised paths, chosen by the code generator;
+      also every GEMM of targets before sm_80 (`ampere-or-later` off: the
+      two tensor-core paths need mma.sync's bf16 shapes).
     Marks each decode step function with `nf.skinny_narrow_tokens` (16):
     steps of 2 to that many tokens run the narrow skinny variants (items of
     16 rows reading f32 rows), longer steps the wide variants, which stream
@@ -187,6 +189,10 @@ def CudaGemmPaths : Pass<"nf-cuda-gemm-paths", "mlir::ModuleOp"> {
     `nf-cuda-row-formats` and the CUDA code generator read these decisions
     instead of making them again.
   }];
+  let options = [
+    Option<"ampereOrLater", "ampere-or-later", "bool", /*default=*/"true",
+           "Every target is sm_80 or later (mma.sync's bf16 shapes)">,
+  ];
 }
 
 def CudaGemmVariants : Pass<"nf-cuda-gemm-variants", "mlir::ModuleOp"> {

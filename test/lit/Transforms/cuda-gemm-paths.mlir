@@ -5,6 +5,7 @@
 // RUN: nfc compile %t.f32.mlir --compile-to fuse -o %t.f32.fused.mlir
 // RUN: nf-opt %t.f32.fused.mlir --nf-cuda-gemm-paths | FileCheck %s --check-prefix=F32
 // RUN: nfc compile %t.mlir --compile-to plan -o - | FileCheck %s --check-prefix=CPU
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths=ampere-or-later=0 | FileCheck %s --check-prefix=PRE-AMPERE
 
 // tiny-hybrid-bf16 (hidden 64, bf16 weights; the shared expert's
 // intermediate 48). Prefill: every GEMM over bf16 weights with K a multiple
@@ -36,3 +37,9 @@
 // The pass runs for CUDA targets only: a CPU plan has no paths.
 // CPU-NOT: nf.gemm_paths
 // CPU-NOT: nf.skinny_narrow_tokens
+
+// A target before sm_80 has neither tensor-core path (mma.sync's bf16
+// shapes): bf16 weights take the other path too.
+// PRE-AMPERE-NOT: bf16_planes
+// PRE-AMPERE-NOT: bf16_skinny
+// PRE-AMPERE: nf.gemm_paths = ["other"]
