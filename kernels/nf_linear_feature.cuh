@@ -59,13 +59,7 @@ __device__ void feature_tile_linear(Step a) {
       }
     uint4 w[STAGES][MT][2];
     auto fetch = [&](uint4(&wv)[MT][2], int ks) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          wv[mt][h] = wr[mt][h] && ks < KSTEPS
-                          ? load_stream16(wr[mt][h] + ks * 32)
-                          : make_uint4(0u, 0u, 0u, 0u);
+      load_weight_step<KSTEPS>(wv, wr, ks);
     };
 #pragma unroll
     for (int st = 0; st < STAGES; ++st)
@@ -136,17 +130,7 @@ __device__ void feature_tile_linear(Step a) {
         fetch(w[st], ks + STAGES);
       }
     }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int n = n0 + mt * 16 + gid + (c >> 1) * 8;
-          const int r = nt * 8 + 2 * tig + (c & 1);
-          if (n < S::N && r < rows)
-            S::store(a, row0 + r, n, acc[mt][nt][c]);
-        }
+    store_mma_tiles<S>(a, acc, row0, rows, n0, lane);
   }
   if (!waited)
     wait_for_previous_grids(); // a block without items

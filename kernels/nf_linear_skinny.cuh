@@ -104,7 +104,6 @@ __device__ __forceinline__ void
 skinny_fold_store(Step a, float (&acc)[MT][NT][4], float *red, int row0,
                   int rows, int n0, int warp, Sync sync) {
   const int lane = lane_id();
-  const int gid = lane >> 2, tig = lane & 3;
   constexpr int kFrag = MT * NT * 4;
 #pragma unroll
   for (int half = KW / 2; half >= 1; half /= 2) {
@@ -131,19 +130,8 @@ skinny_fold_store(Step a, float (&acc)[MT][NT][4], float *red, int row0,
             acc[mt][nt][c] += src[((mt * NT + nt) * 4 + c) * 32 + lane];
     }
   }
-  if (warp == 0) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int n = n0 + mt * 16 + gid + (c >> 1) * 8;
-          const int r = nt * 8 + 2 * tig + (c & 1);
-          if (n < S::N && r < rows)
-            S::store(a, row0 + r, n, acc[mt][nt][c]);
-        }
-  }
+  if (warp == 0)
+    store_mma_tiles<S>(a, acc, row0, rows, n0, lane);
 }
 
 template <class S, int KW, int MT, int NT, int STAGES, int TERMS,
@@ -186,13 +174,7 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
   // registers).
   uint4 w[STAGES][MT][2];
   auto fetch = [&](uint4(&wv)[MT][2], int ks) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        wv[mt][h] = wr[mt][h] && ks < KSTEPS
-                        ? load_stream16(wr[mt][h] + ks * 32)
-                        : make_uint4(0u, 0u, 0u, 0u);
+    load_weight_step<KSTEPS>(wv, wr, ks);
   };
 #pragma unroll
   for (int st = 0; st < STAGES; ++st)

@@ -24,6 +24,43 @@ __device__ __forceinline__ void mma_bf16(float *c, const unsigned *a,
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/// K step ks of a lane's weight rows where a warp multiplies MT tiles of 16
+/// features as mma's A operand (skinny_linear, feature_tile_linear: rows gid
+/// and gid + 8 of each tile from column 8 tig, null past N): 16 bytes a
+/// row, streamed past L1, 32 values a step; zeros for null rows and from
+/// KSTEPS on.
+template <int KSTEPS, int MT>
+__device__ __forceinline__ void
+load_weight_step(uint4 (&wv)[MT][2], const bf16 *const (&wr)[MT][2], int ks) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      wv[mt][h] = wr[mt][h] && ks < KSTEPS ? load_stream16(wr[mt][h] + ks * 32)
+                                           : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/// Stores a warp's MT x NT accumulator tiles of such a product (mma's C
+/// layout: features n0 + 16 mt + gid (+ 8), rows 8 nt + 2 tig (+ 1)) by
+/// S::store, those within N and `rows`.
+template <class S, int MT, int NT>
+__device__ __forceinline__ void
+store_mma_tiles(Step a, const float (&acc)[MT][NT][4], int row0, int rows,
+                int n0, int lane) {
+  const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int n = n0 + mt * 16 + gid + (c >> 1) * 8;
+        const int r = nt * 8 + 2 * tig + (c & 1);
+        if (n < S::N && r < rows)
+          S::store(a, row0 + r, n, acc[mt][nt][c]);
+      }
+}
+
 __device__ __forceinline__ unsigned pack_bf16x2(unsigned short lo,
                                                 unsigned short hi) {
   return static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16);
