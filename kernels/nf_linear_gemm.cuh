@@ -158,6 +158,32 @@ store_warp_tile(Step a, const float (&acc)[MI][4][4], int row0, int rows,
       }
 }
 
+/// The mma tiles' register staging of a K slice from column k: the f32
+/// activations of `row` (4 at a time) and two 16-byte runs of bf16 weights
+/// of `wrow` (through the read-only cache); zeros for a null row and past K.
+template <int K, int N>
+__device__ __forceinline__ void load_act_slice(float (&r)[N], const float *row,
+                                               int k) {
+#pragma unroll
+  for (int i = 0; i < N; i += 4) {
+    const int ki = k + i;
+    if (row && ki < K)
+      load4_act(row + ki, r + i);
+    else
+      r[i] = r[i + 1] = r[i + 2] = r[i + 3] = 0.0f;
+  }
+}
+template <int K>
+__device__ __forceinline__ void load_weight_slice(uint4 (&r)[2],
+                                                  const bf16 *wrow, int k) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int ki = k + 8 * i;
+    r[i] = wrow && ki < K ? __ldg(reinterpret_cast<const uint4 *>(wrow + ki))
+                          : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
 template <class S, int TERMS>
 __device__ __forceinline__ void mma_tile(Step a, int g, int row0, int rows,
                                          int n0, MmaSmem<TERMS> &sm) {
@@ -173,22 +199,8 @@ __device__ __forceinline__ void mma_tile(Step a, int g, int row0, int rows,
   float ra[8];
   uint4 rb[2];
   auto fetch = [&](int k0) {
-#pragma unroll
-    for (int i = 0; i < 8; i += 4) {
-      const int k = k0 + ak + i;
-      if (xrow && k < S::K) {
-        load4_act(xrow + k, ra + i);
-      } else {
-        ra[i] = ra[i + 1] = ra[i + 2] = ra[i + 3] = 0.0f;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int k = k0 + bk + 8 * i;
-      rb[i] = wrow && k < S::K
-                  ? __ldg(reinterpret_cast<const uint4 *>(wrow + k))
-                  : make_uint4(0u, 0u, 0u, 0u);
-    }
+    load_act_slice<S::K>(ra, xrow, k0 + ak);
+    load_weight_slice<S::K>(rb, wrow, k0 + bk);
   };
   // Warp tile: rows wm*32 .. +32, features wn*32 .. +32.
   const int wm = warp >> 2, wn = warp & 3, gid = lane >> 2, tig = lane & 3;
@@ -297,21 +309,8 @@ __device__ __forceinline__ void big_mma_tile(Step a, int g, int row0, int rows,
   float ra[16];
   uint4 rb[2];
   auto fetch = [&](int k0) {
-#pragma unroll
-    for (int i = 0; i < 16; i += 4) {
-      const int k = k0 + lk + i;
-      if (xrow && k < S::K)
-        load4_act(xrow + k, ra + i);
-      else
-        ra[i] = ra[i + 1] = ra[i + 2] = ra[i + 3] = 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int k = k0 + lk + 8 * i;
-      rb[i] = wrow && k < S::K
-                  ? __ldg(reinterpret_cast<const uint4 *>(wrow + k))
-                  : make_uint4(0u, 0u, 0u, 0u);
-    }
+    load_act_slice<S::K>(ra, xrow, k0 + lk);
+    load_weight_slice<S::K>(rb, wrow, k0 + lk);
   };
   auto stash = [&](int buf) {
 #pragma unroll
