@@ -690,6 +690,24 @@ __device__ __forceinline__ DecodeSlice decode_slice(Step a, int t, int sp,
   return s;
 }
 
+/// Item `item` of a split decode launch over (token, split, head of HEADS),
+/// heads fastest, and the split's slice of the token's context.
+struct DecodeItem {
+  int head, t, sp;
+  DecodeSlice sl;
+};
+template <int HEADS>
+__device__ __forceinline__ DecodeItem decode_item(Step a, long long item,
+                                                  int nsplit) {
+  DecodeItem it;
+  it.head = static_cast<int>(item % HEADS);
+  const long long ts = item / HEADS;
+  it.sp = static_cast<int>(ts % nsplit);
+  it.t = static_cast<int>(ts / nsplit);
+  it.sl = decode_slice(a, it.t, it.sp, nsplit);
+  return it;
+}
+
 /// Writes one warp's partial softmax (m, l, acc[HD] with the head dimension
 /// spread over the lanes) of (token t, head h, split sp), where
 /// kv_attend_combine reads it.
@@ -731,11 +749,9 @@ __device__ void kv_attend_split(Step a, const float *q, const float *kcache,
     // Neighbouring warps take neighbouring heads of one (token, split): the
     // query heads of a kv head then read the same K/V rows at about the
     // same time, from L1.
-    const int h = static_cast<int>(item % NQ);
-    const long long ts = item / NQ;
-    const int sp = static_cast<int>(ts % nsplit);
-    const int t = static_cast<int>(ts / nsplit);
-    const DecodeSlice sl = decode_slice(a, t, sp, nsplit);
+    const DecodeItem it = decode_item<NQ>(a, item, nsplit);
+    const int h = it.head, sp = it.sp, t = it.t;
+    const DecodeSlice sl = it.sl;
     const int p_begin = sl.p_begin, p_end = sl.p_end;
     const int32_t *pt = sl.pt;
     const float *qh = q + static_cast<long long>(t) * NQ * HD + h * HD;
@@ -782,11 +798,9 @@ __device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
       decode_splits<NQ, NKV, NSPLIT, WARPS_TARGET, GQA_TOKENS>(a->num_tokens);
   const long long items = static_cast<long long>(a->num_tokens) * NKV * nsplit;
   for (long long item = global_warp(); item < items; item += grid_warps()) {
-    const int kvh = static_cast<int>(item % NKV);
-    const long long ts = item / NKV;
-    const int sp = static_cast<int>(ts % nsplit);
-    const int t = static_cast<int>(ts / nsplit);
-    const DecodeSlice sl = decode_slice(a, t, sp, nsplit);
+    const DecodeItem it = decode_item<NKV>(a, item, nsplit);
+    const int kvh = it.head, sp = it.sp, t = it.t;
+    const DecodeSlice sl = it.sl;
     const int p_begin = sl.p_begin, p_end = sl.p_end;
     const int32_t *pt = sl.pt;
     const float *qk = q + static_cast<long long>(t) * NQ * HD + kvh * REP * HD;
@@ -919,11 +933,9 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
       t[te] = pack_bf16x2(tx[te], ty[te]);
   };
   for (long long item = global_warp(); item < items; item += grid_warps()) {
-    const int kvh = static_cast<int>(item % NKV);
-    const long long ts = item / NKV;
-    const int sp = static_cast<int>(ts % nsplit);
-    const int t = static_cast<int>(ts / nsplit);
-    const DecodeSlice sl = decode_slice(a, t, sp, nsplit);
+    const DecodeItem it = decode_item<NKV>(a, item, nsplit);
+    const int kvh = it.head, sp = it.sp, t = it.t;
+    const DecodeSlice sl = it.sl;
     // Q's A fragments (rows: the kv head's query heads; past REP zero).
     const float *qk = q + static_cast<long long>(t) * NQ * HD + kvh * REP * HD;
     unsigned qf[KS][TERMS][4];
