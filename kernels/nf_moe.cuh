@@ -78,6 +78,26 @@ __device__ void moe_router_logits(Step a, const float *x, const WG *gate,
 /// tokens x EB experts from shared-memory slices of x and the gate (each
 /// gate byte read once per TT tokens instead of once per token), 16 x 16
 /// threads with TT / 16 x EB / 16 f64 sums each; launch with 256 threads.
+/// The router logits tiles' register staging of K slice k0 (KC columns):
+/// XN values of the tile's token rows from t0 and GN of its gate rows from
+/// e0 per thread (256 threads), in f64; zeros past T, E and H.
+template <int E, int H, int KC, int XN, int GN, class WG>
+__device__ __forceinline__ void
+router_slice(double (&rx)[XN], double (&rg)[GN], const float *x, const WG *gate,
+             int tid, int t0, int T, int e0, int k0) {
+#pragma unroll
+  for (int u = 0; u < XN; ++u) {
+    const int i = tid + 256 * u, t = t0 + i / KC, k = k0 + i % KC;
+    rx[u] = t < T && k < H ? x[static_cast<long long>(t) * H + k] : 0.0;
+  }
+#pragma unroll
+  for (int u = 0; u < GN; ++u) {
+    const int i = tid + 256 * u, e = e0 + i / KC, k = k0 + i % KC;
+    rg[u] =
+        e < E && k < H ? load(gate, static_cast<long long>(e) * H + k) : 0.0;
+  }
+}
+
 template <class WG, class WB, int E, int H, int TT, int EB>
 __device__ void moe_router_logits_tiled(Step a, const float *x, const WG *gate,
                                         const WB *bias, float *scores,
@@ -107,17 +127,7 @@ __device__ void moe_router_logits_tiled(Step a, const float *x, const WG *gate,
     // one is multiplied (256 threads: XN + GN values each).
     double rx[XN], rg[GN];
     auto fetch = [&](int k0) {
-#pragma unroll
-      for (int u = 0; u < XN; ++u) {
-        const int i = tid + 256 * u, t = t0 + i / KC, k = k0 + i % KC;
-        rx[u] = t < T && k < H ? x[static_cast<long long>(t) * H + k] : 0.0;
-      }
-#pragma unroll
-      for (int u = 0; u < GN; ++u) {
-        const int i = tid + 256 * u, e = e0 + i / KC, k = k0 + i % KC;
-        rg[u] = e < E && k < H ? load(gate, static_cast<long long>(e) * H + k)
-                               : 0.0;
-      }
+      router_slice<E, H, KC>(rx, rg, x, gate, tid, t0, T, e0, k0);
     };
     fetch(0);
     for (int k0 = 0; k0 < H; k0 += KC) {
@@ -199,17 +209,7 @@ __device__ void moe_router_logits_dmma(Step a, const float *x, const WG *gate,
         acc[i][j][0] = acc[i][j][1] = 0.0;
     double rx[XN], rg[GN];
     auto fetch = [&](int k0) {
-#pragma unroll
-      for (int u = 0; u < XN; ++u) {
-        const int i = tid + 256 * u, t = t0 + i / KC, k = k0 + i % KC;
-        rx[u] = t < T && k < H ? x[static_cast<long long>(t) * H + k] : 0.0;
-      }
-#pragma unroll
-      for (int u = 0; u < GN; ++u) {
-        const int i = tid + 256 * u, e = i / KC, k = k0 + i % KC;
-        rg[u] = e < E && k < H ? load(gate, static_cast<long long>(e) * H + k)
-                               : 0.0;
-      }
+      router_slice<E, H, KC>(rx, rg, x, gate, tid, t0, T, 0, k0);
     };
     fetch(0);
     for (int k0 = 0; k0 < H; k0 += KC) {
