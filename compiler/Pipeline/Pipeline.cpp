@@ -53,53 +53,47 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
   if (last >= Phase::Fuse)
     pm.addPass(createFuseKernels());
   if (last >= Phase::Plan) {
+    // The plan phase's passes take the step sizes and the CUDA target's
+    // facts under the same option names.
+    auto planOptions = [&](auto o) {
+      if constexpr (requires { o.maxTokens; })
+        o.maxTokens = options.maxTokens;
+      if constexpr (requires { o.maxSequences; })
+        o.maxSequences = options.maxSequences;
+      if constexpr (requires { o.smCount; })
+        o.smCount = options.cudaSmCount;
+      if constexpr (requires { o.bf16Inputs; })
+        o.bf16Inputs = options.cudaBf16Inputs;
+      if constexpr (requires { o.matmulTerms; })
+        o.matmulTerms = options.cudaMatmulTerms;
+      if constexpr (requires { o.ampereOrLater; })
+        o.ampereOrLater = options.cudaAmpereOrLater;
+      if constexpr (requires { o.hopperOrLater; })
+        o.hopperOrLater = options.cudaHopperOrLater;
+      if constexpr (requires { o.maxSharedBytes; })
+        o.maxSharedBytes = options.cudaMaxSharedBytes;
+      if constexpr (requires { o.rowLinear; })
+        o.rowLinear = options.cudaRowLinear;
+      if constexpr (requires { o.expertStats; })
+        o.expertStats = options.cudaTarget;
+      return o;
+    };
     if (options.cudaTarget) {
-      CudaGemmPathsOptions paths;
-      paths.ampereOrLater = options.cudaAmpereOrLater;
-      pm.addPass(createCudaGemmPaths(paths));
-      CudaEpiloguesOptions epilogues;
-      epilogues.smCount = options.cudaSmCount;
-      epilogues.hopperOrLater = options.cudaHopperOrLater;
-      pm.addPass(createCudaEpilogues(epilogues));
+      pm.addPass(createCudaGemmPaths(planOptions(CudaGemmPathsOptions{})));
+      pm.addPass(createCudaEpilogues(planOptions(CudaEpiloguesOptions{})));
     }
-    CudaRowFormatsOptions rowFormats;
-    rowFormats.bf16Inputs = options.cudaBf16Inputs;
-    rowFormats.maxSequences = options.maxSequences;
-    pm.addPass(createCudaRowFormats(rowFormats));
+    pm.addPass(createCudaRowFormats(planOptions(CudaRowFormatsOptions{})));
     if (options.cudaTarget) {
-      CudaGemmVariantsOptions variants;
-      variants.maxSequences = options.maxSequences;
-      variants.smCount = options.cudaSmCount;
-      variants.hopperOrLater = options.cudaHopperOrLater;
-      pm.addPass(createCudaGemmVariants(variants));
-      CudaAttentionFormsOptions attention;
-      attention.maxSequences = options.maxSequences;
-      attention.bf16Inputs = options.cudaBf16Inputs;
-      attention.ampereOrLater = options.cudaAmpereOrLater;
-      attention.maxSharedBytes = options.cudaMaxSharedBytes;
-      pm.addPass(createCudaAttentionForms(attention));
-      CudaScanFormsOptions scans;
-      scans.maxTokens = options.maxTokens;
-      scans.matmulTerms = options.cudaMatmulTerms;
-      scans.ampereOrLater = options.cudaAmpereOrLater;
-      scans.maxSharedBytes = options.cudaMaxSharedBytes;
-      pm.addPass(createCudaScanForms(scans));
-      CudaCoLaunchesOptions coLaunches;
-      coLaunches.maxSequences = options.maxSequences;
-      coLaunches.rowLinear = options.cudaRowLinear;
-      pm.addPass(createCudaCoLaunches(coLaunches));
-      CudaKernelScratchOptions scratch;
-      scratch.maxTokens = options.maxTokens;
-      scratch.maxSequences = options.maxSequences;
-      scratch.matmulTerms = options.cudaMatmulTerms;
-      scratch.ampereOrLater = options.cudaAmpereOrLater;
-      pm.addPass(createCudaKernelScratch(scratch));
+      pm.addPass(
+          createCudaGemmVariants(planOptions(CudaGemmVariantsOptions{})));
+      pm.addPass(
+          createCudaAttentionForms(planOptions(CudaAttentionFormsOptions{})));
+      pm.addPass(createCudaScanForms(planOptions(CudaScanFormsOptions{})));
+      pm.addPass(createCudaCoLaunches(planOptions(CudaCoLaunchesOptions{})));
+      pm.addPass(
+          createCudaKernelScratch(planOptions(CudaKernelScratchOptions{})));
     }
-    PlanMemoryOptions memory;
-    memory.maxTokens = options.maxTokens;
-    memory.maxSequences = options.maxSequences;
-    memory.expertStats = options.cudaTarget;
-    pm.addPass(createPlanMemory(memory));
+    pm.addPass(createPlanMemory(planOptions(PlanMemoryOptions{})));
   }
 }
 
