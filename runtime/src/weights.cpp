@@ -47,30 +47,30 @@ std::vector<WeightView> splitExperts(const WeightView &stacked) {
   return out;
 }
 
+namespace {
+/// n 16-bit values from p (any alignment) to f32 by `widen`.
+template <class Widen>
+void widen16(const char *p, int64_t n, float *out, Widen widen) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t v;
+    std::memcpy(&v, p + 2 * i, 2);
+    out[i] = widen(v);
+  }
+}
+} // namespace
+
 void convertToF32(const WeightView &w, int64_t begin, int64_t n, float *out) {
   const char *base = static_cast<const char *>(w.data);
   switch (w.dtype) {
   case DType::F32:
     std::memcpy(out, base + 4 * begin, static_cast<size_t>(n) * 4);
     return;
-  case DType::BF16: {
-    const char *p = base + 2 * begin;
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t v;
-      std::memcpy(&v, p + 2 * i, 2);
-      out[i] = bf16ToF32(v);
-    }
+  case DType::BF16:
+    widen16(base + 2 * begin, n, out, [](uint16_t v) { return bf16ToF32(v); });
     return;
-  }
-  case DType::F16: {
-    const char *p = base + 2 * begin;
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t v;
-      std::memcpy(&v, p + 2 * i, 2);
-      out[i] = f16ToF32(v);
-    }
+  case DType::F16:
+    widen16(base + 2 * begin, n, out, [](uint16_t v) { return f16ToF32(v); });
     return;
-  }
   default:
     for (int64_t i = 0; i < n; ++i)
       out[i] = 0.0f;
