@@ -3,6 +3,7 @@
 // (tokenizer.cpp).
 #pragma once
 
+#include "nf/file.h"
 #include "nf/status.h"
 #include "nf/tokenizer.h"
 #include "text/added_tokens.h"
@@ -20,9 +21,11 @@ namespace nf {
 
 namespace tok {
 
-/// An error about `source` (a file or source name).
+/// An error about `source` (a file or source name), on one line whatever
+/// the file holds: control characters in the names it quotes (types, token
+/// contents) are escaped.
 inline Status fail(const std::string &source, const std::string &message) {
-  return Status::error(source + ": " + message);
+  return Status::error(printable(source + ": " + message));
 }
 
 } // namespace tok
