@@ -43,11 +43,6 @@ bool allSkinny(Operation *op) {
          llvm::all_of(paths, [](StringRef p) { return p == "bf16_skinny"; });
 }
 
-int64_t dim(Value v, unsigned i) {
-  auto t = dyn_cast<RankedTensorType>(v.getType());
-  return t && t.getRank() > i ? t.getDimSize(i) : ShapedType::kDynamic;
-}
-
 /// The ops of a decode MoE layer in one kernel, from its shared expert:
 /// router, select, and (where the kernel has them) the routed experts and
 /// the combine.
@@ -131,7 +126,7 @@ struct CudaCoLaunches : impl::CudaCoLaunchesBase<CudaCoLaunches> {
     // Both GEMVs on the skinny path (templates that run on a slice of a
     // grid), a router fused with its ranking, of few enough experts.
     if (!allSkinny(l.shared) || !l.select ||
-        dim(l.router.getWeight(), 0) > kMaxCoLaunchExperts)
+        dimOf(l.router.getWeight(), 0) > kMaxCoLaunchExperts)
       return "";
     if (!wide)
       return "routing";
@@ -152,11 +147,11 @@ struct CudaCoLaunches : impl::CudaCoLaunchesBase<CudaCoLaunches> {
     auto epilogue = l.combine->getAttrOfType<ArrayAttr>(kEpilogueAttr);
     if (!epilogue || epilogue.size() != 3)
       return false;
-    const int64_t slots = dim(l.dispatch.getExperts(), 1);
+    const int64_t slots = dimOf(l.dispatch.getExperts(), 1);
     auto dispatch = cast<moe::DispatchType>(l.dispatch.getType());
     return slots >= 1 && slots <= kMaxOneTokenSlots &&
            slots <= dispatch.getMaxPerToken() &&
-           dim(l.combine.getWeights(), 1) == slots &&
+           dimOf(l.combine.getWeights(), 1) == slots &&
            l.up.getDispatch() == l.dispatch.getResult() &&
            l.down.getDispatch() == l.dispatch.getResult() &&
            l.down.getInput() == l.up.getResult() &&

@@ -83,10 +83,7 @@ struct CudaGemmVariants : impl::CudaGemmVariantsBase<CudaGemmVariants> {
         isa<nfir::LMHeadOp>(op) && !read.contains(op.getResult(0));
     // The input's bf16 copy (nf-cuda-row-formats), which feature tiles and
     // TMA stream.
-    Operation *producer = canonicalValue(op.getOperand(0)).getDefiningOp();
-    auto format = producer ? producer->getAttrOfType<StringAttr>(kRowFormatAttr)
-                           : StringAttr();
-    const bool copy = format && format.getValue() == "f32+bf16";
+    const bool copy = rowFormatOf(op.getOperand(0)) == "f32+bf16";
     if (copy && logitRows)
       return "feature_tiles";
     if (copy && !logitRows && hopperOrLater)

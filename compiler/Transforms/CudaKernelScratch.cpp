@@ -35,18 +35,8 @@ int64_t lastDim(Value v) {
   auto t = dyn_cast<ShapedType>(v.getType());
   return t && t.hasRank() && t.getRank() > 0 ? t.getShape().back() : 0;
 }
-int64_t dim(Value v, unsigned i) {
-  auto t = dyn_cast<ShapedType>(v.getType());
-  return t && t.hasRank() && t.getRank() > i ? t.getShape()[i] : 0;
-}
-
 /// Whether `v`'s producer stores it as bf16 rows (nf-cuda-row-formats).
-bool storedAsBf16(Value v) {
-  Operation *def = canonicalValue(v).getDefiningOp();
-  auto format =
-      def ? def->getAttrOfType<StringAttr>(kRowFormatAttr) : StringAttr();
-  return format && format.getValue() == "bf16";
-}
+bool storedAsBf16(Value v) { return rowFormatOf(v) == "bf16"; }
 
 struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
   using CudaKernelScratchBase::CudaKernelScratchBase;
@@ -149,7 +139,7 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
       // The hidden rows (bf16 where the down GEMM would round them anyway),
       // their bf16 copy for the wide down projection of decode steps, then
       // the GEMMs' planes.
-      const int64_t hidden = dim(weights[0], 0);
+      const int64_t hidden = dimOf(weights[0], 0);
       const bool hidden16 = bf16RowsAllowed() && path(1) == "bf16_planes";
       out.push_back(rows * hidden * (hidden16 ? 2 : 4));
       if (bf16RowsAllowed() && wideSteps && path(1) == "bf16_skinny")
@@ -166,7 +156,7 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
           select->getOperand(0) != op.getResult(0) ||
           select->getOperand(1) != op.getResult(1))
         return out;
-      const int64_t experts = dim(weights[0], 0);
+      const int64_t experts = dimOf(weights[0], 0);
       out.push_back(rows * experts * 2 * 8);
       if (bf16RowsAllowed()) {
         Value x = op.getOperand(0);

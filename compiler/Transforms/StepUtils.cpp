@@ -49,6 +49,18 @@ void clearDecision(ModuleOp module, StringRef name) {
   module.walk([&](Operation *op) { op->removeAttr(name); });
 }
 
+StringRef rowFormatOf(Value v) {
+  Operation *def = canonicalValue(v).getDefiningOp();
+  auto format =
+      def ? def->getAttrOfType<StringAttr>(kRowFormatAttr) : StringAttr();
+  return format ? format.getValue() : StringRef();
+}
+
+int64_t dimOf(Value v, unsigned i) {
+  auto t = dyn_cast<RankedTensorType>(v.getType());
+  return t && t.getRank() > i ? t.getDimSize(i) : ShapedType::kDynamic;
+}
+
 bool isBf16Weight(Value v) {
   auto w = canonicalValue(v).getDefiningOp<nfir::WeightOp>();
   return w && !w.getQuant() &&

@@ -82,6 +82,12 @@ mlir::func::FuncOp enclosingStep(mlir::Operation *op);
 /// (their input operands) and kernel results (the values their regions
 /// yield), to the op result that computes it.
 mlir::Value canonicalValue(mlir::Value v);
+/// How the producer of `v` stores it (nf-cuda-row-formats' kRowFormatAttr:
+/// "bf16", "f32+bf16"), through kernel boundaries; "" when unmarked.
+llvm::StringRef rowFormatOf(mlir::Value v);
+/// Dimension i of `v`'s ranked tensor type (ShapedType::kDynamic if dynamic,
+/// unranked or out of range).
+int64_t dimOf(mlir::Value v, unsigned i);
 /// Whether `v` is an unquantised bf16 weight (through kernel boundaries).
 bool isBf16Weight(mlir::Value v);
 /// The weight operands of the GEMMs `op` runs, in order (nf.linear,
