@@ -224,7 +224,7 @@ private:
   void planSnapshots(Request &r) const;
   /// This step's chunk of r's prompt (`count` tokens, within `budget`)
   /// shortened to end at a snapshot point, or r's block point dropped
-  /// where ending there would cost a step (fitSnapshots in scheduler.cpp).
+  /// where ending there would cost a step (fitSnapshots in scheduler_plan.cpp).
   void fitSnapshots(Request &r, int64_t &count, int64_t budget) const;
   /// Whether a request waiting to be admitted starts with r's first p
   /// prompt tokens (same salt).
