@@ -112,9 +112,6 @@ int main() {
   const float copy = d.copy;
   char *arena = d.arena;
   nf_step_args *dArgs = d.dArgs;
-  std::printf("device-to-device copy: %.0f GB/s (read + write), %d SMs, %d "
-              "activation term(s)\n",
-              copy, sms, NF_TERMS);
   sweep<Spec<1856, 2688, 128>>({"expert_up", 128, 1856, 2688, 6}, dArgs, arena,
                                sms, copy);
   sweep<Spec<2688, 1856, 128>>({"expert_dn", 128, 2688, 1856, 6}, dArgs, arena,

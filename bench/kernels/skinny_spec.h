@@ -125,6 +125,12 @@ inline SweepDevice sweep_device() {
   SweepDevice d;
   CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, 0));
   d.copy = copy_bandwidth_gbs();
+  std::printf("device-to-device copy: %.0f GB/s (read + write), %d SMs", d.copy,
+              d.sms);
+#ifdef NF_TERMS
+  std::printf(", %d activation term(s)", NF_TERMS);
+#endif
+  std::printf("\n");
   const size_t wBytes = 128ull * 1856 * 2688 * 2;
   void *w = device_alloc<char>(wBytes);
   fillBf16<<<4096, 256>>>(static_cast<unsigned short *>(w), wBytes / 2);

@@ -182,8 +182,6 @@ int main() {
   const float copy = d.copy;
   char *arena = d.arena;
   nf_step_args *dArgs = d.dArgs;
-  std::printf("device-to-device copy: %.0f GB/s (read + write), %d SMs\n", copy,
-              sms);
   if (std::getenv("NF_SWEEP_DENSE")) {
     sweepDense<10304, 2688>({"in_proj", 16, 10304, 2688, 1}, dArgs, arena, sms,
                             copy);

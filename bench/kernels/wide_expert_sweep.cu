@@ -12,47 +12,16 @@
 #define NF_ARENA_FROM_ARGS 1
 #include "nf_linear.cuh"
 
-#include "cuda_check.h"
+#include "dense_sweep.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
-// Arena: dispatch offsets (E + 1 i32) at 0, bf16 rows at kXOff, f32 y.
-constexpr long long kXOff = 4096, kYOff = 8 << 20;
 constexpr int kIters = 200;
 
-__global__ void fillBf16(unsigned short *w, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u + seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    w[i] = static_cast<unsigned short>(
-        __float_as_uint((h & 0xffff) / 32768.0f - 1.0f) >> 16);
-  }
-}
-
-template <int N_, int K_> struct Spec : nf::DispatchGroups<128, 0> {
-  using W = nf::bf16;
-  static constexpr int N = N_, K = K_;
-  __device__ static __forceinline__ const W *weight(nf::Step a, int g) {
-    return static_cast<const W *>(a->weights[0]) +
-           static_cast<long long>(g) * N * K;
-  }
-  __device__ static __forceinline__ const float *row(nf::Step a, int r) {
-    return nf::arena<float>(a, kYOff) + static_cast<long long>(r) * K;
-  }
-  __device__ static __forceinline__ const unsigned short *row16(nf::Step a,
-                                                                int r) {
-    return nf::arena<unsigned short>(a, kXOff) + static_cast<long long>(r) * K;
-  }
-  __device__ static __forceinline__ void store(nf::Step a, int r, int n,
-                                               float v) {
-    nf::arena<float>(a, kYOff)[static_cast<long long>(r) * N + n] = v;
-  }
-};
+template <int N, int K>
+using ExpertSpec = Spec<N, K, nf::DispatchGroups<128, 0>>;
 
 template <class S, int MT, int STAGES, int KW>
 __global__ void __launch_bounds__(32 * KW) wide(const nf_step_args *args) {
@@ -70,7 +39,7 @@ struct Ctx {
 template <int N, int K, int MT, int STAGES, int KW>
 static void variant(const Ctx &c, const char *name, int perSm,
                     std::vector<float> *ref) {
-  using S = Spec<N, K>;
+  using S = ExpertSpec<N, K>;
   auto kernel = wide<S, MT, STAGES, KW>;
   const int smem = nf::skinny_smem<S, MT, KW, true, true>();
   CHECK(cudaFuncSetAttribute(
@@ -87,19 +56,12 @@ static void variant(const Ctx &c, const char *name, int perSm,
     CHECK(cudaMemset(arena + kYOff, 0xff, 512ull * 2688 * 4));
   for (int it = 0; it < 3; ++it)
     kernel<<<grid, 32 * KW, smem>>>(c.dArgs + it % 16);
-  CHECK(cudaDeviceSynchronize());
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaEventRecord(e0));
-  for (int it = 0; it < kIters; ++it)
-    kernel<<<grid, 32 * KW, smem>>>(c.dArgs + it % 16);
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
+  int it = 0;
+  const float us =
+      1e3f *
+      time_ms([&] { kernel<<<grid, 32 * KW, smem>>>(c.dArgs + it++ % 16); },
+              kIters, false);
   CHECK(cudaGetLastError());
-  float ms;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  const float us = ms * 1e3f / kIters;
   const double bytes = double(c.active) * N * K * 2;
   const float gbs = bytes / (us * 1e-6) / 1e9;
   // Output of the last step's arena.
