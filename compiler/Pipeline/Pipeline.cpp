@@ -56,26 +56,20 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
     // The plan phase's passes take the step sizes and the CUDA target's
     // facts under the same option names.
     auto planOptions = [&](auto o) {
-      if constexpr (requires { o.maxTokens; })
-        o.maxTokens = options.maxTokens;
-      if constexpr (requires { o.maxSequences; })
-        o.maxSequences = options.maxSequences;
-      if constexpr (requires { o.smCount; })
-        o.smCount = options.cudaSmCount;
-      if constexpr (requires { o.bf16Inputs; })
-        o.bf16Inputs = options.cudaBf16Inputs;
-      if constexpr (requires { o.matmulTerms; })
-        o.matmulTerms = options.cudaMatmulTerms;
-      if constexpr (requires { o.ampereOrLater; })
-        o.ampereOrLater = options.cudaAmpereOrLater;
-      if constexpr (requires { o.hopperOrLater; })
-        o.hopperOrLater = options.cudaHopperOrLater;
-      if constexpr (requires { o.maxSharedBytes; })
-        o.maxSharedBytes = options.cudaMaxSharedBytes;
-      if constexpr (requires { o.rowLinear; })
-        o.rowLinear = options.cudaRowLinear;
-      if constexpr (requires { o.expertStats; })
-        o.expertStats = options.cudaTarget;
+#define NF_PLAN_OPTION(name, value)                                            \
+  if constexpr (requires { o.name; })                                          \
+    o.name = value;
+      NF_PLAN_OPTION(maxTokens, options.maxTokens)
+      NF_PLAN_OPTION(maxSequences, options.maxSequences)
+      NF_PLAN_OPTION(smCount, options.cudaSmCount)
+      NF_PLAN_OPTION(bf16Inputs, options.cudaBf16Inputs)
+      NF_PLAN_OPTION(matmulTerms, options.cudaMatmulTerms)
+      NF_PLAN_OPTION(ampereOrLater, options.cudaAmpereOrLater)
+      NF_PLAN_OPTION(hopperOrLater, options.cudaHopperOrLater)
+      NF_PLAN_OPTION(maxSharedBytes, options.cudaMaxSharedBytes)
+      NF_PLAN_OPTION(rowLinear, options.cudaRowLinear)
+      NF_PLAN_OPTION(expertStats, options.cudaTarget)
+#undef NF_PLAN_OPTION
       return o;
     };
     if (options.cudaTarget) {
@@ -89,6 +83,7 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
       pm.addPass(
           createCudaAttentionForms(planOptions(CudaAttentionFormsOptions{})));
       pm.addPass(createCudaScanForms(planOptions(CudaScanFormsOptions{})));
+      pm.addPass(createCudaLaunchTiles(planOptions(CudaLaunchTilesOptions{})));
       pm.addPass(createCudaCoLaunches(planOptions(CudaCoLaunchesOptions{})));
       pm.addPass(
           createCudaKernelScratch(planOptions(CudaKernelScratchOptions{})));

@@ -382,6 +382,17 @@ std::optional<std::vector<int64_t>> listAttr(const PlanOp &op,
   return std::nullopt;
 }
 
+std::vector<std::vector<int64_t>> listsAttr(const PlanOp &op,
+                                            std::string_view name) {
+  std::vector<std::vector<int64_t>> out;
+  if (auto l = dyn_cast_or_null<ArrayAttr>(
+          op.op->getAttr(StringRef(name.data(), name.size()))))
+    for (Attribute a : l)
+      if (auto v = dyn_cast<DenseI64ArrayAttr>(a))
+        out.emplace_back(v.asArrayRef().begin(), v.asArrayRef().end());
+  return out;
+}
+
 std::string opName(const PlanOp &op) {
   return op.op->getName().getStringRef().str();
 }

@@ -123,6 +123,10 @@ std::vector<std::string> stringListAttr(const PlanOp &op,
                                         std::string_view name);
 std::optional<std::vector<int64_t>> listAttr(const PlanOp &op,
                                              std::string_view name);
+/// An array of i64 arrays' entries (a compiler decision the plan does not
+/// store; empty when absent or of another kind).
+std::vector<std::vector<int64_t>> listsAttr(const PlanOp &op,
+                                            std::string_view name);
 /// Every attribute the plan stores of `op`: its discardable attributes, then
 /// its properties.
 mlir::NamedAttrList planAttrs(mlir::Operation &op);

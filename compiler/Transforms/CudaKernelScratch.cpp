@@ -151,10 +151,7 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
                router && weights.size() == 1) {
       // Routed with the select after it: each token's f64 logit sums (s,
       // sb), then on the bf16-plane path the logits GEMM's planes.
-      auto select = dyn_cast_or_null<moe::SelectOp>(op.getNextNode());
-      if (!select || select->getNumOperands() != 3 ||
-          select->getOperand(0) != op.getResult(0) ||
-          select->getOperand(1) != op.getResult(1))
+      if (!routesWithSelect(op))
         return out;
       const int64_t experts = dimOf(weights[0], 0);
       out.push_back(rows * experts * 2 * 8);

@@ -338,6 +338,34 @@ def CudaScanForms : Pass<"nf-cuda-scan-forms", "mlir::ModuleOp"> {
   ];
 }
 
+def CudaLaunchTiles : Pass<"nf-cuda-launch-tiles", "mlir::ModuleOp"> {
+  let summary = "Chooses the tiles of the shape-dependent CUDA launches";
+  let description = [{
+    Records the tiles of the CUDA launches whose shapes depend on the step's
+    tokens and the target; the code generator launches them over the grid
+    they imply:
+    - `nf_moe.router` routed by the `nf_moe.select` after it:
+      `nf.router_logits`, the form of its logits (kernels/nf_moe.cuh):
+      `"warp"` (decode: a warp per token and expert), `"gemm"` (bf16 inputs
+      on the `"bf16_planes"` path: a GEMM whose epilogue computes the f64
+      scores), `"dmma"` (f64 tensor cores, every target sm_80 or later, where
+      a block's slices fit static shared memory) or `"tiles"` (f64 tiles of
+      tokens x experts); for the last two `nf.router_tiles`, one
+      `[tokens, experts, first, last]` per launch: a block's tokens and
+      experts (0: all) and the step sizes it runs for (0: unbounded), 16
+      tokens a block up to 2048 tokens and 32 beyond (the f64 tiles: 16 x 32
+      and 32 x 64).
+  }];
+  let options = [
+    Option<"maxTokens", "max-tokens", "int64_t", /*default=*/"2048",
+           "Most tokens in one prefill step">,
+    Option<"matmulTerms", "matmul-terms", "int64_t", /*default=*/"3",
+           "bf16 terms of each tensor-core product (1: bf16 inputs)">,
+    Option<"ampereOrLater", "ampere-or-later", "bool", /*default=*/"true",
+           "Every target is sm_80 or later (mma.sync's bf16 shapes)">,
+  ];
+}
+
 def CudaKernelScratch : Pass<"nf-cuda-kernel-scratch", "mlir::ModuleOp"> {
   let summary = "Sizes the scratch regions of each op's CUDA kernels";
   let description = [{

@@ -89,4 +89,12 @@ SmallVector<StringRef, 2> gemmPaths(Operation &op) {
   return out;
 }
 
+bool routesWithSelect(Operation &router) {
+  auto select = dyn_cast_or_null<moe::SelectOp>(router.getNextNode());
+  return isa<moe::RouterOp>(router) && select &&
+         select->getNumOperands() == 3 &&
+         select->getOperand(0) == router.getResult(0) &&
+         select->getOperand(1) == router.getResult(1);
+}
+
 } // namespace nf::compiler

@@ -63,6 +63,13 @@ inline constexpr llvm::StringLiteral kAfterStepScratchOffsetsAttr =
     "nf.after_step_scratch_offsets";
 inline constexpr llvm::StringLiteral kTopLogitsChunkAttr =
     "nf.top_logits_chunk";
+/// The kernel form of a routed nf_moe.router's logits, and its launches'
+/// tiles (nf-cuda-launch-tiles).
+inline constexpr llvm::StringLiteral kRouterLogitsAttr = "nf.router_logits";
+inline constexpr llvm::StringLiteral kRouterTilesAttr = "nf.router_tiles";
+/// The tile of an SSM op that walks its tokens: head channels a block and
+/// tokens a staged chunk (nf-cuda-launch-tiles).
+inline constexpr llvm::StringLiteral kWalkTileAttr = "nf.walk_tile";
 /// How a decode shared expert's launches run beside its MoE layer's
 /// (nf-cuda-co-launches).
 inline constexpr llvm::StringLiteral kCoLaunchAttr = "nf.co_launch";
@@ -100,5 +107,8 @@ llvm::SmallVector<mlir::Value, 2> gemmWeights(mlir::Operation &op);
 void clearDecision(mlir::ModuleOp module, llvm::StringRef name);
 /// The GEMM paths nf-cuda-gemm-paths gave `op` (kGemmPathsAttr), or none.
 llvm::SmallVector<llvm::StringRef, 2> gemmPaths(mlir::Operation &op);
+/// Whether `router` is routed by the nf_moe.select right after it, reading
+/// both its scores: the CUDA target computes the two in one set of launches.
+bool routesWithSelect(mlir::Operation &router);
 
 } // namespace nf::compiler

@@ -426,13 +426,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
   if (!wt || shape.size() != 2 || shape[1] != V(in[0]).cols ||
       shape[0] != V(out[0]).cols)
     return fail(i, "weight does not match the input and result");
-  LinearSpec s;
-  s.owner = &op;
-  s.path = gemmPath(op, 0);
-  s.wideVariant = gemmWideVariant(op, 0);
-  s.wtype = *wt;
-  s.N = shape[0];
-  s.K = shape[1];
+  LinearSpec s = LinearSpec::of(op, 0, *wt, shape[0], shape[1]);
   s.weight = weightPtr(in[1]);
   s.weightIndex = V(in[1]).weight;
   setInput(s, in[0]);

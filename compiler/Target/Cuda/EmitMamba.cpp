@@ -120,21 +120,9 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
        hi = floatAttr(op, attr::TimeStepMax);
   if (!lo || !hi)
     return fail(i, "missing time_step_min / time_step_max");
-  // Tiling (nf_mamba.cuh): NS threads per head channel, each holding
-  // N / NS (<= 16 where possible) state values; PT channels per block.
+  // NS threads per head channel, each holding N / NS (<= 16 where
+  // possible) state values (nf_mamba.cuh).
   const int64_t NS = shapes::ssmThreadsPerChannel(N);
-  int64_t PT = P;
-  while (PT > 1 && (P % PT != 0 || PT * NS > 128))
-    --PT;
-  // TC tokens per staged chunk: three chunks of B, C, x and dt plus the
-  // chunk's partial y sums in static shared memory (nf_mamba.cuh). Decode
-  // (a token per sequence) stages one: chunks sized for prefill (11 tokens
-  // at the Nano shape, 42 KB a block) would limit it to 5 blocks per SM.
-  const int64_t perToken = ((2 * N + PT + 1) * 3 + 2 + PT * NS) * 4;
-  const int64_t TC = opCode(op) == OpCode::SsmUpdate
-                         ? 1
-                         : std::clamp<int64_t>(45056 / perToken, 1, 32);
-  const int64_t block = PT * NS;
   // nf-cuda-epilogues' choice: the gated norm after a decode update, in its
   // launch for steps of up to nf.epilogue_max_tokens tokens.
   auto epilogue = epilogueOf(i);
@@ -222,7 +210,6 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
   }
   if (fuseNorm) // only the decode update's warp layout has the fused form
     return notInEpilogue(i + 1);
-  const int64_t items = maxTokens * NH * (P / PT);
   // The form nf-cuda-scan-forms chose (prefill scans; updates walk).
   const std::string form = opCode(op) == OpCode::SsmScan
                                ? stringAttr(op, "nf.scan_form").value_or("")
@@ -291,6 +278,18 @@ StatusOr<size_t> KernelEmitter::ssm(size_t i) {
     launches.back().sharedBytes = static_cast<uint32_t>(smemOfSub(false));
     return size_t(1);
   }
+  // The walk: nf-cuda-launch-tiles' PT head channels a block and TC tokens
+  // a staged chunk.
+  const std::optional<std::vector<int64_t>> tile = listAttr(op, "nf.walk_tile");
+  if (!tile || tile->size() != 2)
+    return fail(i, "has no nf.walk_tile (nf-cuda-launch-tiles)");
+  const int64_t PT = (*tile)[0], TC = (*tile)[1];
+  if (PT <= 0 || P % PT != 0 || PT * NS > 128 || TC <= 0 || TC > 32 ||
+      TC * shapes::ssmWalkBytesPerToken(PT, N) > shapes::kSsmWalkSharedBytes)
+    return fail(i, "nf.walk_tile [" + num(PT) + ", " + num(TC) +
+                       "] does not fit the walk's block or shared memory");
+  const int64_t block = PT * NS;
+  const int64_t items = maxTokens * NH * (P / PT);
   // Prefill steps longer than a chunk: the chunked scan (nf_mamba.cuh), so
   // a long sequence's chunks walk in parallel.
   const bool chunked = form == "chunked";

@@ -111,63 +111,70 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
   const std::string experts = arenaPtr(out[0], "int32_t"),
                     weights = arenaPtr(out[1]),
                     counts = arenaPtr(out[2], "int32_t");
-  // The logits over the whole grid first (decode: a warp per token and
-  // expert; prefill: tiles of tokens x experts). Short prompts take 16 x 32
-  // tiles so that every SM gets work; long ones 32 x 64 tiles, which reuse
-  // each staged value more. The per-token blocks then only rank.
+  // The logits over the whole grid first, in the form nf-cuda-launch-tiles
+  // chose; the per-token blocks then only rank.
   std::string pre = "nullptr";
-  if (isRouter && phase != "decode") {
+  if (isRouter) {
+    const std::string form = stringAttr(first, "nf.router_logits").value_or("");
+    if (form.empty())
+      return fail(i, "has no nf.router_logits (nf-cuda-launch-tiles)");
+    if (form != "warp" && phase == "decode")
+      return fail(i, "nf.router_logits \"" + form + "\" in a decode step");
     const int64_t off = scratchOf(first, maxTokens * E * 2 * 8);
     pre = "nf::arena<double>(a, " + num(off) + "ll)";
-    constexpr int64_t kSmallTileTokens = 2048;
-    auto tiles = [&](int64_t tokens, int64_t experts, const char *suffix,
-                     int64_t stepTokens, uint32_t minT, uint32_t maxT) {
-      addLaunch(fnName(i, "router_logits") + suffix,
-                gridOf(ceilDiv(stepTokens, tokens) * ceilDiv(E, experts),
-                       int64_t(opts.smCount) * 8),
-                256,
-                "  nf::moe_router_logits_tiled<" + wg + ", " + wb + ", " +
-                    num(E) + ", " + num(H) + ", " + num(tokens) + ", " +
-                    num(experts) + ">(a, " + x + ", " + gate + ", " + bias +
-                    ", " + arenaPtr(scoresV) + ", " + arenaPtr(selV) + ", " +
-                    pre + ");\n",
-                "nf_moe.router: logits in tiles of " + num(tokens) + " x " +
-                    num(experts) + " (tokens x experts), f64",
-                minT, maxT);
-    };
-    // On f64 tensor cores (sm_80+) when the f64 slices fit static shared
-    // memory: 16 tokens a block up to
-    // 2048 tokens, then 32 (bench/kernels/router_check.cu, H200, Nano
-    // shape: 0.145 ms for 1000 tokens and 0.299 for 8192, against 0.186
-    // and 0.653 for the f64 tiles; the same sums, products being exact).
-    auto dmmaFits = [&](int64_t tokens) {
-      return opts.ampereOrLater &&
-             (tokens + ceilDiv(E, 8) * 8) * 20 * 8 <= 48 * 1024;
-    };
-    auto dmma = [&](int64_t tokens, const char *suffix, int64_t stepTokens,
-                    uint32_t minT, uint32_t maxT) {
-      addLaunch(fnName(i, "router_logits") + suffix,
-                gridOf(ceilDiv(stepTokens, tokens), int64_t(opts.smCount) * 8),
-                256,
-                "  nf::moe_router_logits_dmma<" + wg + ", " + wb + ", " +
-                    num(E) + ", " + num(H) + ", " + num(tokens) + ">(a, " + x +
-                    ", " + gate + ", " + bias + ", " + arenaPtr(scoresV) +
-                    ", " + arenaPtr(selV) + ", " + pre + ");\n",
-                "nf_moe.router: logits of " + num(tokens) +
-                    " tokens a block, f64 tensor cores",
-                minT, maxT);
-    };
+    auto tiles = listsAttr(first, "nf.router_tiles");
+    if ((form == "dmma" || form == "tiles") && tiles.empty())
+      return fail(i, "has no nf.router_tiles (nf-cuda-launch-tiles)");
+    for (const std::vector<int64_t> &t : tiles) {
+      // [tokens, experts (0: all), first, last step size (0: unbounded)]
+      if (t.size() != 4 || t[0] <= 0 || t[1] < 0 || t[2] < 0 || t[3] < 0 ||
+          (form == "dmma") != (t[1] == 0))
+        return fail(i, "bad nf.router_tiles entry");
+      const std::string suffix = tiles.size() == 1 ? ""
+                                 : t[3] > 0        ? "_small"
+                                                   : "_large";
+      const int64_t tokens = t[0];
+      const int64_t rows = t[3] > 0 ? t[3] : maxTokens;
+      const auto minT = static_cast<uint32_t>(t[2]),
+                 maxT = static_cast<uint32_t>(t[3]);
+      if (form == "dmma") {
+        if (!(opts.ampereOrLater && shapes::routerDmmaFits(tokens, E)))
+          return fail(i, "router logits on f64 tensor cores need sm_80 and "
+                         "slices that fit static shared memory");
+        addLaunch(fnName(i, "router_logits") + suffix,
+                  gridOf(ceilDiv(rows, tokens), int64_t(opts.smCount) * 8), 256,
+                  "  nf::moe_router_logits_dmma<" + wg + ", " + wb + ", " +
+                      num(E) + ", " + num(H) + ", " + num(tokens) + ">(a, " +
+                      x + ", " + gate + ", " + bias + ", " + arenaPtr(scoresV) +
+                      ", " + arenaPtr(selV) + ", " + pre + ");\n",
+                  "nf_moe.router: logits of " + num(tokens) +
+                      " tokens a block, f64 tensor cores",
+                  minT, maxT);
+      } else {
+        const int64_t experts = t[1];
+        addLaunch(fnName(i, "router_logits") + suffix,
+                  gridOf(ceilDiv(rows, tokens) * ceilDiv(E, experts),
+                         int64_t(opts.smCount) * 8),
+                  256,
+                  "  nf::moe_router_logits_tiled<" + wg + ", " + wb + ", " +
+                      num(E) + ", " + num(H) + ", " + num(tokens) + ", " +
+                      num(experts) + ">(a, " + x + ", " + gate + ", " + bias +
+                      ", " + arenaPtr(scoresV) + ", " + arenaPtr(selV) + ", " +
+                      pre + ");\n",
+                  "nf_moe.router: logits in tiles of " + num(tokens) + " x " +
+                      num(experts) + " (tokens x experts), f64",
+                  minT, maxT);
+      }
+    }
     // With bf16 matmul inputs the logits are a GEMM of the input rounded to
     // bf16 (as bf16 frameworks compute them: products exact, sums in f32)
     // whose epilogue computes s and sb (f64) from each f32 logit.
-    if (bf16RowsAllowed(opts) && isRouter &&
-        gemmPath(first, 0) == kBf16Planes) {
-      LinearSpec s;
-      s.owner = &first;
+    if (form == "gemm") {
+      if (!(bf16RowsAllowed(opts) && gemmPath(first, 0) == kBf16Planes))
+        return fail(i, "router logits as a GEMM need bf16 inputs on the "
+                       "bf16-plane path");
+      LinearSpec s = LinearSpec::of(first, 0, wg, E, H);
       s.path = kBf16Planes;
-      s.wtype = wg;
-      s.N = E;
-      s.K = H;
       s.weight = gate;
       setInput(s, xV);
       s.rowIndex = "r";
@@ -180,30 +187,18 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
       emitLinear(fnName(i, "router_logits"), s,
                  "nf_moe.router: logits on the bf16 GEMM, s and sb in f64");
       x = "nullptr"; // moe_route reads s and sb from `pre`, not the rows
-    } else if (dmmaFits(16) && dmmaFits(32)) {
-      if (maxTokens <= kSmallTileTokens) {
-        dmma(16, "", maxTokens, 0, 0);
-      } else {
-        dmma(16, "_small", kSmallTileTokens, 0, kSmallTileTokens);
-        dmma(32, "_large", maxTokens, kSmallTileTokens + 1, 0);
-      }
-    } else if (maxTokens <= kSmallTileTokens) {
-      tiles(16, 32, "", maxTokens, 0, 0);
-    } else {
-      tiles(16, 32, "_small", kSmallTileTokens, 0, kSmallTileTokens);
-      tiles(32, 64, "_large", maxTokens, kSmallTileTokens + 1, 0);
+    } else if (form == "warp") {
+      addLaunch(
+          fnName(i, "router_logits"),
+          gridOf(ceilDiv(maxTokens * E, 8), int64_t(opts.smCount) * 8), 256,
+          "  nf::moe_router_logits<" + wg + ", " + wb + ", " + num(E) + ", " +
+              num(H) + ">(a, " + x + ", " + gate + ", " + bias + ", " +
+              arenaPtr(scoresV) + ", " + arenaPtr(selV) + ", " + pre + ");\n",
+          "nf_moe.router: logits, a warp per (token, expert), f64");
+      functions.back().sliceable = true;
+    } else if (form != "dmma" && form != "tiles") {
+      return fail(i, "unknown nf.router_logits \"" + form + "\"");
     }
-  } else if (isRouter) {
-    const int64_t off = scratchOf(first, maxTokens * E * 2 * 8);
-    pre = "nf::arena<double>(a, " + num(off) + "ll)";
-    addLaunch(fnName(i, "router_logits"),
-              gridOf(ceilDiv(maxTokens * E, 8), int64_t(opts.smCount) * 8), 256,
-              "  nf::moe_router_logits<" + wg + ", " + wb + ", " + num(E) +
-                  ", " + num(H) + ">(a, " + x + ", " + gate + ", " + bias +
-                  ", " + arenaPtr(scoresV) + ", " + arenaPtr(selV) + ", " +
-                  pre + ");\n",
-              "nf_moe.router: logits, a warp per (token, expert), f64");
-    functions.back().sliceable = true;
   }
   checkF32Input();
   // The step's expert statistics, where the step has a region for them.
@@ -290,13 +285,7 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
   if (!wt || !w || shape.size() != 3 || shape[0] != d.numExperts ||
       shape[2] != V(in[0]).cols || shape[1] != V(out[0]).cols)
     return fail(i, "weight is not [experts, out, in] stacked experts");
-  LinearSpec s;
-  s.owner = &op;
-  s.path = gemmPath(op, 0);
-  s.wideVariant = gemmWideVariant(op, 0);
-  s.wtype = *wt;
-  s.N = shape[1];
-  s.K = shape[2];
+  LinearSpec s = LinearSpec::of(op, 0, *wt, shape[1], shape[2]);
   s.G = d.numExperts;
   // The down projection follows the up projection of the same dispatch,
   // which lets the next launch start only after its own wait: the dispatch

@@ -41,13 +41,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
                        num(scratchOf(op, maxTokens * I * 2)) + "ll)"
                  : std::string();
   const std::string hidOut = hiddenCopy ? shadowedRows(hid, hidCopy) : hid;
-  LinearSpec s1;
-  s1.owner = &op;
-  s1.path = gemmPath(op, 0);
-  s1.wideVariant = gemmWideVariant(op, 0);
-  s1.wtype = *ut;
-  s1.N = I;
-  s1.K = H;
+  LinearSpec s1 = LinearSpec::of(op, 0, *ut, I, H);
   s1.weight = weightPtr(in[1]);
   setInput(s1, in[0]);
   s1.rowIndex = "r";
@@ -63,13 +57,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
              "nf_moe.shared_expert: hidden = act(x . up^T) (codegen scratch "
              "at " +
                  num(hidden) + (hidden16 ? ", bf16 rows)" : ")"));
-  LinearSpec s2;
-  s2.owner = &op;
-  s2.path = gemmPath(op, 1);
-  s2.wideVariant = gemmWideVariant(op, 1);
-  s2.wtype = *dt;
-  s2.N = down[0];
-  s2.K = I;
+  LinearSpec s2 = LinearSpec::of(op, 1, *dt, down[0], I);
   s2.weight = weightPtr(in[2]);
   (hidden16 ? s2.input16 : s2.input) = hid;
   s2.shadow16 = hidCopy;

@@ -152,6 +152,7 @@ inline std::string floatLit(double v) {
 using compiler::floatAttr;
 using compiler::intAttr;
 using compiler::listAttr;
+using compiler::listsAttr;
 using compiler::opName;
 using compiler::stringAttr;
 namespace attr = pl::attr;
@@ -214,6 +215,20 @@ struct LinearSpec {
   /// With rowOnly: the variant's body instead of the row_linear call (a
   /// template that takes the spec and more arguments).
   std::string rowBody;
+
+  /// The spec of GEMM `gemm` of op (its path and wide variant) over an
+  /// N x K weight of type wtype.
+  static LinearSpec of(const PlanOp &op, size_t gemm, std::string wtype,
+                       int64_t N, int64_t K) {
+    LinearSpec s;
+    s.owner = &op;
+    s.path = gemmPath(op, gemm);
+    s.wideVariant = gemmWideVariant(op, gemm);
+    s.wtype = std::move(wtype);
+    s.N = N;
+    s.K = K;
+    return s;
+  }
 };
 
 class KernelEmitter {

@@ -116,6 +116,17 @@ constexpr bool ssmGatedDecodeFits(int64_t headDim, int64_t stateSize,
          headsPerGroup * headDim <= 1024;
 }
 
+/// The walk over tokens (ssm_scan): a block of `channels` head channels of
+/// NS threads each stages chunks of tokens in static shared memory (three
+/// chunks of B, C, x and dt, and the chunk's partial y sums), at most
+/// kSsmWalkSharedBytes; these are a token's bytes.
+inline constexpr int64_t kSsmWalkSharedBytes = 45056;
+constexpr int64_t ssmWalkBytesPerToken(int64_t channels, int64_t stateSize) {
+  return ((2 * stateSize + channels + 1) * 3 + 2 +
+          channels * ssmThreadsPerChannel(stateSize)) *
+         4;
+}
+
 /// The prefill scan's chunks (ssd_chunk, ssm_chunk_states): tokens a chunk.
 inline constexpr int64_t kSsmChunk = 256;
 /// The scan on tensor cores (ssd_chunk, SSD's matrix form): shared memory of
@@ -149,6 +160,18 @@ constexpr bool ssmChunkedWalkFits(int64_t headDim, int64_t stateSize) {
 /// slots may have (each sequence's chunks, plus a partial one each).
 constexpr int64_t ssmChunkStates(int64_t maxTokens, int64_t stateSlots) {
   return maxTokens / kSsmChunk + stateSlots + 1;
+}
+
+// MoE router (kernels/nf_moe.cuh).
+
+/// Prefill router logits: steps of up to this many tokens take the small
+/// tiles (every SM gets work), longer ones large tiles (each staged value
+/// reused more).
+inline constexpr int64_t kRouterSmallTileTokens = 2048;
+/// moe_router_logits_dmma: a block's `tokens` input slices and the experts'
+/// (rounded up to 8) of 20 f64 values each fit static shared memory.
+constexpr bool routerDmmaFits(int64_t tokens, int64_t experts) {
+  return (tokens + (experts + 7) / 8 * 8) * 20 * 8 <= 48 * 1024;
 }
 
 // Sampling (kernels/nf_sample.cuh).
