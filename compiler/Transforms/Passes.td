@@ -214,6 +214,10 @@ def CudaGemmVariants : Pass<"nf-cuda-gemm-variants", "mlir::ModuleOp"> {
     - `"skinny"`: the skinny GEMV's wide variant (routed experts, the shared
       expert beside them, other dense weights).
     - `"none"`: a GEMM not on the `"bf16_skinny"` path.
+    And `nf.gemm_wide_warps`, one per GEMM: the warps a block of the skinny
+    variants' wide items, 4 (four blocks an SM) for the routed experts, the
+    shared expert and dense weights of at least a 32-feature column an SM,
+    else 8 (two an SM); 0 for a GEMM not on the skinny path.
     The CUDA code generator emits the variant it is given.
   }];
   let options = [

@@ -34,6 +34,9 @@ inline constexpr llvm::StringLiteral kSkinnyNarrowTokensAttr =
 /// (nf-cuda-gemm-variants).
 inline constexpr llvm::StringLiteral kGemmWideVariantsAttr =
     "nf.gemm_wide_variants";
+/// The warps a block of each GEMM's wide skinny items (0: not skinny)
+/// (nf-cuda-gemm-variants).
+inline constexpr llvm::StringLiteral kGemmWideWarpsAttr = "nf.gemm_wide_warps";
 /// The ops after a CUDA GEMM that its epilogue computes (nf-cuda-epilogues).
 inline constexpr llvm::StringLiteral kEpilogueAttr = "nf.epilogue";
 /// Steps of up to this many tokens compute the epilogue in the producer's

@@ -220,15 +220,10 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // (No minimum-blocks launch bound: with one, ptxas spills to reach it,
     // where without one the narrow variant fits three blocks unspilled.)
     const int64_t cap = int64_t(opts.smCount) * 2;
-    // The wide variant: 4 warps split an item's K, four blocks an SM (each
-    // warp's weight stream twice as long between folds), for routed experts
-    // and layers of at least a feature tile an SM; layers of fewer tiles
-    // keep 8 warps (more bytes in flight per item). On the H200, Nano at
-    // batch 32: routed experts 84 + 80 -> 81 + 79 us a layer, in_proj 31.1
-    // -> 28.6, qkv 23.8 -> 19.1, but out_proj (84 tiles) 14.4 -> 19.4.
-    const bool wide4 = s.G > 1 || s.wideWithExperts ||
-                       ceilDiv(s.N, 32) >= int64_t(opts.smCount);
-    const int64_t kWideWarps = wide4 ? 4 : kWarps;
+    // The wide variant: nf-cuda-gemm-variants' warps a block, 4 (four
+    // blocks an SM) or 8 (two).
+    const int64_t kWideWarps = s.wideWarps;
+    const bool wide4 = kWideWarps == 4;
     const int64_t kWideCap = int64_t(opts.smCount) * (wide4 ? 4 : 2);
     const int64_t narrowCap =
         opts.matmulTerms == 1 ? int64_t(opts.smCount) * 3 : cap;
@@ -304,6 +299,9 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     if (wide && wv.empty())
       internalError =
           fn + ": the op has no nf.gemm_wide_variants (nf-cuda-gemm-variants)";
+    if (wide && kWideWarps != 4 && kWideWarps != 8)
+      internalError = fn + ": nf.gemm_wide_warps " + num(kWideWarps) +
+                      " is neither 4 nor 8 (nf-cuda-gemm-variants)";
     if (wide && wv == "feature_tiles") {
       require(x16 && s.G == 1, "one weight and the rows' bf16 copy");
       // A block's 8 warps own 16 features each (128 a tile) and share the

@@ -175,6 +175,8 @@ struct LinearSpec {
   /// The kernel of wide decode steps (nf-cuda-gemm-variants); gemmWideVariant
   /// of the op it comes from.
   std::string wideVariant;
+  /// The warps a block of its wide skinny items (nf-cuda-gemm-variants).
+  int64_t wideWarps = 0;
   std::string wtype;
   int64_t N = 0, K = 0, G = 1;
   std::string groups = "nf::DenseGroups";
@@ -224,6 +226,9 @@ struct LinearSpec {
     s.owner = &op;
     s.path = gemmPath(op, gemm);
     s.wideVariant = gemmWideVariant(op, gemm);
+    if (auto warps = listAttr(op, "nf.gemm_wide_warps");
+        warps && gemm < warps->size())
+      s.wideWarps = (*warps)[gemm];
     s.wtype = std::move(wtype);
     s.N = N;
     s.K = K;

@@ -14,20 +14,23 @@
 // beside them keep the skinny GEMV (the shared expert's down projection,
 // K 48, and the router are not on the skinny path); the LM head, whose
 // result only the runtime reads, runs feature tiles.
+// Wide skinny blocks: 4 warps for the experts and the shared expert, 8 for
+// dense layers of fewer 32-feature columns than SMs (all of them here).
 // CHECK-LABEL: func.func @decode
-// CHECK: nf.linear {{.*}}nf.gemm_wide_variants = ["tma"]
-// CHECK: nf_moe.shared_expert {{.*}}nf.gemm_wide_variants = ["skinny", "none"]
-// CHECK: nf_moe.router {{.*}}nf.gemm_wide_variants = ["none"]
-// CHECK: nf_moe.expert_up {{.*}}nf.gemm_wide_variants = ["skinny"]
-// CHECK: nf_moe.expert_down {{.*}}nf.gemm_wide_variants = ["skinny"]
-// CHECK: nf.lm_head {{.*}}nf.gemm_wide_variants = ["feature_tiles"]
+// CHECK: nf.linear {{.*}}nf.gemm_wide_variants = ["tma"], nf.gemm_wide_warps = array<i64: 8>
+// CHECK: nf_moe.shared_expert {{.*}}nf.gemm_wide_variants = ["skinny", "none"], nf.gemm_wide_warps = array<i64: 4, 0>
+// CHECK: nf_moe.router {{.*}}nf.gemm_wide_variants = ["none"], nf.gemm_wide_warps = array<i64: 0>
+// CHECK: nf_moe.expert_up {{.*}}nf.gemm_wide_variants = ["skinny"], nf.gemm_wide_warps = array<i64: 4>
+// CHECK: nf_moe.expert_down {{.*}}nf.gemm_wide_variants = ["skinny"], nf.gemm_wide_warps = array<i64: 4>
+// CHECK: nf.lm_head {{.*}}nf.gemm_wide_variants = ["feature_tiles"], nf.gemm_wide_warps = array<i64: 8>
 
 // Exact inputs (no bf16 copies) on one SM: every dense weight has more
 // 32-feature items than two an SM, so its wide steps take items of 32 rows.
 // FEW-SMS-LABEL: func.func @decode
 // FEW-SMS-NOT: "tma"
 // FEW-SMS-NOT: "feature_tiles"
-// FEW-SMS: nf.linear {{.*}}nf.gemm_wide_variants = ["skinny_rows32"]
+// (One SM: every dense layer has a column an SM, so 4 warps a block.)
+// FEW-SMS: nf.linear {{.*}}nf.gemm_wide_variants = ["skinny_rows32"], nf.gemm_wide_warps = array<i64: 4>
 // FEW-SMS: nf_moe.expert_up {{.*}}nf.gemm_wide_variants = ["skinny"]
 // FEW-SMS: nf.lm_head {{.*}}nf.gemm_wide_variants = ["skinny_rows32"]
 
@@ -40,3 +43,4 @@
 // Decode steps of at most nf.skinny_narrow_tokens tokens have no wide
 // variants.
 // NARROW-NOT: nf.gemm_wide_variants
+// NARROW-NOT: nf.gemm_wide_warps
