@@ -66,6 +66,7 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
       NF_PLAN_OPTION(matmulTerms, options.cudaMatmulTerms)
       NF_PLAN_OPTION(ampereOrLater, options.cudaAmpereOrLater)
       NF_PLAN_OPTION(hopperOrLater, options.cudaHopperOrLater)
+      NF_PLAN_OPTION(wgmma, options.cudaWgmma)
       NF_PLAN_OPTION(maxSharedBytes, options.cudaMaxSharedBytes)
       NF_PLAN_OPTION(rowLinear, options.cudaRowLinear)
       NF_PLAN_OPTION(expertStats, options.cudaTarget)

@@ -41,6 +41,8 @@ struct PipelineOptions {
   int64_t cudaSmCount = 132;
   bool cudaAmpereOrLater = false;
   bool cudaHopperOrLater = false;
+  /// Every architecture is sm_90 (its cubins use wgmma).
+  bool cudaWgmma = false;
   int64_t cudaMaxSharedBytes = 99 * 1024;
   /// bf16 terms of each tensor-core product (1: bf16 inputs; exact: 3).
   int64_t cudaMatmulTerms = 3;

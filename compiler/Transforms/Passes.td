@@ -359,6 +359,17 @@ def CudaLaunchTiles : Pass<"nf-cuda-launch-tiles", "mlir::ModuleOp"> {
       experts (0: all) and the step sizes it runs for (0: unbounded), 16
       tokens a block up to 2048 tokens and 32 beyond (the f64 tiles: 16 x 32
       and 32 x 64).
+    - every op with a GEMM on the `"bf16_planes"` path: `nf.gemm_ws_tiles`,
+      one per GEMM, the feature tile (256, 192 or 128, whichever covers the
+      features at the best measured rate) of the warp-specialised wgmma
+      GEMM, where every target is sm_90, the inputs are one bf16 term and
+      its stages fit `max-shared-bytes`; 0 for the other GEMMs (tiles on
+      wgmma or mma.sync).
+    - an SSM op that walks its tokens (a prefill `nf_kv.ssm_scan` not in
+      SSD's form, a decode `nf_kv.ssm_update` without ssm_decode's warps):
+      `nf.walk_tile`, `[channels, tokens]`, the head channels of a block of
+      at most 128 threads and the tokens a chunk staged in 44 KB of static
+      shared memory (at most 32; updates one).
   }];
   let options = [
     Option<"maxTokens", "max-tokens", "int64_t", /*default=*/"2048",
@@ -367,6 +378,11 @@ def CudaLaunchTiles : Pass<"nf-cuda-launch-tiles", "mlir::ModuleOp"> {
            "bf16 terms of each tensor-core product (1: bf16 inputs)">,
     Option<"ampereOrLater", "ampere-or-later", "bool", /*default=*/"true",
            "Every target is sm_80 or later (mma.sync's bf16 shapes)">,
+    Option<"wgmma", "wgmma", "bool", /*default=*/"true",
+           "Every target is sm_90 (its cubins use wgmma)">,
+    Option<"maxSharedBytes", "max-shared-bytes", "int64_t",
+           /*default=*/"232448",
+           "Dynamic shared memory a block may have on every target">,
   ];
 }
 

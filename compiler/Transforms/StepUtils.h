@@ -70,6 +70,9 @@ inline constexpr llvm::StringLiteral kTopLogitsChunkAttr =
 /// tiles (nf-cuda-launch-tiles).
 inline constexpr llvm::StringLiteral kRouterLogitsAttr = "nf.router_logits";
 inline constexpr llvm::StringLiteral kRouterTilesAttr = "nf.router_tiles";
+/// The feature tile of each GEMM's warp-specialised wgmma GEMM (0: none)
+/// (nf-cuda-launch-tiles).
+inline constexpr llvm::StringLiteral kGemmWsTilesAttr = "nf.gemm_ws_tiles";
 /// The tile of an SSM op that walks its tokens: head channels a block and
 /// tokens a staged chunk (nf-cuda-launch-tiles).
 inline constexpr llvm::StringLiteral kWalkTileAttr = "nf.walk_tile";

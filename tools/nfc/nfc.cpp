@@ -298,6 +298,7 @@ int runCompile(const CompileFlags &flags) {
     pipeline.cudaSmCount = cuda->smCount;
     pipeline.cudaAmpereOrLater = nf::codegen::targetsAmpereOrLater(*cuda);
     pipeline.cudaHopperOrLater = nf::codegen::targetsHopperOrLater(*cuda);
+    pipeline.cudaWgmma = nf::codegen::targetsWgmma(*cuda);
     pipeline.cudaMaxSharedBytes = nf::codegen::maxSharedBytesOf(*cuda);
     pipeline.cudaMatmulTerms = cuda->matmulTerms;
     pipeline.cudaRowLinear = cuda->rowLinear;

@@ -87,6 +87,14 @@ bool targetsHopperOrLater(const CudaOptions &opts) {
                      [](const std::string &a) { return capability(a) >= 90; });
 }
 
+bool targetsWgmma(const CudaOptions &opts) {
+  return !opts.archs.empty() &&
+         std::all_of(opts.archs.begin(), opts.archs.end(),
+                     [](const std::string &a) {
+                       return a == "sm_90" || a == "sm_90a";
+                     });
+}
+
 namespace {
 
 struct Job {
@@ -140,9 +148,7 @@ StatusOr<CudaPlanBinaries> compileCudaPlan(const compiler::PlanModel &plan,
   cg.matmulTerms = opts.matmulTerms;
   cg.rowLinear = opts.rowLinear;
   cg.smCount = opts.smCount;
-  cg.wgmma = std::all_of(
-      opts.archs.begin(), opts.archs.end(),
-      [](const std::string &a) { return a == "sm_90" || a == "sm_90a"; });
+  cg.wgmma = targetsWgmma(opts);
   cg.ampereOrLater = targetsAmpereOrLater(opts);
   cg.hopperOrLater = targetsHopperOrLater(opts);
   cg.maxSharedBytes = maxSharedBytesOf(opts);

@@ -68,6 +68,8 @@ struct CudaPlanBinaries {
 bool roundsGemmInputsToBf16(const CudaOptions &opts);
 /// Every target is sm_90 or later (thread block clusters, TMA).
 bool targetsHopperOrLater(const CudaOptions &opts);
+/// Whether every architecture is sm_90 (prefill GEMMs on wgmma).
+bool targetsWgmma(const CudaOptions &opts);
 /// Every target is sm_80 or later (mma.sync's bf16 and f64 shapes).
 bool targetsAmpereOrLater(const CudaOptions &opts);
 /// The dynamic shared memory a block may opt into on every target, bytes

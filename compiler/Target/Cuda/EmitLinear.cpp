@@ -15,18 +15,6 @@ namespace nf::codegen::detail {
 
 namespace {
 
-/// Feature tile of the warp-specialised GEMM for N features: 256, or 192 or
-/// 128 where 256 rounds N up by enough more to outweigh their lower rates
-/// (0.95x and 0.84x on the H200, bench/kernels/gemm_tiles.cu).
-int64_t wsTileN(int64_t n) {
-  const double cost256 = double(ceilDiv(n, 256) * 256);
-  const double cost192 = double(ceilDiv(n, 192) * 192) / 0.95;
-  const double cost128 = double(ceilDiv(n, 128) * 128) / 0.84;
-  if (cost128 < std::min(cost192, cost256))
-    return 128;
-  return cost192 < cost256 ? 192 : 256;
-}
-
 /// The TMA wide variants of dense decode linears (emitTmaLinear): 32
 /// features an item, 256-deep K stages, 8 consumer warps; items of 32 rows
 /// (steps of up to 32 tokens) in 6 stages, of 64 rows in 3. Their dynamic
@@ -140,19 +128,21 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // 128 x 128 tiles; as many blocks as fit on an SM (shared memory). With
     // wgmma the sm_90a cubin runs wgmma_tile and the PTX (other targets)
     // pipelined_mma_tile: the launch gets the larger shared memory of both.
-    // With bf16 inputs the sm_90a cubin runs the warp-specialised GEMM
-    // instead (wgmma_ws_gemm: a loading warpgroup and two multiplying ones,
-    // 128 x TN tiles, one block per SM): 499-508 TFLOP/s on the Nano shapes
-    // on the H200 against 441-472 for wgmma_tile
-    // (bench/kernels/gemm_tiles.cu).
+    // Where nf-cuda-launch-tiles gave the GEMM a warp-specialised tile, the
+    // sm_90a cubin runs wgmma_ws_gemm instead (128 x TN tiles, one block per
+    // SM).
     const int64_t pipeSmem = (terms == 1 ? 4 : 3) * (terms + 1) * 128 * 40 * 2;
     const int64_t wgmmaSmem =
         (terms == 1 ? 5 : 3) * (terms + 1) * 128 * 64 * 2 + 1024;
-    const int64_t wsTile = wsTileN(s.N);
-    const int64_t wsStage = (128 + wsTile) * 64 * 2;
-    const int64_t wsSmem = (210 * 1024) / wsStage * wsStage + 1024;
-    const bool ws = opts.wgmma && terms == 1 &&
-                    wsSmem + kStaticSharedAllowance <= opts.maxSharedBytes;
+    const int64_t wsTile = s.wsTile;
+    const bool ws = wsTile > 0;
+    const int64_t wsSmem = ws ? shapes::wsGemmSmem(wsTile) : 0;
+    if (ws && !(opts.wgmma && terms == 1 &&
+                (wsTile == 128 || wsTile == 192 || wsTile == 256) &&
+                wsSmem + kStaticSharedAllowance <= opts.maxSharedBytes))
+      internalError = fn + ": nf.gemm_ws_tiles " + num(wsTile) +
+                      " needs sm_90 targets, one bf16 term and a tile of 128, "
+                      "192 or 256 that fits shared memory";
     const int64_t smem = ws           ? std::max(pipeSmem, wsSmem)
                          : opts.wgmma ? std::max(pipeSmem, wgmmaSmem)
                                       : pipeSmem;

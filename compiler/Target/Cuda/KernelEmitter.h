@@ -177,6 +177,9 @@ struct LinearSpec {
   std::string wideVariant;
   /// The warps a block of its wide skinny items (nf-cuda-gemm-variants).
   int64_t wideWarps = 0;
+  /// The feature tile of its warp-specialised wgmma GEMM, 0 for none
+  /// (nf-cuda-launch-tiles).
+  int64_t wsTile = 0;
   std::string wtype;
   int64_t N = 0, K = 0, G = 1;
   std::string groups = "nf::DenseGroups";
@@ -229,6 +232,9 @@ struct LinearSpec {
     if (auto warps = listAttr(op, "nf.gemm_wide_warps");
         warps && gemm < warps->size())
       s.wideWarps = (*warps)[gemm];
+    if (auto tiles = listAttr(op, "nf.gemm_ws_tiles");
+        tiles && gemm < tiles->size())
+      s.wsTile = (*tiles)[gemm];
     s.wtype = std::move(wtype);
     s.N = N;
     s.K = K;

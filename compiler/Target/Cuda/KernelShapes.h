@@ -162,6 +162,16 @@ constexpr int64_t ssmChunkStates(int64_t maxTokens, int64_t stateSlots) {
   return maxTokens / kSsmChunk + stateSlots + 1;
 }
 
+// Prefill GEMMs (kernels/nf_wgmma.cuh).
+
+/// The warp-specialised wgmma GEMM (wgmma_ws_gemm) with 128 x tileN tiles:
+/// as many 64-deep K stages as fit 210 KB, and 1 KB of barriers
+/// (nf::wgmma_ws_smem).
+constexpr int64_t wsGemmSmem(int64_t tileN) {
+  const int64_t stage = (128 + tileN) * 64 * 2;
+  return (210 * 1024) / stage * stage + 1024;
+}
+
 // MoE router (kernels/nf_moe.cuh).
 
 /// Prefill router logits: steps of up to this many tokens take the small

@@ -11,6 +11,10 @@
 // RUN: nf-opt %t.f32.fused.mlir --nf-cuda-scan-forms --nf-cuda-launch-tiles | FileCheck %s --check-prefix=WALK
 // RUN: nf-opt %t.f32.fused.mlir --nf-cuda-scan-forms=max-shared-bytes=20000 --nf-cuda-launch-tiles | FileCheck %s --check-prefix=CHUNKED
 // RUN: nf-opt %S/Inputs/mamba-wide.mlir --nf-outline-steps --nf-lower-mixers --nf-cuda-scan-forms=ampere-or-later=0 --nf-cuda-launch-tiles | FileCheck %s --check-prefix=WIDE
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-launch-tiles=matmul-terms=1 | FileCheck %s --check-prefix=WS
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-launch-tiles | FileCheck %s --check-prefix=NO-WS
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-launch-tiles="matmul-terms=1 wgmma=0" | FileCheck %s --check-prefix=NO-WS
+// RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-launch-tiles="matmul-terms=1 max-shared-bytes=100000" | FileCheck %s --check-prefix=NO-WS
 
 // tiny-hybrid-bf16: 16 experts. Prefill logits on f64 tensor cores: a
 // block's 16 or 32 input slices and 16 experts' of 20 f64 values take
@@ -34,7 +38,7 @@
 
 // With bf16 inputs, bf16 gate weights take the plane path: the logits GEMM.
 // GEMM-LABEL: func.func @prefill
-// GEMM: nf.gemm_paths = ["bf16_planes"], nf.router_logits = "gemm"}
+// GEMM: nf.gemm_paths = ["bf16_planes"], nf.gemm_ws_tiles = array<i64: 128>, nf.router_logits = "gemm"}
 // GEMM-LABEL: func.func @decode
 // GEMM: nf.router_logits = "warp"
 
@@ -70,3 +74,22 @@
 // WIDE: nf.scan_form = "chunked", nf.walk_tile = array<i64: 16, 11>
 // WIDE-LABEL: func.func @decode
 // WIDE-NOT: nf.walk_tile
+
+// The warp-specialised prefill GEMM (bf16 inputs, sm_90 targets): tiles
+// of 256 features, or 192 or 128 where 256 rounds up by more than their
+// rates (0.95x, 0.84x) make up. in_proj, 328 features: 512 / 0.95 x 384 /
+// 0.84 x 384 -> 192. The LM head, 512: 256. Experts' 32 features, the
+// shared expert's 48 and 64: 128. Decode GEMMs are not on the plane path.
+// WS-LABEL: func.func @prefill
+// WS: nf_moe.shared_expert {{.*}}nf.gemm_ws_tiles = array<i64: 128, 128>
+// WS: nf.linear {{.*}}nf.gemm_ws_tiles = array<i64: 192>{{.*}}tensor<328x64xbf16>
+// WS: nf_moe.expert_up {{.*}}nf.gemm_ws_tiles = array<i64: 128>
+// WS: nf.lm_head {{.*}}nf.gemm_ws_tiles = array<i64: 256>
+// WS-LABEL: func.func @decode
+// WS-NOT: nf.gemm_ws_tiles
+
+// Exact inputs (three bf16 terms), a target before sm_90, or stages that
+// do not fit (205,824 bytes for the 192 tile): no warp-specialised GEMM.
+// NO-WS-LABEL: func.func @prefill
+// NO-WS: nf.linear {{.*}}nf.gemm_ws_tiles = array<i64: 0>{{.*}}tensor<328x64xbf16>
+// NO-WS-NOT: nf.gemm_ws_tiles = array<i64: {{[1-9]}}
