@@ -416,6 +416,8 @@ Status CpuEngine::checkOp(const Program &prog, OpInfo &o, const pl::Op &op) {
       return fail("weights do not match the input " + dims(o.in[0]));
     return activation(attr::Activation, false);
   }
+  case OpCode::Unknown:
+    break;
   }
   return fail("unhandled op");
 }
