@@ -174,7 +174,6 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
         return fail(i, "router logits as a GEMM need bf16 inputs on the "
                        "bf16-plane path");
       LinearSpec s = LinearSpec::of(first, 0, wg, E, H);
-      s.path = kBf16Planes;
       s.weight = gate;
       setInput(s, xV);
       s.rowIndex = "r";
