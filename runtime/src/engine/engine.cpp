@@ -65,10 +65,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::load(const std::string &planPath,
     cudaUnavailable(probe.message());
     return loadOnCpu(std::move(*plan), options);
   }
+  // The kernels read quantised weights' codes (the CPU, dequantised f32).
+  const auto codes = engine::QuantForm::Codes;
   StatusOr<std::unique_ptr<engine::BoundWeights>> weights =
       options.syntheticWeights
-          ? engine::syntheticWeights(**plan, options.syntheticSeed)
-          : engine::bindWeights(**plan, options.weightsDir);
+          ? engine::syntheticWeights(**plan, options.syntheticSeed, codes)
+          : engine::bindWeights(**plan, options.weightsDir, codes);
   if (!weights)
     return weights.status();
   StatusOr<std::unique_ptr<Engine>> cuda = engine::createCudaEngine(

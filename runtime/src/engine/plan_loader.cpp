@@ -324,8 +324,8 @@ WeightFinder::get(const std::string &name, nf::DType dtype,
   return view;
 }
 
-StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &pf,
-                                                         uint64_t seed) {
+StatusOr<std::unique_ptr<BoundWeights>>
+syntheticWeights(const PlanFile &pf, uint64_t seed, QuantForm form) {
   const pl::Plan &plan = *pf.plan;
   auto bw = std::make_unique<BoundWeights>();
   bw->dir = "<synthetic weights, seed " + std::to_string(seed) + ">";
@@ -403,8 +403,8 @@ StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &pf,
     if (w->quant()) {
       BoundWeight b;
       const std::string ctx = pf.path + ": weight " + std::to_string(i);
-      if (Status s =
-              bindQuantisedWeight(WeightFinder(*bw), *w, ctx, b, bw->packed);
+      if (Status s = bindQuantisedWeight(WeightFinder(*bw), *w, ctx, b,
+                                         bw->packed, form);
           !s)
         return s;
       bw->weights.push_back(std::move(b));
@@ -435,7 +435,7 @@ StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &pf,
 }
 
 StatusOr<std::unique_ptr<BoundWeights>>
-bindWeights(const PlanFile &pf, const std::string &weightsDir) {
+bindWeights(const PlanFile &pf, const std::string &weightsDir, QuantForm form) {
   const pl::Plan &plan = *pf.plan;
   const pl::ModelConfig &cfg = *plan.config();
   auto bw = std::make_unique<BoundWeights>();
@@ -490,7 +490,8 @@ bindWeights(const PlanFile &pf, const std::string &weightsDir) {
         return Status::error(ctx + " names no tensors");
       if (w.quant()) {
         BoundWeight b;
-        if (Status s = bindQuantisedWeight(finder, w, ctx, b, bw->packed); !s)
+        if (Status s = bindQuantisedWeight(finder, w, ctx, b, bw->packed, form);
+            !s)
           return s;
         bw->weights.push_back(std::move(b));
         continue;

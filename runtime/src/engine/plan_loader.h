@@ -49,7 +49,19 @@ struct BoundWeight {
     std::vector<int64_t> partRows;
   } input;
   bool quantised = false;
+  /// Quantised weights bound as QuantForm::Codes (`view` and `experts` are
+  /// then invalid): the codes of each part ([rows, C]; stacked experts: one
+  /// part per expert) in row order, and the f32 scale of every row of the
+  /// logical weight ([E * N] for stacked experts).
+  std::vector<WeightView> codeParts;
+  std::vector<float> rowScales;
 };
+
+/// How quantised weights are bound: dequantised to f32 values, which the
+/// CPU backend's ops read as they read f32 weights, or as their codes with
+/// a scale per output row, which the CUDA kernels read (FP8 codes with
+/// per-tensor or per-channel scales and unquantised activations only).
+enum class QuantForm { Dequantised, Codes };
 
 /// The checkpoint files of a plan, mapped, and every plan Weight bound.
 struct BoundWeights {
@@ -67,7 +79,8 @@ struct BoundWeights {
 /// exists with the plan's dtype and shape. Errors name the weights file (or
 /// directory) and the tensor.
 StatusOr<std::unique_ptr<BoundWeights>>
-bindWeights(const PlanFile &plan, const std::string &weightsDir);
+bindWeights(const PlanFile &plan, const std::string &weightsDir,
+            QuantForm form = QuantForm::Dequantised);
 
 /// The random numbers of synthetic weights: xorshift64* (Vigna), seeded
 /// per use so that each kind of weight has its own stream.
@@ -95,8 +108,9 @@ private:
 /// values uniform in [-0.05, 0.05]. Every weight views a window of one
 /// shared random block per dtype (at a per-weight offset), so memory is the
 /// largest weight, not the model.
-StatusOr<std::unique_ptr<BoundWeights>> syntheticWeights(const PlanFile &plan,
-                                                         uint64_t seed);
+StatusOr<std::unique_ptr<BoundWeights>>
+syntheticWeights(const PlanFile &plan, uint64_t seed,
+                 QuantForm form = QuantForm::Dequantised);
 
 /// "[63, 128]".
 std::string shapeString(const std::vector<int64_t> &shape);
@@ -122,11 +136,13 @@ private:
 /// Binds quantised plan weight `w` (its `quant` table): reads each part's
 /// codes and scales through `finder`, checks their dtypes and shapes, and
 /// fills `out` with the dequantised f32 values (owned by `packed`) and the
-/// input quantisation. `ctx` prefixes errors ("plan.nfb: weight 3").
+/// input quantisation, or with QuantForm::Codes the codes and row scales.
+/// `ctx` prefixes errors ("plan.nfb: weight 3").
 Status bindQuantisedWeight(const WeightFinder &finder,
                            const nf::plan::Weight &w, const std::string &ctx,
                            BoundWeight &out,
-                           std::vector<std::unique_ptr<uint8_t[]>> &packed);
+                           std::vector<std::unique_ptr<uint8_t[]>> &packed,
+                           QuantForm form = QuantForm::Dequantised);
 
 /// Random codes, scales and input scales for every quantised weight of
 /// plan `pf`, added to `store` under the plan's tensor names (the blocks

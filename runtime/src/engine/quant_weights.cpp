@@ -25,21 +25,20 @@ struct Part {
   int64_t rows = 0;
 };
 
-/// Dequantises part `p` ([R, C] codes) into `out` (R * C floats).
-Status dequantisePart(const WeightFinder &finder, const pl::WeightQuant &q,
-                      const Part &p, int64_t C, const std::string &ctx,
-                      float *out) {
+/// Part p's scale tensor, checked against its granularity: each row has
+/// `perRow` scales (0: one for the whole part), each covering `group`
+/// columns.
+struct PartScales {
+  WeightView view;
+  int64_t perRow = 0, group = 0;
+  float at(int64_t r, int64_t c) const {
+    return loadF32(view, perRow == 0 ? 0 : r * perRow + c / group);
+  }
+};
+StatusOr<PartScales> partScales(const WeightFinder &finder,
+                                const pl::WeightQuant &q, const Part &p,
+                                int64_t C) {
   const int64_t R = p.rows;
-  const bool int4 = q.scheme() == pl::QuantScheme::Int4;
-  const int64_t pack = int4 ? q.pack() : 1;
-  if (int4 && pack != 8)
-    return Status::error(ctx + ": int4 codes packed " + std::to_string(pack) +
-                         " per word (expected 8)");
-  const int64_t words = (C + pack - 1) / pack;
-  auto codes = finder.get(p.codes, int4 ? nf::DType::I32 : nf::DType::F8E4M3,
-                          {R, words});
-  if (!codes)
-    return codes.status();
   auto scaleFound = finder.find(p.scale);
   if (!scaleFound)
     return scaleFound.status();
@@ -75,6 +74,27 @@ Status dequantisePart(const WeightFinder &finder, const pl::WeightQuant &q,
                          (q.granularity() == pl::QuantGranularity::PerGroup
                               ? " of " + std::to_string(group)
                               : std::string()));
+  return PartScales{scale, perRow, group};
+}
+
+/// Dequantises part `p` ([R, C] codes) into `out` (R * C floats).
+Status dequantisePart(const WeightFinder &finder, const pl::WeightQuant &q,
+                      const Part &p, int64_t C, const std::string &ctx,
+                      float *out) {
+  const int64_t R = p.rows;
+  const bool int4 = q.scheme() == pl::QuantScheme::Int4;
+  const int64_t pack = int4 ? q.pack() : 1;
+  if (int4 && pack != 8)
+    return Status::error(ctx + ": int4 codes packed " + std::to_string(pack) +
+                         " per word (expected 8)");
+  const int64_t words = (C + pack - 1) / pack;
+  auto codes = finder.get(p.codes, int4 ? nf::DType::I32 : nf::DType::F8E4M3,
+                          {R, words});
+  if (!codes)
+    return codes.status();
+  StatusOr<PartScales> scales = partScales(finder, q, p, C);
+  if (!scales)
+    return scales.status();
   const auto *bytes = static_cast<const uint8_t *>(codes->data);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t c = 0; c < C; ++c) {
@@ -87,9 +107,24 @@ Status dequantisePart(const WeightFinder &finder, const pl::WeightQuant &q,
       } else {
         code = e4m3ToF32(bytes[r * C + c]);
       }
-      const float s = loadF32(scale, perRow == 0 ? 0 : r * perRow + c / group);
-      out[r * C + c] = code * s;
+      out[r * C + c] = code * scales->at(r, c);
     }
+  return Status::success();
+}
+
+/// QuantForm::Codes: part p's FP8 codes ([R, C]) and the scale of each of
+/// its rows, appended to `out`.
+Status bindPartCodes(const WeightFinder &finder, const pl::WeightQuant &q,
+                     const Part &p, int64_t C, BoundWeight &out) {
+  auto codes = finder.get(p.codes, nf::DType::F8E4M3, {p.rows, C});
+  if (!codes)
+    return codes.status();
+  StatusOr<PartScales> scales = partScales(finder, q, p, C);
+  if (!scales)
+    return scales.status();
+  out.codeParts.push_back(*codes);
+  for (int64_t r = 0; r < p.rows; ++r)
+    out.rowScales.push_back(scales->at(r, 0));
   return Status::success();
 }
 
@@ -187,13 +222,32 @@ StatusOr<std::vector<Part>> quantParts(const pl::Weight &w,
 
 Status bindQuantisedWeight(const WeightFinder &finder, const pl::Weight &w,
                            const std::string &ctx, BoundWeight &out,
-                           std::vector<std::unique_ptr<uint8_t[]>> &packed) {
+                           std::vector<std::unique_ptr<uint8_t[]>> &packed,
+                           QuantForm form) {
   const pl::WeightQuant &q = *w.quant();
   std::vector<int64_t> shape;
   StatusOr<std::vector<Part>> partsOr = quantParts(w, ctx, shape);
   if (!partsOr)
     return partsOr.status();
   const std::vector<Part> &parts = *partsOr;
+  if (form == QuantForm::Codes) {
+    // The CUDA kernels' form (the compiler refuses the others for CUDA).
+    if (q.scheme() != pl::QuantScheme::Fp8E4M3 ||
+        q.granularity() == pl::QuantGranularity::PerGroup ||
+        q.activations() != pl::ActivationQuant::None)
+      return Status::error(
+          ctx + ": " + pl::EnumNameQuantScheme(q.scheme()) + " " +
+          pl::EnumNameQuantGranularity(q.granularity()) + " weights with " +
+          pl::EnumNameActivationQuant(q.activations()) +
+          " activations have no CUDA kernels (FP8 weights with per-tensor "
+          "or per-channel scales and unquantised activations do)");
+    for (const Part &p : parts)
+      if (Status s = bindPartCodes(finder, q, p, shape.back(), out); !s)
+        return s;
+    out.shape = shape;
+    out.quantised = true;
+    return Status::success();
+  }
   const bool isStatic = q.activations() == pl::ActivationQuant::StaticPerTensor;
   const int64_t C = shape.back();
   if (w.concat_rows() && w.concat_rows()->size() > 0)

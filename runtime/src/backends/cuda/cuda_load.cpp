@@ -351,6 +351,10 @@ Status CudaEngine::uploadWeights() {
     sizes[i] =
         n * dtypeSize(toDType(
                 plan.weights()->Get(static_cast<fb::uoffset_t>(i))->dtype()));
+    // Quantised: the codes, then at the next 256 bytes the f32 scale of
+    // each row (nf::weight_row_scales).
+    if (ws[i].quantised)
+      sizes[i] = align256(sizes[i]) + ws[i].rowScales.size() * sizeof(float);
     offsets[i] = total;
     total += align256(sizes[i]);
   }
@@ -364,6 +368,31 @@ Status CudaEngine::uploadWeights() {
     const CUdeviceptr dst = g.weights.ptr() + offsets[i];
     ptrs[i] = dst;
     const std::string ctx = where() + ": uploading weight " + std::to_string(i);
+    if (w.quantised) {
+      if (w.codeParts.empty())
+        return Status::error(ctx + ": quantised weight without codes");
+      size_t at = 0;
+      for (const WeightView &v : w.codeParts) {
+        const size_t bytes =
+            static_cast<size_t>(v.numElements()) * v.elementSize();
+        if (Status s = d_->check(
+                d_->cuMemcpyHtoDAsync(dst + at, v.data, bytes, stream),
+                "cuMemcpyHtoDAsync");
+            !s)
+          return Status::error(ctx + ": " + s.message());
+        at += bytes;
+      }
+      const size_t scaleBytes = w.rowScales.size() * sizeof(float);
+      if (align256(at) + scaleBytes != sizes[i])
+        return Status::error(ctx + ": codes and scales have the wrong size");
+      if (Status s = d_->check(d_->cuMemcpyHtoDAsync(dst + align256(at),
+                                                     w.rowScales.data(),
+                                                     scaleBytes, stream),
+                               "cuMemcpyHtoDAsync");
+          !s)
+        return Status::error(ctx + ": " + s.message());
+      continue;
+    }
     if (w.view.valid()) {
       if (Status s = d_->check(
               d_->cuMemcpyHtoDAsync(dst, w.view.data, sizes[i], stream),
