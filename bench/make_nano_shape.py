@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A checkpoint directory with the exact shape of Nemotron-3-Nano-30B-A3B.
 
-    make_nano_shape.py OUT_DIR [--layers N] [--set KEY=VALUE ...]
+    make_nano_shape.py OUT_DIR [--layers N] [--set KEY=VALUE ...] [--fp8]
 
 Writes OUT_DIR/config.json (the published Nano-30B-A3B configuration, see
 docs of the reference: hidden 2688, 52 layers MEMEM*E..., 128 experts top-6,
@@ -13,7 +13,11 @@ benchmark fills the weights with seeded random values on the GPU instead of
 reading them (nfrun bench --random-weights). `--layers N` keeps the first N
 layers of the pattern (for quick checks); `--set KEY=VALUE` replaces one
 integer of the configuration (e.g. hidden_size=64: the routing of 128
-experts top-6 at a size a test can run on the CPU).
+experts top-6 at a size a test can run on the CPU). `--fp8`: every linear
+projection (not the routers, not the LM head) stored as FP8 E4M3 codes with
+an f32 scale per output channel and unquantised activations, in the
+compressed-tensors format that llm-compressor writes ("float-quantized",
+`quantization_config` in config.json), the rest bf16.
 """
 import json
 import os
@@ -104,9 +108,31 @@ def tensors(cfg):
     yield "lm_head.weight", [V, H]
 
 
+# compressed-tensors FP8, weights per channel, activations unquantised.
+FP8_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                    "symmetric": True, "dynamic": False, "group_size": None},
+        "input_activations": None,
+        "output_activations": None,
+    }},
+    "ignore": ["lm_head"],
+}
+
+
+def quantised(name):
+    """Whether --fp8 stores tensor `name` as codes: linear projections."""
+    return name.endswith("proj.weight")
+
+
 def main():
     out = sys.argv[1]
     cfg = dict(CONFIG)
+    fp8 = "--fp8" in sys.argv
     if "--layers" in sys.argv:
         n = int(sys.argv[sys.argv.index("--layers") + 1])
         cfg["hybrid_override_pattern"] = PATTERN[:n]
@@ -119,18 +145,32 @@ def main():
                 sys.exit("make_nano_shape: unknown configuration key " + key)
             cfg[key] = int(value)
     os.makedirs(out, exist_ok=True)
+    if fp8:
+        q = json.loads(json.dumps(FP8_CONFIG))
+        q["ignore"] += ["backbone.layers.%d.mixer.gate" % i
+                        for i, k in enumerate(cfg["hybrid_override_pattern"]) if k == "E"]
+        cfg["quantization_config"] = q
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     header, offset, params = {}, 0, 0
-    for name, shape in tensors(cfg):
+
+    def add(name, dtype, size, shape):
+        nonlocal offset
         n = 1
         for d in shape:
             n *= d
-        # The correction bias is kept in f32, as in the published checkpoint.
-        dtype, size = ("F32", 4) if name.endswith("e_score_correction_bias") else ("BF16", 2)
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n * size]}
         offset += n * size
-        params += n
+        return n
+
+    for name, shape in tensors(cfg):
+        if fp8 and quantised(name):
+            params += add(name, "F8_E4M3", 1, shape)
+            add(name + "_scale", "F32", 4, [shape[0], 1])
+            continue
+        # The correction bias is kept in f32, as in the published checkpoint.
+        dtype, size = ("F32", 4) if name.endswith("e_score_correction_bias") else ("BF16", 2)
+        params += add(name, dtype, size, shape)
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     path = os.path.join(out, "model.safetensors")
@@ -138,8 +178,8 @@ def main():
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         f.truncate(8 + len(text) + offset)  # sparse: no data blocks
-    print("%s: %d tensors, %d parameters, %.1f GB of (sparse) bf16 data"
-          % (path, len(header), params, offset / 1e9))
+    print("%s: %d tensors, %d parameters, %.1f GB of (sparse) %s data"
+          % (path, len(header), params, offset / 1e9, "fp8 + bf16" if fp8 else "bf16"))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepares, on the development machine (MLIR, NVRTC; no GPU needed), the
 # directory that bench/run_gpu_bench.sh and scripts/gpu_check.sh run from on
-# the GPU machine: the binaries and every plan they use, including the two
-# plans of the Nemotron-3-Nano-30B-A3B shape (docs/performance.md).
+# the GPU machine: the binaries and every plan they use, including the three
+# plans of the Nemotron-3-Nano-30B-A3B shape (docs/performance.md): exact,
+# bf16 inputs, and FP8 weights with bf16 inputs.
 #
 #   bash bench/prepare_gpu_bench.sh [CARRY]     (default: build-gpu-carry)
 #
@@ -35,5 +36,12 @@ for inputs in exact bf16; do
     --max-tokens 8192 --max-sequences 64 -o "$CARRY/plans/$name.nfb" \
     --print-kernel-cache-stats
 done
+# FP8 weights: every linear projection as FP8 codes with a scale per output
+# channel (make_nano_shape.py --fp8), bf16 inputs.
+python3 "$REPO/bench/make_nano_shape.py" "$work/nano-fp8" --fp8 > /dev/null
+"$nfc" import "$work/nano-fp8" -o "$work/nano-fp8.mlir"
+"$nfc" compile "$work/nano-fp8.mlir" --target=cuda --matmul-inputs=bf16 \
+  --max-tokens 8192 --max-sequences 64 -o "$CARRY/plans/nano-fp8.nfb" \
+  --print-kernel-cache-stats
 bash "$REPO/scripts/gpu_check.sh" pack "$CARRY" # 92-105 MB -> ~1.4 each
 du -sh "$CARRY"

@@ -6,7 +6,7 @@
 #      alone, the OpenAI API's default),
 #   3. Hugging Face transformers on the same shape (bench/hf_baseline.py).
 # Usage (the device tool provides $OUT; CARRY holds bin/nfrun, lib/libnf.so*,
-# plans/nano.nfb and optionally plans/nano-bf16.nfb, prepared as
+# plans/nano.nfb and optionally plans/nano-bf16.nfb and nano-fp8.nfb, prepared as
 # docs/performance.md says):
 #   OUT=/dir bash bench/run_gpu_bench.sh CARRY [hf batches]
 set -uo pipefail
@@ -19,9 +19,9 @@ python3 bench/hf_baseline.py /tmp/nano --ceilings-only --out "$OUT/ceilings.json
 read -r copy matmul < <(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['ceilings']; print(c['copy_bytes_per_s'], c['bf16_matmul_flops'])" "$OUT/ceilings.json")
 echo "ceilings: copy $copy B/s, bf16 matmul $matmul FLOP/s"
 # The plan compiled with the default exact GEMM inputs, and (when present)
-# the one compiled with --matmul-inputs=bf16.
+# the one compiled with --matmul-inputs=bf16 and the one with FP8 weights.
 : > "$OUT/nf_bench.md"
-for plan in nano nano-bf16; do
+for plan in nano nano-bf16 nano-fp8; do
   [ -f "$carry/plans/$plan.nfb" ] || continue
   echo "plan: $plan.nfb" | tee -a "$OUT/nf_bench.md"
   "$carry/bin/nfrun" bench "$carry/plans/$plan.nfb" --backend cuda --random-weights \

@@ -24,6 +24,12 @@ struct bf16 {
 struct f16 {
   unsigned short bits;
 };
+/// A quantised weight's FP8 E4M3 code (OCP "fn": no infinities, NaN at
+/// 0x7f / 0xff); its value is the code times its row's scale
+/// (weight_row_scales).
+struct fp8e4m3 {
+  unsigned char bits;
+};
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(bf16 v) {
@@ -36,6 +42,18 @@ __device__ __forceinline__ float half_bits_to_float(unsigned short h) {
 }
 __device__ __forceinline__ float to_float(f16 v) {
   return half_bits_to_float(v.bits);
+}
+/// An E4M3 code as f32, exactly: its exponent and mantissa bits placed in
+/// an f32 whose exponent is 120 short (subnormal codes land on f32
+/// subnormals of the same bits), then scaled by 2^120.
+__device__ __forceinline__ float fp8_e4m3_to_f32(unsigned code) {
+  const unsigned em = code & 0x7fu;
+  const float v = em == 0x7fu ? __int_as_float(0x7fc00000)
+                              : __uint_as_float(em << 20) * 0x1p120f;
+  return __uint_as_float(__float_as_uint(v) | ((code & 0x80u) << 24));
+}
+__device__ __forceinline__ float to_float(fp8e4m3 v) {
+  return fp8_e4m3_to_f32(v.bits);
 }
 
 /// Element i of a weight (any dtype) as f32.
@@ -81,6 +99,45 @@ __device__ __forceinline__ void load16(const f16 *p, float *out) {
   unpack_f16x2(v.z, out + 4);
   unpack_f16x2(v.w, out + 6);
 }
+/// Four E4M3 codes (one 32-bit word, the lowest first) as floats.
+__device__ __forceinline__ void unpack_fp8x4(unsigned w, float *out) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    out[i] = fp8_e4m3_to_f32((w >> (8 * i)) & 0xffu);
+}
+/// Two E4M3 codes (bytes `sel` of w: 0x1404 bytes 0 and 1, 0x3424 bytes 2
+/// and 3) as bf16x2 bits, the lower byte in the lower half, exactly: each
+/// code's sign, exponent and mantissa bits placed in a bf16 whose exponent
+/// is 120 short (subnormal codes land on bf16 subnormals of the same bits),
+/// then scaled by 2^120 (fma.rn.bf16x2 keeps subnormals; -0 addend: zeros
+/// keep their sign). The NaN codes 0x7f / 0xff come out as +-480, not NaN
+/// (quantisers never write them). Before sm_80 (no bf16 arithmetic):
+/// through fp8_e4m3_to_f32.
+__device__ __forceinline__ unsigned fp8x2_to_bf16x2(unsigned w, unsigned sel) {
+  const unsigned h = __byte_perm(w, 0u, sel); // each half: code << 8
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  const unsigned bits = (h & 0x80008000u) | ((h >> 4) & 0x07f007f0u);
+  unsigned r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;"
+      : "=r"(r)
+      : "r"(bits), "r"(0x7b807b80u), "r"(0x80008000u));
+  return r;
+#else
+  return (__float_as_uint(fp8_e4m3_to_f32((h >> 8) & 0xffu)) >> 16) |
+         (__float_as_uint(fp8_e4m3_to_f32(h >> 24)) & 0xffff0000u);
+#endif
+}
+/// Four E4M3 codes (one word, the lowest byte first) as two bf16x2 words.
+__device__ __forceinline__ uint2 fp8x4_to_bf16x4(unsigned w) {
+  return make_uint2(fp8x2_to_bf16x2(w, 0x1404u), fp8x2_to_bf16x2(w, 0x3424u));
+}
+__device__ __forceinline__ void load16(const fp8e4m3 *p, float *out) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
+  unpack_fp8x4(v.x, out);
+  unpack_fp8x4(v.y, out + 4);
+  unpack_fp8x4(v.z, out + 8);
+  unpack_fp8x4(v.w, out + 12);
+}
 
 /// Four consecutive elements at p (aligned to 4 elements) as floats.
 __device__ __forceinline__ void load4(const float *p, float *out) {
@@ -95,6 +152,9 @@ __device__ __forceinline__ void load4(const f16 *p, float *out) {
   const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
   unpack_f16x2(v.x, out);
   unpack_f16x2(v.y, out + 2);
+}
+__device__ __forceinline__ void load4(const fp8e4m3 *p, float *out) {
+  unpack_fp8x4(__ldg(reinterpret_cast<const unsigned *>(p)), out);
 }
 
 /// Activation rows (f32, written by earlier kernels: plain loads).
@@ -239,6 +299,14 @@ __device__ __forceinline__ uint4 load_stream16(const void *p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+/// 8 bytes, likewise.
+__device__ __forceinline__ uint2 load_stream8(const void *p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+               : "=r"(v.x), "=r"(v.y)
                : "l"(p));
   return v;
 }
@@ -449,6 +517,34 @@ template <class T>
 __device__ __forceinline__ const T *weight(Step a, int index) {
   return static_cast<const T *>(a->weights[index]);
 }
+/// A quantised weight's f32 scale per output row ([E, N] for stacked
+/// experts): where the runtime puts them, after its codes (code_bytes) at
+/// the next 256-byte boundary.
+__device__ __forceinline__ const float *
+weight_row_scales(Step a, int index, long long code_bytes) {
+  return reinterpret_cast<const float *>(weight<unsigned char>(a, index) +
+                                         (code_bytes + 255) / 256 * 256);
+}
+
+/// A linear over a quantised weight (S::kRowScales, S::row_scales(a, g): the
+/// f32 scale of each of group g's N output features): its products are
+/// summed over the codes and each sum multiplied by its feature's scale
+/// before S::store (the CPU sums products with the dequantised weights: the
+/// same sum up to f32 rounding).
+template <class S, class = void> struct HasRowScales {
+  static constexpr bool value = false;
+};
+template <class S> struct HasRowScales<S, decltype(void(S::kRowScales))> {
+  static constexpr bool value = S::kRowScales;
+};
+template <class S>
+__device__ __forceinline__ float scaled_output(Step a, int g, int n, float v) {
+  if constexpr (HasRowScales<S>::value)
+    return v * S::row_scales(a, g)[n];
+  else
+    return v;
+}
+
 __device__ __forceinline__ float *storage(Step a, int index) {
   return static_cast<float *>(a->storage[index]);
 }

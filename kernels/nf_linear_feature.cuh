@@ -130,7 +130,7 @@ __device__ void feature_tile_linear(Step a) {
         fetch(w[st], ks + STAGES);
       }
     }
-    store_mma_tiles<S>(a, acc, row0, rows, n0, lane);
+    store_mma_tiles<S>(a, acc, 0, row0, rows, n0, lane);
   }
   if (!waited)
     wait_for_previous_grids(); // a block without items

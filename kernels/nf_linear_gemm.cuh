@@ -16,6 +16,9 @@
 // exact and only the summation order changes; big_mma_tile: 128 x 128 tiles
 // for activations rounded to bf16, --matmul-inputs=bf16).
 //
+// Quantised weights (fp8e4m3 codes, S::kRowScales) take the f32 paths, each
+// output scaled by its feature's scale (scaled_output).
+//
 // Decode steps with bf16 weights use skinny_linear instead
 // (nf_linear_skinny.cuh: tensor cores with the operands swapped, for a
 // few rows per weight) or row_linear (nf_linear_row.cuh).
@@ -117,7 +120,7 @@ __device__ __forceinline__ void gemm_tile(Step a, int g, int row0, int rows,
     for (int j = 0; j < 4; ++j) {
       const int n = n0 + tx + 16 * j;
       if (n < S::N)
-        S::store(a, row0 + r, n, acc[i][j]);
+        S::store(a, row0 + r, n, scaled_output<S>(a, g, n, acc[i][j]));
     }
   }
 }
@@ -138,11 +141,12 @@ template <int TERMS> struct MmaSmem {
 };
 
 /// Stores a warp's MI x 4 accumulator fragments (m16n8k16 C layout) of an
-/// output tile at (row0, n0): the warp's rows start at wm * 16 * MI, its
+/// output tile of group g at (row0, n0) (scaled_output: quantised weights'
+/// row scales): the warp's rows start at wm * 16 * MI, its
 /// features at wn * 32; rows past `rows` and features past S::N are skipped.
 template <class S, int MI>
 __device__ __forceinline__ void
-store_warp_tile(Step a, const float (&acc)[MI][4][4], int row0, int rows,
+store_warp_tile(Step a, const float (&acc)[MI][4][4], int g, int row0, int rows,
                 int n0, int wm, int wn) {
   const int lane = lane_id(), gid = lane >> 2, tig = lane & 3;
 #pragma unroll
@@ -154,7 +158,7 @@ store_warp_tile(Step a, const float (&acc)[MI][4][4], int row0, int rows,
         const int r = wm * 16 * MI + i * 16 + gid + (c >> 1) * 8;
         const int n = n0 + wn * 32 + j * 8 + 2 * tig + (c & 1);
         if (r < rows && n < S::N)
-          S::store(a, row0 + r, n, acc[i][j][c]);
+          S::store(a, row0 + r, n, scaled_output<S>(a, g, n, acc[i][j][c]));
       }
 }
 
@@ -277,7 +281,7 @@ __device__ __forceinline__ void mma_tile(Step a, int g, int row0, int rows,
         for (int c = 0; c < 4; ++c)
           acc[i][j][c] += part[i][j][c];
   }
-  store_warp_tile<S>(a, acc, row0, rows, n0, wm, wn);
+  store_warp_tile<S>(a, acc, g, row0, rows, n0, wm, wn);
 }
 
 // ---------------------------------------------------------------------------
@@ -358,7 +362,7 @@ __device__ __forceinline__ void big_mma_tile(Step a, int g, int row0, int rows,
     __syncthreads();
     buf ^= 1;
   }
-  store_warp_tile<S>(a, acc, row0, rows, n0, wm, wn);
+  store_warp_tile<S>(a, acc, g, row0, rows, n0, wm, wn);
 }
 
 // ---------------------------------------------------------------------------
@@ -385,6 +389,26 @@ __device__ void split_rows_bf16(Step a, const float *src, unsigned short *dst) {
     for (int p = 0; p < TERMS; ++p)
       reinterpret_cast<uint2 *>(dst + p * PLANE)[i] = t[p];
   }
+}
+
+/// A weight of COUNT FP8 E4M3 codes widened to bf16 bits (the same values:
+/// codes are exact in bf16), for the plane GEMMs, which read bf16 weights
+/// and scale each output by its row's scale (scaled_output).
+template <long long COUNT>
+__device__ void widen_fp8_codes(const fp8e4m3 *src, bf16 *dst) {
+  constexpr long long kVectors = COUNT / 16;
+  for (long long i = global_thread(); i < kVectors; i += grid_threads()) {
+    const uint4 c = load_stream16(src + 16 * i);
+    const uint2 p0 = fp8x4_to_bf16x4(c.x), p1 = fp8x4_to_bf16x4(c.y),
+                p2 = fp8x4_to_bf16x4(c.z), p3 = fp8x4_to_bf16x4(c.w);
+    uint4 *d = reinterpret_cast<uint4 *>(dst) + 2 * i;
+    d[0] = make_uint4(p0.x, p0.y, p1.x, p1.y);
+    d[1] = make_uint4(p2.x, p2.y, p3.x, p3.y);
+  }
+  for (long long i = 16 * kVectors + global_thread(); i < COUNT;
+       i += grid_threads())
+    dst[i].bits =
+        static_cast<unsigned short>(fp8x2_to_bf16x2(src[i].bits, 0x1404u));
 }
 
 constexpr int kGemmTile = 128, kGemmK = 32, kGemmLd = kGemmK + 8;
@@ -500,7 +524,7 @@ __device__ __forceinline__ void pipelined_mma_tile(Step a, int g, int row0,
     }
   }
   copy_async_wait<0>(); // only empty groups remain; none may outlive the tile
-  store_warp_tile<S>(a, acc, row0, rows, n0, wm, wn);
+  store_warp_tile<S>(a, acc, g, row0, rows, n0, wm, wn);
 }
 
 template <class T> struct IsBf16 { static constexpr bool value = false; };
@@ -570,7 +594,7 @@ __device__ __forceinline__ void gemv_item(Step a, int g, int begin, int count,
     }
   }
   if (lane < count)
-    S::store(a, begin + lane, n, mine);
+    S::store(a, begin + lane, n, scaled_output<S>(a, g, n, mine));
 }
 
 /// kPlanes: the rows were split into bf16 planes by split_rows_bf16 (S has

@@ -26,6 +26,37 @@ __device__ __forceinline__ float row_fma8(const float *wf, const T *x,
   return acc;
 }
 
+/// A 16-byte chunk of a weight row: E elements, as floats (bf16, or FP8
+/// codes; a quantised weight's row scale is applied to the sum).
+template <class W> struct RowChunk;
+template <> struct RowChunk<bf16> {
+  static constexpr int E = 8;
+  __device__ static __forceinline__ void unpack(uint4 v, float *out) {
+    unpack_bf16x8(v, out);
+  }
+};
+template <> struct RowChunk<fp8e4m3> {
+  static constexpr int E = 16;
+  __device__ static __forceinline__ void unpack(uint4 v, float *out) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint2 b = fp8x4_to_bf16x4(w[i]);
+      unpack_bf16x2(b.x, out + 4 * i);
+      unpack_bf16x2(b.y, out + 4 * i + 2);
+    }
+  }
+};
+/// acc + the products of a chunk's E weights with the activations at x.
+template <class W, class T>
+__device__ __forceinline__ float row_fma_chunk(const float *wf, const T *x,
+                                               float acc) {
+#pragma unroll
+  for (int i = 0; i < RowChunk<W>::E; i += 8)
+    acc = row_fma8(wf + i, x + i, acc);
+  return acc;
+}
+
 // Decode linears of one-token steps: row_linear.
 // One warp per output feature over the whole of K, on CUDA cores: each lane
 // streams 16 contiguous weight bytes a chunk, U chunks in flight, and adds
@@ -46,8 +77,10 @@ __device__ __forceinline__ float row_fma8(const float *wf, const T *x,
 // weights would be read twice (once from L2) and the skinny kernel wins,
 // so plans run it for steps of one token (rows past R take further items).
 template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
-  static_assert(S::K % 8 == 0, "16-byte chunks");
-  constexpr int C = S::K / 8;       // chunks a weight row
+  using W = typename S::W;
+  constexpr int E = RowChunk<W>::E; // elements a chunk
+  static_assert(S::K % E == 0, "16-byte chunks");
+  constexpr int C = S::K / E;       // chunks a weight row
   constexpr int J = (C + 31) / 32;  // chunks a lane
   constexpr int UU = U < J ? U : J; // chunks in flight a lane
   constexpr bool kEarly = S::kGroupsEarly;
@@ -73,9 +106,9 @@ template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
     const int chunk = local / S::N, n = local % S::N;
     const int row0 = s_groups.begin[g] + chunk * R;
     const int rows = min(R, s_groups.count[g] - chunk * R);
-    const bf16 *wrow = S::weight(a, g) + static_cast<long long>(n) * S::K;
+    const W *wrow = S::weight(a, g) + static_cast<long long>(n) * S::K;
     auto fetch = [&](int c) {
-      return c < C ? load_stream16(wrow + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
+      return c < C ? load_stream16(wrow + E * c) : make_uint4(0u, 0u, 0u, 0u);
     };
     uint4 w[UU]; // chunk j in slot j % UU
 #pragma unroll
@@ -99,19 +132,19 @@ template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
       if (j + UU < J)
         w[j % UU] = fetch(c + 32 * UU);
       if (c < C) {
-        float wf[8];
-        unpack_bf16x8(wv, wf);
+        float wf[E];
+        RowChunk<W>::unpack(wv, wf);
 #pragma unroll
         for (int r = 0; r < R; ++r)
           if (r < rows)
-            acc[r] = row_fma8(wf, xr[r] + 8 * c, acc[r]);
+            acc[r] = row_fma_chunk<W>(wf, xr[r] + E * c, acc[r]);
       }
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float v = warp_sum(acc[r]); // fixed butterfly: deterministic
       if (lane == 0 && r < rows)
-        S::store(a, row0 + r, n, v);
+        S::store(a, row0 + r, n, scaled_output<S>(a, g, n, v));
     }
   }
   if (!waited)
@@ -136,10 +169,12 @@ __device__ void row_experts_combine(Step a, const float *wts,
                                     const float *shared, const float *x,
                                     float *sum, const W *norm_w, double eps,
                                     O out, unsigned *done) {
-  static_assert(S::K % 8 == 0, "16-byte chunks");
   static_assert(S::kGroupsEarly, "slots read before the wait");
+  using SW = typename S::W;
+  constexpr int E = RowChunk<SW>::E; // elements a chunk
+  static_assert(S::K % E == 0, "16-byte chunks");
   constexpr int KW = S::G;
-  constexpr int C = S::K / 8;      // chunks a weight row
+  constexpr int C = S::K / E;      // chunks a weight row
   constexpr int J = (C + 31) / 32; // chunks a lane, a slot
   constexpr int Q = KW * J;        // chunks a lane, an item
   constexpr int UU = U < Q ? U : Q;
@@ -147,7 +182,7 @@ __device__ void row_experts_combine(Step a, const float *wts,
   // The used slots (a warp-uniform mask) and their experts' weights.
   const unsigned used =
       __ballot_sync(0xffffffffu, lane < KW && S::used(a, lane));
-  const bf16 *wbase[KW];
+  const SW *wbase[KW];
 #pragma unroll
   for (int g = 0; g < KW; ++g)
     wbase[g] = (used >> g) & 1u ? S::weight(a, g) : nullptr;
@@ -158,7 +193,7 @@ __device__ void row_experts_combine(Step a, const float *wts,
       const int g = q / J, c = lane + 32 * (q % J);
       return ((used >> g) & 1u) && c < C
                  ? load_stream16(wbase[g] + static_cast<long long>(n) * S::K +
-                                 8 * c)
+                                 E * c)
                  : make_uint4(0u, 0u, 0u, 0u);
     };
     uint4 w[UU]; // chunk q in slot q % UU
@@ -180,9 +215,9 @@ __device__ void row_experts_combine(Step a, const float *wts,
       if (q + UU < Q)
         w[q % UU] = fetch(q + UU);
       if (((used >> g) & 1u) && c < C) {
-        float wf[8];
-        unpack_bf16x8(wv, wf);
-        acc[g] = row_fma8(wf, S::row(a, g) + 8 * c, acc[g]);
+        float wf[E];
+        RowChunk<SW>::unpack(wv, wf);
+        acc[g] = row_fma_chunk<SW>(wf, S::row(a, g) + E * c, acc[g]);
       }
     }
     float v = 0.0f;
@@ -190,7 +225,7 @@ __device__ void row_experts_combine(Step a, const float *wts,
     for (int g = 0; g < KW; ++g) {
       const float d = warp_sum(acc[g]); // as row_linear sums each row
       if ((used >> g) & 1u)
-        v += wts[g] * d;
+        v += wts[g] * scaled_output<S>(a, g, n, d);
     }
     if (lane == 0)
       sum[n] = x[n] + (shared[n] + v);

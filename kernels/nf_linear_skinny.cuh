@@ -1,14 +1,16 @@
 // Skinny linears on tensor cores (decode: a few rows per weight), bf16
-// weights, K a multiple of 32. The operands are swapped: the weight is mma's
-// A (16 output features per m-tile), the activation rows are B (8 rows per
-// n-tile), so one row costs the same weight traffic as 16. Each thread
-// loads 16 contiguous bytes of a weight row per 32-deep K step and the
-// activations of the same 8 K positions: the dot product does not care in
-// which order K is visited, so the mma fragments take K permuted (physical
-// 8*tig + 4*s + {0,1,2,3} is logical {2tig, 2tig+1, 2tig+8, 2tig+9} of mma s)
-// and every load is a full 16-byte vector. Activations are split into TERMS
-// bf16 terms: 3 as in mma_tile (products exact, only the order of the f32
-// sums differs from the other paths), or 1 (--matmul-inputs=bf16).
+// weights or FP8 codes (widened to bf16 as they are loaded, exactly; each
+// output then scaled by its row's scale), K a multiple of 32. The operands
+// are swapped: the weight is mma's A (16 output features per m-tile), the
+// activation rows are B (8 rows per n-tile), so one row costs the same
+// weight traffic as 16. Each thread loads 8 contiguous weights of a row per
+// 32-deep K step (16 bytes, FP8: 8) and the activations of the same 8 K
+// positions: the dot product does not care in which order K is visited, so
+// the mma fragments take K permuted (physical 8*tig + 4*s + {0,1,2,3} is
+// logical {2tig, 2tig+1, 2tig+8, 2tig+9} of mma s) and every load is a full
+// vector. Activations are split into TERMS bf16 terms: 3 as in mma_tile
+// (products exact, only the order of the f32 sums differs from the other
+// paths), or 1 (--matmul-inputs=bf16).
 //
 // A block (KW warps) owns one item: MT m-tiles of features of one
 // group and up to ROWS of its rows; its warps split K (warp w takes the K
@@ -95,13 +97,13 @@ __device__ __forceinline__ void skinny_mma(float (&acc)[MT][NT][4],
 
 /// The end of a skinny item: the KW warps' partial sums folded pairwise
 /// through `red` (the upper half adds into the lower half, a fixed order),
-/// then warp 0 stores rows [row0, row0 + rows) of features from n0. `warp`:
-/// the calling warp's index among the KW; `sync()` is a barrier of the KW
-/// warps (__syncthreads, or a named barrier where other warps of the block
-/// do other work).
+/// then warp 0 stores rows [row0, row0 + rows) of features from n0 of group
+/// g. `warp`: the calling warp's index among the KW; `sync()` is a barrier
+/// of the KW warps (__syncthreads, or a named barrier where other warps of
+/// the block do other work).
 template <class S, int KW, int MT, int NT, class Sync>
 __device__ __forceinline__ void
-skinny_fold_store(Step a, float (&acc)[MT][NT][4], float *red, int row0,
+skinny_fold_store(Step a, float (&acc)[MT][NT][4], float *red, int g, int row0,
                   int rows, int n0, int warp, Sync sync) {
   const int lane = lane_id();
   constexpr int kFrag = MT * NT * 4;
@@ -131,7 +133,7 @@ skinny_fold_store(Step a, float (&acc)[MT][NT][4], float *red, int row0,
     }
   }
   if (warp == 0)
-    store_mma_tiles<S>(a, acc, row0, rows, n0, lane);
+    store_mma_tiles<S>(a, acc, g, row0, rows, n0, lane);
 }
 
 template <class S, int KW, int MT, int NT, int STAGES, int TERMS,
@@ -141,8 +143,9 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
   constexpr int KSTEPS = S::K / 32;
   const int lane = lane_id(), warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
-  const bf16 *wbase = S::weight(a, g);
-  const bf16 *wr[MT][2];
+  using W = typename S::W; // bf16, or FP8 codes widened to bf16 at load
+  const W *wbase = S::weight(a, g);
+  const W *wr[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -250,7 +253,7 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
   }
   if constexpr (kStageX)
     copy_async_wait<0>(); // the last (empty) stage, before the next item
-  skinny_fold_store<S, KW>(a, acc, red, row0, rows, n0, warp,
+  skinny_fold_store<S, KW>(a, acc, red, g, row0, rows, n0, warp,
                            [] { __syncthreads(); });
 }
 

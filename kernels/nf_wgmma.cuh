@@ -339,7 +339,8 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
           for (int e = 0; e < 2; ++e) {
             const int n = n0 + j * 8 + 2 * tig + e;
             if (n < S::N)
-              S::store(a, ctx, row0 + r, n, acc[4 * j + 2 * h + e]);
+              S::store(a, ctx, row0 + r, n,
+                       scaled_output<S>(a, g, n, acc[4 * j + 2 * h + e]));
           }
       } else if constexpr (HasStore2<S>::value) {
         // Column pairs (n is even: n0 is a multiple of TN) in one store.
@@ -347,10 +348,12 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
         for (int j = 0; j < TN / 8; ++j) {
           const int n = n0 + j * 8 + 2 * tig;
           if (n + 1 < S::N)
-            S::store2(a, row0 + r, n, acc[4 * j + 2 * h],
-                      acc[4 * j + 2 * h + 1]);
+            S::store2(a, row0 + r, n,
+                      scaled_output<S>(a, g, n, acc[4 * j + 2 * h]),
+                      scaled_output<S>(a, g, n + 1, acc[4 * j + 2 * h + 1]));
           else if (n < S::N)
-            S::store(a, row0 + r, n, acc[4 * j + 2 * h]);
+            S::store(a, row0 + r, n,
+                     scaled_output<S>(a, g, n, acc[4 * j + 2 * h]));
         }
       } else {
 #pragma unroll
@@ -359,7 +362,8 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
           for (int e = 0; e < 2; ++e) {
             const int n = n0 + j * 8 + 2 * tig + e;
             if (n < S::N)
-              S::store(a, row0 + r, n, acc[4 * j + 2 * h + e]);
+              S::store(a, row0 + r, n,
+                       scaled_output<S>(a, g, n, acc[4 * j + 2 * h + e]));
           }
       }
     }
@@ -468,7 +472,7 @@ __device__ __forceinline__ void wgmma_tile(Step a, int g, int row0, int rows,
       const int r = wg * 64 + (warp & 3) * 16 + gid + (c >> 1) * 8;
       const int n = n0 + j * 8 + 2 * tig + (c & 1);
       if (r < rows && n < S::N)
-        S::store(a, row0 + r, n, acc[4 * j + c]);
+        S::store(a, row0 + r, n, scaled_output<S>(a, g, n, acc[4 * j + c]));
     }
 }
 

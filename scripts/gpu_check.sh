@@ -24,6 +24,9 @@
 #     (the kernel variants that only Nano-sized layers take on 132 SMs):
 #       pydoc-moe-bf16     ... --target=cuda:sm_90 --matmul-inputs=bf16
 #       pydoc-moe-bf16-sm4 ... the same with NF_CUDA_SM_COUNT=4
+#     and tiny-nano and tiny-hybrid-bf16 with every linear weight quantised
+#     to FP8 (a scale per output channel; codes beside the plan):
+#       tiny-nano-fp8, tiny-hybrid-bf16-fp8 ... --weights=fp8 --quantize=all
 #     (NF_CUDA_TARGET overrides "cuda:sm_90".)
 #  3. Copy build/bin/{nfrun,nf-cuda-tests}, build/lib/libnf.so*,
 #     build/lib/libnf_fake_cuda.so, libgomp.so.1 and cpp-httplib (with its
@@ -60,6 +63,8 @@
 #              against its reference (1e-4), device top lists off and on
 #   fallback   --backend auto without a driver: one "nf: CUDA unavailable"
 #              line and CPU results; --backend cuda without one: exit 1
+#   fp8        bench/kernels/fp8_check.cu built with nvcc: the kernels' FP8
+#              decoders exact on all 256 codes (subnormals included)
 #   kernels    (sm_90 only) bench/kernels/ws_gemm_check.cu built with nvcc
 #              and -DNF_WS_SKEW_TEST: the warp-specialised wgmma GEMM against
 #              an f64 reference, every launch finishing within 10 s while
@@ -107,6 +112,10 @@ prepare() {
   compile pydoc-moe-bf16 "$(model_dir pydoc-moe)" --matmul-inputs=bf16
   NF_CUDA_SM_COUNT=4 compile pydoc-moe-bf16-sm4 "$(model_dir pydoc-moe)" \
     --matmul-inputs=bf16
+  # Weights quantised at compile time (codes in plans/<m>-fp8.weights.safetensors).
+  compile tiny-nano-fp8 "$(model_dir tiny-nano)" --weights=fp8 --quantize=all
+  compile tiny-hybrid-bf16-fp8 "$(model_dir tiny-hybrid-bf16)" --weights=fp8 \
+    --quantize=all
   rm -rf "$CARRY/mlir"
   cp "$build/bin/nfrun" "$build/bin/nf-cuda-tests" "$CARRY/bin/"
   cp -a "$build"/lib/libnf.so* "$build/lib/libnf_fake_cuda.so" "$CARRY/lib/"
@@ -135,7 +144,7 @@ prepare() {
 # Plans to and from xz (the device tool's carry limit; see prepare).
 pack() {
   local p
-  for p in "$CARRY"/plans/*.nfb; do
+  for p in "$CARRY"/plans/*.nfb "$CARRY"/plans/*.safetensors; do
     [ -f "$p" ] && xz -T0 -6 -f "$p"
   done
   return 0
@@ -346,6 +355,18 @@ EOF
     record FAIL kernels "ws_gemm_check: $(grep -v ' ok$' "$OUT/kernels.log" | tail -1)"
   fi
   rm -f "$OUT/ws_gemm_check"
+
+  # 5b. The FP8 decoders, every code.
+  if ! nvcc -O3 -std=c++17 -arch=native -I "$REPO/kernels" \
+    "$REPO/bench/kernels/fp8_check.cu" -o "$OUT/fp8_check" \
+    > "$OUT/fp8.log" 2>&1; then
+    record FAIL fp8 "fp8_check does not build; see fp8.log"
+  elif timeout 60 "$OUT/fp8_check" >> "$OUT/fp8.log" 2>&1; then
+    record PASS fp8 "$(tail -1 "$OUT/fp8.log")"
+  else
+    record FAIL fp8 "$(tail -1 "$OUT/fp8.log")"
+  fi
+  rm -f "$OUT/fp8_check"
 
   # 6. Speed (information only).
   local prompt

@@ -300,16 +300,28 @@ StatusOr<std::vector<uint8_t>> writePlan(ModuleOp module,
     return model.status();
   if (!cuda)
     return Writer(*model, nullptr).run(generator, defaultExpertBudget);
-  for (const PlanWeight &w : model->weights)
-    if (auto quant = cast<nfir::WeightOp>(w.op).getQuant())
+  // The CUDA kernels read FP8 codes with a scale per output row, and
+  // unquantised activations.
+  for (const PlanWeight &w : model->weights) {
+    auto op = cast<nfir::WeightOp>(w.op);
+    auto quant = op.getQuant();
+    if (!quant)
+      continue;
+    std::string missing;
+    if (quant->getScheme() == nfir::QuantScheme::Int4)
+      missing = "int4 weights";
+    else if (quant->getGranularity() == nfir::QuantGranularity::PerGroup)
+      missing = "FP8 weights with group scales";
+    else if (quant->getActivations() != nfir::ActivationQuant::None)
+      missing = std::string("FP8 activations (") +
+                nfir::stringifyActivationQuant(quant->getActivations()).str() +
+                ")";
+    if (!missing.empty())
       return Status::error(
-          std::string("plan: quantised weights (") +
-          (quant->getScheme() == nfir::QuantScheme::Int4 ? "Int4" : "Fp8E4M3") +
-          ") have no CUDA kernels yet; compile for the CPU target: '" +
-          cast<StringAttr>(cast<nfir::WeightOp>(w.op).getTensors()[0])
-              .getValue()
-              .str() +
-          "'");
+          "plan: " + missing +
+          " have no CUDA kernels yet; compile for the CPU target: '" +
+          cast<StringAttr>(op.getTensors()[0]).getValue().str() + "'");
+  }
   auto compiled = codegen::compileCudaPlan(*model, *cuda);
   if (!compiled)
     return compiled.status();

@@ -68,6 +68,16 @@ struct CudaGemmPaths : impl::CudaGemmPathsBase<CudaGemmPaths> {
             else if (decode && k % 32 == 0 && !isa<moe::RouterOp>(op))
               path = "bf16_skinny";
           }
+          // FP8 codes widen to bf16 exactly, as the skinny GEMVs load them
+          // or by a launch before a plane GEMM; their row scales are applied
+          // to the sums.
+          if (ampereOrLater && k > 0 && isFp8CodesWeight(w) &&
+              !isa<moe::RouterOp>(op)) {
+            if (!decode && k % 8 == 0)
+              path = "bf16_planes";
+            else if (decode && k % 32 == 0)
+              path = "bf16_skinny";
+          }
           paths.push_back(b.getStringAttr(path));
         }
         op->setAttr(kGemmPathsAttr, b.getArrayAttr(paths));

@@ -90,7 +90,9 @@ struct CudaGemmVariants : impl::CudaGemmVariantsBase<CudaGemmVariants> {
         isa<nfir::LMHeadOp>(op) && !read.contains(op.getResult(0));
     // The input's bf16 copy (nf-cuda-row-formats), which feature tiles and
     // TMA stream.
-    const bool copy = rowFormatOf(op.getOperand(0)) == "f32+bf16";
+    // FP8 codes: the skinny items only (the kernels that widen them).
+    const bool copy = rowFormatOf(op.getOperand(0)) == "f32+bf16" &&
+                      !isFp8CodesWeight(op.getOperand(1));
     if (copy && logitRows)
       return "feature_tiles";
     if (copy && !logitRows && hopperOrLater)

@@ -35,6 +35,10 @@ int64_t lastDim(Value v) {
   auto t = dyn_cast<ShapedType>(v.getType());
   return t && t.hasRank() && t.getRank() > 0 ? t.getShape().back() : 0;
 }
+int64_t numElements(Value v) {
+  auto t = dyn_cast<ShapedType>(v.getType());
+  return t && t.hasStaticShape() ? t.getNumElements() : 0;
+}
 /// Whether `v`'s producer stores it as bf16 rows (nf-cuda-row-formats).
 bool storedAsBf16(Value v) { return rowFormatOf(v) == "bf16"; }
 
@@ -106,11 +110,17 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
 
   /// The input rows of a GEMM on the bf16-plane path, split into the plan's
   /// bf16 terms by a first launch, unless their producer stores them as
-  /// bf16 (which the GEMM streams as they are).
+  /// bf16 (which the GEMM streams as they are); then, for a weight of FP8
+  /// codes, the codes widened to bf16 by another launch (every element of
+  /// the weight, all experts of a stacked one).
   void planes(SmallVectorImpl<int64_t> &out, StringRef path, int64_t rows,
-              int64_t k, bool inputBf16) const {
-    if (path == "bf16_planes" && !inputBf16)
-      out.push_back(matmulTerms * rows * k * 2);
+              Value weight, bool inputBf16) const {
+    if (path != "bf16_planes")
+      return;
+    if (!inputBf16)
+      out.push_back(matmulTerms * rows * lastDim(weight) * 2);
+    if (isFp8CodesWeight(weight))
+      out.push_back(numElements(weight) * 2);
   }
 
   SmallVector<int64_t, 2> regions(ModuleOp module, Operation &op, int64_t rows,
@@ -124,7 +134,7 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
     if (isa<nfir::LinearOp, nfir::LMHeadOp, moe::LatentProjOp>(op) &&
         weights.size() == 1) {
       Value x = op.getOperand(0);
-      planes(out, path(0), rows, lastDim(weights[0]), storedAsBf16(x));
+      planes(out, path(0), rows, weights[0], storedAsBf16(x));
     } else if (isa<moe::ExpertUpOp, moe::ExpertDownOp>(op) &&
                weights.size() == 1) {
       // Down projections read a row per (token, expert) assignment.
@@ -133,8 +143,7 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
                                    ? dispatch.getMaxPerToken()
                                    : 1;
       Value x = op.getOperand(0);
-      planes(out, path(0), rows * perToken, lastDim(weights[0]),
-             storedAsBf16(x));
+      planes(out, path(0), rows * perToken, weights[0], storedAsBf16(x));
     } else if (isa<moe::SharedExpertOp>(op) && weights.size() == 2) {
       // The hidden rows (bf16 where the down GEMM would round them anyway),
       // their bf16 copy for the wide down projection of decode steps, then
@@ -145,8 +154,8 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
       if (bf16RowsAllowed() && wideSteps && path(1) == "bf16_skinny")
         out.push_back(rows * hidden * 2);
       Value x = op.getOperand(0);
-      planes(out, path(0), rows, lastDim(weights[0]), storedAsBf16(x));
-      planes(out, path(1), rows, hidden, hidden16);
+      planes(out, path(0), rows, weights[0], storedAsBf16(x));
+      planes(out, path(1), rows, weights[1], hidden16);
     } else if (auto router = dyn_cast<moe::RouterOp>(op);
                router && weights.size() == 1) {
       // Routed with the select after it: each token's f64 logit sums (s,
@@ -157,7 +166,7 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
       out.push_back(rows * experts * 2 * 8);
       if (bf16RowsAllowed()) {
         Value x = op.getOperand(0);
-        planes(out, path(0), rows, lastDim(weights[0]), storedAsBf16(x));
+        planes(out, path(0), rows, weights[0], storedAsBf16(x));
       }
     } else if (auto attend = dyn_cast<kv::AttendOp>(op)) {
       auto decl = dyn_cast_or_null<kv::KVCacheOp>(

@@ -175,11 +175,13 @@ def CudaGemmPaths : Pass<"nf-cuda-gemm-paths", "mlir::ModuleOp"> {
       a multiple of 8: the input rows are split into bf16 planes (one per
       term of the matmul inputs, or stored as bf16 rows by their producer)
       and multiplied on tensor cores in tiles (wgmma on sm_90a).
-    - `"bf16_skinny"`: decode steps, unquantised bf16 weights and K a
-      multiple of 32: the skinny tensor-core GEMVs (weights as mma's A
-      operand), whose wide variants may stream a bf16 copy of the rows
-      (not for routers).
-    - `"other"`: the f32 and quantised paths, chosen by the code generator;
+    - `"bf16_skinny"`: decode steps, unquantised bf16 weights or FP8 E4M3
+      codes (widened to bf16 as they are loaded, exactly; each output then
+      scaled by its row's scale) and K a multiple of 32: the skinny
+      tensor-core GEMVs (weights as mma's A operand), whose wide variants
+      may stream a bf16 copy of the rows (not for routers).
+    - `"other"`: the f32 paths (f32 and f16 weights, and quantised codes
+      outside decode), chosen by the code generator;
       also every GEMM of targets before sm_80 (`ampere-or-later` off: the
       two tensor-core paths need mma.sync's bf16 shapes).
     Marks each decode step function with `nf.skinny_narrow_tokens` (16):
@@ -202,11 +204,11 @@ def CudaGemmVariants : Pass<"nf-cuda-gemm-variants", "mlir::ModuleOp"> {
     (`max-sequences` more), marks every op with `nf.gemm_paths` with
     `nf.gemm_wide_variants`, one string per GEMM: the kernel its longer
     steps run.
-    - `"feature_tiles"`: an LM head whose result no op reads (it computes
-      only the logit rows) and whose input has a bf16 copy
+    - `"feature_tiles"`: an LM head of bf16 weights whose result no op
+      reads (it computes only the logit rows) and whose input has a bf16 copy
       (`nf-cuda-row-formats`): tiles of 128 features whose rows are staged
       once in shared memory.
-    - `"tma"`: another single dense weight (`nf.linear`, `nf.lm_head`,
+    - `"tma"`: another single dense bf16 weight (`nf.linear`, `nf.lm_head`,
       `nf_moe.latent_proj`) whose input has a bf16 copy, every target sm_90
       or later: weights and rows streamed into shared memory by TMA.
     - `"skinny_rows32"`: a dense weight of more than two 32-feature columns
@@ -394,7 +396,8 @@ def CudaKernelScratch : Pass<"nf-cuda-kernel-scratch", "mlir::ModuleOp"> {
     generator uses them, for the step's most tokens (prefill: `max-tokens`,
     decode: `max-sequences`), from the forms the earlier CUDA passes chose:
     - a GEMM on the `"bf16_planes"` path whose input rows are not stored as
-      bf16: the rows split into the plan's bf16 terms (`matmul-terms`);
+      bf16: the rows split into the plan's bf16 terms (`matmul-terms`); then,
+      for a weight of FP8 codes, the codes widened to bf16 (every element);
     - `nf_moe.shared_expert`: its hidden rows (bf16 where its down GEMM is
       on the plane path with bf16 inputs), their bf16 copy for decode steps
       that run the wide skinny variants, then its GEMMs' planes;

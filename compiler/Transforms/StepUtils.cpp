@@ -67,6 +67,12 @@ bool isBf16Weight(Value v) {
          w.getResult().getType().getElementType().isBF16();
 }
 
+bool isFp8CodesWeight(Value v) {
+  auto w = canonicalValue(v).getDefiningOp<nfir::WeightOp>();
+  return w && w.getQuant() &&
+         isa<Float8E4M3FNType>(w.getResult().getType().getElementType());
+}
+
 SmallVector<Value, 2> gemmWeights(Operation &op) {
   if (isa<nfir::LinearOp, nfir::LMHeadOp, moe::LatentProjOp>(op) &&
       op.getNumOperands() == 2)

@@ -103,6 +103,9 @@ llvm::StringRef rowFormatOf(mlir::Value v);
 int64_t dimOf(mlir::Value v, unsigned i);
 /// Whether `v` is an unquantised bf16 weight (through kernel boundaries).
 bool isBf16Weight(mlir::Value v);
+/// Whether `v` is a weight of FP8 E4M3 codes (#nf.quant, through kernel
+/// boundaries).
+bool isFp8CodesWeight(mlir::Value v);
 /// The weight operands of the GEMMs `op` runs, in order (nf.linear,
 /// nf.lm_head, nf_moe.latent_proj, nf_moe.expert_up / expert_down: one;
 /// nf_moe.shared_expert: up, then down; nf_moe.router: its gate); empty for

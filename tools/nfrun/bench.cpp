@@ -38,7 +38,23 @@ using Clock = std::chrono::steady_clock;
 int64_t dtypeBytes(pl::DType t) {
   return t == pl::DType::F32 || t == pl::DType::I32 ? 4
          : t == pl::DType::I64                      ? 8
+         : t == pl::DType::F8E4M3                   ? 1
                                                     : 2;
+}
+
+/// The bytes a step reads of weight w's n elements: quantised weights their
+/// codes (FP8 one byte, int4 half) and their f32 scales (FP8: one per row,
+/// as the CUDA kernels read them; int4: one per row and group).
+int64_t weightBytes(const pl::Weight &w, int64_t n) {
+  const pl::WeightQuant *q = w.quant();
+  if (!q)
+    return n * dtypeBytes(w.dtype());
+  const int64_t cols = w.shape()->Get(w.shape()->size() - 1);
+  const int64_t rows = cols > 0 ? n / cols : 0;
+  if (q->scheme() == pl::QuantScheme::Int4)
+    return n / 2 +
+           rows * (q->group_size() > 0 ? cols / q->group_size() : 1) * 4;
+  return n + rows * 4;
 }
 
 std::vector<double> parseBudgets(const std::string &s) {
@@ -97,7 +113,7 @@ bool readShape(const std::string &path, Shape &s, std::string &error) {
     int64_t n = 1;
     for (int64_t d : *w->shape())
       n *= d;
-    const int64_t b = n * dtypeBytes(w->dtype());
+    const int64_t b = weightBytes(*w, n);
     const std::string first = w->tensors()->Get(0)->str();
     if (w->stacked()) {
       const int64_t e = w->shape()->Get(0);

@@ -46,6 +46,14 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   if (s.path.empty())
     internalError = fn + ": the op has no nf.gemm_paths (nf-cuda-gemm-paths)";
   const bool planes = s.path == kBf16Planes;
+  // Quantised codes: the f32 paths, the skinny items (which widen them as
+  // they load them) and the plane path (after a launch that widens them),
+  // not the wide variants that stream bf16 weights (nf-cuda-gemm-paths,
+  // nf-cuda-gemm-variants).
+  const bool quantised = !s.rowScales.empty();
+  if (quantised && (s.wideVariant == "tma" || s.wideVariant == "feature_tiles"))
+    internalError = fn + ": quantised weights on the \"" + s.wideVariant +
+                    "\" wide variant";
   const bool stored16 = !s.input16.empty();
   if (stored16 && !planes) // nf-cuda-row-formats promised a plane-path reader
     internalError = fn + " reads bf16 rows but is not a bf16-plane GEMM";
@@ -59,12 +67,30 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   const std::string planePtr =
       stored16 ? s.input16
                : "nf::arena<unsigned short>(a, " + num(planeOff) + "ll)";
+  // The plane GEMM of FP8 codes reads them widened to bf16 (exact) by a
+  // launch before it, every expert's of a stacked weight, into scratch.
+  const bool widen = planes && quantised;
+  const int64_t codeCount = s.G * s.N * s.K;
+  const int64_t widenOff =
+      widen && s.owner ? scratchOf(*s.owner, codeCount * 2) : 0;
+  const std::string widened = "nf::arena<nf::bf16>(a, " + num(widenOff) + "ll)";
+  const std::string weightType = widen ? "nf::bf16" : s.wtype;
+  const std::string weight =
+      !widen ? s.weight
+      : s.G == 1
+          ? widened
+          : widened + " + static_cast<long long>(g) * " + num(s.N * s.K) + "ll";
   text << "struct " << spec << " : " << s.groups << " {\n"
-       << "  using W = " << s.wtype << ";\n"
+       << "  using W = " << weightType << ";\n"
        << "  static constexpr int N = " << s.N << ", K = " << s.K << ";\n"
        << "  __device__ static __forceinline__ const W *weight("
           "nf::Step a, int g) {\n"
-       << "    (void)g;\n    return " << s.weight << ";\n  }\n";
+       << "    (void)g;\n    return " << weight << ";\n  }\n";
+  if (!s.rowScales.empty())
+    text << "  static constexpr bool kRowScales = true;\n"
+         << "  __device__ static __forceinline__ const float *row_scales("
+            "nf::Step a, int g) {\n"
+         << "    (void)g;\n    return " << s.rowScales << ";\n  }\n";
   if (stored16)
     text << "  static constexpr bool kRowsBf16 = true;\n";
   else
@@ -117,6 +143,12 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
             "int n, float v) {\n"
          << s.wideStore << "  }\n};\n";
   if (planes) {
+    if (widen)
+      addLaunch(fn + "_widen", elementGrid(ceilDiv(codeCount, 16)), 256,
+                "  nf::widen_fp8_codes<" + num(codeCount) + "ll>(" + s.codes +
+                    ", " + widened + ");\n",
+                comment + ": FP8 codes widened to bf16 (codegen scratch at " +
+                    num(widenOff) + ")");
     if (splitLaunch)
       addLaunch(fn + "_split", elementGrid(planeElems / 4), 256,
                 "  nf::split_rows_bf16<" + num(terms) + ", " + num(s.K) + ", " +
@@ -416,6 +448,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
     return fail(i, "weight does not match the input and result");
   LinearSpec s = LinearSpec::of(op, 0, *wt, shape[0], shape[1]);
   s.weight = weightPtr(in[1]);
+  setQuantised(s, in[1]);
   s.weightIndex = V(in[1]).weight;
   setInput(s, in[0]);
   s.rowIndex = "r";

@@ -300,6 +300,7 @@ StatusOr<size_t> KernelEmitter::expert(size_t i, bool up) {
   s.groupsAfterWait = !groupsEarly;
   s.weight = weightPtr(in[2]) + " + static_cast<long long>(g) * " +
              num(s.N * s.K) + "ll";
+  setQuantised(s, in[2], "static_cast<long long>(g) * " + num(s.N) + "ll");
   setInput(s, in[0]);
   s.rowIndex = up ? "row_token(a)[r]" : "r";
   s.rowsPerToken = up ? 1 : d.maxPerToken;
@@ -369,7 +370,7 @@ bool KernelEmitter::oneTokenExperts(size_t d) {
                       bool early) {
     LinearSpec s;
     s.path = kBf16Skinny;
-    s.wtype = "nf::bf16";
+    s.wtype = weightType(weight).value_or("");
     s.N = shape[1];
     s.K = shape[2];
     s.G = KW;
@@ -378,6 +379,8 @@ bool KernelEmitter::oneTokenExperts(size_t d) {
     s.weight = weightPtr(weight) +
                " + static_cast<long long>(expert(a, g)) * " + num(s.N * s.K) +
                "ll";
+    setQuantised(s, weight,
+                 "static_cast<long long>(expert(a, g)) * " + num(s.N) + "ll");
     s.maxRows = KW;
     s.rowOnly = true;
     return s;

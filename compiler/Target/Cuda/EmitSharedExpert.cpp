@@ -43,6 +43,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
   const std::string hidOut = hiddenCopy ? shadowedRows(hid, hidCopy) : hid;
   LinearSpec s1 = LinearSpec::of(op, 0, *ut, I, H);
   s1.weight = weightPtr(in[1]);
+  setQuantised(s1, in[1]);
   setInput(s1, in[0]);
   s1.rowIndex = "r";
   s1.store = "    nf::store_act(" + hidOut + " + static_cast<long long>(r) * " +
@@ -59,6 +60,7 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
                  num(hidden) + (hidden16 ? ", bf16 rows)" : ")"));
   LinearSpec s2 = LinearSpec::of(op, 1, *dt, down[0], I);
   s2.weight = weightPtr(in[2]);
+  setQuantised(s2, in[2]);
   (hidden16 ? s2.input16 : s2.input) = hid;
   s2.shadow16 = hidCopy;
   s2.rowIndex = "r";
@@ -266,10 +268,13 @@ StatusOr<size_t> KernelEmitter::routeSharedExpert(size_t i) {
     return a.function + "_and_" + unprefixed(launches[b].function);
   };
   std::string prefetch;
-  for (int w : {operands(*ops[i])[1], operands(*ops[i])[2]})
-    if (weightType(w) == std::optional<std::string>("nf::bf16"))
+  for (int w : {operands(*ops[i])[1], operands(*ops[i])[2]}) {
+    const std::optional<std::string> t = weightType(w);
+    if (t == "nf::bf16" || t == "nf::fp8e4m3") // bytes: 2 or 1 an element
       prefetch += "  nf::prefetch_l2(a.block(), a.grid(), " + weightPtr(w) +
-                  ", " + num(weightNumel(w) * 2) + "ll);\n";
+                  ", " + num(weightNumel(w) * (t == "nf::bf16" ? 2 : 1)) +
+                  "ll);\n";
+  }
   std::vector<Merged> seq;
   for (size_t v = 0; v < few; ++v) {
     const CudaLaunchInfo &up = launches[l0 + v];

@@ -184,6 +184,11 @@ struct LinearSpec {
   int64_t N = 0, K = 0, G = 1;
   std::string groups = "nf::DenseGroups";
   std::string weight; // expression of `const W *` for group g
+  /// Quantised weights (setQuantised): an expression of `const float *`,
+  /// group g's scale per output feature, and of the whole weight's codes
+  /// (`const nf::fp8e4m3 *`, which the plane path widens to bf16); empty for
+  /// others.
+  std::string rowScales, codes;
   /// One weight (not stacked): its Plan.weights index, for a tensor map.
   int weightIndex = -1;
   std::string input; // expression of the f32 input activation [rows, K]
@@ -314,6 +319,8 @@ private:
       return std::string("nf::bf16");
     case pl::DType::F16:
       return std::string("nf::f16");
+    case pl::DType::F8E4M3:
+      return std::string("nf::fp8e4m3");
     default:
       return std::nullopt;
     }
@@ -387,6 +394,19 @@ private:
   }
   std::string weightPtr(int v) const {
     return "nf::weight<" + *weightType(v) + ">(a, " + num(V(v).weight) + ")";
+  }
+  /// Where weight v of spec s holds FP8 codes: s.codes, and s.rowScales
+  /// from row `row0` (an expression: the expert's first row for stacked
+  /// experts) of the scales the runtime puts after the codes
+  /// (nf::weight_row_scales).
+  void setQuantised(LinearSpec &s, int v, const std::string &row0 = "") const {
+    const PlanWeight *w = weightOf(v);
+    if (!w || w->dtype != pl::DType::F8E4M3)
+      return;
+    s.codes = weightPtr(v);
+    s.rowScales = "nf::weight_row_scales(a, " + num(V(v).weight) + ", " +
+                  num(weightNumel(v)) + "ll)" +
+                  (row0.empty() ? "" : " + " + row0);
   }
   const PlanStorage *storageOf(const PlanOp &op, pl::StorageKind kind) const {
     if (op.storage < 0 || op.storage >= static_cast<int>(plan.storage.size()))

@@ -6,6 +6,9 @@
 // RUN: nf-opt %t.f32.fused.mlir --nf-cuda-gemm-paths | FileCheck %s --check-prefix=F32
 // RUN: nfc compile %t.mlir --compile-to plan -o - | FileCheck %s --check-prefix=CPU
 // RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths=ampere-or-later=0 | FileCheck %s --check-prefix=PRE-AMPERE
+// RUN: nfc compile %t.f32.mlir --weights=fp8 --quantize=all --compile-to fuse -o %t.fp8.mlir
+// RUN: nf-opt %t.fp8.mlir --nf-cuda-gemm-paths | FileCheck %s --check-prefix=FP8
+// RUN: nf-opt %t.fp8.mlir --nf-cuda-gemm-paths=ampere-or-later=0 | FileCheck %s --check-prefix=FP8-PRE-AMPERE
 
 // tiny-hybrid-bf16 (hidden 64, bf16 weights; the shared expert's
 // intermediate 48). Prefill: every GEMM over bf16 weights with K a multiple
@@ -43,3 +46,22 @@
 // PRE-AMPERE-NOT: bf16_planes
 // PRE-AMPERE-NOT: bf16_skinny
 // PRE-AMPERE: nf.gemm_paths = ["other"]
+
+// tiny-hybrid's projections quantised to FP8 codes at compile time (its LM
+// head and routers stay f32): the codes widen to bf16 exactly, so prefill
+// takes the plane tiles (after a launch that widens them) and decode the
+// skinny GEMVs where K is a multiple of 32 (not the shared expert's down
+// projection, K 48); routers and the f32 LM head take the other path.
+// FP8-LABEL: func.func @prefill
+// FP8: nf.linear {{.*}}nf.gemm_paths = ["bf16_planes"]
+// FP8: nf_moe.router {{.*}}nf.gemm_paths = ["other"]
+// FP8: nf_moe.expert_up {{.*}}nf.gemm_paths = ["bf16_planes"]
+// FP8: nf_moe.shared_expert {{.*}}nf.gemm_paths = ["bf16_planes", "bf16_planes"]
+// FP8: nf.lm_head {{.*}}nf.gemm_paths = ["other"]
+// FP8-LABEL: func.func @decode
+// FP8: nf.linear {{.*}}nf.gemm_paths = ["bf16_skinny"]
+// FP8: nf_moe.shared_expert {{.*}}nf.gemm_paths = ["bf16_skinny", "other"]
+// FP8: nf_moe.expert_down {{.*}}nf.gemm_paths = ["bf16_skinny"]
+// Before sm_80 the codes take the other path (f32 tiles and GEMVs).
+// FP8-PRE-AMPERE-NOT: bf16_planes
+// FP8-PRE-AMPERE-NOT: bf16_skinny

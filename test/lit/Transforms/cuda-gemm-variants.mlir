@@ -4,6 +4,8 @@
 // RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-gemm-variants=sm-count=1 | FileCheck %s --check-prefix=FEW-SMS
 // RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats=bf16-inputs=1 --nf-cuda-gemm-variants=hopper-or-later=0 | FileCheck %s --check-prefix=NO-TMA
 // RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-gemm-variants=max-sequences=16 | FileCheck %s --check-prefix=NARROW
+// RUN: nfc compile %t.mlir --weights=fp8 --quantize=all --compile-to fuse -o %t.fp8.mlir
+// RUN: nf-opt %t.fp8.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats=bf16-inputs=1 --nf-cuda-gemm-variants=hopper-or-later=1 | FileCheck %s --check-prefix=FP8
 
 // tiny-hybrid-bf16 (hidden 64, bf16 weights). Prefill steps have no wide
 // decode variants.
@@ -44,3 +46,12 @@
 // variants.
 // NARROW-NOT: nf.gemm_wide_variants
 // NARROW-NOT: nf.gemm_wide_warps
+
+// FP8 codes (every projection quantised at compile time): the skinny items
+// widen them as they load them; TMA streams bf16 weights, so the dense
+// projections keep skinny items too. The LM head stays bf16: feature tiles.
+// FP8-LABEL: func.func @decode
+// FP8-NOT: "tma"
+// FP8: nf.linear {{.*}}nf.gemm_wide_variants = ["skinny"], nf.gemm_wide_warps = array<i64: 8>
+// FP8: nf_moe.expert_up {{.*}}nf.gemm_wide_variants = ["skinny"]
+// FP8: nf.lm_head {{.*}}nf.gemm_wide_variants = ["feature_tiles"]

@@ -5,6 +5,8 @@
 // RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-attention-forms --nf-cuda-scan-forms=max-tokens=200 --nf-cuda-kernel-scratch="max-tokens=200 max-sequences=32" | FileCheck %s --check-prefix=ONE-CHUNK
 // RUN: nf-opt %t.fused.mlir --nf-cuda-gemm-paths --nf-cuda-attention-forms --nf-cuda-scan-forms=max-tokens=600 --nf-cuda-kernel-scratch --nf-cuda-kernel-scratch="ampere-or-later=0 max-tokens=100 max-sequences=2" | FileCheck %s --check-prefix=AGAIN
 
+// RUN: nfc compile %t.mlir --weights=fp8 --quantize=all --compile-to fuse -o %t.fp8.mlir
+// RUN: nf-opt %t.fp8.mlir --nf-cuda-gemm-paths --nf-cuda-attention-forms --nf-cuda-scan-forms=max-tokens=600 --nf-cuda-kernel-scratch="max-tokens=600 max-sequences=32" | FileCheck %s --check-prefix=FP8
 // tiny-hybrid-bf16: hidden 64, Mamba 8 heads x 16 channels, state 16, 64
 // slots; attention 4 heads on 2 kv heads of 16; 16 experts of 32, top-4;
 // a shared expert of 48; bf16 weights. Steps of 600 prefill tokens and 32
@@ -58,3 +60,13 @@
 // A second run sizes afresh (decode: 2 x 4 x 64 x 18 x 4).
 // AGAIN-LABEL: func.func @decode
 // AGAIN: nf_kv.attend {{.*}}nf.kernel_scratch = array<i64: 36864>
+
+// FP8 codes on the plane path: after each GEMM's planes, its weight widened
+// to bf16 (2 bytes a code): in_proj 3 x 600 x 64 x 2, then its 328 x 64
+// codes; the experts' 16 x 32 x 64 (up) and 16 x 64 x 32 (down); the shared
+// expert's up (48 x 64) and down (64 x 48) after their planes.
+// FP8-LABEL: func.func @prefill
+// FP8: nf.linear {{.*}}nf.kernel_scratch = array<i64: 230400, 41984>
+// FP8: nf_moe.expert_up {{.*}}nf.kernel_scratch = array<i64: 230400, 65536>
+// FP8: nf_moe.expert_down {{.*}}nf.kernel_scratch = array<i64: 460800, 65536>
+// FP8: nf_moe.shared_expert {{.*}}nf.kernel_scratch = array<i64: 115200, 230400, 6144, 172800, 6144>
