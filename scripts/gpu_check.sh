@@ -151,7 +151,7 @@ pack() {
 }
 unpack() {
   local p
-  for p in "$CARRY"/plans/*.nfb.xz; do
+  for p in "$CARRY"/plans/*.nfb.xz "$CARRY"/plans/*.safetensors.xz; do
     [ -f "$p" ] || continue
     [ -f "${p%.xz}" ] && continue
     xz -dkc "$p" > "${p%.xz}" 2>/dev/null ||

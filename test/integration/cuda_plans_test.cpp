@@ -312,8 +312,10 @@ TEST_P(CudaQuantisedPlans, MatchTheCpu) {
   const std::string plan = cudaPlan(name + "-fp8");
   NF_REQUIRE_PLAN(plan);
   const std::string dir = modelDir(name);
-  std::unique_ptr<Engine> gpu = loadEngine(plan, testOptions("cuda", dir));
-  std::unique_ptr<Engine> cpu = loadEngine(plan, testOptions("cpu", dir));
+  EngineOptions og = testOptions("cuda", dir), oc = testOptions("cpu", dir);
+  og.maxSequences = oc.maxSequences = 20;
+  std::unique_ptr<Engine> gpu = loadEngine(plan, og);
+  std::unique_ptr<Engine> cpu = loadEngine(plan, oc);
   ASSERT_TRUE(gpu && cpu);
   RefFile ref(dir + "/reference.safetensors");
   const std::vector<Prompt> prompts = loadPrompts(ref);
@@ -346,8 +348,10 @@ TEST_P(CudaQuantisedPlans, MatchTheCpu) {
     cs.clear();
     tokens.clear();
     for (size_t i = 0; i < batch; ++i) {
-      gs.push_back(*gpu->addSequence());
-      cs.push_back(*cpu->addSequence());
+      StatusOr<int32_t> g = gpu->addSequence(), c = cpu->addSequence();
+      ASSERT_TRUE(g.ok() && c.ok()) << g.message() << c.message();
+      gs.push_back(*g);
+      cs.push_back(*c);
       tokens.push_back(prompts[i % prompts.size()].tokens);
     }
     step(batch);
