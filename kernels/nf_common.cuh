@@ -99,12 +99,6 @@ __device__ __forceinline__ void load16(const f16 *p, float *out) {
   unpack_f16x2(v.z, out + 4);
   unpack_f16x2(v.w, out + 6);
 }
-/// Four E4M3 codes (one 32-bit word, the lowest first) as floats.
-__device__ __forceinline__ void unpack_fp8x4(unsigned w, float *out) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    out[i] = fp8_e4m3_to_f32((w >> (8 * i)) & 0xffu);
-}
 /// Two E4M3 codes (bytes `sel` of w: 0x1404 bytes 0 and 1, 0x3424 bytes 2
 /// and 3) as bf16x2 bits, the lower byte in the lower half, exactly: each
 /// code's sign, exponent and mantissa bits placed in a bf16 whose exponent
@@ -131,12 +125,32 @@ __device__ __forceinline__ unsigned fp8x2_to_bf16x2(unsigned w, unsigned sel) {
 __device__ __forceinline__ uint2 fp8x4_to_bf16x4(unsigned w) {
   return make_uint2(fp8x2_to_bf16x2(w, 0x1404u), fp8x2_to_bf16x2(w, 0x3424u));
 }
+/// Four E4M3 codes (one word, the lowest byte first) as floats, exactly.
+/// From sm_89, by the hardware conversion to f16x2 (cvt.rn.f16x2.e4m3x2:
+/// every code is an f16 value; NaN codes stay NaN) and f16 -> f32: two
+/// conversions and four widenings, against fp8x4_to_bf16x4's eight bit
+/// operations, two bf16 FMAs and four unpacks.
+__device__ __forceinline__ void fp8x4_to_f32x4(unsigned w, float *out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned lo, hi;
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+  unpack_f16x2(lo, out);
+  unpack_f16x2(hi, out + 2);
+#else
+  const uint2 b = fp8x4_to_bf16x4(w);
+  unpack_bf16x2(b.x, out);
+  unpack_bf16x2(b.y, out + 2);
+#endif
+}
 __device__ __forceinline__ void load16(const fp8e4m3 *p, float *out) {
   const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
-  unpack_fp8x4(v.x, out);
-  unpack_fp8x4(v.y, out + 4);
-  unpack_fp8x4(v.z, out + 8);
-  unpack_fp8x4(v.w, out + 12);
+  fp8x4_to_f32x4(v.x, out);
+  fp8x4_to_f32x4(v.y, out + 4);
+  fp8x4_to_f32x4(v.z, out + 8);
+  fp8x4_to_f32x4(v.w, out + 12);
 }
 
 /// Four consecutive elements at p (aligned to 4 elements) as floats.
@@ -154,7 +168,7 @@ __device__ __forceinline__ void load4(const f16 *p, float *out) {
   unpack_f16x2(v.y, out + 2);
 }
 __device__ __forceinline__ void load4(const fp8e4m3 *p, float *out) {
-  unpack_fp8x4(__ldg(reinterpret_cast<const unsigned *>(p)), out);
+  fp8x4_to_f32x4(__ldg(reinterpret_cast<const unsigned *>(p)), out);
 }
 
 /// Activation rows (f32, written by earlier kernels: plain loads).

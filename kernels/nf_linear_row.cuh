@@ -38,13 +38,10 @@ template <> struct RowChunk<bf16> {
 template <> struct RowChunk<fp8e4m3> {
   static constexpr int E = 16;
   __device__ static __forceinline__ void unpack(uint4 v, float *out) {
-    const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint2 b = fp8x4_to_bf16x4(w[i]);
-      unpack_bf16x2(b.x, out + 4 * i);
-      unpack_bf16x2(b.y, out + 4 * i + 2);
-    }
+    fp8x4_to_f32x4(v.x, out);
+    fp8x4_to_f32x4(v.y, out + 4);
+    fp8x4_to_f32x4(v.z, out + 8);
+    fp8x4_to_f32x4(v.w, out + 12);
   }
 };
 /// acc + the products of a chunk's E weights with the activations at x.
@@ -58,31 +55,38 @@ __device__ __forceinline__ float row_fma_chunk(const float *wf, const T *x,
 }
 
 // Decode linears of one-token steps: row_linear.
-// One warp per output feature over the whole of K, on CUDA cores: each lane
-// streams 16 contiguous weight bytes a chunk, U chunks in flight, and adds
-// their products with the group's row (f32, read through L1, which the
-// block's warps share) into its own sum; the warp's sums are added by a
-// fixed butterfly (deterministic). No K split across warps, so no fold
-// through shared memory and no barrier between items, and the items (one
-// weight row each) spread evenly over the GPU. The products are exact: an
-// FMA forms w * x exactly and rounds only the sum, as the three bf16 terms
-// of the tensor-core kernels do with a rounding per term. Activations stay
-// f32 with --matmul-inputs=bf16 too: rounding them here cost more than it
-// saved (a cvt per two elements: the Nano expert up projection 14 -> 19 us
-// alone on the H200, bench/kernels/row_linear_sweep.cu).
+// One warp per F output features (32 / F lanes a feature) over the whole of
+// K, on CUDA cores: each lane streams 16 contiguous weight bytes a chunk, U
+// chunks in flight, and adds their products with the group's row (f32,
+// read through L1, which the block's warps share) into its own sum; each
+// feature's lanes' sums are added by a fixed butterfly (deterministic). No
+// K split across warps, so no fold through shared memory and no barrier
+// between items, and the items spread evenly over the GPU. F > 1 suits
+// weights of few bytes a row (FP8: a Nano expert row is 2,688 bytes, 5.25
+// chunks a lane at F = 1): a warp's item keeps the bytes, chunks in flight
+// and sums of a bf16 row. The products are exact: an FMA forms w * x
+// exactly and rounds only the sum, as the three bf16 terms of the
+// tensor-core kernels do with a rounding per term. Activations stay f32
+// with --matmul-inputs=bf16 too: rounding them here cost more than it saved
+// (a cvt per two elements: the Nano expert up projection 14 -> 19 us alone
+// on the H200, bench/kernels/row_linear_sweep.cu).
 // On the H200, alone at 3 blocks an SM, against skinny_linear's narrow
 // variant with three terms (the exact plan) and one (bf16 inputs): Nano's
 // routed expert up 14.7 us against 27.7 and 18.9, in_proj 12.7 against
 // 21.0 and 16.6, out_proj 5.8 against 11.4 and 9.4. With two rows the
 // weights would be read twice (once from L2) and the skinny kernel wins,
 // so plans run it for steps of one token (rows past R take further items).
-template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
+template <class S, int U, int R = 1, int F = 1>
+__device__ void row_linear(Step a) {
   using W = typename S::W;
+  static_assert(F == 1 || F == 2 || F == 4, "1, 2 or 4 features a warp");
   constexpr int E = RowChunk<W>::E; // elements a chunk
   static_assert(S::K % E == 0, "16-byte chunks");
-  constexpr int C = S::K / E;       // chunks a weight row
-  constexpr int J = (C + 31) / 32;  // chunks a lane
-  constexpr int UU = U < J ? U : J; // chunks in flight a lane
+  constexpr int LANES = 32 / F;              // lanes a feature
+  constexpr int C = S::K / E;                // chunks a weight row
+  constexpr int J = (C + LANES - 1) / LANES; // chunks a lane
+  constexpr int UU = U < J ? U : J;          // chunks in flight a lane
+  constexpr int NF = (S::N + F - 1) / F;     // items a row chunk
   constexpr bool kEarly = S::kGroupsEarly;
   using T = RowElem<S>;
   __shared__ GroupItems<S> s_groups;
@@ -90,10 +94,10 @@ template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
     wait_for_previous_grids(); // the groups are the previous launch's output
     allow_next_grid();
   }
-  // Items per group: chunks of R rows x features.
-  s_groups.build(a, [](int c) { return (c + R - 1) / R * S::N; });
+  // Items per group: chunks of R rows x features in F's.
+  s_groups.build(a, [](int c) { return (c + R - 1) / R * NF; });
   const int items = s_groups.total();
-  const int lane = lane_id();
+  const int lane = lane_id(), sub = lane % LANES;
   bool waited = !kEarly;
   // (Measured on the H200 and dropped, bench/results/2026-12-04: asking for
   // the next item's first chunks before this item's sums are added and
@@ -103,17 +107,20 @@ template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
   for (long long item = global_warp(a); item < items; item += grid_warps(a)) {
     const int g = s_groups.group_of(static_cast<int>(item));
     const int local = static_cast<int>(item) - s_groups.first[g];
-    const int chunk = local / S::N, n = local % S::N;
+    const int chunk = local / NF;
+    const int n = local % NF * F + lane / LANES;
+    const bool live = n < S::N;
     const int row0 = s_groups.begin[g] + chunk * R;
     const int rows = min(R, s_groups.count[g] - chunk * R);
     const W *wrow = S::weight(a, g) + static_cast<long long>(n) * S::K;
     auto fetch = [&](int c) {
-      return c < C ? load_stream16(wrow + E * c) : make_uint4(0u, 0u, 0u, 0u);
+      return live && c < C ? load_stream16(wrow + E * c)
+                           : make_uint4(0u, 0u, 0u, 0u);
     };
     uint4 w[UU]; // chunk j in slot j % UU
 #pragma unroll
     for (int j = 0; j < UU; ++j)
-      w[j] = fetch(lane + 32 * j);
+      w[j] = fetch(sub + LANES * j);
     if (!waited) {
       wait_for_previous_grids(); // the rows next
       waited = true;
@@ -127,11 +134,11 @@ template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
     }
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-      const int c = lane + 32 * j;
+      const int c = sub + LANES * j;
       const uint4 wv = w[j % UU];
       if (j + UU < J)
-        w[j % UU] = fetch(c + 32 * UU);
-      if (c < C) {
+        w[j % UU] = fetch(c + LANES * UU);
+      if (live && c < C) {
         float wf[E];
         RowChunk<W>::unpack(wv, wf);
 #pragma unroll
@@ -142,8 +149,11 @@ template <class S, int U, int R = 1> __device__ void row_linear(Step a) {
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float v = warp_sum(acc[r]); // fixed butterfly: deterministic
-      if (lane == 0 && r < rows)
+      float v = acc[r]; // a fixed butterfly over the feature's lanes
+#pragma unroll
+      for (int o = LANES / 2; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (sub == 0 && live && r < rows)
         S::store(a, row0 + r, n, scaled_output<S>(a, g, n, v));
     }
   }

@@ -1,10 +1,11 @@
 // Skinny linears on tensor cores (decode: a few rows per weight), bf16
-// weights or FP8 codes (widened to bf16 as they are loaded, exactly; each
-// output then scaled by its row's scale), K a multiple of 32. The operands
-// are swapped: the weight is mma's A (16 output features per m-tile), the
-// activation rows are B (8 rows per n-tile), so one row costs the same
-// weight traffic as 16. Each thread loads 8 contiguous weights of a row per
-// 32-deep K step (16 bytes, FP8: 8) and the activations of the same 8 K
+// weights or FP8 codes (kept as codes in the load ring and widened to bf16
+// in registers where the mma reads them, exactly; each output then scaled
+// by its row's scale), K a multiple of 32. The operands are swapped: the
+// weight is mma's A (16 output features per m-tile), the activation rows
+// are B (8 rows per n-tile), so one row costs the same weight traffic as
+// 16. Each thread loads 8 contiguous weights of a row per 32-deep K step
+// (16 bytes, FP8: 8) and the activations of the same 8 K
 // positions: the dot product does not care in which order K is visited, so
 // the mma fragments take K permuted (physical 8*tig + 4*s + {0,1,2,3} is
 // logical {2tig, 2tig+1, 2tig+8, 2tig+9} of mma s) and every load is a full
@@ -175,8 +176,9 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
   // STAGES K steps' weight loads in flight per warp: w[st] holds step
   // ks0 + st * KW (the ring index is unrolled, so it stays in
   // registers).
-  uint4 w[STAGES][MT][2];
-  auto fetch = [&](uint4(&wv)[MT][2], int ks) {
+  using WV = typename WeightStep<W>::Vec; // codes stay codes until used
+  WV w[STAGES][MT][2];
+  auto fetch = [&](WV(&wv)[MT][2], int ks) {
     load_weight_step<KSTEPS>(wv, wr, ks);
   };
 #pragma unroll
@@ -221,6 +223,8 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
       stage_x(slot ^ 1, ks + KW);
       if constexpr (kStageX)
         copy_async_wait<1>(); // this step's copies (own lane: no barrier)
+      uint4 wb[MT][2];
+      widen_weight_step<MT, W>(wb, w[st]);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         float x[8];
@@ -245,7 +249,7 @@ __device__ __forceinline__ void skinny_item(Step a, int g, int row0, int rows,
           for (int i = 0; i < 8; ++i)
             x[i] = 0.0f;
         }
-        skinny_mma<MT, NT, TERMS>(acc, w[st], nt, x);
+        skinny_mma<MT, NT, TERMS>(acc, wb, nt, x);
       }
       fetch(w[st], ks + STAGES * KW);
       slot ^= 1;

@@ -24,40 +24,58 @@ __device__ __forceinline__ void mma_bf16(float *c, const unsigned *a,
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/// K step ks of a lane's weight rows where a warp multiplies MT tiles of 16
+/// A lane's weights of one K step where a warp multiplies MT tiles of 16
 /// features as mma's A operand (skinny_linear, feature_tile_linear: rows gid
-/// and gid + 8 of each tile from column 8 tig, null past N): 16 bytes a
-/// row, streamed past L1, 32 values a step; zeros for null rows and from
-/// KSTEPS on.
-template <int KSTEPS, int MT>
+/// and gid + 8 of each tile from column 8 tig, null past N), 8 values a row,
+/// as loaded: bf16 (16 bytes a row) or FP8 E4M3 codes (8 bytes). Codes stay
+/// codes in the load ring and are widened only where the mma reads them
+/// (widen): widened at the load, every conversion waits for its load, and
+/// the ring's later loads are no longer in flight across the loop.
+template <class W> struct WeightStep;
+template <> struct WeightStep<bf16> {
+  using Vec = uint4;
+  __device__ static __forceinline__ Vec load(const bf16 *p) {
+    return load_stream16(p);
+  }
+  __device__ static __forceinline__ uint4 widen(Vec v) { return v; }
+};
+template <> struct WeightStep<fp8e4m3> {
+  using Vec = uint2;
+  __device__ static __forceinline__ Vec load(const fp8e4m3 *p) {
+    return load_stream8(p);
+  }
+  /// The bf16 layout of the bf16 Vec (fp8x4_to_bf16x4: exact).
+  __device__ static __forceinline__ uint4 widen(Vec c) {
+    const uint2 lo = fp8x4_to_bf16x4(c.x), hi = fp8x4_to_bf16x4(c.y);
+    return make_uint4(lo.x, lo.y, hi.x, hi.y);
+  }
+};
+
+/// K step ks of those rows, streamed past L1, 32 values a step; zeros for
+/// null rows and from KSTEPS on.
+template <int KSTEPS, int MT, class W>
 __device__ __forceinline__ void
-load_weight_step(uint4 (&wv)[MT][2], const bf16 *const (&wr)[MT][2], int ks) {
+load_weight_step(typename WeightStep<W>::Vec (&wv)[MT][2],
+                 const W *const (&wr)[MT][2], int ks) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      wv[mt][h] = wr[mt][h] && ks < KSTEPS ? load_stream16(wr[mt][h] + ks * 32)
-                                           : make_uint4(0u, 0u, 0u, 0u);
+      wv[mt][h] = wr[mt][h] && ks < KSTEPS
+                      ? WeightStep<W>::load(wr[mt][h] + ks * 32)
+                      : typename WeightStep<W>::Vec{};
 }
 
-/// The same for FP8 E4M3 codes: 8 bytes a row and step, widened to the
-/// bf16 layout above (fp8x4_to_bf16x4: exact).
-template <int KSTEPS, int MT>
+/// A K step's loaded weights in the bf16 layout mma reads.
+template <int MT, class W>
 __device__ __forceinline__ void
-load_weight_step(uint4 (&wv)[MT][2], const fp8e4m3 *const (&wr)[MT][2],
-                 int ks) {
+widen_weight_step(uint4 (&out)[MT][2],
+                  const typename WeightStep<W>::Vec (&wv)[MT][2]) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (wr[mt][h] && ks < KSTEPS) {
-        const uint2 c = load_stream8(wr[mt][h] + ks * 32);
-        const uint2 lo = fp8x4_to_bf16x4(c.x), hi = fp8x4_to_bf16x4(c.y);
-        wv[mt][h] = make_uint4(lo.x, lo.y, hi.x, hi.y);
-      } else {
-        wv[mt][h] = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
+    for (int h = 0; h < 2; ++h)
+      out[mt][h] = WeightStep<W>::widen(wv[mt][h]);
 }
 
 /// Stores a warp's MT x NT accumulator tiles of such a product (mma's C
