@@ -391,6 +391,51 @@ __device__ void split_rows_bf16(Step a, const float *src, unsigned short *dst) {
   }
 }
 
+/// v rounded to the nearest E4M3 value, ties to even, |v| <= 448 (the CPU
+/// backend's roundToE4M3, operation for operation: every step is exact).
+__device__ __forceinline__ float round_to_e4m3(float v) {
+  const float m = fabsf(v);
+  if (!(m > 0.0f))
+    return v; // zeros (and NaN) stay
+  int e;
+  frexpf(m, &e); // m = f * 2^e, f in [0.5, 1): unit exponent e - 1
+  const int shift = max(e - 1, -6) - 3; // 3 mantissa bits, subnormals 2^-9
+  return copysignf(fminf(ldexpf(rintf(ldexpf(m, -shift)), shift), 448.0f), v);
+}
+
+/// Rows [0, a->num_tokens * RPT) of a [rows, K] f32 activation quantised to
+/// FP8 E4M3 and back to f32, as the CPU backend's fakeQuantE4M3 computes
+/// them (bit for bit): with the static scale *scale, or (scale null) each
+/// row's max|x| / 448 in f64 (1 for a row of zeros); x / s in f64, clamped
+/// to +-448, rounded to f32, then to E4M3, then times s in f64, rounded to
+/// f32. A warp per row.
+template <int K, int RPT>
+__device__ void quantize_rows_e4m3(Step a, const float *src, float *dst,
+                                   const float *scale) {
+  const long long rows = static_cast<long long>(a->num_tokens) * RPT;
+  const int lane = lane_id();
+  for (long long r = global_warp(a); r < rows; r += grid_warps(a)) {
+    const float *x = src + r * K;
+    float *y = dst + r * K;
+    double s;
+    if (scale) {
+      s = *scale;
+    } else {
+      float amax = 0.0f;
+      for (int k = lane; k < K; k += 32)
+        amax = fmaxf(amax, fabsf(x[k]));
+      amax = warp_max(amax);
+      s = amax == 0.0f ? 1.0 : static_cast<double>(amax) / 448.0;
+    }
+    for (int k = lane; k < K; k += 32) {
+      double q = static_cast<double>(x[k]) / s;
+      q = q < -448.0 ? -448.0 : q > 448.0 ? 448.0 : q; // NaN stays
+      y[k] = static_cast<float>(
+          static_cast<double>(round_to_e4m3(static_cast<float>(q))) * s);
+    }
+  }
+}
+
 /// A weight of COUNT FP8 E4M3 codes widened to bf16 bits (the same values:
 /// codes are exact in bf16), for the plane GEMMs, which read bf16 weights
 /// and scale each output by its row's scale (scaled_output).

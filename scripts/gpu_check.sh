@@ -27,6 +27,9 @@
 #     and tiny-nano and tiny-hybrid-bf16 with every linear weight quantised
 #     to FP8 (a scale per output channel; codes beside the plan):
 #       tiny-nano-fp8, tiny-hybrid-bf16-fp8 ... --weights=fp8 --quantize=all
+#     and the checkpoints quantised by ModelOpt (static FP8 activations) and
+#     llm-compressor (dynamic per-token FP8 activations):
+#       tiny-nano-fp8-modelopt, tiny-nano-fp8-dynamic ... --target=cuda:sm_90
 #     (NF_CUDA_TARGET overrides "cuda:sm_90".)
 #  3. Copy build/bin/{nfrun,nf-cuda-tests}, build/lib/libnf.so*,
 #     build/lib/libnf_fake_cuda.so, libgomp.so.1 and cpp-httplib (with its
@@ -116,6 +119,10 @@ prepare() {
   compile tiny-nano-fp8 "$(model_dir tiny-nano)" --weights=fp8 --quantize=all
   compile tiny-hybrid-bf16-fp8 "$(model_dir tiny-hybrid-bf16)" --weights=fp8 \
     --quantize=all
+  # Checkpoints quantised by ModelOpt and llm-compressor (FP8 activations).
+  for m in tiny-nano-fp8-modelopt tiny-nano-fp8-dynamic; do
+    compile "$m" "$(model_dir "$m")"
+  done
   rm -rf "$CARRY/mlir"
   cp "$build/bin/nfrun" "$build/bin/nf-cuda-tests" "$CARRY/bin/"
   cp -a "$build"/lib/libnf.so* "$build/lib/libnf_fake_cuda.so" "$CARRY/lib/"

@@ -38,6 +38,8 @@ struct PlanWeight {
   pl::DType dtype =
       pl::DType::F32;         // of the stored tensors (codes if quantised)
   std::vector<int64_t> shape; // logical shape
+  /// How a GEMM over it quantises its input rows (#nf.quant activations).
+  pl::ActivationQuant inputQuant = pl::ActivationQuant::None;
 };
 
 /// Plan.storage[i]: an nf_kv.kv_cache or nf_kv.mamba_state declaration.

@@ -300,8 +300,8 @@ StatusOr<std::vector<uint8_t>> writePlan(ModuleOp module,
     return model.status();
   if (!cuda)
     return Writer(*model, nullptr).run(generator, defaultExpertBudget);
-  // The CUDA kernels read FP8 codes with a scale per output row, and
-  // unquantised activations.
+  // The CUDA kernels read FP8 codes with a scale per output row (and
+  // quantise the activations where the weight says so).
   for (const PlanWeight &w : model->weights) {
     auto op = cast<nfir::WeightOp>(w.op);
     auto quant = op.getQuant();
@@ -312,10 +312,6 @@ StatusOr<std::vector<uint8_t>> writePlan(ModuleOp module,
       missing = "int4 weights";
     else if (quant->getGranularity() == nfir::QuantGranularity::PerGroup)
       missing = "FP8 weights with group scales";
-    else if (quant->getActivations() != nfir::ActivationQuant::None)
-      missing = std::string("FP8 activations (") +
-                nfir::stringifyActivationQuant(quant->getActivations()).str() +
-                ")";
     if (!missing.empty())
       return Status::error(
           "plan: " + missing +

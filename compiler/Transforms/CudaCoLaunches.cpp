@@ -43,6 +43,12 @@ bool allSkinny(Operation *op) {
          llvm::all_of(paths, [](StringRef p) { return p == "bf16_skinny"; });
 }
 
+/// Whether a GEMM of `op` quantises its input rows to FP8: a launch of its
+/// own before the GEMM, which the merged forms have no place for.
+bool quantisesAnInput(Operation *op) {
+  return llvm::any_of(gemmWeights(*op), quantisesInput);
+}
+
 /// The ops of a decode MoE layer in one kernel, from its shared expert:
 /// router, select, and (where the kernel has them) the routed experts and
 /// the combine.
@@ -125,13 +131,14 @@ struct CudaCoLaunches : impl::CudaCoLaunchesBase<CudaCoLaunches> {
   StringRef coLaunch(MoeLayer l, bool wide) const {
     // Both GEMVs on the skinny path (templates that run on a slice of a
     // grid), a router fused with its ranking, of few enough experts.
-    if (!allSkinny(l.shared) || !l.select ||
+    if (!allSkinny(l.shared) || quantisesAnInput(l.shared) || !l.select ||
         dimOf(l.router.getWeight(), 0) > kMaxCoLaunchExperts)
       return "";
     if (!wide)
       return "routing";
     // The routed experts' variants pair with the shared expert's.
-    if (l.withExperts() && allSkinny(l.up) && allSkinny(l.down))
+    if (l.withExperts() && allSkinny(l.up) && allSkinny(l.down) &&
+        !quantisesAnInput(l.up) && !quantisesAnInput(l.down))
       return "routing_and_experts";
     return "";
   }
@@ -142,7 +149,8 @@ struct CudaCoLaunches : impl::CudaCoLaunchesBase<CudaCoLaunches> {
   /// (nf-cuda-epilogues), and a token has few slots.
   bool oneTokenExperts(MoeLayer l) const {
     if (!rowLinear || !l.withExperts() || !l.combine || !allSkinny(l.up) ||
-        !allSkinny(l.down))
+        !allSkinny(l.down) || quantisesAnInput(l.up) ||
+        quantisesAnInput(l.down))
       return false;
     auto epilogue = l.combine->getAttrOfType<ArrayAttr>(kEpilogueAttr);
     if (!epilogue || epilogue.size() != 3)

@@ -108,13 +108,17 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
   /// bf16 term, targets with mma.sync's bf16 shapes.
   bool bf16RowsAllowed() const { return matmulTerms == 1 && ampereOrLater; }
 
-  /// The input rows of a GEMM on the bf16-plane path, split into the plan's
-  /// bf16 terms by a first launch, unless their producer stores them as
+  /// A GEMM's own regions, on every path: its input rows quantised to FP8
+  /// and back to f32 by a first launch where its weight says so (the rows
+  /// the GEMM then reads). On the bf16-plane path: the input rows split into
+  /// the plan's bf16 terms by a launch, unless their producer stores them as
   /// bf16 (which the GEMM streams as they are); then, for a weight of FP8
   /// codes, the codes widened to bf16 by another launch (every element of
   /// the weight, all experts of a stacked one).
-  void planes(SmallVectorImpl<int64_t> &out, StringRef path, int64_t rows,
-              Value weight, bool inputBf16) const {
+  void gemmRegions(SmallVectorImpl<int64_t> &out, StringRef path, int64_t rows,
+                   Value weight, bool inputBf16) const {
+    if (quantisesInput(weight))
+      out.push_back(rows * lastDim(weight) * 4);
     if (path != "bf16_planes")
       return;
     if (!inputBf16)
@@ -134,7 +138,7 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
     if (isa<nfir::LinearOp, nfir::LMHeadOp, moe::LatentProjOp>(op) &&
         weights.size() == 1) {
       Value x = op.getOperand(0);
-      planes(out, path(0), rows, weights[0], storedAsBf16(x));
+      gemmRegions(out, path(0), rows, weights[0], storedAsBf16(x));
     } else if (isa<moe::ExpertUpOp, moe::ExpertDownOp>(op) &&
                weights.size() == 1) {
       // Down projections read a row per (token, expert) assignment.
@@ -143,19 +147,20 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
                                    ? dispatch.getMaxPerToken()
                                    : 1;
       Value x = op.getOperand(0);
-      planes(out, path(0), rows * perToken, weights[0], storedAsBf16(x));
+      gemmRegions(out, path(0), rows * perToken, weights[0], storedAsBf16(x));
     } else if (isa<moe::SharedExpertOp>(op) && weights.size() == 2) {
       // The hidden rows (bf16 where the down GEMM would round them anyway),
       // their bf16 copy for the wide down projection of decode steps, then
       // the GEMMs' planes.
       const int64_t hidden = dimOf(weights[0], 0);
-      const bool hidden16 = bf16RowsAllowed() && path(1) == "bf16_planes";
+      const bool hidden16 = bf16RowsAllowed() && path(1) == "bf16_planes" &&
+                            !quantisesInput(weights[1]);
       out.push_back(rows * hidden * (hidden16 ? 2 : 4));
       if (bf16RowsAllowed() && wideSteps && path(1) == "bf16_skinny")
         out.push_back(rows * hidden * 2);
       Value x = op.getOperand(0);
-      planes(out, path(0), rows, weights[0], storedAsBf16(x));
-      planes(out, path(1), rows, weights[1], hidden16);
+      gemmRegions(out, path(0), rows, weights[0], storedAsBf16(x));
+      gemmRegions(out, path(1), rows, weights[1], hidden16);
     } else if (auto router = dyn_cast<moe::RouterOp>(op);
                router && weights.size() == 1) {
       // Routed with the select after it: each token's f64 logit sums (s,
@@ -166,7 +171,7 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
       out.push_back(rows * experts * 2 * 8);
       if (bf16RowsAllowed()) {
         Value x = op.getOperand(0);
-        planes(out, path(0), rows, weights[0], storedAsBf16(x));
+        gemmRegions(out, path(0), rows, weights[0], storedAsBf16(x));
       }
     } else if (auto attend = dyn_cast<kv::AttendOp>(op)) {
       auto decl = dyn_cast_or_null<kv::KVCacheOp>(

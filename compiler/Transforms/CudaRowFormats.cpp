@@ -101,7 +101,11 @@ struct CudaRowFormats : impl::CudaRowFormatsBase<CudaRowFormats> {
             gemmInput = canonicalValue(op.getOperand(0));
         } else if (!paths.empty() &&
                    paths[0] == (decode ? "bf16_skinny" : "bf16_planes")) {
-          gemmInput = canonicalValue(op.getOperand(0));
+          // A GEMM that quantises its input to FP8 reads the f32 rows: a
+          // bf16 rounding first would change its codes.
+          SmallVector<Value, 2> weights = gemmWeights(op);
+          if (weights.empty() || !quantisesInput(weights[0]))
+            gemmInput = canonicalValue(op.getOperand(0));
         }
         if (gemmInput)
           gemmRead.insert(gemmInput);

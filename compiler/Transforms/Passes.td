@@ -395,11 +395,14 @@ def CudaKernelScratch : Pass<"nf-cuda-kernel-scratch", "mlir::ModuleOp"> {
     with `nf.kernel_scratch`, the bytes of each region in the order the code
     generator uses them, for the step's most tokens (prefill: `max-tokens`,
     decode: `max-sequences`), from the forms the earlier CUDA passes chose:
+    - a GEMM whose weight quantises its input to FP8 (`#nf.quant`
+      activations): the input rows quantised and back to f32, on any path;
     - a GEMM on the `"bf16_planes"` path whose input rows are not stored as
       bf16: the rows split into the plan's bf16 terms (`matmul-terms`); then,
       for a weight of FP8 codes, the codes widened to bf16 (every element);
     - `nf_moe.shared_expert`: its hidden rows (bf16 where its down GEMM is
-      on the plane path with bf16 inputs), their bf16 copy for decode steps
+      on the plane path with bf16 inputs and does not quantise them), their
+      bf16 copy for decode steps
       that run the wide skinny variants, then its GEMMs' planes;
     - `nf_moe.router` with its select after it: each token's f64 logit sums,
       then the planes of its logits GEMM with bf16 inputs;
@@ -452,8 +455,9 @@ def CudaCoLaunches : Pass<"nf-cuda-co-launches", "mlir::ModuleOp"> {
       slots: in steps of one token, the experts read the ranking's slots
       (no dispatch) and the down projection computes the combine, both adds
       and the norm.
-    The CUDA code generator arranges the launches so and fails where it
-    cannot.
+    Neither form is chosen where a GEMM of the layer quantises its input
+    to FP8 (a launch of its own before the GEMM). The CUDA code generator
+    arranges the launches so and fails where it cannot.
   }];
   let options = [
     Option<"maxSequences", "max-sequences", "int64_t", /*default=*/"64",
@@ -488,6 +492,8 @@ def CudaRowFormats : Pass<"nf-cuda-row-formats", "mlir::ModuleOp"> {
       GEMM on the `"bf16_skinny"` path, and its producer can
       write the copy (norms, activations, expert up-projections,
       attention).
+    A GEMM whose weight quantises its input to FP8 (`#nf.quant`
+    activations) reads f32 rows: it is no bf16 reader.
     The CUDA code generator stores and reads these values accordingly.
   }];
   let options = [

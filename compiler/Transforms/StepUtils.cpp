@@ -73,6 +73,12 @@ bool isFp8CodesWeight(Value v) {
          isa<Float8E4M3FNType>(w.getResult().getType().getElementType());
 }
 
+bool quantisesInput(Value v) {
+  auto w = canonicalValue(v).getDefiningOp<nfir::WeightOp>();
+  return w && w.getQuant() &&
+         w.getQuant()->getActivations() != nfir::ActivationQuant::None;
+}
+
 SmallVector<Value, 2> gemmWeights(Operation &op) {
   if (isa<nfir::LinearOp, nfir::LMHeadOp, moe::LatentProjOp>(op) &&
       op.getNumOperands() == 2)

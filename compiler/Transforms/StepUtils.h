@@ -106,6 +106,9 @@ bool isBf16Weight(mlir::Value v);
 /// Whether `v` is a weight of FP8 E4M3 codes (#nf.quant, through kernel
 /// boundaries).
 bool isFp8CodesWeight(mlir::Value v);
+/// Whether the GEMM over weight `v` quantises its input rows to FP8 first
+/// (#nf.quant activations static_per_tensor or dynamic_per_token).
+bool quantisesInput(mlir::Value v);
 /// The weight operands of the GEMMs `op` runs, in order (nf.linear,
 /// nf.lm_head, nf_moe.latent_proj, nf_moe.expert_up / expert_down: one;
 /// nf_moe.shared_expert: up, then down; nf_moe.router: its gate); empty for

@@ -294,11 +294,16 @@ TEST(CudaPlans, ExpertStatisticsAndOverride) {
 
 namespace {
 
-// Plans whose linear weights were quantised at compile time (`nfc compile
-// --weights=fp8 --quantize=all`: FP8 E4M3 codes, a scale per output
-// channel, in <plan>.weights.safetensors): the CUDA kernels read the codes
-// and scale each output; the CPU backend multiplies by the dequantised
-// weights. Every step's logits within kCudaTol of the CPU on the same plan:
+// Plans of FP8 weights: quantised at compile time (`nfc compile
+// --weights=fp8 --quantize=all`, plan "<fixture>-fp8": FP8 E4M3 codes, a
+// scale per output channel, in <plan>.weights.safetensors), or checkpoints
+// quantised by the tools themselves (tiny-nano-fp8-modelopt: per-tensor
+// scales and static activation scales; tiny-nano-fp8-dynamic: per-channel
+// scales and per-token activation scales), run on tiny-nano's prompts. The
+// CUDA kernels read the codes and scale each output, and quantise a GEMM's
+// input rows first where the checkpoint says so; the CPU backend multiplies
+// the dequantised weights with its own quantised rows. Every step's logits
+// within kCudaTol of the CPU on the same plan:
 // 20 sequences (the fixture's prompts in turn) prefilled in one step, then
 // four decode steps of all 20 (tiny-hybrid-bf16: the plane GEMMs over the
 // widened codes, the skinny GEMVs' wide variant), four of the first 5 (the
@@ -309,15 +314,18 @@ class CudaQuantisedPlans : public ::testing::TestWithParam<const char *> {};
 TEST_P(CudaQuantisedPlans, MatchTheCpu) {
   NF_REQUIRE_GPU();
   const std::string name = GetParam();
-  const std::string plan = cudaPlan(name + "-fp8");
+  const std::string plan = cudaPlan(name);
   NF_REQUIRE_PLAN(plan);
-  const std::string dir = modelDir(name);
+  const bool compiled = name.size() > 4 && name.ends_with("-fp8");
+  const std::string dir =
+      modelDir(compiled ? name.substr(0, name.size() - 4) : name);
+  const std::string promptDir = compiled ? dir : modelDir("tiny-nano");
   EngineOptions og = testOptions("cuda", dir), oc = testOptions("cpu", dir);
   og.maxSequences = oc.maxSequences = 20;
   std::unique_ptr<Engine> gpu = loadEngine(plan, og);
   std::unique_ptr<Engine> cpu = loadEngine(plan, oc);
   ASSERT_TRUE(gpu && cpu);
-  RefFile ref(dir + "/reference.safetensors");
+  RefFile ref(promptDir + "/reference.safetensors");
   const std::vector<Prompt> prompts = loadPrompts(ref);
   ASSERT_FALSE(prompts.empty());
   const int32_t V = cpu->info().vocabSize;
@@ -363,11 +371,14 @@ TEST_P(CudaQuantisedPlans, MatchTheCpu) {
     }
   }
   EXPECT_LE(worst, kCudaTol);
-  std::cout << "[ cuda ] " << name << "-fp8: max rel |cuda - cpu| logits "
-            << worst << "\n";
+  std::cout << "[ cuda ] " << name << ": max rel |cuda - cpu| logits " << worst
+            << "\n";
 }
 INSTANTIATE_TEST_SUITE_P(Fp8, CudaQuantisedPlans,
-                         ::testing::Values("tiny-nano", "tiny-hybrid-bf16"),
+                         ::testing::Values("tiny-nano-fp8",
+                                           "tiny-hybrid-bf16-fp8",
+                                           "tiny-nano-fp8-modelopt",
+                                           "tiny-nano-fp8-dynamic"),
                          ParamName());
 
 } // namespace

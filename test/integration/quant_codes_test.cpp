@@ -2,11 +2,12 @@
 // backend uploads: nf::weight_row_scales reads the scales after the codes)
 // against the same plan bound dequantised (the CPU backend's f32 values):
 // every element's code times its row's scale is the dequantised value,
-// bit for bit, on tiny-nano with every projection quantised at compile time
-// (tiny-nano-fp8: per-channel scales, concatenated and stacked weights), and
-// on the ModelOpt checkpoint (per-tensor scales; its static activation
-// quantisation has no CUDA kernels, so the codes form refuses it). Part of
-// nf-plan-tests.
+// bit for bit, and both forms quantise a linear's input alike (kind and
+// every part's static input scale), on tiny-nano with every projection
+// quantised at compile time (tiny-nano-fp8: per-channel scales, concatenated
+// and stacked weights), on the ModelOpt checkpoint (per-tensor scales,
+// static activation scales) and on llm-compressor's FP8_DYNAMIC
+// (per-channel scales, per-token activation scales). Part of nf-plan-tests.
 #include "engine/plan_loader.h"
 #include "weights.h"
 
@@ -19,72 +20,97 @@ namespace {
 
 using namespace nf;
 using namespace nf::engine;
+namespace pl = nf::plan;
 
 std::string planPath(const std::string &name) {
   return std::string(NF_PLAN_DIR) + "/" + name + ".nfb";
 }
 
-TEST(QuantCodes, CodesTimesRowScalesAreTheDequantisedWeights) {
-  auto plan = openPlan(planPath("tiny-nano-fp8"));
-  ASSERT_TRUE(plan) << plan.message();
-  auto codes = bindWeights(**plan, "", QuantForm::Codes);
-  ASSERT_TRUE(codes) << codes.message();
-  auto values = bindWeights(**plan, "", QuantForm::Dequantised);
-  ASSERT_TRUE(values) << values.message();
-  ASSERT_EQ((*codes)->weights.size(), (*values)->weights.size());
+/// Binds plan `name` both ways and compares every quantised weight; returns
+/// how many there were, stacked and concatenated.
+struct Counts {
   int quantised = 0, stacked = 0, concatenated = 0;
+};
+Counts compareForms(const std::string &name, pl::ActivationQuant inputs) {
+  Counts n;
+  auto plan = openPlan(planPath(name));
+  EXPECT_TRUE(plan) << plan.message();
+  if (!plan)
+    return n;
+  auto codes = bindWeights(**plan, "", QuantForm::Codes);
+  EXPECT_TRUE(codes) << name << ": " << codes.message();
+  auto values = bindWeights(**plan, "", QuantForm::Dequantised);
+  EXPECT_TRUE(values) << name << ": " << values.message();
+  if (!codes || !values)
+    return n;
+  EXPECT_EQ((*codes)->weights.size(), (*values)->weights.size());
   for (size_t i = 0; i < (*codes)->weights.size(); ++i) {
     const BoundWeight &c = (*codes)->weights[i], &v = (*values)->weights[i];
-    ASSERT_EQ(c.quantised, v.quantised) << "weight " << i;
+    const std::string what = name + " weight " + std::to_string(i);
+    EXPECT_EQ(c.quantised, v.quantised) << what;
     if (!c.quantised)
       continue;
-    ++quantised;
-    stacked += c.shape.size() == 3;
-    concatenated += c.shape.size() == 2 && c.codeParts.size() > 1;
-    EXPECT_FALSE(c.view.valid()) << "weight " << i;
+    ++n.quantised;
+    n.stacked += c.shape.size() == 3;
+    n.concatenated += c.shape.size() == 2 && c.codeParts.size() > 1;
+    EXPECT_EQ(c.input.kind, inputs) << what;
+    EXPECT_EQ(v.input.kind, inputs) << what;
+    EXPECT_EQ(c.input.scales, v.input.scales) << what;
+    if (inputs == pl::ActivationQuant::StaticPerTensor)
+      EXPECT_FALSE(c.input.scales.empty()) << what;
+    EXPECT_FALSE(c.view.valid()) << what;
     const int64_t cols = c.shape.back();
     int64_t rows = 1;
     for (size_t d = 0; d + 1 < c.shape.size(); ++d)
       rows *= c.shape[d];
-    ASSERT_EQ(static_cast<int64_t>(c.rowScales.size()), rows) << "weight " << i;
+    EXPECT_EQ(static_cast<int64_t>(c.rowScales.size()), rows) << what;
     // The dequantised values, row-major over the logical weight.
-    ASSERT_TRUE(v.view.valid());
-    ASSERT_EQ(v.view.dtype, DType::F32);
+    EXPECT_TRUE(v.view.valid()) << what;
+    if (!v.view.valid() || v.view.dtype != DType::F32 ||
+        static_cast<int64_t>(c.rowScales.size()) != rows)
+      continue;
     const auto *f = static_cast<const float *>(v.view.data);
     int64_t row = 0;
     for (const WeightView &part : c.codeParts) {
-      ASSERT_EQ(part.dtype, DType::F8E4M3);
-      ASSERT_EQ(part.shape.size(), 2u);
-      ASSERT_EQ(part.shape[1], cols);
+      EXPECT_EQ(part.dtype, DType::F8E4M3) << what;
+      if (part.shape.size() != 2 || part.shape[1] != cols || row >= rows) {
+        ADD_FAILURE() << what << ": a part of the wrong shape";
+        break;
+      }
       const auto *b = static_cast<const uint8_t *>(part.data);
-      for (int64_t r = 0; r < part.shape[0]; ++r, ++row)
+      for (int64_t r = 0; r < part.shape[0] && row < rows; ++r, ++row)
         for (int64_t k = 0; k < cols; ++k) {
           const float want = f[row * cols + k];
           const float got = e4m3ToF32(b[r * cols + k]) * c.rowScales[row];
-          ASSERT_EQ(std::memcmp(&got, &want, 4), 0)
-              << "weight " << i << " row " << row << " column " << k;
+          if (std::memcmp(&got, &want, 4) != 0) {
+            ADD_FAILURE() << what << " row " << row << " column " << k << ": "
+                          << got << " != " << want;
+            return n;
+          }
         }
     }
-    EXPECT_EQ(row, rows) << "weight " << i;
+    EXPECT_EQ(row, rows) << what;
   }
-  // Every projection: 6 Mamba in/out, 1 attention's fused QKV and o, 6 MoE
-  // layers' stacked up/down experts and shared experts (tiny-nano).
-  EXPECT_GT(quantised, 0);
-  EXPECT_GT(stacked, 0);
-  EXPECT_GT(concatenated, 0);
+  return n;
 }
 
-TEST(QuantCodes, StaticActivationsHaveNoCodesForm) {
-  auto plan = openPlan(planPath("tiny-nano-fp8-modelopt"));
-  ASSERT_TRUE(plan) << plan.message();
-  auto values = bindWeights(**plan, "", QuantForm::Dequantised);
-  ASSERT_TRUE(values) << values.message();
-  auto codes = bindWeights(**plan, "", QuantForm::Codes);
-  ASSERT_FALSE(codes);
-  EXPECT_NE(codes.message().find("StaticPerTensor activations have no CUDA "
-                                 "kernels"),
-            std::string::npos)
-      << codes.message();
+TEST(QuantCodes, CodesTimesRowScalesAreTheDequantisedWeights) {
+  // Every projection: 6 Mamba in/out, 1 attention's fused QKV and o, 6 MoE
+  // layers' stacked up/down experts and shared experts (tiny-nano).
+  const Counts n = compareForms("tiny-nano-fp8", pl::ActivationQuant::None);
+  EXPECT_GT(n.quantised, 0);
+  EXPECT_GT(n.stacked, 0);
+  EXPECT_GT(n.concatenated, 0);
+}
+
+TEST(QuantCodes, CheckpointsKeepTheirActivationQuantisation) {
+  const Counts modelopt = compareForms("tiny-nano-fp8-modelopt",
+                                       pl::ActivationQuant::StaticPerTensor);
+  EXPECT_GT(modelopt.stacked, 0);
+  EXPECT_GT(modelopt.concatenated, 0);
+  const Counts dynamic = compareForms("tiny-nano-fp8-dynamic",
+                                      pl::ActivationQuant::DynamicPerToken);
+  EXPECT_GT(dynamic.quantised, 0);
 }
 
 } // namespace

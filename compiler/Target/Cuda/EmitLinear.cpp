@@ -57,6 +57,18 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   const bool stored16 = !s.input16.empty();
   if (stored16 && !planes) // nf-cuda-row-formats promised a plane-path reader
     internalError = fn + " reads bf16 rows but is not a bf16-plane GEMM";
+  // Quantised activations: a first launch writes the input rows quantised
+  // to FP8 and back to f32 (as the CPU backend does) into scratch, and
+  // every path reads those rows instead.
+  const bool quantIn = !s.inputQuant.empty();
+  if (quantIn && (stored16 || !s.owner))
+    internalError = fn + ": FP8 input rows need f32 input rows and an op "
+                         "to take scratch from (nf-cuda-row-formats)";
+  const int64_t inputRows = maxTokens * s.rowsPerToken;
+  const int64_t quantOff =
+      quantIn && s.owner ? scratchOf(*s.owner, inputRows * s.K * 4) : 0;
+  const std::string input =
+      quantIn ? "nf::arena<float>(a, " + num(quantOff) + "ll)" : s.input;
   const int64_t terms = opts.matmulTerms;
   const int64_t planeElems = maxTokens * s.rowsPerToken * s.K;
   const bool splitLaunch = planes && !stored16;
@@ -96,8 +108,9 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   else
     text << "  __device__ static __forceinline__ const float *row("
             "nf::Step a, int r) {\n"
-         << "    return " << s.input << " + " << rowOffset << ";\n  }\n";
-  const bool x16 = !s.shadow16.empty() && !planes; // decode: the copy
+         << "    return " << input << " + " << rowOffset << ";\n  }\n";
+  // Decode: the bf16 copy (not of FP8-quantised rows).
+  const bool x16 = !s.shadow16.empty() && !planes && !quantIn;
   if (x16)
     text << "  __device__ static __forceinline__ const unsigned short *"
             "row16(nf::Step a, int r) {\n"
@@ -142,6 +155,16 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
          << "  __device__ static __forceinline__ void store(nf::Step a, int r, "
             "int n, float v) {\n"
          << s.wideStore << "  }\n};\n";
+  if (quantIn)
+    addLaunch(
+        fn + "_quantize", gridOf(ceilDiv(inputRows, 8), opts.smCount * 8), 256,
+        "  nf::quantize_rows_e4m3<" + num(s.K) + ", " + num(s.rowsPerToken) +
+            ">(a, " + s.input + ", " + input + ", " +
+            (s.inputQuant == "static" ? s.inputScale : std::string("nullptr")) +
+            ");\n",
+        comment + ": input rows quantised to FP8 E4M3 (" +
+            (s.inputQuant == "static" ? "a static scale" : "a scale per row") +
+            ") and back to f32 (codegen scratch at " + num(quantOff) + ")");
   if (planes) {
     if (widen)
       addLaunch(fn + "_widen", elementGrid(ceilDiv(codeCount, 16)), 256,
@@ -153,7 +176,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
       addLaunch(fn + "_split", elementGrid(planeElems / 4), 256,
                 "  nf::split_rows_bf16<" + num(terms) + ", " + num(s.K) + ", " +
                     num(s.rowsPerToken) + ", " + num(planeElems) + "ll>(a, " +
-                    s.input + ", " + planePtr + ");\n",
+                    input + ", " + planePtr + ");\n",
                 comment + ": input rows split into " + num(terms) +
                     " bf16 plane(s) (codegen scratch at " + num(planeOff) +
                     ")");

@@ -27,8 +27,11 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
     return act.status();
   const int64_t I = up[0];
   // The hidden rows as bf16 where the down GEMM would round them anyway
-  // (as nf-cuda-row-formats does for plan values).
-  const bool hidden16 = bf16RowsAllowed(opts) && gemmPath(op, 1) == kBf16Planes;
+  // (as nf-cuda-row-formats does for plan values), f32 where it quantises
+  // them to FP8.
+  const bool hidden16 = bf16RowsAllowed(opts) &&
+                        gemmPath(op, 1) == kBf16Planes &&
+                        !quantisesInput(in[2]);
   const int64_t hidden = scratchOf(op, maxTokens * I * (hidden16 ? 2 : 4));
   const std::string hid =
       std::string(hidden16 ? "nf::arena<unsigned short>" : "nf::arena<float>") +

@@ -189,6 +189,11 @@ struct LinearSpec {
   /// (`const nf::fp8e4m3 *`, which the plane path widens to bf16); empty for
   /// others.
   std::string rowScales, codes;
+  /// Quantised activations (setQuantised): "static" (one scale, the
+  /// expression inputScale of `const float *`) or "dynamic" (a scale per
+  /// row) where the GEMM reads its input rows quantised to FP8 E4M3 and
+  /// back to f32 by a launch before it; empty for others.
+  std::string inputQuant, inputScale;
   /// One weight (not stacked): its Plan.weights index, for a tensor map.
   int weightIndex = -1;
   std::string input; // expression of the f32 input activation [rows, K]
@@ -404,9 +409,24 @@ private:
     if (!w || w->dtype != pl::DType::F8E4M3)
       return;
     s.codes = weightPtr(v);
-    s.rowScales = "nf::weight_row_scales(a, " + num(V(v).weight) + ", " +
-                  num(weightNumel(v)) + "ll)" +
-                  (row0.empty() ? "" : " + " + row0);
+    const std::string scales = "nf::weight_row_scales(a, " + num(V(v).weight) +
+                               ", " + num(weightNumel(v)) + "ll)";
+    s.rowScales = scales + (row0.empty() ? "" : " + " + row0);
+    if (w->inputQuant == pl::ActivationQuant::StaticPerTensor) {
+      // After the scale of every row (the runtime's upload, cuda_load.cpp).
+      const std::vector<int64_t> &shape = weightShape(v);
+      s.inputQuant = "static";
+      s.inputScale = scales + " + " +
+                     num(weightNumel(v) / (shape.empty() ? 1 : shape.back())) +
+                     "ll";
+    } else if (w->inputQuant == pl::ActivationQuant::DynamicPerToken) {
+      s.inputQuant = "dynamic";
+    }
+  }
+  /// Whether a GEMM over weight v quantises its input rows (setQuantised).
+  bool quantisesInput(int v) const {
+    const PlanWeight *w = weightOf(v);
+    return w && w->inputQuant != pl::ActivationQuant::None;
   }
   const PlanStorage *storageOf(const PlanOp &op, pl::StorageKind kind) const {
     if (op.storage < 0 || op.storage >= static_cast<int>(plan.storage.size()))

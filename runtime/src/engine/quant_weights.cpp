@@ -230,25 +230,31 @@ Status bindQuantisedWeight(const WeightFinder &finder, const pl::Weight &w,
   if (!partsOr)
     return partsOr.status();
   const std::vector<Part> &parts = *partsOr;
+  const bool isStatic = q.activations() == pl::ActivationQuant::StaticPerTensor;
   if (form == QuantForm::Codes) {
     // The CUDA kernels' form (the compiler refuses the others for CUDA).
     if (q.scheme() != pl::QuantScheme::Fp8E4M3 ||
-        q.granularity() == pl::QuantGranularity::PerGroup ||
-        q.activations() != pl::ActivationQuant::None)
+        q.granularity() == pl::QuantGranularity::PerGroup)
       return Status::error(
           ctx + ": " + pl::EnumNameQuantScheme(q.scheme()) + " " +
-          pl::EnumNameQuantGranularity(q.granularity()) + " weights with " +
-          pl::EnumNameActivationQuant(q.activations()) +
-          " activations have no CUDA kernels (FP8 weights with per-tensor "
-          "or per-channel scales and unquantised activations do)");
-    for (const Part &p : parts)
+          pl::EnumNameQuantGranularity(q.granularity()) +
+          " weights have no CUDA kernels (FP8 weights with per-tensor or "
+          "per-channel scales do)");
+    for (const Part &p : parts) {
       if (Status s = bindPartCodes(finder, q, p, shape.back(), out); !s)
         return s;
+      if (isStatic) {
+        StatusOr<float> s = inputScale(finder, p.inputScale);
+        if (!s)
+          return s.status();
+        out.input.scales.push_back(*s);
+      }
+    }
+    out.input.kind = q.activations();
     out.shape = shape;
     out.quantised = true;
     return Status::success();
   }
-  const bool isStatic = q.activations() == pl::ActivationQuant::StaticPerTensor;
   const int64_t C = shape.back();
   if (w.concat_rows() && w.concat_rows()->size() > 0)
     for (const Part &p : parts)

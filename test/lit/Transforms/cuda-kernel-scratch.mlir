@@ -7,6 +7,11 @@
 
 // RUN: nfc compile %t.mlir --weights=fp8 --quantize=all --compile-to fuse -o %t.fp8.mlir
 // RUN: nf-opt %t.fp8.mlir --nf-cuda-gemm-paths --nf-cuda-attention-forms --nf-cuda-scan-forms=max-tokens=600 --nf-cuda-kernel-scratch="max-tokens=600 max-sequences=32" | FileCheck %s --check-prefix=FP8
+
+// RUN: nfc import %fixtures/tiny-nano-fp8-modelopt -o %t.fp8in.mlir
+// RUN: nfc compile %t.fp8in.mlir --compile-to fuse -o %t.fp8in.fused.mlir
+// RUN: nf-opt %t.fp8in.fused.mlir --nf-cuda-gemm-paths --nf-cuda-attention-forms --nf-cuda-scan-forms=max-tokens=600 --nf-cuda-kernel-scratch="max-tokens=600 max-sequences=32" | FileCheck %s --check-prefix=FP8IN
+// RUN: nf-opt %t.fp8in.fused.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats="bf16-inputs=1 max-sequences=32" --nf-cuda-attention-forms=bf16-inputs=1 --nf-cuda-scan-forms="max-tokens=600 matmul-terms=1" --nf-cuda-kernel-scratch="max-tokens=600 max-sequences=32 matmul-terms=1" | FileCheck %s --check-prefix=FP8IN-BF16
 // tiny-hybrid-bf16: hidden 64, Mamba 8 heads x 16 channels, state 16, 64
 // slots; attention 4 heads on 2 kv heads of 16; 16 experts of 32, top-4;
 // a shared expert of 48; bf16 weights. Steps of 600 prefill tokens and 32
@@ -70,3 +75,25 @@
 // FP8: nf_moe.expert_up {{.*}}nf.kernel_scratch = array<i64: 230400, 65536>
 // FP8: nf_moe.expert_down {{.*}}nf.kernel_scratch = array<i64: 460800, 65536>
 // FP8: nf_moe.shared_expert {{.*}}nf.kernel_scratch = array<i64: 115200, 230400, 6144, 172800, 6144>
+
+// FP8 activations (tiny-nano-fp8-modelopt: hidden 48, in_proj 126 x 48,
+// 8 experts of 24, top-2, a shared expert of 40): every GEMM's input rows
+// quantised first, in f32 (4 bytes), before its planes and widened codes:
+// in_proj 600 x 48 x 4, 3 x 600 x 48 x 2, 126 x 48 x 2; the experts' down
+// projection reads 2 rows a token (1200 x 24 x 4); the shared expert's
+// hidden rows (600 x 40 x 4), then each GEMM's three regions.
+// FP8IN-LABEL: func.func @prefill
+// FP8IN: nf.linear {{.*}}nf.kernel_scratch = array<i64: 115200, 172800, 12096>
+// FP8IN: nf_moe.expert_up {{.*}}nf.kernel_scratch = array<i64: 115200, 172800, 18432>
+// FP8IN: nf_moe.expert_down {{.*}}nf.kernel_scratch = array<i64: 115200, 172800, 18432>
+// FP8IN: nf_moe.shared_expert {{.*}}nf.kernel_scratch = array<i64: 96000, 115200, 172800, 3840, 96000, 144000, 3840>
+// FP8IN-LABEL: func.func @decode
+// FP8IN: nf.linear {{.*}}nf.kernel_scratch = array<i64: 6144>
+
+// With bf16 inputs the rows stay f32 where a GEMM quantises them (a bf16
+// rounding first would change their codes): no producer stores bf16 rows,
+// and the shared expert's hidden rows are f32 (600 x 40 x 4).
+// FP8IN-BF16-NOT: nf.row_format
+// FP8IN-BF16: nf.linear {{.*}}nf.kernel_scratch = array<i64: 115200, 57600, 12096>
+// FP8IN-BF16: nf_moe.shared_expert {{.*}}nf.kernel_scratch = array<i64: 96000, 115200, 57600, 3840, 96000, 48000, 3840>
+// FP8IN-BF16-NOT: nf.row_format

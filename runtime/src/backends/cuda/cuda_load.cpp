@@ -21,6 +21,24 @@ namespace nf::engine::cuda_detail {
 // ---------------------------------------------------------------------------
 // Load
 
+namespace {
+
+/// A quantised weight's scales on the device: the scale of each row
+/// (nf::weight_row_scales), then for static FP8 activations one input scale,
+/// the largest of the parts' (the CUDA GEMMs quantise a linear's input rows
+/// once; ModelOpt gives q, k and v, which read the same rows, equal scales,
+/// and the routed experts of a layer one; vLLM takes the largest likewise).
+std::vector<float> deviceScales(const BoundWeight &w) {
+  std::vector<float> out = w.rowScales;
+  if (w.input.kind == pl::ActivationQuant::StaticPerTensor &&
+      !w.input.scales.empty())
+    out.push_back(
+        *std::max_element(w.input.scales.begin(), w.input.scales.end()));
+  return out;
+}
+
+} // namespace
+
 Status CudaEngine::readPrograms() {
   const pl::Plan &plan = *plan_->plan;
   const int64_t numWeights = static_cast<int64_t>(weights_->weights.size());
@@ -342,6 +360,9 @@ Status CudaEngine::uploadWeights() {
   const auto &ws = weights_->weights;
   std::vector<size_t> offsets(ws.size());
   std::vector<size_t> sizes(ws.size());
+  // Quantised weights' scales as the kernels read them (alive until the
+  // copies are done).
+  std::vector<std::vector<float>> scales(ws.size());
   size_t total = 0;
   const pl::Plan &plan = *plan_->plan;
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -352,9 +373,11 @@ Status CudaEngine::uploadWeights() {
         n * dtypeSize(toDType(
                 plan.weights()->Get(static_cast<fb::uoffset_t>(i))->dtype()));
     // Quantised: the codes, then at the next 256 bytes the f32 scale of
-    // each row (nf::weight_row_scales).
-    if (ws[i].quantised)
-      sizes[i] = align256(sizes[i]) + ws[i].rowScales.size() * sizeof(float);
+    // each row (nf::weight_row_scales), then a static input scale.
+    if (ws[i].quantised) {
+      scales[i] = deviceScales(ws[i]);
+      sizes[i] = align256(sizes[i]) + scales[i].size() * sizeof(float);
+    }
     offsets[i] = total;
     total += align256(sizes[i]);
   }
@@ -382,11 +405,11 @@ Status CudaEngine::uploadWeights() {
           return Status::error(ctx + ": " + s.message());
         at += bytes;
       }
-      const size_t scaleBytes = w.rowScales.size() * sizeof(float);
+      const size_t scaleBytes = scales[i].size() * sizeof(float);
       if (align256(at) + scaleBytes != sizes[i])
         return Status::error(ctx + ": codes and scales have the wrong size");
       if (Status s = d_->check(d_->cuMemcpyHtoDAsync(dst + align256(at),
-                                                     w.rowScales.data(),
+                                                     scales[i].data(),
                                                      scaleBytes, stream),
                                "cuMemcpyHtoDAsync");
           !s)
