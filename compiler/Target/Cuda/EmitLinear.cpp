@@ -318,11 +318,16 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // comment.
     const bool row = opts.rowLinear || s.rowOnly;
     if (row) {
+      // FP8 codes: two features a warp item (half a warp each), so that an
+      // item moves a bf16 row's bytes.
+      const int64_t features = quantised && s.rowBody.empty() ? 2 : 1;
       addLaunch(fn + "_row",
-                gridOf(ceilDiv(s.G * s.N, kWarps), int64_t(opts.smCount) * 3),
+                gridOf(ceilDiv(s.G * ceilDiv(s.N, features), kWarps),
+                       int64_t(opts.smCount) * 3),
                 32 * kWarps,
                 s.rowBody.empty() ? "  nf::row_linear<" + spec + ", " +
-                                        num(kRowChunks) + ">(a);\n"
+                                        num(kRowChunks) + ", 1, " +
+                                        num(features) + ">(a);\n"
                                   : s.rowBody,
                 comment + " (one token: a warp per feature)", 0,
                 maxTokens > 1 ? 1 : 0, /*bodyWaits=*/true, s.groupsAfterWait);
