@@ -309,7 +309,14 @@ namespace {
 // widened codes, the skinny GEMVs' wide variant), four of the first 5 (the
 // narrow variant), and four of one (row GEMVs), each step's tokens the
 // CPU's greedy choices. tiny-nano's dimensions (24, 48) keep it on the f32
-// paths.
+// paths. With FP8 activations the rows quantised are the same, bit for bit,
+// where the inputs are; but an input within f32 rounding of a tie between
+// two E4M3 values (the backends sum in different orders) takes the other
+// code, and the random fixture amplifies that one step into about 1e-2 in
+// the sequence's later logits (as against the float64 reference,
+// test/lit/nfrun/Inputs/check_quant_prefill.py): there, at least 80% of the
+// logits rows within kCudaTol and every row within 0.1 (scales applied
+// wrongly, or the quantisation missing, put most rows at 0.05-0.9).
 class CudaQuantisedPlans : public ::testing::TestWithParam<const char *> {};
 TEST_P(CudaQuantisedPlans, MatchTheCpu) {
   NF_REQUIRE_GPU();
@@ -320,6 +327,7 @@ TEST_P(CudaQuantisedPlans, MatchTheCpu) {
   const std::string dir =
       modelDir(compiled ? name.substr(0, name.size() - 4) : name);
   const std::string promptDir = compiled ? dir : modelDir("tiny-nano");
+  const bool fp8Inputs = !compiled;
   EngineOptions og = testOptions("cuda", dir), oc = testOptions("cpu", dir);
   og.maxSequences = oc.maxSequences = 20;
   std::unique_ptr<Engine> gpu = loadEngine(plan, og);
@@ -330,6 +338,7 @@ TEST_P(CudaQuantisedPlans, MatchTheCpu) {
   ASSERT_FALSE(prompts.empty());
   const int32_t V = cpu->info().vocabSize;
   double worst = 0;
+  size_t rows = 0, close = 0;
   // One step of the first n sequences (input i: tokens[i]) on both engines;
   // then each sequence's next token is the CPU's greedy choice.
   std::vector<int32_t> gs, cs;
@@ -347,9 +356,14 @@ TEST_P(CudaQuantisedPlans, MatchTheCpu) {
     ASSERT_TRUE(sg.ok()) << sg.message();
     ASSERT_TRUE(sc.ok()) << sc.message();
     ASSERT_EQ(lg.size(), lc.size());
-    worst = std::max(worst, relError(lg.data(), lc.data(), lc.size()));
-    for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(lc.size(), n * V);
+    for (size_t i = 0; i < n; ++i) {
+      const double e = relError(lg.data() + i * V, lc.data() + i * V, V);
+      worst = std::max(worst, e);
+      close += e <= kCudaTol;
+      ++rows;
       tokens[i] = {argmax(lc.data() + i * V, V)};
+    }
   };
   for (size_t batch : {size_t(20), size_t(5), size_t(1)}) {
     gs.clear();
@@ -370,8 +384,14 @@ TEST_P(CudaQuantisedPlans, MatchTheCpu) {
       ASSERT_TRUE(cpu->removeSequence(cs[i]).ok());
     }
   }
-  EXPECT_LE(worst, kCudaTol);
+  if (fp8Inputs) {
+    EXPECT_GE(close, rows * 8 / 10) << close << " of " << rows;
+    EXPECT_LE(worst, 0.1);
+  } else {
+    EXPECT_LE(worst, kCudaTol);
+  }
   std::cout << "[ cuda ] " << name << ": max rel |cuda - cpu| logits " << worst
+            << ", " << close << " of " << rows << " rows within " << kCudaTol
             << "\n";
 }
 INSTANTIATE_TEST_SUITE_P(Fp8, CudaQuantisedPlans,
