@@ -325,10 +325,11 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
                 gridOf(ceilDiv(s.G * ceilDiv(s.N, features), kWarps),
                        int64_t(opts.smCount) * 3),
                 32 * kWarps,
-                s.rowBody.empty() ? "  nf::row_linear<" + spec + ", " +
-                                        num(kRowChunks) + ", 1, " +
-                                        num(features) + ">(a);\n"
-                                  : s.rowBody,
+                s.rowBody.empty()
+                    ? "  nf::row_linear<" + spec + ", " + num(kRowChunks) +
+                          (features > 1 ? ", 1, " + num(features) : "") +
+                          ">(a);\n"
+                    : s.rowBody,
                 comment + " (one token: a warp per feature)", 0,
                 maxTokens > 1 ? 1 : 0, /*bodyWaits=*/true, s.groupsAfterWait);
       functions.back().sliceable = s.rowBody.empty();
