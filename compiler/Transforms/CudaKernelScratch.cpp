@@ -150,13 +150,16 @@ struct CudaKernelScratch : impl::CudaKernelScratchBase<CudaKernelScratch> {
       gemmRegions(out, path(0), rows * perToken, weights[0], storedAsBf16(x));
     } else if (isa<moe::SharedExpertOp>(op) && weights.size() == 2) {
       // The hidden rows (bf16 where the down GEMM would round them anyway),
-      // their bf16 copy for the wide down projection of decode steps, then
-      // the GEMMs' planes.
+      // their bf16 copy for the wide down projection of decode steps (not
+      // where it quantises its input: it reads f32 rows), then the GEMMs'
+      // planes.
       const int64_t hidden = dimOf(weights[0], 0);
-      const bool hidden16 = bf16RowsAllowed() && path(1) == "bf16_planes" &&
-                            !quantisesInput(weights[1]);
+      const bool quantises = quantisesInput(weights[1]);
+      const bool hidden16 =
+          bf16RowsAllowed() && path(1) == "bf16_planes" && !quantises;
       out.push_back(rows * hidden * (hidden16 ? 2 : 4));
-      if (bf16RowsAllowed() && wideSteps && path(1) == "bf16_skinny")
+      if (bf16RowsAllowed() && wideSteps && path(1) == "bf16_skinny" &&
+          !quantises)
         out.push_back(rows * hidden * 2);
       Value x = op.getOperand(0);
       gemmRegions(out, path(0), rows, weights[0], storedAsBf16(x));

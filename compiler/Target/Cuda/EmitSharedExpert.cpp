@@ -37,8 +37,9 @@ StatusOr<size_t> KernelEmitter::sharedExpert(size_t i) {
       std::string(hidden16 ? "nf::arena<unsigned short>" : "nf::arena<float>") +
       "(a, " + num(hidden) + "ll)";
   // Decode: a bf16 copy for the wide down projection (as nf-cuda-row-formats
-  // gives values).
-  const bool hiddenCopy = decodeCopies() && gemmPath(op, 1) == kBf16Skinny;
+  // gives values), unless it quantises its input (then it reads f32 rows).
+  const bool hiddenCopy = decodeCopies() && gemmPath(op, 1) == kBf16Skinny &&
+                          !quantisesInput(in[2]);
   const std::string hidCopy =
       hiddenCopy ? "nf::arena<unsigned short>(a, " +
                        num(scratchOf(op, maxTokens * I * 2)) + "ll)"

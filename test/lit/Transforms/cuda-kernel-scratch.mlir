@@ -12,6 +12,7 @@
 // RUN: nfc compile %t.fp8in.mlir --compile-to fuse -o %t.fp8in.fused.mlir
 // RUN: nf-opt %t.fp8in.fused.mlir --nf-cuda-gemm-paths --nf-cuda-attention-forms --nf-cuda-scan-forms=max-tokens=600 --nf-cuda-kernel-scratch="max-tokens=600 max-sequences=32" | FileCheck %s --check-prefix=FP8IN
 // RUN: nf-opt %t.fp8in.fused.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats="bf16-inputs=1 max-sequences=32" --nf-cuda-attention-forms=bf16-inputs=1 --nf-cuda-scan-forms="max-tokens=600 matmul-terms=1" --nf-cuda-kernel-scratch="max-tokens=600 max-sequences=32 matmul-terms=1" | FileCheck %s --check-prefix=FP8IN-BF16
+// RUN: nf-opt %S/Inputs/shared-expert-fp8in.mlir --nf-cuda-gemm-paths --nf-cuda-row-formats="bf16-inputs=1 max-sequences=32" --nf-cuda-kernel-scratch="max-tokens=600 max-sequences=32 matmul-terms=1" | FileCheck %s --check-prefix=FP8IN-DECODE
 // tiny-hybrid-bf16: hidden 64, Mamba 8 heads x 16 channels, state 16, 64
 // slots; attention 4 heads on 2 kv heads of 16; 16 experts of 32, top-4;
 // a shared expert of 48; bf16 weights. Steps of 600 prefill tokens and 32
@@ -97,3 +98,8 @@
 // FP8IN-BF16: nf.linear {{.*}}nf.kernel_scratch = array<i64: 115200, 57600, 12096>
 // FP8IN-BF16: nf_moe.shared_expert {{.*}}nf.kernel_scratch = array<i64: 96000, 115200, 57600, 3840, 96000, 48000, 3840>
 // FP8IN-BF16-NOT: nf.row_format
+
+// A decode step's shared expert whose down projection quantises its input
+// reads its hidden rows as f32 (32 x 64 x 4): no bf16 copy of them for the
+// wide skinny variants; then each GEMM's quantised input rows (32 x 64 x 4).
+// FP8IN-DECODE: nf_moe.shared_expert {{.*}}nf.gemm_paths = ["bf16_skinny", "bf16_skinny"], nf.kernel_scratch = array<i64: 8192, 8192, 8192>
