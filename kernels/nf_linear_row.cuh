@@ -1,5 +1,5 @@
 // Decode linears of one-token steps on CUDA cores, a warp per output
-// feature over the whole of K: row_linear, and row_experts_combine (a
+// feature (or few) over the whole of K: row_linear, and row_experts_combine (a
 // one-token step's routed expert down projections with the MoE combine,
 // the residual add and the next RMSNorm in one launch). The spec S:
 // nf_linear_groups.cuh.
@@ -55,21 +55,25 @@ __device__ __forceinline__ float row_fma_chunk(const float *wf, const T *x,
 }
 
 // Decode linears of one-token steps: row_linear.
-// One warp per F output features (32 / F lanes a feature) over the whole of
-// K, on CUDA cores: each lane streams 16 contiguous weight bytes a chunk, U
-// chunks in flight, and adds their products with the group's row (f32,
-// read through L1, which the block's warps share) into its own sum; each
-// feature's lanes' sums are added by a fixed butterfly (deterministic). No
-// K split across warps, so no fold through shared memory and no barrier
-// between items, and the items spread evenly over the GPU. F > 1 suits
-// weights of few bytes a row (FP8: a Nano expert row is 2,688 bytes, 5.25
-// chunks a lane at F = 1): a warp's item keeps the bytes, chunks in flight
-// and sums of a bf16 row. The products are exact: an FMA forms w * x
-// exactly and rounds only the sum, as the three bf16 terms of the
-// tensor-core kernels do with a rounding per term. Activations stay f32
-// with --matmul-inputs=bf16 too: rounding them here cost more than it saved
-// (a cvt per two elements: the Nano expert up projection 14 -> 19 us alone
-// on the H200, bench/kernels/row_linear_sweep.cu).
+// One warp per F output features over the whole of K, on CUDA cores: each
+// lane streams 16 contiguous weight bytes a chunk of each feature, U chunks
+// of each in flight, and adds their products with the group's row (f32,
+// read through L1, which the block's warps share; a lane reads its chunk
+// of the row once for the F features) into its own sums; each sum's lanes
+// are added by a fixed butterfly (deterministic). No K split across warps,
+// so no fold through shared memory and no barrier between items, and the
+// items spread evenly over the GPU. F > 1 suits weights of few bytes a row
+// (FP8: a Nano expert row is 2,688 bytes, 5.25 chunks a lane at F = 1): an
+// item keeps more bytes in flight and reads the activations once for F
+// rows of weights (at F = 1 the f32 activations, 4 bytes an FP8 code, cost
+// the L1 more than the codes cost DRAM). H100, Nano batch 1 with FP8
+// weights at F = 2: 1.08x the bf16 plan's tok/s, against 0.90x with half a
+// warp a feature (bench/results/2026-12-07d). The products are exact: an FMA
+// forms w * x exactly and rounds only the sum, as the three bf16 terms of the
+// tensor-core kernels do with a rounding per term. Activations stay f32 with
+// --matmul-inputs=bf16 too: rounding them here cost more than it saved (a
+// cvt per two elements: the Nano expert up projection 14 -> 19 us alone on
+// the H200, bench/kernels/row_linear_sweep.cu).
 // On the H200, alone at 3 blocks an SM, against skinny_linear's narrow
 // variant with three terms (the exact plan) and one (bf16 inputs): Nano's
 // routed expert up 14.7 us against 27.7 and 18.9, in_proj 12.7 against
@@ -79,14 +83,13 @@ __device__ __forceinline__ float row_fma_chunk(const float *wf, const T *x,
 template <class S, int U, int R = 1, int F = 1>
 __device__ void row_linear(Step a) {
   using W = typename S::W;
-  static_assert(F == 1 || F == 2 || F == 4, "1, 2 or 4 features a warp");
+  static_assert(F >= 1 && F <= 4, "1 to 4 features a warp");
   constexpr int E = RowChunk<W>::E; // elements a chunk
   static_assert(S::K % E == 0, "16-byte chunks");
-  constexpr int LANES = 32 / F;              // lanes a feature
-  constexpr int C = S::K / E;                // chunks a weight row
-  constexpr int J = (C + LANES - 1) / LANES; // chunks a lane
-  constexpr int UU = U < J ? U : J;          // chunks in flight a lane
-  constexpr int NF = (S::N + F - 1) / F;     // items a row chunk
+  constexpr int C = S::K / E;            // chunks a weight row
+  constexpr int J = (C + 31) / 32;       // chunks a lane, a feature
+  constexpr int UU = U < J ? U : J;      // chunks in flight a lane, a feature
+  constexpr int NF = (S::N + F - 1) / F; // items a row chunk
   constexpr bool kEarly = S::kGroupsEarly;
   using T = RowElem<S>;
   __shared__ GroupItems<S> s_groups;
@@ -97,7 +100,7 @@ __device__ void row_linear(Step a) {
   // Items per group: chunks of R rows x features in F's.
   s_groups.build(a, [](int c) { return (c + R - 1) / R * NF; });
   const int items = s_groups.total();
-  const int lane = lane_id(), sub = lane % LANES;
+  const int lane = lane_id();
   bool waited = !kEarly;
   // (Measured on the H200 and dropped, bench/results/2026-12-04: asking for
   // the next item's first chunks before this item's sums are added and
@@ -108,54 +111,75 @@ __device__ void row_linear(Step a) {
     const int g = s_groups.group_of(static_cast<int>(item));
     const int local = static_cast<int>(item) - s_groups.first[g];
     const int chunk = local / NF;
-    const int n = local % NF * F + lane / LANES;
-    const bool live = n < S::N;
+    const int n0 = local % NF * F;
     const int row0 = s_groups.begin[g] + chunk * R;
     const int rows = min(R, s_groups.count[g] - chunk * R);
-    const W *wrow = S::weight(a, g) + static_cast<long long>(n) * S::K;
-    auto fetch = [&](int c) {
-      return live && c < C ? load_stream16(wrow + E * c)
-                           : make_uint4(0u, 0u, 0u, 0u);
+    const W *wrow[F];
+#pragma unroll
+    for (int f = 0; f < F; ++f)
+      wrow[f] = S::weight(a, g) +
+                static_cast<long long>(min(n0 + f, S::N - 1)) * S::K;
+    auto fetch = [&](int f, int c) {
+      return (F == 1 || n0 + f < S::N) && c < C ? load_stream16(wrow[f] + E * c)
+                                                : make_uint4(0u, 0u, 0u, 0u);
     };
-    uint4 w[UU]; // chunk j in slot j % UU
+    uint4 w[UU][F]; // chunk j of feature f in slot [j % UU][f]
 #pragma unroll
     for (int j = 0; j < UU; ++j)
-      w[j] = fetch(sub + LANES * j);
+#pragma unroll
+      for (int f = 0; f < F; ++f)
+        w[j][f] = fetch(f, lane + 32 * j);
     if (!waited) {
       wait_for_previous_grids(); // the rows next
       waited = true;
     }
     const T *xr[R];
-    float acc[R];
+    float acc[R][F];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       xr[r] = r < rows ? S::row(a, row0 + r) : nullptr;
-      acc[r] = 0.0f;
+#pragma unroll
+      for (int f = 0; f < F; ++f)
+        acc[r][f] = 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-      const int c = sub + LANES * j;
-      const uint4 wv = w[j % UU];
-      if (j + UU < J)
-        w[j % UU] = fetch(c + LANES * UU);
-      if (live && c < C) {
-        float wf[E];
-        RowChunk<W>::unpack(wv, wf);
+      const int c = lane + 32 * j;
+      uint4 wv[F];
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        wv[f] = w[j % UU][f];
+        if (j + UU < J)
+          w[j % UU][f] = fetch(f, c + 32 * UU);
+      }
+      if (c < C) {
+        float wf[F][E];
+#pragma unroll
+        for (int f = 0; f < F; ++f)
+          RowChunk<W>::unpack(wv[f], wf[f]);
 #pragma unroll
         for (int r = 0; r < R; ++r)
-          if (r < rows)
-            acc[r] = row_fma_chunk<W>(wf, xr[r] + E * c, acc[r]);
+          if (r < rows) {
+            float xv[E];
+#pragma unroll
+            for (int i = 0; i < E; i += 4)
+              load4_act(xr[r] + E * c + i, xv + i);
+#pragma unroll
+            for (int f = 0; f < F; ++f)
+#pragma unroll
+              for (int i = 0; i < E; ++i)
+                acc[r][f] = fmaf(wf[f][i], xv[i], acc[r][f]);
+          }
       }
     }
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float v = acc[r]; // a fixed butterfly over the feature's lanes
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int o = LANES / 2; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (sub == 0 && live && r < rows)
-        S::store(a, row0 + r, n, scaled_output<S>(a, g, n, v));
-    }
+      for (int f = 0; f < F; ++f) {
+        const float v = warp_sum(acc[r][f]); // a fixed butterfly
+        if (lane == 0 && n0 + f < S::N && r < rows)
+          S::store(a, row0 + r, n0 + f, scaled_output<S>(a, g, n0 + f, v));
+      }
   }
   if (!waited)
     wait_for_previous_grids(); // a warp without items

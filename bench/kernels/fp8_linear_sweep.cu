@@ -1,8 +1,9 @@
 // FP8 E4M3 weights (codes and one f32 scale per output feature) against
 // bf16 weights in the decode linears (kernels/nf_linear_row.cuh,
 // nf_linear_skinny.cuh), on the shapes of Nemotron-3-Nano-30B-A3B's decode
-// step: batch 1 (row_linear, a warp per feature; the routed experts 6 of
-// 128, in_proj, out_proj) and the skinny variants at 4 and 16 rows an
+// step: batch 1 (row_linear, a warp per F features, and candidates for it:
+// rowp; the routed experts 6 of 128, in_proj, out_proj) and the skinny
+// variants at 4 and 16 rows an
 // expert and 32 rows of in_proj. For each it prints microseconds, GB/s of
 // weight bytes (FP8: codes and scales) next to the device-to-device copy
 // bandwidth measured in the same run, the FP8 / bf16 time ratio (the bytes
@@ -84,6 +85,124 @@ __global__ void __launch_bounds__(32 * KW) skinnyk(const nf_step_args *args) {
       nf::Step{args, nullptr});
 }
 
+// Candidates for the FP8 row GEMV, timed next to row_linear.
+// Four E4M3 codes as floats by bit placement: each code's sign at bit 31
+// and its exponent and mantissa bits at 20-26 make an f32 whose exponent is
+// 120 short (subnormal codes land on f32 denormals of the same bits), then
+// times 2^120, exactly: integer and FP32 pipes only, against
+// fp8x4_to_f32x4's cvt.rn.f16x2.e4m3x2 and f16 -> f32 (H100: 5-15% slower
+// here, bench/results/2026-12-07d).
+__device__ __forceinline__ void fp8x4_bits(unsigned w, float *out) {
+  const unsigned s4 = w >> 4, l4 = w << 4, l8 = w << 8;
+  const unsigned b0 = ((l8 & 0x8000u) | (l4 & 0x07f0u)) << 16;
+  const unsigned b1 = ((w & 0x8000u) | (s4 & 0x07f0u)) << 16;
+  const unsigned b2 = (l8 & 0x80000000u) | (l4 & 0x07f00000u);
+  const unsigned b3 = (w & 0x80000000u) | (s4 & 0x07f00000u);
+  out[0] = __uint_as_float(b0) * 0x1p120f;
+  out[1] = __uint_as_float(b1) * 0x1p120f;
+  out[2] = __uint_as_float(b2) * 0x1p120f;
+  out[3] = __uint_as_float(b3) * 0x1p120f;
+}
+template <class W, int MODE>
+__device__ __forceinline__ void unpack_chunk(uint4 v, float *out) {
+  if constexpr (MODE == 3 && sizeof(W) == 1) {
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      out[i] = __uint_as_float(u[i / 4] & (0x3f7fffffu ^ i));
+  } else if constexpr (MODE == 1 && sizeof(W) == 1) {
+    fp8x4_bits(v.x, out);
+    fp8x4_bits(v.y, out + 4);
+    fp8x4_bits(v.z, out + 8);
+    fp8x4_bits(v.w, out + 12);
+  } else {
+    nf::RowChunk<W>::unpack(v, out);
+  }
+}
+// row_linear's loop for one row, arranged otherwise: a lane loads its
+// activation chunk first, then decodes and multiplies each of the P
+// features' weight chunks in turn (one feature's floats live at a time).
+// On the H100, FP8 at P = 2: 14.5 us for Nano's routed expert up
+// projection, against 20.1 for row_linear<.., 6, 1, 2>.
+template <class S, int U, int P, int MODE>
+__global__ void __launch_bounds__(256, 3) rowp(const nf_step_args *args) {
+  using namespace nf;
+  const Step a{args, nullptr};
+  using W = typename S::W;
+  constexpr int E = RowChunk<W>::E;
+  constexpr int C = S::K / E, J = (C + 31) / 32, UU = U < J ? U : J;
+  constexpr int NF = (S::N + P - 1) / P;
+  __shared__ GroupItems<S> s_groups;
+  wait_for_previous_grids();
+  s_groups.build(a, [](int c) { return c * NF; });
+  const int items = s_groups.total();
+  const int lane = lane_id();
+  for (long long item = global_warp(a); item < items; item += grid_warps(a)) {
+    const int g = s_groups.group_of(static_cast<int>(item));
+    const int local = static_cast<int>(item) - s_groups.first[g];
+    const int chunk = local / NF;
+    const int n0 = local % NF * P;
+    const int row = s_groups.begin[g] + chunk;
+    const W *wrow[P];
+#pragma unroll
+    for (int f = 0; f < P; ++f)
+      wrow[f] = S::weight(a, g) +
+                static_cast<long long>(min(n0 + f, S::N - 1)) * S::K;
+    auto fetch = [&](int f, int c) {
+      return n0 + f < S::N && c < C ? load_stream16(wrow[f] + E * c)
+                                    : make_uint4(0u, 0u, 0u, 0u);
+    };
+    uint4 w[UU][P];
+#pragma unroll
+    for (int j = 0; j < UU; ++j)
+#pragma unroll
+      for (int f = 0; f < P; ++f)
+        w[j][f] = fetch(f, lane + 32 * j);
+    const float *xr = S::row(a, row);
+    float acc[P];
+#pragma unroll
+    for (int f = 0; f < P; ++f)
+      acc[f] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int c = lane + 32 * j;
+      uint4 wv[P];
+#pragma unroll
+      for (int f = 0; f < P; ++f) {
+        wv[f] = w[j % UU][f];
+        if (j + UU < J)
+          w[j % UU][f] = fetch(f, c + 32 * UU);
+      }
+      if (c < C) {
+        float xv[E];
+        if constexpr (MODE == 2) {
+#pragma unroll
+          for (int i = 0; i < E; ++i)
+            xv[i] = 1.0f + 0.001f * (lane + i);
+        } else {
+#pragma unroll
+          for (int i = 0; i < E; i += 4)
+            load4_act(xr + E * c + i, xv + i);
+        }
+#pragma unroll
+        for (int f = 0; f < P; ++f) {
+          float wf[E];
+          unpack_chunk<W, MODE>(wv[f], wf);
+#pragma unroll
+          for (int i = 0; i < E; ++i)
+            acc[f] = fmaf(wf[i], xv[i], acc[f]);
+        }
+      }
+    }
+#pragma unroll
+    for (int f = 0; f < P; ++f) {
+      const float v = warp_sum(acc[f]);
+      if (lane == 0 && n0 + f < S::N)
+        S::store(a, row, n0 + f, scaled_output<S>(a, g, n0 + f, v));
+    }
+  }
+}
+
 struct Device {
   SweepDevice d;
   unsigned char *codes = nullptr;
@@ -163,9 +282,18 @@ template <int N, int K, int E> struct Shape {
     compare("row U8 / U4", rowk<B, 8>, rowk<F, 4>, 256, 0, 0);
 #ifndef NF_SWEEP_F1_ONLY
     compare("row U6 / U6 F2", rowk<B, 6>, rowk<F, 6, 2>, 256, 0, 0);
-    compare("row U6 / U11 F2", rowk<B, 6>, rowk<F, 11, 2>, 256, 0, 0);
-    compare("row U6 / U6 F4", rowk<B, 6>, rowk<F, 6, 4>, 256, 0, 0);
+    compare("row U6 / U3 F2", rowk<B, 6>, rowk<F, 3, 2>, 256, 0, 0);
+    compare("row U6 / U2 F4", rowk<B, 6>, rowk<F, 2, 4>, 256, 0, 0);
+    compare("row U6 F2 / U6", rowk<B, 6, 2>, rowk<F, 6>, 256, 0, 0);
+    compare("row U4 F2 / U6", rowk<B, 4, 2>, rowk<F, 6>, 256, 0, 0);
 #endif
+    compare("row U6 / bits U6", rowk<B, 6>, rowp<F, 6, 1, 1>, 256, 0, 0);
+    compare("row U6 / bits F2 U6", rowk<B, 6>, rowp<F, 6, 2, 1>, 256, 0, 0);
+    compare("row U6 / rowp F2 U6", rowk<B, 6>, rowp<F, 6, 2, 0>, 256, 0, 0);
+    compare("row U6 / no-x U6", rowk<B, 6>, rowp<F, 6, 1, 2>, 256, 0, 0);
+    compare("row U6 / no-x F2 U6", rowk<B, 6>, rowp<F, 6, 2, 2>, 256, 0, 0);
+    compare("row U6 / raw U6", rowk<B, 6>, rowp<F, 6, 1, 3>, 256, 0, 0);
+    compare("row U6 / raw F2 U6", rowk<B, 6>, rowp<F, 6, 2, 3>, 256, 0, 0);
   }
   template <int ST> void narrow() const {
     constexpr int smem = nf::skinny_smem<B, 1, 8, false>();

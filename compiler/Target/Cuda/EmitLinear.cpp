@@ -312,26 +312,28 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
       launches.back().sharedBytes = static_cast<uint32_t>(smem);
       functions.back().sliceable = true;
     };
-    // Steps of one token: row_linear, a warp per feature on CUDA cores
-    // (nf_linear.cuh), three blocks an SM (every step, where steps have one
-    // token at most). On the H200, Nano at batch 1: see row_linear's
-    // comment.
+    // Steps of one token: row_linear, a warp per item of features on CUDA
+    // cores (nf_linear.cuh), three blocks an SM (every step, where steps
+    // have one token at most). On the H200, Nano at batch 1: see
+    // row_linear's comment.
     const bool row = opts.rowLinear || s.rowOnly;
     if (row) {
-      // FP8 codes: two features a warp item (half a warp each), so that an
-      // item moves a bf16 row's bytes.
+      // FP8 codes: two features a warp item, so that an item keeps a bf16
+      // row's bytes in flight and a lane reads its activations once for
+      // both.
       const int64_t features = quantised && s.rowBody.empty() ? 2 : 1;
-      addLaunch(fn + "_row",
-                gridOf(ceilDiv(s.G * ceilDiv(s.N, features), kWarps),
-                       int64_t(opts.smCount) * 3),
-                32 * kWarps,
-                s.rowBody.empty()
-                    ? "  nf::row_linear<" + spec + ", " + num(kRowChunks) +
-                          (features > 1 ? ", 1, " + num(features) : "") +
-                          ">(a);\n"
-                    : s.rowBody,
-                comment + " (one token: a warp per feature)", 0,
-                maxTokens > 1 ? 1 : 0, /*bodyWaits=*/true, s.groupsAfterWait);
+      addLaunch(
+          fn + "_row",
+          gridOf(ceilDiv(s.G * ceilDiv(s.N, features), kWarps),
+                 int64_t(opts.smCount) * 3),
+          32 * kWarps,
+          s.rowBody.empty()
+              ? "  nf::row_linear<" + spec + ", " + num(kRowChunks) +
+                    (features > 1 ? ", 1, " + num(features) : "") + ">(a);\n"
+              : s.rowBody,
+          comment + " (one token: a warp per " +
+              (features > 1 ? num(features) + " features)" : "feature)"),
+          0, maxTokens > 1 ? 1 : 0, /*bodyWaits=*/true, s.groupsAfterWait);
       functions.back().sliceable = s.rowBody.empty();
       if (s.rowOnly)
         return;
