@@ -472,6 +472,16 @@ template <class S> struct HasStore2<S, decltype(void(S::kStore2))> {
   static constexpr bool value = S::kStore2;
 };
 
+/// Whether a linear's spec S has FP8 codes that a GEMM may widen to bf16 as
+/// it loads them (S::kCodesOnLoad: S::codes(a, g), group g's N x K codes;
+/// S::weight then names their widened copy, for kernels that read bf16).
+template <class S, class = void> struct HasCodesOnLoad {
+  static constexpr bool value = false;
+};
+template <class S> struct HasCodesOnLoad<S, decltype(void(S::kCodesOnLoad))> {
+  static constexpr bool value = S::kCodesOnLoad;
+};
+
 /// Whether a linear's spec S reads rows already stored as bf16 (S::kRowsBf16:
 /// S::row16 is the only row accessor, and there is no f32 S::row).
 template <class S, class = void> struct HasRowsBf16 {

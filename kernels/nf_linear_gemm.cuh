@@ -584,12 +584,29 @@ template <class S> __device__ __forceinline__ auto gemv_row(Step a, int r) {
     return S::row(a, r);
 }
 
-template <class S>
+/// kCodes: the GEMV reads the FP8 codes (S::codes, HasCodesOnLoad) instead
+/// of S::weight, their widened copy, which no launch writes where the GEMM
+/// widens codes as it loads them.
+template <class S, bool kCodes> struct GemvWeight {
+  using W = typename S::W;
+  __device__ static __forceinline__ const W *of(Step a, int g) {
+    return S::weight(a, g);
+  }
+};
+template <class S> struct GemvWeight<S, true> {
+  using W = fp8e4m3;
+  __device__ static __forceinline__ const W *of(Step a, int g) {
+    return S::codes(a, g);
+  }
+};
+
+template <class S, bool kCodes = false>
 __device__ __forceinline__ void gemv_item(Step a, int g, int begin, int count,
                                           int n, int lane) {
-  using W = typename S::W;
+  using W = typename GemvWeight<S, kCodes>::W;
   constexpr int V = Vec16<W>::N;
-  const W *w = S::weight(a, g) + static_cast<long long>(n) * S::K;
+  const W *w =
+      GemvWeight<S, kCodes>::of(a, g) + static_cast<long long>(n) * S::K;
   decltype(gemv_row<S>(a, 0)) x[kGemvRows];
   float acc[kGemvRows];
 #pragma unroll
@@ -737,7 +754,8 @@ __device__ void linear(Step a) {
     const int c = s_count[g];
     if (c == 0 || c > kGemvRows)
       continue;
-    gemv_item<S>(a, g, s_begin[g], c, static_cast<int>(item % S::N), lane);
+    gemv_item<S, kWs && HasCodesOnLoad<S>::value>(
+        a, g, s_begin[g], c, static_cast<int>(item % S::N), lane);
   }
 }
 

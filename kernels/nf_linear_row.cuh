@@ -12,20 +12,6 @@
 
 namespace nf {
 
-/// acc + the products of eight weights with the eight activations at x
-/// (f32, or bf16 bits), one FMA each in element order.
-template <class T>
-__device__ __forceinline__ float row_fma8(const float *wf, const T *x,
-                                          float acc) {
-  float xv[8];
-  load4_act(x, xv);
-  load4_act(x + 4, xv + 4);
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-    acc = fmaf(wf[i], xv[i], acc);
-  return acc;
-}
-
 /// A 16-byte chunk of a weight row: E elements, as floats (bf16, or FP8
 /// codes; a quantised weight's row scale is applied to the sum).
 template <class W> struct RowChunk;
@@ -44,16 +30,6 @@ template <> struct RowChunk<fp8e4m3> {
     fp8x4_to_f32x4(v.w, out + 12);
   }
 };
-/// acc + the products of a chunk's E weights with the activations at x.
-template <class W, class T>
-__device__ __forceinline__ float row_fma_chunk(const float *wf, const T *x,
-                                               float acc) {
-#pragma unroll
-  for (int i = 0; i < RowChunk<W>::E; i += 8)
-    acc = row_fma8(wf + i, x + i, acc);
-  return acc;
-}
-
 // Decode linears of one-token steps: row_linear.
 // One warp per F output features over the whole of K, on CUDA cores: each
 // lane streams 16 contiguous weight bytes a chunk of each feature, U chunks
@@ -191,27 +167,31 @@ __device__ void row_linear(Step a) {
 // used slot), nf_moe.combine, the add of the shared expert's rows, the
 // residual add and the next RMSNorm in one launch, so that neither the
 // dispatch nor moe_combine_add_rms_norm runs for one token. A warp per
-// output feature n streams row n of each used slot's expert in slot order,
-// U 16-byte chunks a lane in flight across the slots, and sums each slot's
-// products as row_linear does (same lanes, same butterfly); then
+// F output features n streams rows n of each used slot's expert in slot
+// order, U 16-byte chunks a lane of each feature in flight across the
+// slots, and sums each slot's products as row_linear does (same lanes, same
+// butterfly; a lane reads a slot's activation chunk once for its F
+// features); then
 //   sum[n] = x[n] + (shared[n] + sum_g wts[g] * dot_g)   (g in slot order)
 // as moe_combine_add_rms_norm adds them. The last block to finish (a
 // grid-wide counter, `done`, zero between launches: it resets it)
 // normalises the row: out = rms_norm(sum) with rms_norm_row_of's sums.
-template <class S, int U, class W, class O>
+template <class S, int U, int F = 1, class W, class O>
 __device__ void row_experts_combine(Step a, const float *wts,
                                     const float *shared, const float *x,
                                     float *sum, const W *norm_w, double eps,
                                     O out, unsigned *done) {
   static_assert(S::kGroupsEarly, "slots read before the wait");
+  static_assert(F >= 1 && F <= 4, "1 to 4 features a warp");
   using SW = typename S::W;
   constexpr int E = RowChunk<SW>::E; // elements a chunk
   static_assert(S::K % E == 0, "16-byte chunks");
   constexpr int KW = S::G;
-  constexpr int C = S::K / E;      // chunks a weight row
-  constexpr int J = (C + 31) / 32; // chunks a lane, a slot
-  constexpr int Q = KW * J;        // chunks a lane, an item
-  constexpr int UU = U < Q ? U : Q;
+  constexpr int C = S::K / E;            // chunks a weight row
+  constexpr int J = (C + 31) / 32;       // chunks a lane, a slot
+  constexpr int Q = KW * J;              // chunks a lane, a feature
+  constexpr int UU = U < Q ? U : Q;      // in flight a lane, a feature
+  constexpr int NF = (S::N + F - 1) / F; // items
   const int lane = lane_id();
   // The used slots (a warp-uniform mask) and their experts' weights.
   const unsigned used =
@@ -221,48 +201,73 @@ __device__ void row_experts_combine(Step a, const float *wts,
   for (int g = 0; g < KW; ++g)
     wbase[g] = (used >> g) & 1u ? S::weight(a, g) : nullptr;
   bool waited = false;
-  for (long long item = global_warp(a); item < S::N; item += grid_warps(a)) {
-    const int n = static_cast<int>(item);
-    auto fetch = [&](int q) {
+  for (long long item = global_warp(a); item < NF; item += grid_warps(a)) {
+    const int n0 = static_cast<int>(item) * F;
+    auto fetch = [&](int f, int q) {
       const int g = q / J, c = lane + 32 * (q % J);
-      return ((used >> g) & 1u) && c < C
-                 ? load_stream16(wbase[g] + static_cast<long long>(n) * S::K +
-                                 E * c)
+      return ((used >> g) & 1u) && (F == 1 || n0 + f < S::N) && c < C
+                 ? load_stream16(wbase[g] +
+                                 static_cast<long long>(n0 + f) * S::K + E * c)
                  : make_uint4(0u, 0u, 0u, 0u);
     };
-    uint4 w[UU]; // chunk q in slot q % UU
+    uint4 w[UU][F]; // chunk q of feature f in slot [q % UU][f]
 #pragma unroll
     for (int q = 0; q < UU; ++q)
-      w[q] = fetch(q);
+#pragma unroll
+      for (int f = 0; f < F; ++f)
+        w[q][f] = fetch(f, q);
     if (!waited) {
       wait_for_previous_grids(); // the hidden rows next
       waited = true;
     }
-    float acc[KW];
+    float acc[KW][F];
 #pragma unroll
     for (int g = 0; g < KW; ++g)
-      acc[g] = 0.0f;
+#pragma unroll
+      for (int f = 0; f < F; ++f)
+        acc[g][f] = 0.0f;
 #pragma unroll
     for (int q = 0; q < Q; ++q) {
       const int g = q / J, c = lane + 32 * (q % J);
-      const uint4 wv = w[q % UU];
-      if (q + UU < Q)
-        w[q % UU] = fetch(q + UU);
+      uint4 wv[F];
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        wv[f] = w[q % UU][f];
+        if (q + UU < Q)
+          w[q % UU][f] = fetch(f, q + UU);
+      }
       if (((used >> g) & 1u) && c < C) {
-        float wf[E];
-        RowChunk<SW>::unpack(wv, wf);
-        acc[g] = row_fma_chunk<SW>(wf, S::row(a, g) + E * c, acc[g]);
+        // The slot's activation chunk once, then each feature's weights
+        // decoded and multiplied in turn, in element order.
+        float xv[E];
+#pragma unroll
+        for (int i = 0; i < E; i += 4)
+          load4_act(S::row(a, g) + E * c + i, xv + i);
+#pragma unroll
+        for (int f = 0; f < F; ++f) {
+          float wf[E];
+          RowChunk<SW>::unpack(wv[f], wf);
+#pragma unroll
+          for (int i = 0; i < E; ++i)
+            acc[g][f] = fmaf(wf[i], xv[i], acc[g][f]);
+        }
       }
     }
-    float v = 0.0f;
 #pragma unroll
-    for (int g = 0; g < KW; ++g) {
-      const float d = warp_sum(acc[g]); // as row_linear sums each row
-      if ((used >> g) & 1u)
-        v += wts[g] * scaled_output<S>(a, g, n, d);
+    for (int f = 0; f < F; ++f) {
+      const int n = n0 + f;
+      if (F > 1 && n >= S::N)
+        continue; // warp-uniform
+      float v = 0.0f;
+#pragma unroll
+      for (int g = 0; g < KW; ++g) {
+        const float d = warp_sum(acc[g][f]); // as row_linear sums each row
+        if ((used >> g) & 1u)
+          v += wts[g] * scaled_output<S>(a, g, n, d);
+      }
+      if (lane == 0)
+        sum[n] = x[n] + (shared[n] + v);
     }
-    if (lane == 0)
-      sum[n] = x[n] + (shared[n] + v);
   }
   if (!waited)
     wait_for_previous_grids(); // a warp without items

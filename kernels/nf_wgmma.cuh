@@ -195,6 +195,15 @@ __device__ __forceinline__ void mbarrier_arrive_copies(unsigned bar) {
 // across tiles: the producer loads the next tile while the consumers store
 // the last one. (wgmma_tile instead makes all 256 threads load and multiply,
 // with a block barrier per slice: 445-476 TFLOP/s on the Nano shapes.)
+// FP8 weights (HasCodesOnLoad): the producer loads the codes into registers
+// before it waits for the stage, widens them to bf16 (exact) and stores
+// them in the same swizzled layout, then fences them to the async proxy
+// and arrives on the "full" barrier itself, beside its copies' arrival; no
+// launch widens the codes into scratch first. The widening, not the loads'
+// latency, sets the producer's pace: at 8,000 rows of the Nano shared
+// expert 507 us against bf16 weights' 357 (H100), the same with two or
+// three stages of codes in flight in registers (bench/kernels/
+// ws_gemm_check.cu, bench/results/2026-12-07e).
 /// Runs tiles blockIdx.x, blockIdx.x + gridDim.x, ... < tiles; tile_of(t,
 /// g, row0, rows, n0) names tile t's group, first row, row count (<= 64 CW)
 /// and first feature. Call from all wgmma_ws_threads<CW>() threads.
@@ -209,6 +218,7 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
   constexpr int STAGE = wgmma_ws_stage_bytes<TN, CW>();
   constexpr int A_BYTES = TM * kWgK * 2;
   constexpr int KT = (S::K + kWgK - 1) / kWgK;
+  constexpr bool kCodes = HasCodesOnLoad<S>::value;
   // Three consumers of 256-wide tiles would need more than 65536 / 512
   // registers (ptxas does not compile them under that bound even with
   // setmaxnreg moving registers from the producer).
@@ -224,7 +234,8 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
   const int tid = threadIdx.x, wg = tid >> 7;
   if (tid == 0) {
     for (int s = 0; s < ST; ++s) {
-      mbarrier_init(full0 + 8 * s, 128);     // each producer thread's copies
+      // Each producer thread's copies (and, widening codes, its stores).
+      mbarrier_init(full0 + 8 * s, kCodes ? 256 : 128);
       mbarrier_init(empty0 + 8 * s, 4 * CW); // each consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -245,30 +256,52 @@ __device__ __forceinline__ void wgmma_ws_gemm(Step a, int tiles, TileOf tile_of,
       for (int j = 0; j < AJ; ++j)
         arow[j] = r0 + 16 * j < rows ? S::row16(a, row0 + r0 + 16 * j) + ch * 8
                                      : nullptr;
-      const bf16 *brow =
-          wbase + static_cast<long long>(n0 + r0) * S::K + ch * 8;
+      const long long boff = static_cast<long long>(n0 + r0) * S::K + ch * 8;
+      const bf16 *brow = wbase + boff;
       const int bvalid = S::N - n0 - r0; // rows r0 + 16 j < N - n0
       for (int kt = 0; kt < KT; ++kt, ++it) {
         const int stage = it % ST;
-        mbarrier_wait(empty0 + 8 * stage, ((it / ST) & 1) ^ 1);
-        unsigned char *st = smem + stage * STAGE;
         const int k0 = kt * kWgK;
         const bool kin = k0 + ch * 8 < S::K;
+        uint2 codes[kCodes ? BJ : 1]; // 8 codes of each of the BJ rows
+        if constexpr (kCodes) {
+          const fp8e4m3 *crow = S::codes(a, g) + boff + k0;
+#pragma unroll
+          for (int j = 0; j < BJ; ++j)
+            codes[j] = 16 * j < bvalid && kin
+                           ? __ldg(reinterpret_cast<const uint2 *>(
+                                 crow + static_cast<long long>(16 * j) * S::K))
+                           : make_uint2(0u, 0u);
+        }
+        mbarrier_wait(empty0 + 8 * stage, ((it / ST) & 1) ^ 1);
+        unsigned char *st = smem + stage * STAGE;
 #pragma unroll
         for (int j = 0; j < AJ; ++j)
           copy_async16_or_zero(st + soff + j * 2048,
                                arow[j] ? static_cast<const void *>(arow[j] + k0)
                                        : wbase, // not read
                                arow[j] && kin);
+        if constexpr (kCodes) {
 #pragma unroll
-        for (int j = 0; j < BJ; ++j) {
-          const bool valid = 16 * j < bvalid && kin;
-          copy_async16_or_zero(
-              st + A_BYTES + soff + j * 2048,
-              valid ? static_cast<const void *>(
-                          brow + static_cast<long long>(16 * j) * S::K + k0)
-                    : wbase, // not read
-              valid);
+          for (int j = 0; j < BJ; ++j) {
+            const uint2 lo = fp8x4_to_bf16x4(codes[j].x),
+                        hi = fp8x4_to_bf16x4(codes[j].y);
+            *reinterpret_cast<uint4 *>(st + A_BYTES + soff + j * 2048) =
+                make_uint4(lo.x, lo.y, hi.x, hi.y);
+          }
+          fence_proxy_async_shared(); // the consumers' wgmma read them
+          mbarrier_arrive(full0 + 8 * stage);
+        } else {
+#pragma unroll
+          for (int j = 0; j < BJ; ++j) {
+            const bool valid = 16 * j < bvalid && kin;
+            copy_async16_or_zero(
+                st + A_BYTES + soff + j * 2048,
+                valid ? static_cast<const void *>(
+                            brow + static_cast<long long>(16 * j) * S::K + k0)
+                      : wbase, // not read
+                valid);
+          }
         }
         mbarrier_arrive_copies(full0 + 8 * stage);
       }

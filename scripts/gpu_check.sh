@@ -27,6 +27,9 @@
 #     and tiny-nano and tiny-hybrid-bf16 with every linear weight quantised
 #     to FP8 (a scale per output channel; codes beside the plan):
 #       tiny-nano-fp8, tiny-hybrid-bf16-fp8 ... --weights=fp8 --quantize=all
+#     and tiny-hybrid-bf16-fp8 with bf16 inputs, for sm_90 and for sm_80
+#     (whose PTX the GPU then runs: the prefill GEMMs read widened copies):
+#       tiny-hybrid-bf16-fp8-bf16in[-sm80] ... --matmul-inputs=bf16
 #     and the checkpoints quantised by ModelOpt (static FP8 activations) and
 #     llm-compressor (dynamic per-token FP8 activations):
 #       tiny-nano-fp8-modelopt, tiny-nano-fp8-dynamic ... --target=cuda:sm_90
@@ -119,6 +122,16 @@ prepare() {
   compile tiny-nano-fp8 "$(model_dir tiny-nano)" --weights=fp8 --quantize=all
   compile tiny-hybrid-bf16-fp8 "$(model_dir tiny-hybrid-bf16)" --weights=fp8 \
     --quantize=all
+  # The same with bf16 inputs: the sm_90a prefill GEMMs widen the codes as
+  # they load them; compiled for sm_80, the GPU runs the PTX, whose GEMMs
+  # read the codes widened into scratch (CudaPlans.Fp8CodesWidenedOnLoad...).
+  compile tiny-hybrid-bf16-fp8-bf16in "$(model_dir tiny-hybrid-bf16)" \
+    --weights=fp8 --quantize=all --matmul-inputs=bf16
+  local saved="$target"
+  target=cuda:sm_80
+  compile tiny-hybrid-bf16-fp8-bf16in-sm80 "$(model_dir tiny-hybrid-bf16)" \
+    --weights=fp8 --quantize=all --matmul-inputs=bf16
+  target="$saved"
   # Checkpoints quantised by ModelOpt and llm-compressor (FP8 activations).
   for m in tiny-nano-fp8-modelopt tiny-nano-fp8-dynamic; do
     compile "$m" "$(model_dir "$m")"

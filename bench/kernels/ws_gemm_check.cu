@@ -9,6 +9,10 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I kernels [-DNF_WS_SKEW_TEST] \
 //     bench/kernels/ws_gemm_check.cu -o ws_gemm_check && ./ws_gemm_check
 //
+// The same GEMMs with FP8 E4M3 weights that the producer widens to bf16 as
+// it loads them (S::kCodesOnLoad), against the reference over the codes'
+// bf16 values (exact), and each launch's time beside the bf16 weights'.
+//
 // Exit status 1 when a launch does not finish within 10 s or an output
 // differs from the f64 reference by more than 3e-5 of the sum of its
 // terms' magnitudes (f32 accumulation over K = 2688 or 3712 products).
@@ -19,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <unistd.h>
@@ -52,6 +57,15 @@ template <int N_, int K_> struct Spec : nf::DenseGroups {
 };
 using Down = Spec<2688, 3712>; // the Nano shared expert's down projection
 using Up = Spec<3712, 2688>;   // and its up projection
+// FP8 codes in weights[1], widened as they load (weights[0] is not read).
+template <int N_, int K_> struct CodesSpec : Spec<N_, K_> {
+  static constexpr bool kCodesOnLoad = true;
+  __device__ static __forceinline__ const nf::fp8e4m3 *codes(nf::Step a, int) {
+    return nf::weight<nf::fp8e4m3>(a, 1);
+  }
+};
+using DownCodes = CodesSpec<2688, 3712>;
+using UpCodes = CodesSpec<3712, 2688>;
 
 __global__ void __launch_bounds__(384)
     down(const nf_step_args *args, char *arena) {
@@ -60,6 +74,26 @@ __global__ void __launch_bounds__(384)
 __global__ void __launch_bounds__(384)
     up(const nf_step_args *args, char *arena) {
   nf::linear<Up, 1, true, true, 256>(nf::Step{args, arena});
+}
+
+__global__ void __launch_bounds__(384)
+    down_codes(const nf_step_args *args, char *arena) {
+  nf::linear<DownCodes, 1, true, true, 256>(nf::Step{args, arena});
+}
+__global__ void __launch_bounds__(384)
+    up_codes(const nf_step_args *args, char *arena) {
+  nf::linear<UpCodes, 1, true, true, 256>(nf::Step{args, arena});
+}
+
+// An E4M3 code's value as bf16 bits (exact: 3 mantissa bits, exponents
+// 2^-9 .. 2^8).
+unsigned short e4m3_as_bf16(unsigned code) {
+  const unsigned e = (code >> 3) & 15u, m = code & 7u;
+  const float v = e == 0 ? std::ldexp(float(m), -9)
+                         : std::ldexp(1.0f + m / 8.0f, int(e) - 7);
+  unsigned bits;
+  std::memcpy(&bits, &v, 4);
+  return static_cast<unsigned short>(bits >> 16 | (code & 0x80u) << 8);
 }
 
 __global__ void reference(const unsigned short *x, const unsigned short *w,
@@ -93,8 +127,20 @@ int main() {
       cudaMemcpy(arena, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
   host.resize(3712ull * 2688);
   const unsigned short *w = upload(host);
-  const void *weights[1] = {w};
-  const void **dweights = device_alloc<const void *>(1);
+  // Codes of every finite value (no NaN: 0x7f, 0xff) and their bf16 values.
+  std::vector<unsigned char> codes(host.size());
+  std::vector<unsigned short> widened(host.size());
+  for (size_t i = 0; i < codes.size(); ++i) {
+    unsigned c = rng() & 0xffu;
+    if ((c & 0x7fu) == 0x7fu)
+      c ^= 1u;
+    codes[i] = static_cast<unsigned char>(c);
+    widened[i] = e4m3_as_bf16(c);
+  }
+  const unsigned char *wc = upload(codes);
+  const unsigned short *ww = upload(widened);
+  const void *weights[2] = {w, wc};
+  const void **dweights = device_alloc<const void *>(2);
   CHECK(cudaMemcpy(dweights, weights, sizeof(weights), cudaMemcpyHostToDevice));
   nf_step_args args{};
   args.arena = arena;
@@ -106,21 +152,32 @@ int main() {
                              kSmem));
   CHECK(cudaFuncSetAttribute(up, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              kSmem));
+  CHECK(cudaFuncSetAttribute(
+      down_codes, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  CHECK(cudaFuncSetAttribute(
+      up_codes, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
   // Last tiles of 1, 40, 64 rows (the second consumer warpgroup idle), of
   // 65 and 128, and GEMV-only steps (<= kGemvRows).
   const int sizes[] = {2049, 1856, 2048, 2112, 2100, 8000, 129, 64, 40, 8, 1};
   bool ok = true;
-  for (int which = 0; which < 2; ++which)
+  for (int kind = 0; kind < 4; ++kind)
     for (int rows : sizes) {
+      const int which = kind & 1;
+      const bool fp8 = kind >= 2;
       const int N = which ? Up::N : Down::N, K = which ? Up::K : Down::K;
       args.num_tokens = rows;
       CHECK(cudaMemcpy(dargs, &args, sizeof(args), cudaMemcpyHostToDevice));
+      float ms = 0.0f;
       for (int rep = 0; rep < 20; ++rep) {
         CHECK(cudaMemset(arena + kOut, 0xff, 4ll * rows * N));
-        if (which)
-          up<<<132, 384, kSmem>>>(dargs, arena);
-        else
-          down<<<132, 384, kSmem>>>(dargs, arena);
+        CHECK(cudaEventRecord(e0));
+        auto *kernel =
+            fp8 ? (which ? up_codes : down_codes) : (which ? up : down);
+        kernel<<<132, 384, kSmem>>>(dargs, arena);
+        CHECK(cudaEventRecord(e1));
         CHECK(cudaGetLastError());
         const auto t0 = std::chrono::steady_clock::now();
         cudaError_t q;
@@ -135,10 +192,13 @@ int main() {
           std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
         CHECK(q);
+        float m = 0.0f;
+        CHECK(cudaEventElapsedTime(&m, e0, e1));
+        ms += rep > 0 ? m : 0.0f; // the first launch warms up
       }
       reference<<<static_cast<unsigned>((1ll * rows * N + 255) / 256), 256>>>(
-          reinterpret_cast<const unsigned short *>(arena), w, ref, mag, rows, N,
-          K);
+          reinterpret_cast<const unsigned short *>(arena), fp8 ? ww : w, ref,
+          mag, rows, N, K);
       CHECK(cudaDeviceSynchronize());
       std::vector<float> got(static_cast<size_t>(rows) * N);
       std::vector<double> want(got.size()), size(got.size());
@@ -155,9 +215,10 @@ int main() {
       }
       const bool pass = worst <= 3e-5;
       ok = ok && pass;
-      std::printf(
-          "%s, %5d rows: 20 launches, max relative difference %.2e %s\n",
-          which ? "up  " : "down", rows, worst, pass ? "ok" : "FAIL");
+      std::printf("%s %s, %5d rows: 20 launches, %8.1f us each, max "
+                  "relative difference %.2e %s\n",
+                  which ? "up  " : "down", fp8 ? "fp8 " : "bf16", rows,
+                  1e3 * ms / 19, worst, pass ? "ok" : "FAIL");
     }
   return ok ? 0 : 1;
 }

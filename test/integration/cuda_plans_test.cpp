@@ -401,4 +401,48 @@ INSTANTIATE_TEST_SUITE_P(Fp8, CudaQuantisedPlans,
                                            "tiny-nano-fp8-dynamic"),
                          ParamName());
 
+// tiny-hybrid-bf16 with FP8 weights and bf16 inputs: on the sm_90a cubins
+// the warp-specialised prefill GEMMs widen the codes to bf16 as they load
+// them (nf_wgmma.cuh, kCodesOnLoad); the same plan compiled for sm_80 runs
+// its PTX on the GPU, whose GEMMs read a copy that a launch widened into
+// scratch first. The products are the same (exact widening, the same bf16
+// rows); the f32 sums differ in order, and a last-bit difference can round
+// a later GEMM's bf16 input the other way, so the bound is that of bf16
+// rounding (4e-3 a step), not kBatchTol. Wrong codes, a wrong layout or a
+// stage read before it is written differ by order 1.
+constexpr double kWidenTol = 2e-2;
+TEST(CudaPlans, Fp8CodesWidenedOnLoadMatchWidenedScratch) {
+  NF_REQUIRE_GPU();
+  const std::string onLoad = cudaPlan("tiny-hybrid-bf16-fp8-bf16in"),
+                    scratch = cudaPlan("tiny-hybrid-bf16-fp8-bf16in-sm80");
+  NF_REQUIRE_PLAN(onLoad);
+  NF_REQUIRE_PLAN(scratch);
+  const std::string dir = modelDir("tiny-hybrid-bf16");
+  std::unique_ptr<Engine> a = loadEngine(onLoad, testOptions("cuda", dir));
+  std::unique_ptr<Engine> b = loadEngine(scratch, testOptions("cuda", dir));
+  ASSERT_TRUE(a && b);
+  RefFile ref(dir + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  ASSERT_FALSE(prompts.empty());
+  // Every prompt in one prefill step (rows of many experts a GEMM).
+  std::vector<SequenceInput> ia, ib;
+  for (const Prompt &p : prompts) {
+    SequenceInput in;
+    in.tokens = p.tokens;
+    in.sequence = *a->addSequence();
+    ia.push_back(in);
+    in.sequence = *b->addSequence();
+    ib.push_back(in);
+  }
+  std::vector<float> la, lb;
+  ASSERT_TRUE(a->step(ia, LogitsFor::AllTokens, la).ok());
+  ASSERT_TRUE(b->step(ib, LogitsFor::AllTokens, lb).ok());
+  ASSERT_EQ(la.size(), lb.size());
+  const double diff = relError(la.data(), lb.data(), la.size());
+  EXPECT_LE(diff, kWidenTol);
+  std::cout << "[ cuda ] FP8 codes widened on load vs widened scratch "
+               "(prefill logits): max rel "
+            << diff << (diff == 0 ? " (bit-identical)" : "") << "\n";
+}
+
 } // namespace

@@ -86,6 +86,10 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   const int64_t widenOff =
       widen && s.owner ? scratchOf(*s.owner, codeCount * 2) : 0;
   const std::string widened = "nf::arena<nf::bf16>(a, " + num(widenOff) + "ll)";
+  // Where the GEMM is the warp-specialised one (nf-cuda-launch-tiles), its
+  // sm_90a cubin widens the codes as it loads them, and the widening launch
+  // runs only in the PTX for other targets.
+  const bool wsOnLoad = s.wsTile > 0 && opts.wgmma && opts.matmulTerms == 1;
   const std::string weightType = widen ? "nf::bf16" : s.wtype;
   const std::string weight =
       !widen ? s.weight
@@ -98,6 +102,18 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
        << "  __device__ static __forceinline__ const W *weight("
           "nf::Step a, int g) {\n"
        << "    (void)g;\n    return " << weight << ";\n  }\n";
+  // The warp-specialised wgmma GEMM (sm_90a) widens the codes as it loads
+  // them; the other kernels (the PTX for other targets) read the widened
+  // copy.
+  if (widen && wsOnLoad)
+    text << "  static constexpr bool kCodesOnLoad = true;\n"
+         << "  __device__ static __forceinline__ const nf::fp8e4m3 *codes("
+            "nf::Step a, int g) {\n"
+         << "    (void)g;\n    return " << s.codes
+         << (s.G == 1
+                 ? std::string()
+                 : " + static_cast<long long>(g) * " + num(s.N * s.K) + "ll")
+         << ";\n  }\n";
   if (!s.rowScales.empty())
     text << "  static constexpr bool kRowScales = true;\n"
          << "  __device__ static __forceinline__ const float *row_scales("
@@ -168,10 +184,15 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   if (planes) {
     if (widen)
       addLaunch(fn + "_widen", elementGrid(ceilDiv(codeCount, 16)), 256,
-                "  nf::widen_fp8_codes<" + num(codeCount) + "ll>(" + s.codes +
-                    ", " + widened + ");\n",
+                std::string(wsOnLoad ? "#ifndef NF_HAS_WGMMA\n" : "") +
+                    "  nf::widen_fp8_codes<" + num(codeCount) + "ll>(" +
+                    s.codes + ", " + widened + ");\n" +
+                    (wsOnLoad ? "#endif\n" : ""),
                 comment + ": FP8 codes widened to bf16 (codegen scratch at " +
-                    num(widenOff) + ")");
+                    num(widenOff) + ")" +
+                    (wsOnLoad ? "; sm_90a: the GEMM widens them as it loads "
+                                "them, this launch does nothing"
+                              : ""));
     if (splitLaunch)
       addLaunch(fn + "_split", elementGrid(planeElems / 4), 256,
                 "  nf::split_rows_bf16<" + num(terms) + ", " + num(s.K) + ", " +
@@ -318,23 +339,23 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     // row_linear's comment.
     const bool row = opts.rowLinear || s.rowOnly;
     if (row) {
-      // FP8 codes: two features a warp item, so that an item keeps a bf16
-      // row's bytes in flight and a lane reads its activations once for
-      // both.
-      const int64_t features = quantised && s.rowBody.empty() ? 2 : 1;
+      // A rowBody (row_experts_combine) takes the same items.
+      const RowItem item = rowItemOf(quantised);
+      const int64_t features = item.features;
       addLaunch(
           fn + "_row",
           gridOf(ceilDiv(s.G * ceilDiv(s.N, features), kWarps),
                  int64_t(opts.smCount) * 3),
           32 * kWarps,
           s.rowBody.empty()
-              ? "  nf::row_linear<" + spec + ", " + num(kRowChunks) +
+              ? "  nf::row_linear<" + spec + ", " + num(item.chunks) +
                     (features > 1 ? ", 1, " + num(features) : "") + ">(a);\n"
               : s.rowBody,
           comment + " (one token: a warp per " +
               (features > 1 ? num(features) + " features)" : "feature)"),
           0, maxTokens > 1 ? 1 : 0, /*bodyWaits=*/true, s.groupsAfterWait);
       functions.back().sliceable = s.rowBody.empty();
+      functions.back().minBlocks = static_cast<int>(item.minBlocks);
       if (s.rowOnly)
         return;
     }

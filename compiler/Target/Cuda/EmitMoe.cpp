@@ -400,11 +400,14 @@ bool KernelEmitter::oneTokenExperts(size_t d) {
   down.store = "    (void)a; (void)r; (void)n; (void)v;\n"; // sums instead
   text << "// Blocks of " << fn << "_row done (row_experts_combine).\n"
        << "__device__ unsigned " << fn << "_done;\n";
+  const RowItem item = rowItemOf(!down.rowScales.empty());
+  const std::string features =
+      item.features > 1 ? ", " + num(item.features) : "";
   down.rowBody = "  nf::row_experts_combine<" + fn + "_spec, " +
-                 num(kRowChunks) + ">(a, " + arenaPtr(cin[2]) + ", " +
-                 arenaPtr(c->shared) + ", " + arenaPtr(c->residual) + ", " +
-                 arenaPtr(c->sum) + ", " + weightPtr(c->normWeight) + ", " +
-                 doubleLit(c->eps) + ", " + outPtr(c->out) + ", &" + fn +
+                 num(item.chunks) + features + ">(a, " + arenaPtr(cin[2]) +
+                 ", " + arenaPtr(c->shared) + ", " + arenaPtr(c->residual) +
+                 ", " + arenaPtr(c->sum) + ", " + weightPtr(c->normWeight) +
+                 ", " + doubleLit(c->eps) + ", " + outPtr(c->out) + ", &" + fn +
                  "_done);\n";
   emitLinear(fn, down,
              "nf_moe.expert_down + nf_moe.combine + nf.add (shared expert) + "

@@ -120,10 +120,25 @@ struct ExpertStatsLayout {
   }
 };
 
-/// row_linear's 16-byte weight chunks in flight a lane (steps of one token):
-/// 6 was the best of 4 to 11 on the Nano shapes alone on the H200
-/// (bench/kernels/row_linear_sweep.cu).
-constexpr int64_t kRowChunks = 6;
+/// The warp items of the one-token kernels (row_linear,
+/// row_experts_combine): 16-byte weight chunks in flight a lane and feature,
+/// output features an item, and the blocks an SM the kernel must fit
+/// (__launch_bounds__; 0: ptxas's choice). Their grids are three blocks an
+/// SM.
+struct RowItem {
+  int64_t chunks, features, minBlocks;
+};
+/// bf16: 6 chunks (the best of 4 to 11 on the Nano shapes alone on the H200,
+/// bench/kernels/row_linear_sweep.cu), a feature an item. FP8 codes (row
+/// scales): two features an item keep a bf16 row's bytes in flight, and a
+/// lane reads its activations once for both (nf_linear_row.cuh), 3 chunks
+/// a feature in flight, three blocks an SM (row_experts_combine: 80
+/// registers, 70 bytes spilled; unbounded it took 128, two blocks an SM).
+/// H100, Nano batch 1: 359 -> 379 tok/s against 6 chunks, one feature in
+/// the combine (bench/results/2026-12-07e).
+inline RowItem rowItemOf(bool quantised) {
+  return quantised ? RowItem{3, 2, 3} : RowItem{6, 1, 0};
+}
 
 inline std::string num(int64_t v) { return std::to_string(v); }
 
