@@ -59,6 +59,22 @@ INSTANTIATE_TEST_SUITE_P(PydocMoe, CudaBf16Plans,
                                            "pydoc-moe-bf16-sm4"),
                          ParamName());
 
+// A sequence of `engine` for each prompt, and in `inputs` a step that
+// prefills every prompt at once; false where a sequence cannot be added.
+bool addPrompts(Engine &engine, const std::vector<Prompt> &prompts,
+                std::vector<SequenceInput> &inputs) {
+  for (const Prompt &p : prompts) {
+    StatusOr<int32_t> seq = engine.addSequence();
+    if (!seq)
+      return false;
+    SequenceInput in;
+    in.tokens = p.tokens;
+    in.sequence = *seq;
+    inputs.push_back(in);
+  }
+  return true;
+}
+
 // Steps split into runs of 16 tokens / 2 sequences (tiny-hybrid-small).
 TEST(CudaPlans, SmallArenaMatchesLargeArena) {
   NF_REQUIRE_GPU();
@@ -75,18 +91,8 @@ TEST(CudaPlans, SmallArenaMatchesLargeArena) {
   const int64_t V = a->info().vocabSize;
   // Every prompt at once (more than 16 tokens and 2 sequences), then decode.
   std::vector<float> la, lb;
-  std::vector<int32_t> sa, sb;
   std::vector<SequenceInput> ia, ib;
-  for (const Prompt &p : prompts) {
-    sa.push_back(*a->addSequence());
-    sb.push_back(*b->addSequence());
-    SequenceInput in;
-    in.tokens = p.tokens;
-    in.sequence = sa.back();
-    ia.push_back(in);
-    in.sequence = sb.back();
-    ib.push_back(in);
-  }
+  ASSERT_TRUE(addPrompts(*a, prompts, ia) && addPrompts(*b, prompts, ib));
   ASSERT_TRUE(a->step(ia, LogitsFor::AllTokens, la).ok());
   ASSERT_TRUE(b->step(ib, LogitsFor::AllTokens, lb).ok());
   ASSERT_EQ(la.size(), lb.size());
@@ -426,14 +432,7 @@ TEST(CudaPlans, Fp8CodesWidenedOnLoadMatchWidenedScratch) {
   ASSERT_FALSE(prompts.empty());
   // Every prompt in one prefill step (rows of many experts a GEMM).
   std::vector<SequenceInput> ia, ib;
-  for (const Prompt &p : prompts) {
-    SequenceInput in;
-    in.tokens = p.tokens;
-    in.sequence = *a->addSequence();
-    ia.push_back(in);
-    in.sequence = *b->addSequence();
-    ib.push_back(in);
-  }
+  ASSERT_TRUE(addPrompts(*a, prompts, ia) && addPrompts(*b, prompts, ib));
   std::vector<float> la, lb;
   ASSERT_TRUE(a->step(ia, LogitsFor::AllTokens, la).ok());
   ASSERT_TRUE(b->step(ib, LogitsFor::AllTokens, lb).ok());
