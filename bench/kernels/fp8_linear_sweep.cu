@@ -123,7 +123,10 @@ __device__ __forceinline__ void unpack_chunk(uint4 v, float *out) {
 // activation chunk first, then decodes and multiplies each of the P
 // features' weight chunks in turn (one feature's floats live at a time).
 // On the H100, FP8 at P = 2: 14.5 us for Nano's routed expert up
-// projection, against 20.1 for row_linear<.., 6, 1, 2>.
+// projection, against 20.1 for row_linear<.., 6, 1, 2> with the
+// bit-placement decoder; the same order in row_linear with the hardware
+// conversion changed nothing end to end (Nano batch 1: 363 against 364
+// tok/s, bench/results/2026-12-07e/ab-row-order.md).
 template <class S, int U, int P, int MODE>
 __global__ void __launch_bounds__(256, 3) rowp(const nf_step_args *args) {
   using namespace nf;
