@@ -86,10 +86,12 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   const int64_t widenOff =
       widen && s.owner ? scratchOf(*s.owner, codeCount * 2) : 0;
   const std::string widened = "nf::arena<nf::bf16>(a, " + num(widenOff) + "ll)";
-  // Where the GEMM is the warp-specialised one (nf-cuda-launch-tiles), its
-  // sm_90a cubin widens the codes as it loads them, and the widening launch
-  // runs only in the PTX for other targets.
-  const bool wsOnLoad = s.wsTile > 0 && opts.wgmma && opts.matmulTerms == 1;
+  // Where the GEMM is the warp-specialised one (nf-cuda-launch-tiles; its
+  // conditions are checked below), its sm_90a cubin widens the codes as it
+  // loads them, and the widening launch runs only in the PTX for other
+  // targets.
+  const int64_t wsTile = s.wsTile;
+  const bool ws = wsTile > 0;
   const std::string weightType = widen ? "nf::bf16" : s.wtype;
   const std::string weight =
       !widen ? s.weight
@@ -105,7 +107,7 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   // The warp-specialised wgmma GEMM (sm_90a) widens the codes as it loads
   // them; the other kernels (the PTX for other targets) read the widened
   // copy.
-  if (widen && wsOnLoad)
+  if (widen && ws)
     text << "  static constexpr bool kCodesOnLoad = true;\n"
          << "  __device__ static __forceinline__ const nf::fp8e4m3 *codes("
             "nf::Step a, int g) {\n"
@@ -184,15 +186,14 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
   if (planes) {
     if (widen)
       addLaunch(fn + "_widen", elementGrid(ceilDiv(codeCount, 16)), 256,
-                std::string(wsOnLoad ? "#ifndef NF_HAS_WGMMA\n" : "") +
+                std::string(ws ? "#ifndef NF_HAS_WGMMA\n" : "") +
                     "  nf::widen_fp8_codes<" + num(codeCount) + "ll>(" +
-                    s.codes + ", " + widened + ");\n" +
-                    (wsOnLoad ? "#endif\n" : ""),
+                    s.codes + ", " + widened + ");\n" + (ws ? "#endif\n" : ""),
                 comment + ": FP8 codes widened to bf16 (codegen scratch at " +
                     num(widenOff) + ")" +
-                    (wsOnLoad ? "; sm_90a: the GEMM widens them as it loads "
-                                "them, this launch does nothing"
-                              : ""));
+                    (ws ? "; sm_90a: the GEMM widens them as it loads "
+                          "them, this launch does nothing"
+                        : ""));
     if (splitLaunch)
       addLaunch(fn + "_split", elementGrid(planeElems / 4), 256,
                 "  nf::split_rows_bf16<" + num(terms) + ", " + num(s.K) + ", " +
@@ -210,8 +211,6 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
     const int64_t pipeSmem = (terms == 1 ? 4 : 3) * (terms + 1) * 128 * 40 * 2;
     const int64_t wgmmaSmem =
         (terms == 1 ? 5 : 3) * (terms + 1) * 128 * 64 * 2 + 1024;
-    const int64_t wsTile = s.wsTile;
-    const bool ws = wsTile > 0;
     const int64_t wsSmem = ws ? shapes::wsGemmSmem(wsTile) : 0;
     if (ws && !(opts.wgmma && terms == 1 &&
                 (wsTile == 128 || wsTile == 192 || wsTile == 256) &&
