@@ -8,6 +8,7 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <new>
@@ -324,6 +325,25 @@ WeightFinder::get(const std::string &name, nf::DType dtype,
   return view;
 }
 
+float syntheticAmplitude(const pl::Weight &w) {
+  const auto *shape = w.shape();
+  const size_t rank = shape ? shape->size() : 0;
+  std::string name;
+  if (w.tensors() && w.tensors()->size() > 0)
+    name = w.tensors()->Get(0)->str();
+  auto endsWith = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) ==
+               0;
+  };
+  if (endsWith("embeddings.weight") || endsWith("embed_tokens.weight"))
+    return 1.0f;
+  if (rank >= 2 && shape->Get(static_cast<fb::uoffset_t>(rank - 1)) > 0)
+    return 1.0f / std::sqrt(static_cast<float>(
+                      shape->Get(static_cast<fb::uoffset_t>(rank - 1))));
+  return 0.05f;
+}
+
 StatusOr<std::unique_ptr<BoundWeights>>
 syntheticWeights(const PlanFile &pf, uint64_t seed, QuantForm form) {
   const pl::Plan &plan = *pf.plan;
@@ -341,27 +361,33 @@ syntheticWeights(const PlanFile &pf, uint64_t seed, QuantForm form) {
     bw->stores.push_back(std::move(codes));
     bw->files.push_back(bw->dir);
   }
-  // The largest weight of each dtype sizes that dtype's random block.
-  std::map<nf::DType, size_t> largest;
+  // The largest weight of each dtype and amplitude sizes that pair's random
+  // block.
+  using BlockKey = std::pair<nf::DType, float>;
+  auto keyOf = [](const pl::Weight *w) {
+    return BlockKey{toDType(w->dtype()), syntheticAmplitude(*w)};
+  };
+  std::map<BlockKey, size_t> largest;
   for (const pl::Weight *w : *plan.weights()) {
     if (w->quant())
       continue;
     size_t n = 1;
     for (int64_t d : *w->shape())
       n *= static_cast<size_t>(d);
-    size_t &l = largest[toDType(w->dtype())];
+    size_t &l = largest[keyOf(w)];
     l = std::max(l, n);
   }
-  std::map<nf::DType, const uint8_t *> blocks;
-  std::map<nf::DType, size_t> blockElements;
+  std::map<BlockKey, const uint8_t *> blocks;
+  std::map<BlockKey, size_t> blockElements;
   WeightRandom next(seed, 0x9E3779B97F4A7C15ull);
-  for (auto [dtype, elements] : largest) {
+  for (auto [key, elements] : largest) {
+    const auto [dtype, amplitude] = key;
     // Room for per-weight offsets: 1/8 more than the largest weight.
     const size_t n = elements + elements / 8 + 64;
     const size_t es = dtypeSize(dtype);
     auto block = std::make_unique<uint8_t[]>(n * es);
     for (size_t i = 0; i < n; ++i) {
-      const float v = next.centred() * 0.1f;
+      const float v = next.centred() * 2.0f * amplitude;
       uint32_t bits;
       std::memcpy(&bits, &v, 4);
       if (dtype == nf::DType::F32) {
@@ -369,7 +395,7 @@ syntheticWeights(const PlanFile &pf, uint64_t seed, QuantForm form) {
       } else if (dtype == nf::DType::BF16) {
         const uint16_t h = static_cast<uint16_t>(bits >> 16);
         std::memcpy(block.get() + 2 * i, &h, 2);
-      } else { // F16: |v| <= 0.05, normal range; round toward zero
+      } else { // F16: |v| <= 1, normal range or zero; round toward zero
         const uint32_t sign = (bits >> 16) & 0x8000u;
         const int32_t exp =
             static_cast<int32_t>((bits >> 23) & 0xFF) - 127 + 15;
@@ -380,8 +406,8 @@ syntheticWeights(const PlanFile &pf, uint64_t seed, QuantForm form) {
         std::memcpy(block.get() + 2 * i, &h, 2);
       }
     }
-    blocks[dtype] = block.get();
-    blockElements[dtype] = n;
+    blocks[key] = block.get();
+    blockElements[key] = n;
     bw->packed.push_back(std::move(block));
   }
   // Routing as a trained, load-balanced router routes: no expert favoured
@@ -411,14 +437,15 @@ syntheticWeights(const PlanFile &pf, uint64_t seed, QuantForm form) {
       continue;
     }
     const nf::DType dtype = toDType(w->dtype());
+    const BlockKey key = keyOf(w);
     BoundWeight b;
     b.shape.assign(w->shape()->begin(), w->shape()->end());
     size_t n = 1;
     for (int64_t d : b.shape)
       n *= static_cast<size_t>(d);
-    const size_t room = blockElements[dtype] - n;
+    const size_t room = blockElements[key] - n;
     const size_t offset = room ? (next() % room) & ~size_t(63) : 0;
-    b.view.data = blocks[dtype] + offset * dtypeSize(dtype);
+    b.view.data = blocks[key] + offset * dtypeSize(dtype);
     if (isRouterBias(w)) {
       auto zero = std::make_unique<uint8_t[]>(n * dtypeSize(dtype));
       std::memset(zero.get(), 0, n * dtypeSize(dtype));

@@ -103,11 +103,23 @@ private:
   uint64_t state_;
 };
 
+/// The amplitude a of a synthetic weight's values, uniform in [-a, a]:
+/// 1 / sqrt(K) for a matrix of K input columns (its outputs keep their
+/// inputs' scale, as initialisers do), 1 for the token embeddings, and 0.05
+/// for vectors (norms, biases, Mamba's A, D and dt bias). With 0.05 for
+/// every weight, a Nano-wide stack of 52 layers over a 1,024-token random
+/// context made the tokens of a decode step alike, and a batch of 32 loaded
+/// 67 of 128 experts a layer where independent tokens load 100.5
+/// (bench/results/2026-12-07e/routing-context.md); a trained model's router
+/// picks by each token.
+float syntheticAmplitude(const nf::plan::Weight &w);
+
 /// Seeded random weights of the plan's shapes and dtypes instead of a
 /// checkpoint (benchmarks of model shapes whose checkpoint is not at hand):
-/// values uniform in [-0.05, 0.05]. Every weight views a window of one
-/// shared random block per dtype (at a per-weight offset), so memory is the
-/// largest weight, not the model.
+/// values uniform in [-a, a], a = syntheticAmplitude. Every weight views a
+/// window of one shared random block per dtype and amplitude (at a
+/// per-weight offset), so memory is the largest weight of each, not the
+/// model.
 StatusOr<std::unique_ptr<BoundWeights>>
 syntheticWeights(const PlanFile &plan, uint64_t seed,
                  QuantForm form = QuantForm::Dequantised);

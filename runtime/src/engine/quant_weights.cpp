@@ -6,6 +6,7 @@
 #include "engine/plan_loader.h"
 
 #include <cmath>
+#include <map>
 #include <new>
 
 namespace nf::engine {
@@ -336,9 +337,10 @@ Status addRandomQuantTensors(const PlanFile &pf, uint64_t seed,
     packed.push_back(std::make_unique<uint8_t[]>(bytes + 64 * 8));
     return packed.back().get();
   };
-  // Dequantised weights uniform in about [-0.05, 0.05], as syntheticWeights'
-  // unquantised ones: fp8 codes of uniform values at scale 0.05 / 448, int4
-  // codes uniform in [-8, 7] at scale 0.05 / 8. Room for window offsets.
+  // Dequantised weights uniform in about [-a, a], a = 1 / sqrt(C) as for
+  // syntheticWeights' unquantised matrices: fp8 codes of uniform values at
+  // scale a / 448, int4 codes uniform in [-8, 7] at scale a / 8. Room for
+  // window offsets.
   const size_t fp8Room = fp8Bytes / 8 + 64, int4Room = int4Words / 8 + 16;
   uint8_t *fp8 = block(fp8Bytes + fp8Room);
   for (size_t i = 0; i < fp8Bytes + fp8Room; ++i) {
@@ -353,8 +355,16 @@ Status addRandomQuantTensors(const PlanFile &pf, uint64_t seed,
       std::memcpy(b + 4 * i, &v, 4);
     return b;
   };
-  const uint8_t *fp8Scale = constant(0.05f / 448.0f, scales);
-  const uint8_t *int4Scale = constant(0.05f / 8.0f, scales);
+  // The scales of each column count (one block each).
+  std::map<std::pair<bool, int64_t>, const uint8_t *> scaleBlocks;
+  auto scaleOf = [&](bool isInt4, int64_t C) {
+    const uint8_t *&b = scaleBlocks[{isInt4, C}];
+    if (!b) {
+      const float a = 1.0f / std::sqrt(static_cast<float>(C));
+      b = constant(a / (isInt4 ? 8.0f : 448.0f), scales);
+    }
+    return b;
+  };
   // Static input scales: activations up to +-8 representable.
   const uint8_t *inputScale = constant(8.0f / 448.0f, 1);
   for (const Planned &w : planned) {
@@ -371,8 +381,7 @@ Status addRandomQuantTensors(const PlanFile &pf, uint64_t seed,
       else if (w.q->granularity() == pl::QuantGranularity::PerGroup)
         scaleShape = {p.rows, w.q->group_size() > 0 ? w.C / w.q->group_size()
                                                     : int64_t(0)};
-      store.addView(p.scale, nf::DType::F32, scaleShape,
-                    isInt4 ? int4Scale : fp8Scale);
+      store.addView(p.scale, nf::DType::F32, scaleShape, scaleOf(isInt4, w.C));
       if (!p.inputScale.empty())
         store.addView(p.inputScale, nf::DType::F32, {1}, inputScale);
     }
