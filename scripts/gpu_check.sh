@@ -76,8 +76,9 @@
 #              an f64 reference, every launch finishing within 10 s while
 #              the warps of a consumer warpgroup without rows run out of step
 #   speed      (information) pydoc-moe generate tok/s, cuda and cpu
-# Logs: $OUT/*.log, gtest XML $OUT/cuda-tests.xml. Exit status 0 when every
-# check passed.
+# Logs: $OUT/*.log, gtest XML $OUT/cuda-tests.xml; what a failing gtest case
+# said (its first lines) also in $OUT/cuda-tests-failures.txt and the
+# summary. Exit status 0 when every check passed.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -232,6 +233,17 @@ run() {
     grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/cuda-tests.log" |
       grep -v ' ms)$' | sed 's/, where GetParam.*//; s/^/           /' |
       tee -a "$SUMMARY"
+    # What each failing test said (its first lines), in the summary: the
+    # one file sure to come back from the device machine.
+    awk '/^\[ RUN      \]/ { name = $4; n = 0; delete said; next }
+         /^\[       OK \]/ { next }
+         /^\[  FAILED  \]/ && name != "" {
+           print "           " name ":"
+           for (i = 1; i <= n; ++i) print "             " said[i]
+           name = ""; next }
+         name != "" && n < 8 { said[++n] = substr($0, 1, 300) }' \
+      "$OUT/cuda-tests.log" > "$OUT/cuda-tests-failures.txt"
+    head -n 120 "$OUT/cuda-tests-failures.txt" | tee -a "$SUMMARY"
   fi
   grep '^\[ cuda \]' "$OUT/cuda-tests.log" > "$OUT/cuda-tests-numbers.txt"
 
