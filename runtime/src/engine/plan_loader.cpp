@@ -339,9 +339,12 @@ float syntheticAmplitude(const pl::Weight &w) {
   if (endsWith("embeddings.weight") || endsWith("embed_tokens.weight"))
     return 1.0f;
   if (rank >= 2 && shape->Get(static_cast<fb::uoffset_t>(rank - 1)) > 0)
-    return 1.0f / std::sqrt(static_cast<float>(
-                      shape->Get(static_cast<fb::uoffset_t>(rank - 1))));
+    return fanInAmplitude(shape->Get(static_cast<fb::uoffset_t>(rank - 1)));
   return 0.05f;
+}
+
+float fanInAmplitude(int64_t K) {
+  return 1.0f / std::sqrt(static_cast<float>(K));
 }
 
 StatusOr<std::unique_ptr<BoundWeights>>

@@ -113,6 +113,8 @@ private:
 /// (bench/results/2026-12-07e/routing-context.md); a trained model's router
 /// picks by each token.
 float syntheticAmplitude(const nf::plan::Weight &w);
+/// That amplitude for a matrix of K input columns: 1 / sqrt(K).
+float fanInAmplitude(int64_t K);
 
 /// Seeded random weights of the plan's shapes and dtypes instead of a
 /// checkpoint (benchmarks of model shapes whose checkpoint is not at hand):

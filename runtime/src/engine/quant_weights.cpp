@@ -360,7 +360,7 @@ Status addRandomQuantTensors(const PlanFile &pf, uint64_t seed,
   auto scaleOf = [&](bool isInt4, int64_t C) {
     const uint8_t *&b = scaleBlocks[{isInt4, C}];
     if (!b) {
-      const float a = 1.0f / std::sqrt(static_cast<float>(C));
+      const float a = fanInAmplitude(C);
       b = constant(a / (isInt4 ? 8.0f : 448.0f), scales);
     }
     return b;
