@@ -315,9 +315,15 @@ void Scheduler::runStep(std::vector<Entry> &step) {
   ev.step_sequences = static_cast<int32_t>(done.size());
   ev.step_tokens = stepTokens;
   ev.expert_calls = expertCalls;
-  if (!done.empty()) {
+  {
     // Before any request of the step ends: what a reader sees after its
     // end includes its last step.
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.steps += 1;
+    stats_.peak_batch =
+        std::max(stats_.peak_batch, static_cast<int32_t>(step.size()));
+  }
+  if (!done.empty()) {
     refreshUtilization();
     notify(ev);
   }
@@ -345,7 +351,9 @@ void Scheduler::runStep(std::vector<Entry> &step) {
   }
   std::erase_if(running_,
                 [](const std::shared_ptr<Request> &r) { return r->seq < 0; });
-  syncWaiting();
+  // All of the step's counts at once: a reader that sees its requests gone
+  // from `running` sees the pages, sequences and snapshots they left.
+  updateStats();
 }
 
 /// Adds the sampled token to r, and ends r when it is the last.
@@ -436,17 +444,16 @@ void Scheduler::refreshUtilization() {
   utilization_.swap(used);
 }
 
-void Scheduler::updateStats(int32_t stepSequences) {
+void Scheduler::updateStats() {
   const int64_t pages = pageSize_ > 0 ? nf_model_kv_pages(model_) : 0;
   const int64_t freePages = pageSize_ > 0 ? nf_model_kv_free_pages(model_) : 0;
   const int32_t live = nf_model_live_sequences(model_);
   std::lock_guard<std::mutex> lock(mu_);
+  stats_.waiting = static_cast<int32_t>(waiting_.size());
   stats_.running = static_cast<int32_t>(running_.size());
-  stats_.peak_batch = std::max(stats_.peak_batch, stepSequences);
   stats_.live_sequences = live;
   stats_.kv_pages = pages;
   stats_.kv_free_pages = freePages;
-  stats_.steps += stepSequences > 0 ? 1 : 0;
   stats_.prefix_cache_queries = cacheQueries_;
   stats_.prefix_cache_hits = cacheHits_;
   stats_.prefix_cache_entries =
@@ -468,7 +475,7 @@ void Scheduler::failAll(const std::string &why) {
 
 void Scheduler::loop() {
   refreshUtilization();
-  updateStats(0);
+  updateStats();
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -501,7 +508,7 @@ void Scheduler::loop() {
       failAll("internal error");
       step.clear();
     }
-    updateStats(static_cast<int32_t>(step.size()));
+    updateStats();
     // Room made (a request preempted, a snapshot given up): plan again.
     bool preempted = cache_ && cache_->evictions() != evictionsBefore;
     {

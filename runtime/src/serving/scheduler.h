@@ -210,7 +210,7 @@ private:
   void failAll(const std::string &why);
   void notify(const nf_engine_event &event) const;
   /// Copies the scheduler thread's counts into stats_.
-  void updateStats(int32_t stepSequences);
+  void updateStats();
   /// Copies the model's expert counters into utilization_.
   void refreshUtilization();
   /// Frees the least recently used prefix-cache snapshot except the one in
