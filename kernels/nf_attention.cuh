@@ -1,9 +1,11 @@
 // Attention with a paged KV cache: nf_kv.append and nf_kv.attend (causal GQA,
 // no positional encoding).
 //
-// Cache storage (runtime-allocated, f32): K and V each [num_pages, PS, NKV,
-// HD]; logical page j of sequence s is physical page
-// a->page_tables[s * a->max_pages_per_seq + j].
+// Cache storage (runtime-allocated): K and V each [num_pages, PS, NKV, HD] of
+// the plan's KV type, f32 or bf16 (`--kv-cache-dtype`); logical page j of
+// sequence s is physical page a->page_tables[s * a->max_pages_per_seq + j].
+// The kernels are templates over the element type (KV, deduced from the
+// cache pointers) and read and write it through kv_get / kv_get4 / kv_put.
 #ifndef NF_KERNELS_ATTENTION_CUH
 #define NF_KERNELS_ATTENTION_CUH
 
@@ -11,6 +13,50 @@
 #include "nf_mma.cuh"
 
 namespace nf {
+
+/// A KV cache's storage (nf::storage, f32 words) as its element type.
+template <class KV> __device__ __forceinline__ KV *kv_cache(float *storage) {
+  return reinterpret_cast<KV *>(storage);
+}
+/// Stores v as the cache holds it: f32, or bf16 rounded to nearest even
+/// (what the CPU backend's KvStorage::BF16 keeps).
+__device__ __forceinline__ void kv_put(float *c, long long i, float v) {
+  c[i] = v;
+}
+__device__ __forceinline__ void kv_put(bf16 *c, long long i, float v) {
+  c[i].bits = f32_to_bf16_rn(v);
+}
+__device__ __forceinline__ void kv_put(float *p, float v) { *p = v; }
+__device__ __forceinline__ void kv_put(bf16 *p, float v) {
+  p->bits = f32_to_bf16_rn(v);
+}
+/// Element i of a cache as f32 (bf16 widens exactly).
+__device__ __forceinline__ float kv_get(const float *c, long long i) {
+  return c[i];
+}
+__device__ __forceinline__ float kv_get(const bf16 *c, long long i) {
+  return to_float(c[i]);
+}
+/// Elements i, i + 1 (i even): one 8- or 4-byte load.
+__device__ __forceinline__ float2 kv_get2(const float *c, long long i) {
+  return *reinterpret_cast<const float2 *>(c + i);
+}
+__device__ __forceinline__ float2 kv_get2(const bf16 *c, long long i) {
+  float f[2];
+  unpack_bf16x2(*reinterpret_cast<const unsigned *>(c + i), f);
+  return make_float2(f[0], f[1]);
+}
+/// Elements i .. i + 3 (i a multiple of 4): one 16- or 8-byte load.
+__device__ __forceinline__ float4 kv_get4(const float *c, long long i) {
+  return *reinterpret_cast<const float4 *>(c + i);
+}
+__device__ __forceinline__ float4 kv_get4(const bf16 *c, long long i) {
+  const uint2 u = *reinterpret_cast<const uint2 *>(c + i);
+  float f[4];
+  unpack_bf16x2(u.x, f);
+  unpack_bf16x2(u.y, f + 2);
+  return make_float4(f[0], f[1], f[2], f[3]);
+}
 
 /// Element offset of position p's cache row, pt the sequence's page table.
 template <int ROW, int PS>
@@ -29,15 +75,15 @@ __device__ __forceinline__ long long kv_row_offset(Step a, int t) {
 }
 
 /// Writes the step's K/V rows ([T, ROW] each) at their positions.
-template <int ROW, int PS>
-__device__ void kv_append(Step a, const float *k, const float *v, float *kcache,
-                          float *vcache) {
+template <int ROW, int PS, class KV>
+__device__ void kv_append(Step a, const float *k, const float *v, KV *kcache,
+                          KV *vcache) {
   const long long n = static_cast<long long>(a->num_tokens) * ROW;
   for (long long i = global_thread(); i < n; i += grid_threads()) {
     const int t = static_cast<int>(i / ROW), c = static_cast<int>(i % ROW);
     const long long off = kv_row_offset<ROW, PS>(a, t) + c;
-    kcache[off] = k[i];
-    vcache[off] = v[i];
+    kv_put(kcache, off, k[i]);
+    kv_put(vcache, off, v[i]);
   }
 }
 
@@ -57,9 +103,9 @@ __device__ void kv_append(Step a, const float *k, const float *v, float *kcache,
 /// the results do not depend on QT. Tokens of a group that straddles
 /// sequences are taken one at a time. Shared memory is dynamic:
 /// 4 * (32 * (HD + 1) + 32 * HD + QT * WARPS * HPW * HD) bytes.
-template <int NQ, int NKV, int HD, int PS, int WARPS, int QT>
-__device__ void kv_attend(Step a, const float *q, const float *kcache,
-                          const float *vcache, float scale, float *out) {
+template <int NQ, int NKV, int HD, int PS, int WARPS, int QT, class KV>
+__device__ void kv_attend(Step a, const float *q, const KV *kcache,
+                          const KV *vcache, float scale, float *out) {
   constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
   constexpr int HPW = (REP + WARPS - 1) / WARPS; // heads per warp
   constexpr int NH = WARPS * HPW;
@@ -107,8 +153,8 @@ __device__ void kv_attend(Step a, const float *q, const float *kcache,
       for (int i = tid; i < 32 * HD; i += blockDim.x) {
         const int j = i / HD, d = i % HD;
         const long long o = s_off[j];
-        sK[j][d] = o >= 0 ? kcache[o + d] : 0.0f;
-        sV[j][d] = o >= 0 ? vcache[o + d] : 0.0f;
+        sK[j][d] = o >= 0 ? kv_get(kcache, o + d) : 0.0f;
+        sV[j][d] = o >= 0 ? kv_get(vcache, o + d) : 0.0f;
       }
       __syncthreads();
 #pragma unroll
@@ -190,10 +236,10 @@ __device__ void kv_attend(Step a, const float *q, const float *kcache,
 /// m (running max), l (sum of exponentials) and acc (sum of e * V, the head
 /// dimension spread over the lanes). K rows: one position per lane, 16-byte
 /// loads; V rows: 8 positions at a time with their loads issued together.
-template <int NKV, int HD, int PS>
+template <int NKV, int HD, int PS, class KV>
 __device__ __forceinline__ void
-attend_range(const int32_t *pt, const float *sq, const float *kcache,
-             const float *vcache, float scale, int kvh, int p_begin, int p_end,
+attend_range(const int32_t *pt, const float *sq, const KV *kcache,
+             const KV *vcache, float scale, int kvh, int p_begin, int p_end,
              float &m, float &l, float (&acc)[(HD + 31) / 32]) {
   constexpr int ROW = NKV * HD, DPL = (HD + 31) / 32;
   const int lane = lane_id();
@@ -208,12 +254,12 @@ attend_range(const int32_t *pt, const float *sq, const float *kcache,
     float score = -f32_inf();
     if (p < p_end) {
       off = kv_position_offset<ROW, PS>(pt, p) + kvh * HD;
-      const float *kr = kcache + off;
+      const KV *kr = kcache + off;
       float dot = 0.0f;
       if (HD % 4 == 0) {
 #pragma unroll 8
         for (int d = 0; d < HD; d += 4) {
-          const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
+          const float4 kv = kv_get4(kr, d);
           const float4 qv = *reinterpret_cast<const float4 *>(sq + d);
           dot = fmaf(qv.x, kv.x, dot);
           dot = fmaf(qv.y, kv.y, dot);
@@ -222,7 +268,7 @@ attend_range(const int32_t *pt, const float *sq, const float *kcache,
         }
       } else {
         for (int d = 0; d < HD; ++d)
-          dot = fmaf(sq[d], kr[d], dot);
+          dot = fmaf(sq[d], kv_get(kr, d), dot);
       }
       score = dot * scale;
     }
@@ -250,7 +296,7 @@ attend_range(const int32_t *pt, const float *sq, const float *kcache,
         float v[8];
 #pragma unroll
         for (int u = 0; u < 8; ++u)
-          v[u] = j0 + u < cnt ? vcache[ov[u] + d] : 0.0f;
+          v[u] = j0 + u < cnt ? kv_get(vcache, ov[u] + d) : 0.0f;
 #pragma unroll
         for (int u = 0; u < 8; ++u)
           acc[dd] = fmaf(ev[u], v[u], acc[dd]);
@@ -262,9 +308,9 @@ attend_range(const int32_t *pt, const float *sq, const float *kcache,
 
 /// The same with one warp per (token, head) and no shared tiles: for head
 /// dimensions whose K/V tiles do not fit in static shared memory (> 128).
-template <int NQ, int NKV, int HD, int PS, int WARPS>
-__device__ void kv_attend_warp(Step a, const float *q, const float *kcache,
-                               const float *vcache, float scale, float *out) {
+template <int NQ, int NKV, int HD, int PS, int WARPS, class KV>
+__device__ void kv_attend_warp(Step a, const float *q, const KV *kcache,
+                               const KV *vcache, float scale, float *out) {
   constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
   __shared__ __align__(16) float sq[WARPS][HD];
   const int lane = lane_id(), wib = threadIdx.x >> 5;
@@ -303,10 +349,9 @@ __host__ __device__ constexpr int kv_attend_mma_smem() {
 /// The step's K/V rows as bf16 (rounded as split4_bf16<1> rounds them):
 /// k16 / v16 [num_tokens, ROW], for kv_attend_mma<..., KV16> to stream with
 /// cp.async instead of converting the f32 cache rows in every block.
-template <int ROW, int PS>
-__device__ void kv_rows_to_bf16(Step a, const float *kcache,
-                                const float *vcache, unsigned short *k16,
-                                unsigned short *v16) {
+template <int ROW, int PS, class KV>
+__device__ void kv_rows_to_bf16(Step a, const KV *kcache, const KV *vcache,
+                                unsigned short *k16, unsigned short *v16) {
   static_assert(ROW % 4 == 0, "float4 rows");
   const long long n = static_cast<long long>(a->num_tokens) * (ROW / 4);
   for (long long i = global_thread(); i < n; i += grid_threads()) {
@@ -314,8 +359,8 @@ __device__ void kv_rows_to_bf16(Step a, const float *kcache,
     const int c = static_cast<int>(i % (ROW / 4)) * 4;
     const long long off = kv_row_offset<ROW, PS>(a, t) + c;
     uint2 kt[3], vt[3];
-    split4_bf16<1>(*reinterpret_cast<const float4 *>(kcache + off), kt);
-    split4_bf16<1>(*reinterpret_cast<const float4 *>(vcache + off), vt);
+    split4_bf16<1>(kv_get4(kcache, off), kt);
+    split4_bf16<1>(kv_get4(vcache, off), vt);
     const long long o = static_cast<long long>(t) * ROW + c;
     *reinterpret_cast<uint2 *>(k16 + o) = kt[0];
     *reinterpret_cast<uint2 *>(v16 + o) = vt[0];
@@ -397,9 +442,9 @@ online_softmax_tile(float (&s)[NTS][4], float scale, Keep keep, float (&m)[2],
 /// through registers; positions before the step (a prefix in the cache)
 /// are converted from the f32 cache as they are needed.
 template <int NQ, int NKV, int HD, int PS, int WARPS, int TERMS, int BP = 32,
-          bool KV16 = false>
-__device__ void kv_attend_mma(Step a, const float *q, const float *kcache,
-                              const float *vcache, float scale, float *out,
+          bool KV16 = false, class KV = float>
+__device__ void kv_attend_mma(Step a, const float *q, const KV *kcache,
+                              const KV *vcache, float scale, float *out,
                               const unsigned short *k16 = nullptr,
                               const unsigned short *v16 = nullptr) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -497,8 +542,8 @@ __device__ void kv_attend_mma(Step a, const float *q, const float *kcache,
           if (i < KVE && p < len) {
             const long long off = kv_position_offset<ROW, PS>(pt, p) +
                                   static_cast<long long>(kvh) * HD + d;
-            rk[u] = *reinterpret_cast<const float4 *>(kcache + off);
-            rv[u] = *reinterpret_cast<const float4 *>(vcache + off);
+            rk[u] = kv_get4(kcache, off);
+            rv[u] = kv_get4(vcache, off);
           }
         }
       };
@@ -525,8 +570,8 @@ __device__ void kv_attend_mma(Step a, const float *q, const float *kcache,
             if (p < len) {
               const long long off = kv_position_offset<ROW, PS>(pt, p) +
                                     static_cast<long long>(kvh) * HD + d;
-              kv = *reinterpret_cast<const float4 *>(kcache + off);
-              vv = *reinterpret_cast<const float4 *>(vcache + off);
+              kv = kv_get4(kcache, off);
+              vv = kv_get4(vcache, off);
             }
             uint2 kt[3], vt[3];
             split4_bf16<1>(kv, kt);
@@ -736,9 +781,9 @@ store_partial(float *part, int t, int h, int sp, float m, float l,
 /// kv_attend_combine merges the partial softmaxes. A long context then
 /// keeps the GPU busy at batch 1 instead of one block walking it.
 template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
-          int WARPS_TARGET, int GQA_TOKENS>
-__device__ void kv_attend_split(Step a, const float *q, const float *kcache,
-                                const float *vcache, float scale, float *part) {
+          int WARPS_TARGET, int GQA_TOKENS, class KV>
+__device__ void kv_attend_split(Step a, const float *q, const KV *kcache,
+                                const KV *vcache, float scale, float *part) {
   constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
   __shared__ __align__(16) float sq[WARPS][HD];
   const int lane = lane_id(), wib = threadIdx.x >> 5;
@@ -783,9 +828,9 @@ __host__ __device__ constexpr int kv_attend_split_gqa_smem() {
 /// shared memory); the lanes then own head dimensions and add each
 /// position's V row with the heads' exponentials (also from shared memory).
 template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
-          int WARPS_TARGET, int GQA_TOKENS>
-__device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
-                                    const float *vcache, float scale,
+          int WARPS_TARGET, int GQA_TOKENS, class KV>
+__device__ void kv_attend_split_gqa(Step a, const float *q, const KV *kcache,
+                                    const KV *vcache, float scale,
                                     float *part) {
   constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
   static_assert(HD % 4 == 0, "float4 K rows");
@@ -829,10 +874,10 @@ __device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
       for (int h = 0; h < REP; ++h)
         dot[h] = 0.0f;
       if (valid) {
-        const float *kr = kcache + off;
+        const KV *kr = kcache + off;
 #pragma unroll 4
         for (int d = 0; d < HD; d += 4) {
-          const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
+          const float4 kv = kv_get4(kr, d);
 #pragma unroll
           for (int h = 0; h < REP; ++h) {
             const float4 qv = *reinterpret_cast<const float4 *>(&sq[wib][h][d]);
@@ -866,7 +911,7 @@ __device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
           const int d = lane + 32 * dd;
           if (d >= HD)
             continue;
-          const float v = vcache[vo + d];
+          const float v = kv_get(vcache, vo + d);
 #pragma unroll
           for (int h = 0; h < REP; ++h)
             acc[h][dd] = fmaf(se[wib][j][h], v, acc[h][dd]);
@@ -882,11 +927,12 @@ __device__ void kv_attend_split_gqa(Step a, const float *q, const float *kcache,
 }
 
 /// Shared memory (dynamic) of kv_attend_split_mma, in bytes: per warp one
-/// f32 K tile and one V tile of 32 positions, rows padded to HD + 8 floats
-/// (the fragment reads of a half-warp then hit distinct banks).
-template <int HD, int WARPS>
+/// K tile and one V tile of 32 positions as the cache stores them (KVB
+/// bytes a value), rows padded by 8 values (the fragment reads of a
+/// half-warp then hit distinct banks).
+template <int HD, int WARPS, int KVB = 4>
 __host__ __device__ constexpr int kv_attend_split_mma_smem() {
-  return WARPS * 2 * 32 * (HD + 8) * 4;
+  return WARPS * 2 * 32 * (HD + 8) * KVB;
 }
 
 /// kv_attend_split_gqa on tensor cores: one warp per (token, kv head,
@@ -905,9 +951,9 @@ __host__ __device__ constexpr int kv_attend_split_mma_smem() {
 /// kv_attend_combine. (The SIMT form spent 65 us per Nano layer at batch
 /// 32 and 23 us at batch 1 walking 1K positions.)
 template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
-          int WARPS_TARGET, int TERMS = 1>
-__device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
-                                    const float *vcache, float scale,
+          int WARPS_TARGET, int TERMS = 1, class KV = float>
+__device__ void kv_attend_split_mma(Step a, const float *q, const KV *kcache,
+                                    const KV *vcache, float scale,
                                     float *part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int REP = NQ / NKV, ROW = NKV * HD, BP = 32, RS = HD + 8;
@@ -918,8 +964,10 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
   extern __shared__ float4 nf_attend_smem[];
   const int lane = lane_id(), warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
-  float *sK = reinterpret_cast<float *>(nf_attend_smem) + warp * 2 * BP * RS;
-  float *sV = sK + BP * RS;
+  KV *sK = reinterpret_cast<KV *>(nf_attend_smem) + warp * 2 * BP * RS;
+  KV *sV = sK + BP * RS;
+  constexpr int CE = 16 / static_cast<int>(sizeof(KV)); // values a copy
+  static_assert(HD % CE == 0, "16-byte copies of K/V rows");
   const int nsplit =
       decode_splits<NQ, NKV, NSPLIT, WARPS_TARGET, 0>(a->num_tokens);
   const long long items = static_cast<long long>(a->num_tokens) * NKV * nsplit;
@@ -963,14 +1011,14 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
     // cp.async group each. K of the next tile is copied while this tile's
     // O += P V runs, V of the next while its S = Q K^T runs: one tile of
     // each in shared memory, the copies overlapping the products.
-    auto copy_tile = [&](float *dst, const float *cache, int p0) {
+    auto copy_tile = [&](KV *dst, const KV *cache, int p0) {
       if (p0 < sl.p_end)
         for (int j = 0; j < BP; ++j) {
           const int p = p0 + j;
           const bool valid = p < sl.p_end;
           const long long off =
               valid ? kv_position_offset<ROW, PS>(sl.pt, p) + kvh * HD : 0;
-          for (int d = 4 * lane; d < HD; d += 128)
+          for (int d = CE * lane; d < HD; d += 32 * CE)
             copy_async16_or_zero</*kL1=*/false>(dst + j * RS + d,
                                                 cache + off + d, valid);
         }
@@ -987,11 +1035,11 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
 #pragma unroll
       for (int n = 0; n < NTS; ++n) {
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        const float *kr = sK + (n * 8 + g) * RS + 2 * c;
+        const KV *kr = sK + (n * 8 + g) * RS + 2 * c;
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
-          const float2 k0 = *reinterpret_cast<const float2 *>(kr + ks * 16);
-          const float2 k1 = *reinterpret_cast<const float2 *>(kr + ks * 16 + 8);
+          const float2 k0 = kv_get2(kr, ks * 16);
+          const float2 k1 = kv_get2(kr, ks * 16 + 8);
           unsigned b[2][TERMS];
           terms2(k0.x, k0.y, b[0]);
           terms2(k1.x, k1.y, b[1]);
@@ -1012,13 +1060,13 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const float *kcache,
       for (int kk = 0; kk < BP / 16; ++kk) {
         unsigned pf[TERMS][4];
         c_pair_to_a<TERMS>(s[2 * kk], s[2 * kk + 1], pf);
-        const float *vr = sV + (kk * 16 + 2 * c) * RS + g;
+        const KV *vr = sV + (kk * 16 + 2 * c) * RS + g;
 #pragma unroll
         for (int n = 0; n < NTO; ++n) {
-          const float *v = vr + n * 8;
+          const KV *v = vr + n * 8;
           unsigned b[2][TERMS];
-          terms2(v[0], v[RS], b[0]);
-          terms2(v[8 * RS], v[9 * RS], b[1]);
+          terms2(kv_get(v, 0), kv_get(v, RS), b[0]);
+          terms2(kv_get(v, 8 * RS), kv_get(v, 9 * RS), b[1]);
           mma_bf16_terms<TERMS>(o[n], pf,
                                 [&](int t, int r) { return b[r][t]; });
         }

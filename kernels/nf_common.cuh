@@ -180,10 +180,19 @@ __device__ __forceinline__ void load4_act(const float *p, float *out) {
   out[3] = v.w;
 }
 
+/// x rounded to the nearest bf16, ties to even (NaN: the canonical 0x7fff).
 __device__ __forceinline__ unsigned short f32_to_bf16_rn(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // No cvt to bf16 before sm_80 (KV caches of bf16 on older targets).
+  const unsigned u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return 0x7fffu;
+  return static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#else
   unsigned short h;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
   return h;
+#endif
 }
 __device__ __forceinline__ float bf16_bits_to_f32(unsigned short h) {
   return __uint_as_float(static_cast<unsigned>(h) << 16);

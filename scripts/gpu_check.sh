@@ -33,6 +33,10 @@
 #     and the checkpoints quantised by ModelOpt (static FP8 activations) and
 #     llm-compressor (dynamic per-token FP8 activations):
 #       tiny-nano-fp8-modelopt, tiny-nano-fp8-dynamic ... --target=cuda:sm_90
+#     and plans whose KV cache stores bf16 (exact; for sm_75, whose PTX runs
+#     the warp and tile attention forms; bf16 GEMM inputs):
+#       tiny-hybrid-kvbf16[-sm75], pydoc-moe-kvbf16,
+#       tiny-hybrid-bf16-kvbf16-bf16in ... --kv-cache-dtype=bf16
 #     (NF_CUDA_TARGET overrides "cuda:sm_90".)
 #  3. Copy build/bin/{nfrun,nf-cuda-tests}, build/lib/libnf.so*,
 #     build/lib/libnf_fake_cuda.so, libgomp.so.1 and cpp-httplib (with its
@@ -132,6 +136,16 @@ prepare() {
   target=cuda:sm_80
   compile tiny-hybrid-bf16-fp8-bf16in-sm80 "$(model_dir tiny-hybrid-bf16)" \
     --weights=fp8 --quantize=all --matmul-inputs=bf16
+  target="$saved"
+  # KV caches of bf16 (CudaKvBf16Plans): exact, exact for sm_75 (the PTX's
+  # warp and tile forms), head_dim 32, and bf16 GEMM inputs.
+  compile tiny-hybrid-kvbf16 "$(model_dir tiny-hybrid)" --kv-cache-dtype=bf16
+  compile pydoc-moe-kvbf16 "$(model_dir pydoc-moe)" --kv-cache-dtype=bf16
+  compile tiny-hybrid-bf16-kvbf16-bf16in "$(model_dir tiny-hybrid-bf16)" \
+    --kv-cache-dtype=bf16 --matmul-inputs=bf16
+  target=cuda:sm_75
+  compile tiny-hybrid-kvbf16-sm75 "$(model_dir tiny-hybrid)" \
+    --kv-cache-dtype=bf16
   target="$saved"
   # Checkpoints quantised by ModelOpt and llm-compressor (FP8 activations).
   for m in tiny-nano-fp8-modelopt tiny-nano-fp8-dynamic; do

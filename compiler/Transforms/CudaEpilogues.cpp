@@ -96,7 +96,9 @@ struct CudaEpilogues : impl::CudaEpiloguesBase<CudaEpilogues> {
     if (auto append = dyn_cast_or_null<kv::AppendOp>(after)) {
       auto cache = SymbolTable::lookupSymbolIn(module, append.getCacheAttr());
       auto decl = dyn_cast_or_null<kv::KVCacheOp>(cache);
-      if (decl && decl.getType().getElementType().isF32() &&
+      // f32 and bf16 caches (nf::kv_put); fp8 rows need their amax first.
+      Type element = decl ? decl.getType().getElementType() : Type();
+      if (decl && (element.isF32() || element.isBF16()) &&
           isResultOf(append.getKey(), split) &&
           isResultOf(append.getValue(), split))
         return {split, append};

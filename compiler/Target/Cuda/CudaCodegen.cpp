@@ -376,11 +376,11 @@ StatusOr<CudaPlanSources> generateCudaSources(const compiler::PlanModel &plan,
                                               const CudaCodegenOptions &opts) {
   for (const compiler::PlanStorage &s : plan.storage)
     if (s.kind == ::nf::plan::StorageKind::KVCache &&
-        s.dtype != ::nf::plan::DType::F32)
+        s.dtype != ::nf::plan::DType::F32 && s.dtype != ::nf::plan::DType::BF16)
       return Status::error("cuda: KV cache " + s.name + " stores " +
                            ::nf::plan::EnumNameDType(s.dtype) +
-                           "; the CUDA kernels read f32 caches only "
-                           "(--kv-cache-dtype=f32)");
+                           "; the CUDA kernels read f32 and bf16 caches "
+                           "(--kv-cache-dtype=f32|bf16)");
   CudaPlanSources out;
   auto prefill = detail::generateStep(plan, plan.prefill, "prefill", opts);
   if (!prefill)

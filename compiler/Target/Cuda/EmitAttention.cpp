@@ -22,14 +22,15 @@ StatusOr<size_t> KernelEmitter::kvAppend(size_t i) {
       !isAct(in[1]) || !isAct(in[2]) || V(in[1]).cols != row ||
       V(in[2]).cols != row)
     return fail(i, "expects (batch, key, value) rows of the cache's width");
-  if (st->dtype != pl::DType::F32)
-    return fail(i, "only f32 KV caches are supported");
+  const std::string kc = kvCachePtr(op, *st, 0), vc = kvCachePtr(op, *st, 1);
+  if (kc.empty())
+    return fail(i, "f32 and bf16 KV caches have CUDA kernels, not " +
+                       std::string(pl::EnumNameDType(st->dtype)));
   includes.insert("nf_attention.cuh");
   addLaunch(fnName(i, "kv_append"), elementGrid(maxTokens * row), 256,
             "  nf::kv_append<" + num(row) + ", " + num(st->pageSize) + ">(a, " +
-                arenaPtr(in[1]) + ", " + arenaPtr(in[2]) + ", nf::storage(a, " +
-                num(2 * op.storage) + "), nf::storage(a, " +
-                num(2 * op.storage + 1) + "));\n",
+                arenaPtr(in[1]) + ", " + arenaPtr(in[2]) + ", " + kc + ", " +
+                vc + ");\n",
             "nf_kv.append");
   return size_t(1);
 }
@@ -49,8 +50,11 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
       V(in[1]).cols != *heads * HD || V(out[0]).cols != *heads * HD)
     return fail(i, "expects (batch, query) -> result with num_heads x "
                    "head_dim features");
-  if (st->dtype != pl::DType::F32)
-    return fail(i, "only f32 KV caches are supported");
+  const std::string kc = kvCachePtr(op, *st, 0), vc = kvCachePtr(op, *st, 1);
+  if (kc.empty())
+    return fail(i, "f32 and bf16 KV caches have CUDA kernels, not " +
+                       std::string(pl::EnumNameDType(st->dtype)));
+  const int64_t kvBytes = st->dtype == pl::DType::F32 ? 4 : 2;
   // nf-cuda-attention-forms' choice; the emitter checks that the target
   // and shapes allow it.
   const std::string form =
@@ -60,10 +64,9 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
   };
   namespace sh = shapes;
   includes.insert("nf_attention.cuh");
-  const std::string args = "(a, " + arenaPtr(in[1]) + ", nf::storage(a, " +
-                           num(2 * op.storage) + "), nf::storage(a, " +
-                           num(2 * op.storage + 1) + "), " + floatLit(*scale) +
-                           ", " + arenaPtr(out[0]) + ");\n";
+  const std::string args = "(a, " + arenaPtr(in[1]) + ", " + kc + ", " + vc +
+                           ", " + floatLit(*scale) + ", " + arenaPtr(out[0]) +
+                           ");\n";
   // Decode: split over the context, then combine (flash decoding). Up to
   // 64 splits of at least 32 positions, as many as give about 64 warps per
   // SM for a warp per head, 16 for a warp per kv head (nf_attention.cuh
@@ -77,10 +80,9 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
         scratchOf(op, maxTokens * *heads * kSplits * (HD + 2) * 4);
     const std::string partPtr = "nf::arena<float>(a, " + num(part) + "ll)";
     // Every split launch: (q, K cache, V cache, scale, partials).
-    const std::string splitArgs =
-        ">(a, " + arenaPtr(in[1]) + ", nf::storage(a, " + num(2 * op.storage) +
-        "), nf::storage(a, " + num(2 * op.storage + 1) + "), " +
-        floatLit(*scale) + ", " + partPtr + ");\n";
+    const std::string splitArgs = ">(a, " + arenaPtr(in[1]) + ", " + kc + ", " +
+                                  vc + ", " + floatLit(*scale) + ", " +
+                                  partPtr + ");\n";
     // The combine: a block of 8 warps per (token, head), with the split
     // count's parameters of the split launches.
     auto addCombine = [&](const std::string &target,
@@ -105,7 +107,7 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
     // so its splits aim at 4 warps an SM. (Before sm_80 the kernel has no
     // body.)
     constexpr int64_t kMmaWarps = sh::kSplitMmaWarps;
-    const int64_t mmaSmem = sh::splitMmaSmem(HD);
+    const int64_t mmaSmem = sh::splitMmaSmem(HD, kvBytes);
     if (form == "split_mma") {
       if (!(opts.ampereOrLater &&
             sh::splitMmaFits(rep, HD, opts.maxSharedBytes)))
@@ -118,7 +120,8 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                  int64_t(opts.smCount)),
           32 * kMmaWarps,
           "  static_assert(nf::kv_attend_split_mma_smem<" + num(HD) + ", " +
-              num(kMmaWarps) + ">() == " + num(mmaSmem) +
+              num(kMmaWarps) + (kvBytes == 4 ? "" : ", " + num(kvBytes)) +
+              ">() == " + num(mmaSmem) +
               ", \"shared memory size\");\n"
               "  nf::kv_attend_split_mma<" +
               num(*heads) + ", " + num(NKV) + ", " + num(HD) + ", " +
@@ -221,9 +224,8 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                                  num(k16 + maxTokens * row * 2) + "ll)";
       addLaunch(fnName(i, "attend_kv16"), elementGrid(maxTokens * row / 4), 256,
                 "  nf::kv_rows_to_bf16<" + num(row) + ", " + num(st->pageSize) +
-                    ">(a, nf::storage(a, " + num(2 * op.storage) +
-                    "), nf::storage(a, " + num(2 * op.storage + 1) + "), " +
-                    k16Ptr + ", " + v16Ptr + ");\n",
+                    ">(a, " + kc + ", " + vc + ", " + k16Ptr + ", " + v16Ptr +
+                    ");\n",
                 "nf_kv.attend: the step's K/V rows in bf16 (codegen scratch "
                 "at " +
                     num(k16) + ")");

@@ -550,6 +550,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
       return fail(i + 1, "sizes do not sum to the input's columns");
     // K/V rows of a following append, by split piece.
     std::map<int, std::string> cacheOf;
+    bool cacheF32 = true; // else bf16 values, stored by nf::kv_put
     if (epilogue.size() == 2 && epilogue[1] == "nf_kv.append") {
       const PlanOp &ap = *ops[i + 2];
       auto ain = operands(ap);
@@ -559,16 +560,17 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
         auto v = std::find(pieces.begin(), pieces.end(), ain[2]);
         const int64_t row = st->kvHeads * st->headDim;
         if (k != pieces.end() && v != pieces.end() && V(ain[1]).cols == row &&
-            V(ain[2]).cols == row && st->dtype == pl::DType::F32) {
+            V(ain[2]).cols == row && !kvCachePtr(ap, *st, 0).empty()) {
           includes.insert("nf_attention.cuh");
           // The row's cache offset (page table lookups) is the store's
           // row context: GEMM epilogues compute it once per row.
           s.rowCtx = "nf::kv_row_offset<" + num(row) + ", " +
                      num(st->pageSize) + ">(a, r)";
           cacheOf[static_cast<int>(k - pieces.begin())] =
-              "nf::storage(a, " + num(2 * ap.storage) + ")[ctx + ";
+              kvCachePtr(ap, *st, 0);
           cacheOf[static_cast<int>(v - pieces.begin())] =
-              "nf::storage(a, " + num(2 * ap.storage + 1) + ")[ctx + ";
+              kvCachePtr(ap, *st, 1);
+          cacheF32 = st->dtype == pl::DType::F32;
           consumed = 3;
           label = "qkv_append";
           comment += " + nf.split + nf_kv.append";
@@ -647,7 +649,9 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
       std::string piece2 = "      nf::store_act2(" + arenaPtr(pieces[r]) +
                            " + " + rn + num(w) + " + " + col + ", v0, v1);\n";
       if (auto it = cacheOf.find(static_cast<int>(r)); it != cacheOf.end())
-        piece += "      " + it->second + col + "] = v;\n";
+        piece += cacheF32 ? "      " + it->second + "[ctx + " + col + "] = v;\n"
+                          : "      nf::kv_put(&" + it->second + "[ctx + " +
+                                col + "], v);\n";
       const bool last = r + 1 == pieces.size();
       const std::string open =
           r == 0 ? (last ? "    {" : "    if (n < " + num(c0 + w) + ") {")

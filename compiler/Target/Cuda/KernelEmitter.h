@@ -443,6 +443,20 @@ private:
     const PlanWeight *w = weightOf(v);
     return w && w->inputQuant != pl::ActivationQuant::None;
   }
+  /// The K (part 0) or V (part 1) buffer of op's KV cache `st` as the
+  /// kernels take it: f32 storage as it is, bf16 as nf::bf16 values
+  /// (nf_attention.cuh's kv_cache). Empty for element types without
+  /// kernels (fp8).
+  std::string kvCachePtr(const PlanOp &op, const PlanStorage &st,
+                         int part) const {
+    const std::string words =
+        "nf::storage(a, " + num(2 * op.storage + part) + ")";
+    if (st.dtype == pl::DType::F32)
+      return words;
+    if (st.dtype == pl::DType::BF16)
+      return "nf::kv_cache<nf::bf16>(" + words + ")";
+    return std::string();
+  }
   const PlanStorage *storageOf(const PlanOp &op, pl::StorageKind kind) const {
     if (op.storage < 0 || op.storage >= static_cast<int>(plan.storage.size()))
       return nullptr;

@@ -23,10 +23,11 @@ inline constexpr int64_t kStaticSharedAllowance = 2048;
 /// keeps its partial output, max and sum in generated scratch.
 inline constexpr int64_t kDecodeSplits = 64;
 /// Decode on tensor cores (kv_attend_split_mma): warps a block, and their
-/// K/V tiles (nf::kv_attend_split_mma_smem).
+/// K/V tiles (nf::kv_attend_split_mma_smem) of values of the cache's
+/// `kvBytes` (4: f32, 2: bf16).
 inline constexpr int64_t kSplitMmaWarps = 4;
-constexpr int64_t splitMmaSmem(int64_t headDim) {
-  return kSplitMmaWarps * 2 * 32 * (headDim + 8) * 4;
+constexpr int64_t splitMmaSmem(int64_t headDim, int64_t kvBytes = 4) {
+  return kSplitMmaWarps * 2 * 32 * (headDim + 8) * kvBytes;
 }
 /// Decode, grouped queries (kv_attend_split_gqa): warps a block, and the
 /// step size from which it takes over from a warp per head.

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace nf::cpu {
@@ -37,6 +38,14 @@ struct MambaShape {
 /// head_dim values (amax / 448). The CPU backend keeps f32 arrays and rounds
 /// on write, so it holds exactly the values such a cache would.
 enum class KvStorage : uint8_t { F32, BF16, F8E4M3 };
+inline constexpr KvStorage kAllKvStorages[] = {KvStorage::F32, KvStorage::BF16,
+                                               KvStorage::F8E4M3};
+/// Bytes of one cached value (fp8 rows carry an f32 scale besides).
+constexpr int64_t kvStorageBytes(KvStorage s) {
+  return s == KvStorage::F32 ? 4 : s == KvStorage::BF16 ? 2 : 1;
+}
+/// The plan's name of each ("f32", "bf16", "f8e4m3").
+std::string kvStorageName(KvStorage s);
 
 /// One attention layer's cache storage: K and V each [numPages, pageSize,
 /// nkv, hd] f32. A sequence's logical page j (positions j·pageSize ...) lives

@@ -40,10 +40,28 @@ Status readModelInfo(const PlanFile &pf, const BoundWeights &weights,
 // ---------------------------------------------------------------------------
 // Storage
 
+namespace {
+
+std::optional<KvStorage> kvStorageOf(pl::DType d) {
+  switch (d) {
+  case pl::DType::F32:
+    return KvStorage::F32;
+  case pl::DType::BF16:
+    return KvStorage::BF16;
+  case pl::DType::F8E4M3:
+    return KvStorage::F8E4M3;
+  default:
+    return std::nullopt;
+  }
+}
+
+} // namespace
+
 StatusOr<StorageLayout> readStorage(const PlanFile &pf,
                                     const EngineOptions &options,
                                     int64_t defaultSlots,
-                                    const char *backendName, bool roundedKv) {
+                                    const char *backendName,
+                                    std::span<const KvStorage> kvStorages) {
   const pl::Plan &plan = *pf.plan;
   StorageLayout out;
   int64_t slots = 0, pageSize = 0, numPages = 0;
@@ -74,23 +92,24 @@ StatusOr<StorageLayout> readStorage(const PlanFile &pf,
         if (s.page_size() <= 0 || s.num_pages() <= 0 || s.kv_heads() <= 0 ||
             s.head_dim() <= 0)
           return Status::error(ctx + ": kv cache sizes must be positive");
-        KvStorage storage = KvStorage::F32;
-        if (s.dtype() == pl::DType::BF16 && roundedKv)
-          storage = KvStorage::BF16;
-        else if (s.dtype() == pl::DType::F8E4M3 && roundedKv)
-          storage = KvStorage::F8E4M3;
-        else if (s.dtype() != pl::DType::F32)
-          return Status::error(
-              ctx + ": kv cache dtype " + pl::EnumNameDType(s.dtype()) +
-              " is not supported by the " + backendName + " backend (f32" +
-              (roundedKv ? ", bf16, f8e4m3)" : ")"));
+        const std::optional<KvStorage> storage = kvStorageOf(s.dtype());
+        if (!storage || std::find(kvStorages.begin(), kvStorages.end(),
+                                  *storage) == kvStorages.end()) {
+          std::string names;
+          for (KvStorage k : kvStorages)
+            names += (names.empty() ? "" : ", ") + kvStorageName(k);
+          return Status::error(ctx + ": kv cache dtype " +
+                               pl::EnumNameDType(s.dtype()) +
+                               " is not supported by the " + backendName +
+                               " backend (" + names + ")");
+        }
         if (pageSize != 0 &&
             (s.page_size() != pageSize || s.num_pages() != numPages))
           return Status::error(ctx + ": every kv cache must have the same "
                                      "page size and page count");
         pageSize = s.page_size();
         numPages = s.num_pages();
-        si.kv = {s.kv_heads(), s.head_dim(), storage};
+        si.kv = {s.kv_heads(), s.head_dim(), *storage};
         si.pageSize = pageSize;
         si.numPages = numPages;
         si.ordinal = static_cast<int32_t>(out.kv.size());

@@ -55,12 +55,13 @@ struct StorageLayout {
 /// Checks the plan's Storage table and applies EngineOptions::maxSequences
 /// and kvPages (sequence slots default to the plan's slots, else
 /// `defaultSlots`). `backendName` names the backend in "not supported"
-/// errors ("CPU", "CUDA"); `roundedKv`: it holds bf16 and fp8 KV caches
-/// (cpu::KvStorage), not only f32.
+/// errors ("CPU", "CUDA"); `kvStorages`: the KV cache element types it
+/// holds (cpu::KvStorage).
 StatusOr<StorageLayout> readStorage(const PlanFile &plan,
                                     const EngineOptions &options,
                                     int64_t defaultSlots,
-                                    const char *backendName, bool roundedKv);
+                                    const char *backendName,
+                                    std::span<const cpu::KvStorage> kvStorages);
 
 // ---------------------------------------------------------------------------
 // Step programs

@@ -3,6 +3,8 @@
 // RUN: nf-opt %t.fused.mlir --nf-cuda-epilogues | FileCheck %s
 // RUN: nfc compile %t.mlir --compile-to fuse --kv-cache-dtype bf16 -o %t.bf16kv.mlir
 // RUN: nf-opt %t.bf16kv.mlir --nf-cuda-epilogues | FileCheck %s --check-prefix=BF16-KV
+// RUN: nfc compile %t.mlir --compile-to fuse --kv-cache-dtype fp8 -o %t.fp8kv.mlir
+// RUN: nf-opt %t.fp8kv.mlir --nf-cuda-epilogues | FileCheck %s --check-prefix=FP8-KV
 
 // tiny-hybrid-bf16, layers "ME*M-EM*E". Prefill: the Mamba in_proj stores
 // its split pieces (the conv runs as its own kernel), the attention qkv
@@ -36,10 +38,13 @@
 // The LM head's result goes to the runtime: no epilogue.
 // CHECK-NOT: nf.lm_head {{.*}}nf.epilogue
 
-// A bf16 KV cache is not written by the epilogue (only the split is).
-// BF16-KV-NOT: "nf_kv.append"]
-// BF16-KV: nf.epilogue = ["nf.split"]
-// BF16-KV-NOT: "nf_kv.append"]
+// A bf16 KV cache is written by the epilogue too (each value rounded as it
+// is stored); an fp8 one is not (a row's scale needs its largest value
+// first): only the split is.
+// BF16-KV: nf.epilogue = ["nf.split", "nf_kv.append"]
+// FP8-KV-NOT: "nf_kv.append"]
+// FP8-KV: nf.epilogue = ["nf.split"]
+// FP8-KV-NOT: "nf_kv.append"]
 
 // A pass's decision is its own: marks in its input (here a stale epilogue on
 // every RMSNorm, which no rule gives it) are dropped, not trusted.

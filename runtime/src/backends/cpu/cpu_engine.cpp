@@ -39,7 +39,7 @@ Status CpuEngine::initStorage(const EngineOptions &options) {
   StatusOr<StorageLayout> layout =
       // Rounded on write (engine/caches.h).
       readStorage(*plan_, options, decode_.maxTokens, "CPU",
-                  /*roundedKv=*/true);
+                  cpu::kAllKvStorages);
   if (!layout)
     return layout.status();
   storage_ = std::move(layout->entries);

@@ -605,7 +605,7 @@ Status CudaEngine::allocate() {
       a = b = static_cast<size_t>(storage_.cache.numPages) *
               static_cast<size_t>(storage_.cache.pageSize) *
               static_cast<size_t>(si.kv.numKvHeads * si.kv.headDim) *
-              sizeof(float);
+              static_cast<size_t>(cpu::kvStorageBytes(si.kv.storage));
     } else {
       a = static_cast<size_t>(slots * si.mamba.convStateSize()) * sizeof(float);
       b = static_cast<size_t>(slots * si.mamba.ssmStateSize()) * sizeof(float);

@@ -1,0 +1,133 @@
+// The CUDA kernels on KV caches that store bf16 (`nfc compile
+// --kv-cache-dtype=bf16`; GPU only): every step's logits against the CPU
+// backend on the same plan, which rounds each K/V value to bf16 as it writes
+// it (engine/caches.h), so both hold the same cache. See cuda_test_util.h
+// for the environment.
+//
+// Plans (scripts/gpu_check.sh): tiny-hybrid-kvbf16 (exact products; sm_90:
+// the tensor-core prefill and decode forms, the qkv GEMM's epilogue writing
+// the cache), tiny-hybrid-kvbf16-sm75 (the same for sm_75, run as PTX: the
+// shared-memory tile prefill, the per-head and grouped-query decode forms),
+// pydoc-moe-kvbf16 (head_dim 32), and tiny-hybrid-bf16-kvbf16-bf16in (bf16
+// GEMM inputs: the step's K/V rows copied to bf16 scratch and streamed by
+// cp.async, one-term decode).
+#include "engine/engine.h"
+
+#include "ReferenceUtil.h"
+#include "cuda_test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace nf;
+using namespace nf::test::ref;
+using namespace nf::test::integration;
+using namespace nf::test::gpu;
+
+// bf16 GEMM inputs move the logits by about bf16 rounding against the CPU's
+// exact products (and can turn that into another expert choice); a cache
+// read in the wrong format gives differences of order 1.
+constexpr double kBf16InputsTol = 0.2;
+
+struct KvCase {
+  const char *plan;
+  const char *model;
+  bool bf16Inputs;
+};
+
+class CudaKvBf16Plans : public ::testing::TestWithParam<KvCase> {};
+
+// 20 sequences (the fixture's prompts in turn) prefilled in two chunks (the
+// second attends to the first's cached rows), then four decode steps of all
+// 20, four of the first 5 and four of one, each step's tokens the CPU's
+// greedy choices.
+TEST_P(CudaKvBf16Plans, MatchTheCpu) {
+  NF_REQUIRE_GPU();
+  const KvCase c = GetParam();
+  const std::string plan = cudaPlan(c.plan);
+  NF_REQUIRE_PLAN(plan);
+  const std::string dir = modelDir(c.model);
+  EngineOptions og = testOptions("cuda", dir), oc = testOptions("cpu", dir);
+  og.maxSequences = oc.maxSequences = 20;
+  std::unique_ptr<Engine> gpu = loadEngine(plan, og);
+  std::unique_ptr<Engine> cpu = loadEngine(plan, oc);
+  ASSERT_TRUE(gpu && cpu);
+  RefFile ref(dir + "/reference.safetensors");
+  const std::vector<Prompt> prompts = loadPrompts(ref);
+  ASSERT_FALSE(prompts.empty());
+  const int32_t V = cpu->info().vocabSize;
+  const double tol = c.bf16Inputs ? kBf16InputsTol : kCudaTol;
+  double worst = 0;
+  std::vector<int32_t> gs, cs;
+  std::vector<std::vector<int32_t>> tokens;
+  auto step = [&](size_t n) {
+    std::vector<SequenceInput> ig(n), ic(n);
+    for (size_t i = 0; i < n; ++i) {
+      ig[i].sequence = gs[i];
+      ic[i].sequence = cs[i];
+      ig[i].tokens = ic[i].tokens = tokens[i];
+    }
+    std::vector<float> lg, lc;
+    Status sg = gpu->step(ig, LogitsFor::LastTokenPerSequence, lg);
+    Status sc = cpu->step(ic, LogitsFor::LastTokenPerSequence, lc);
+    ASSERT_TRUE(sg.ok()) << sg.message();
+    ASSERT_TRUE(sc.ok()) << sc.message();
+    ASSERT_EQ(lg.size(), n * V);
+    ASSERT_EQ(lc.size(), n * V);
+    for (size_t i = 0; i < n; ++i) {
+      const double e = relError(lg.data() + i * V, lc.data() + i * V, V);
+      EXPECT_LE(e, tol) << "sequence " << i << ", " << tokens[i].size()
+                        << " tokens in the step";
+      worst = std::max(worst, e);
+      tokens[i] = {argmax(lc.data() + i * V, V)};
+    }
+  };
+  for (size_t batch : {size_t(20), size_t(5), size_t(1)}) {
+    gs.clear();
+    cs.clear();
+    tokens.clear();
+    std::vector<std::vector<int32_t>> rest;
+    for (size_t i = 0; i < batch; ++i) {
+      StatusOr<int32_t> g = gpu->addSequence(), cq = cpu->addSequence();
+      ASSERT_TRUE(g.ok() && cq.ok()) << g.message() << cq.message();
+      gs.push_back(*g);
+      cs.push_back(*cq);
+      const std::vector<int32_t> &p = prompts[i % prompts.size()].tokens;
+      ASSERT_GE(p.size(), 2u);
+      const size_t half = p.size() / 2;
+      tokens.emplace_back(p.begin(), p.begin() + half);
+      rest.emplace_back(p.begin() + half, p.end());
+    }
+    step(batch); // the first halves: logits compared, tokens replaced
+    tokens = rest;
+    for (int st = 0; st < 5 && !HasFatalFailure(); ++st)
+      step(batch);
+    for (size_t i = 0; i < batch; ++i) {
+      ASSERT_TRUE(gpu->removeSequence(gs[i]).ok());
+      ASSERT_TRUE(cpu->removeSequence(cs[i]).ok());
+    }
+  }
+  std::cout << "[ cuda ] " << c.plan << " (bf16 KV cache): max rel |cuda - "
+            << "cpu| logits " << worst << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Bf16Kv, CudaKvBf16Plans,
+    ::testing::Values(KvCase{"tiny-hybrid-kvbf16", "tiny-hybrid", false},
+                      KvCase{"tiny-hybrid-kvbf16-sm75", "tiny-hybrid", false},
+                      KvCase{"pydoc-moe-kvbf16", "pydoc-moe", false},
+                      KvCase{"tiny-hybrid-bf16-kvbf16-bf16in",
+                             "tiny-hybrid-bf16", true}),
+    [](const ::testing::TestParamInfo<KvCase> &info) {
+      std::string name = info.param.plan;
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
+
+} // namespace
