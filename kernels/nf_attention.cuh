@@ -2,10 +2,13 @@
 // no positional encoding).
 //
 // Cache storage (runtime-allocated): K and V each [num_pages, PS, NKV, HD] of
-// the plan's KV type, f32 or bf16 (`--kv-cache-dtype`); logical page j of
-// sequence s is physical page a->page_tables[s * a->max_pages_per_seq + j].
-// The kernels are templates over the element type (KV, deduced from the
-// cache pointers) and read and write it through kv_get / kv_get4 / kv_put.
+// the plan's KV type (`--kv-cache-dtype`): f32, bf16, or E4M3 codes with an
+// f32 scale per (position, kv head) row (kv_e4m3: a page's codes, then its
+// scales); logical page j of sequence s is physical page
+// a->page_tables[s * a->max_pages_per_seq + j]. The kernels are templates
+// over the cache's pointer type (KVP: float *, bf16 *, kv_e4m3) and read it
+// through kv_get / kv_get2 / kv_get4 at the offsets kv_position_offset gives
+// (values, whatever their bytes).
 #ifndef NF_KERNELS_ATTENTION_CUH
 #define NF_KERNELS_ATTENTION_CUH
 
@@ -18,6 +21,56 @@ namespace nf {
 template <class KV> __device__ __forceinline__ KV *kv_cache(float *storage) {
   return reinterpret_cast<KV *>(storage);
 }
+
+/// An fp8 KV cache as a pointer to value `at`: page p holds the E4M3 codes of
+/// its PS positions' rows (PS * ROW bytes, values in the order of an f32
+/// cache's page), then the f32 scale of each (position, kv head) row of HD
+/// values (PS * ROW / HD floats; the row's value is code * scale, the scale
+/// its max |x| / 448, as the CPU backend's fp8 cache).
+template <int ROW, int PS, int HD> struct kv_e4m3 {
+  static constexpr long long kCodes = static_cast<long long>(PS) * ROW;
+  static constexpr long long kPage = kCodes + 4LL * PS * (ROW / HD);
+  static_assert(ROW % HD == 0 && HD % 4 == 0 && kPage % 16 == 0,
+                "rows of whole heads, pages of 16-byte multiples");
+  unsigned char *base;
+  long long at;
+  __device__ __forceinline__ kv_e4m3 operator+(long long i) const {
+    return {base, at + i};
+  }
+  /// Value e's page, and its place among the page's codes.
+  __device__ __forceinline__ unsigned char *page(long long e) const {
+    return base + e / kCodes * kPage;
+  }
+  __device__ __forceinline__ float *scale(long long e) const {
+    return reinterpret_cast<float *>(page(e) + kCodes) + e % kCodes / HD;
+  }
+  __device__ __forceinline__ unsigned char *code(long long e) const {
+    return page(e) + e % kCodes;
+  }
+};
+template <int ROW, int PS, int HD>
+__device__ __forceinline__ kv_e4m3<ROW, PS, HD> kv_cache_e4m3(float *storage) {
+  return {reinterpret_cast<unsigned char *>(storage), 0};
+}
+
+/// How a kernel stages a cache's rows: Tile, the type of its values in
+/// shared memory; kBytes, whether those are the cache's own bytes (copied
+/// as they are, cp.async) or widened from it (fp8).
+template <class KVP> struct KvTraits;
+template <> struct KvTraits<float *> {
+  using Tile = float;
+  static constexpr bool kBytes = true;
+};
+template <> struct KvTraits<const float *> : KvTraits<float *> {};
+template <> struct KvTraits<bf16 *> {
+  using Tile = bf16;
+  static constexpr bool kBytes = true;
+};
+template <> struct KvTraits<const bf16 *> : KvTraits<bf16 *> {};
+template <int ROW, int PS, int HD> struct KvTraits<kv_e4m3<ROW, PS, HD>> {
+  using Tile = float;
+  static constexpr bool kBytes = false;
+};
 /// Stores v as the cache holds it: f32, or bf16 rounded to nearest even
 /// (what the CPU backend's KvStorage::BF16 keeps).
 __device__ __forceinline__ void kv_put(float *c, long long i, float v) {
@@ -46,7 +99,34 @@ __device__ __forceinline__ float2 kv_get2(const bf16 *c, long long i) {
   unpack_bf16x2(*reinterpret_cast<const unsigned *>(c + i), f);
   return make_float2(f[0], f[1]);
 }
-/// Elements i .. i + 3 (i a multiple of 4): one 16- or 8-byte load.
+template <int ROW, int PS, int HD>
+__device__ __forceinline__ float kv_get(const kv_e4m3<ROW, PS, HD> &c,
+                                        long long i) {
+  const long long e = c.at + i;
+  return fp8_e4m3_to_f32(*c.code(e)) * *c.scale(e);
+}
+template <int ROW, int PS, int HD>
+__device__ __forceinline__ float2 kv_get2(const kv_e4m3<ROW, PS, HD> &c,
+                                          long long i) {
+  const long long e = c.at + i;
+  const unsigned w = *reinterpret_cast<const unsigned short *>(c.code(e));
+  const float s = *c.scale(e);
+  float f[4];
+  fp8x4_to_f32x4(w, f);
+  return make_float2(f[0] * s, f[1] * s);
+}
+/// Elements i .. i + 3 (i a multiple of 4): one 16- or 8-byte load (fp8:
+/// 4 bytes and the row's scale).
+template <int ROW, int PS, int HD>
+__device__ __forceinline__ float4 kv_get4(const kv_e4m3<ROW, PS, HD> &c,
+                                          long long i) {
+  const long long e = c.at + i;
+  const unsigned w = *reinterpret_cast<const unsigned *>(c.code(e));
+  const float s = *c.scale(e);
+  float f[4];
+  fp8x4_to_f32x4(w, f);
+  return make_float4(f[0] * s, f[1] * s, f[2] * s, f[3] * s);
+}
 __device__ __forceinline__ float4 kv_get4(const float *c, long long i) {
   return *reinterpret_cast<const float4 *>(c + i);
 }
@@ -87,6 +167,42 @@ __device__ void kv_append(Step a, const float *k, const float *v, KV *kcache,
   }
 }
 
+/// kv_append into fp8 caches: a warp per (token, kv head, K or V) row of HD
+/// values; its scale is the row's max |x| / 448 (1 for a row of zeros or a
+/// non-finite max), each code x / scale clamped to +-448 and rounded to the
+/// nearest E4M3 value, ties to even: the CPU backend's fp8 cache, operation
+/// for operation.
+template <int ROW, int PS, int HD>
+__device__ void kv_append_e4m3(Step a, const float *k, const float *v,
+                               kv_e4m3<ROW, PS, HD> kcache,
+                               kv_e4m3<ROW, PS, HD> vcache) {
+  constexpr int NKV = ROW / HD;
+  const int lane = lane_id();
+  const long long rows = static_cast<long long>(a->num_tokens) * NKV * 2;
+  for (long long r = global_warp(); r < rows; r += grid_warps()) {
+    const bool isV = r & 1;
+    const int t = static_cast<int>(r / (2 * NKV));
+    const int h = static_cast<int>(r / 2 % NKV);
+    const float *x = (isV ? v : k) + static_cast<long long>(t) * ROW + h * HD;
+    const kv_e4m3<ROW, PS, HD> &c = isV ? vcache : kcache;
+    const long long e = kv_row_offset<ROW, PS>(a, t) + h * HD;
+    float amax = 0.0f;
+    for (int d = lane; d < HD; d += 32)
+      amax = fmaxf(amax, fabsf(x[d])); // NaN ignored, as std::max keeps amax
+    amax = warp_max(amax);
+    const float scale =
+        amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, 448.0f) : 1.0f;
+    unsigned char *codes = c.code(e);
+    for (int d = lane; d < HD; d += 32) {
+      float q = __fdiv_rn(x[d], scale);
+      q = q < -448.0f ? -448.0f : q > 448.0f ? 448.0f : q; // NaN stays
+      codes[d] = static_cast<unsigned char>(e4m3_code(round_to_e4m3(q)));
+    }
+    if (lane == 0)
+      *c.scale(e) = scale;
+  }
+}
+
 /// out[t, h] = softmax(q[t, h] . K[0..pos] * scale) V[0..pos], query head h
 /// reading kv head h / (NQ / NKV).
 ///
@@ -103,9 +219,9 @@ __device__ void kv_append(Step a, const float *k, const float *v, KV *kcache,
 /// the results do not depend on QT. Tokens of a group that straddles
 /// sequences are taken one at a time. Shared memory is dynamic:
 /// 4 * (32 * (HD + 1) + 32 * HD + QT * WARPS * HPW * HD) bytes.
-template <int NQ, int NKV, int HD, int PS, int WARPS, int QT, class KV>
-__device__ void kv_attend(Step a, const float *q, const KV *kcache,
-                          const KV *vcache, float scale, float *out) {
+template <int NQ, int NKV, int HD, int PS, int WARPS, int QT, class KVP>
+__device__ void kv_attend(Step a, const float *q, KVP kcache, KVP vcache,
+                          float scale, float *out) {
   constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
   constexpr int HPW = (REP + WARPS - 1) / WARPS; // heads per warp
   constexpr int NH = WARPS * HPW;
@@ -236,11 +352,11 @@ __device__ void kv_attend(Step a, const float *q, const KV *kcache,
 /// m (running max), l (sum of exponentials) and acc (sum of e * V, the head
 /// dimension spread over the lanes). K rows: one position per lane, 16-byte
 /// loads; V rows: 8 positions at a time with their loads issued together.
-template <int NKV, int HD, int PS, class KV>
+template <int NKV, int HD, int PS, class KVP>
 __device__ __forceinline__ void
-attend_range(const int32_t *pt, const float *sq, const KV *kcache,
-             const KV *vcache, float scale, int kvh, int p_begin, int p_end,
-             float &m, float &l, float (&acc)[(HD + 31) / 32]) {
+attend_range(const int32_t *pt, const float *sq, KVP kcache, KVP vcache,
+             float scale, int kvh, int p_begin, int p_end, float &m, float &l,
+             float (&acc)[(HD + 31) / 32]) {
   constexpr int ROW = NKV * HD, DPL = (HD + 31) / 32;
   const int lane = lane_id();
   m = -f32_inf();
@@ -254,7 +370,7 @@ attend_range(const int32_t *pt, const float *sq, const KV *kcache,
     float score = -f32_inf();
     if (p < p_end) {
       off = kv_position_offset<ROW, PS>(pt, p) + kvh * HD;
-      const KV *kr = kcache + off;
+      const KVP kr = kcache + off;
       float dot = 0.0f;
       if (HD % 4 == 0) {
 #pragma unroll 8
@@ -308,9 +424,9 @@ attend_range(const int32_t *pt, const float *sq, const KV *kcache,
 
 /// The same with one warp per (token, head) and no shared tiles: for head
 /// dimensions whose K/V tiles do not fit in static shared memory (> 128).
-template <int NQ, int NKV, int HD, int PS, int WARPS, class KV>
-__device__ void kv_attend_warp(Step a, const float *q, const KV *kcache,
-                               const KV *vcache, float scale, float *out) {
+template <int NQ, int NKV, int HD, int PS, int WARPS, class KVP>
+__device__ void kv_attend_warp(Step a, const float *q, KVP kcache, KVP vcache,
+                               float scale, float *out) {
   constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
   __shared__ __align__(16) float sq[WARPS][HD];
   const int lane = lane_id(), wib = threadIdx.x >> 5;
@@ -349,8 +465,8 @@ __host__ __device__ constexpr int kv_attend_mma_smem() {
 /// The step's K/V rows as bf16 (rounded as split4_bf16<1> rounds them):
 /// k16 / v16 [num_tokens, ROW], for kv_attend_mma<..., KV16> to stream with
 /// cp.async instead of converting the f32 cache rows in every block.
-template <int ROW, int PS, class KV>
-__device__ void kv_rows_to_bf16(Step a, const KV *kcache, const KV *vcache,
+template <int ROW, int PS, class KVP>
+__device__ void kv_rows_to_bf16(Step a, KVP kcache, KVP vcache,
                                 unsigned short *k16, unsigned short *v16) {
   static_assert(ROW % 4 == 0, "float4 rows");
   const long long n = static_cast<long long>(a->num_tokens) * (ROW / 4);
@@ -442,9 +558,9 @@ online_softmax_tile(float (&s)[NTS][4], float scale, Keep keep, float (&m)[2],
 /// through registers; positions before the step (a prefix in the cache)
 /// are converted from the f32 cache as they are needed.
 template <int NQ, int NKV, int HD, int PS, int WARPS, int TERMS, int BP = 32,
-          bool KV16 = false, class KV = float>
-__device__ void kv_attend_mma(Step a, const float *q, const KV *kcache,
-                              const KV *vcache, float scale, float *out,
+          bool KV16 = false, class KVP = float *>
+__device__ void kv_attend_mma(Step a, const float *q, KVP kcache, KVP vcache,
+                              float scale, float *out,
                               const unsigned short *k16 = nullptr,
                               const unsigned short *v16 = nullptr) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -781,9 +897,9 @@ store_partial(float *part, int t, int h, int sp, float m, float l,
 /// kv_attend_combine merges the partial softmaxes. A long context then
 /// keeps the GPU busy at batch 1 instead of one block walking it.
 template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
-          int WARPS_TARGET, int GQA_TOKENS, class KV>
-__device__ void kv_attend_split(Step a, const float *q, const KV *kcache,
-                                const KV *vcache, float scale, float *part) {
+          int WARPS_TARGET, int GQA_TOKENS, class KVP>
+__device__ void kv_attend_split(Step a, const float *q, KVP kcache, KVP vcache,
+                                float scale, float *part) {
   constexpr int REP = NQ / NKV, DPL = (HD + 31) / 32;
   __shared__ __align__(16) float sq[WARPS][HD];
   const int lane = lane_id(), wib = threadIdx.x >> 5;
@@ -828,10 +944,9 @@ __host__ __device__ constexpr int kv_attend_split_gqa_smem() {
 /// shared memory); the lanes then own head dimensions and add each
 /// position's V row with the heads' exponentials (also from shared memory).
 template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
-          int WARPS_TARGET, int GQA_TOKENS, class KV>
-__device__ void kv_attend_split_gqa(Step a, const float *q, const KV *kcache,
-                                    const KV *vcache, float scale,
-                                    float *part) {
+          int WARPS_TARGET, int GQA_TOKENS, class KVP>
+__device__ void kv_attend_split_gqa(Step a, const float *q, KVP kcache,
+                                    KVP vcache, float scale, float *part) {
   constexpr int REP = NQ / NKV, ROW = NKV * HD, DPL = (HD + 31) / 32;
   static_assert(HD % 4 == 0, "float4 K rows");
   static_assert(kv_attend_split_gqa_smem<NQ, NKV, HD, WARPS>() <= 48 * 1024,
@@ -874,7 +989,7 @@ __device__ void kv_attend_split_gqa(Step a, const float *q, const KV *kcache,
       for (int h = 0; h < REP; ++h)
         dot[h] = 0.0f;
       if (valid) {
-        const KV *kr = kcache + off;
+        const KVP kr = kcache + off;
 #pragma unroll 4
         for (int d = 0; d < HD; d += 4) {
           const float4 kv = kv_get4(kr, d);
@@ -951,10 +1066,9 @@ __host__ __device__ constexpr int kv_attend_split_mma_smem() {
 /// kv_attend_combine. (The SIMT form spent 65 us per Nano layer at batch
 /// 32 and 23 us at batch 1 walking 1K positions.)
 template <int NQ, int NKV, int HD, int PS, int WARPS, int NSPLIT,
-          int WARPS_TARGET, int TERMS = 1, class KV = float>
-__device__ void kv_attend_split_mma(Step a, const float *q, const KV *kcache,
-                                    const KV *vcache, float scale,
-                                    float *part) {
+          int WARPS_TARGET, int TERMS = 1, class KVP = float *>
+__device__ void kv_attend_split_mma(Step a, const float *q, KVP kcache,
+                                    KVP vcache, float scale, float *part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int REP = NQ / NKV, ROW = NKV * HD, BP = 32, RS = HD + 8;
   constexpr int NTS = BP / 8, NTO = HD / 8, KS = HD / 16;
@@ -964,9 +1078,10 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const KV *kcache,
   extern __shared__ float4 nf_attend_smem[];
   const int lane = lane_id(), warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
-  KV *sK = reinterpret_cast<KV *>(nf_attend_smem) + warp * 2 * BP * RS;
-  KV *sV = sK + BP * RS;
-  constexpr int CE = 16 / static_cast<int>(sizeof(KV)); // values a copy
+  using Tile = typename KvTraits<KVP>::Tile;
+  Tile *sK = reinterpret_cast<Tile *>(nf_attend_smem) + warp * 2 * BP * RS;
+  Tile *sV = sK + BP * RS;
+  constexpr int CE = 16 / static_cast<int>(sizeof(Tile)); // values a copy
   static_assert(HD % CE == 0, "16-byte copies of K/V rows");
   const int nsplit =
       decode_splits<NQ, NKV, NSPLIT, WARPS_TARGET, 0>(a->num_tokens);
@@ -1011,16 +1126,24 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const KV *kcache,
     // cp.async group each. K of the next tile is copied while this tile's
     // O += P V runs, V of the next while its S = Q K^T runs: one tile of
     // each in shared memory, the copies overlapping the products.
-    auto copy_tile = [&](KV *dst, const KV *cache, int p0) {
+    // (An fp8 cache's values are widened to f32 tiles by the lanes
+    // themselves, synchronously; the group is empty.)
+    auto copy_tile = [&](Tile *dst, KVP cache, int p0) {
       if (p0 < sl.p_end)
         for (int j = 0; j < BP; ++j) {
           const int p = p0 + j;
           const bool valid = p < sl.p_end;
           const long long off =
               valid ? kv_position_offset<ROW, PS>(sl.pt, p) + kvh * HD : 0;
-          for (int d = CE * lane; d < HD; d += 32 * CE)
-            copy_async16_or_zero</*kL1=*/false>(dst + j * RS + d,
-                                                cache + off + d, valid);
+          for (int d = CE * lane; d < HD; d += 32 * CE) {
+            if constexpr (KvTraits<KVP>::kBytes)
+              copy_async16_or_zero</*kL1=*/false>(dst + j * RS + d,
+                                                  cache + off + d, valid);
+            else
+              *reinterpret_cast<float4 *>(dst + j * RS + d) =
+                  valid ? kv_get4(cache, off + d)
+                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
         }
       copy_async_commit(); // (empty past the last tile: the counts stay)
     };
@@ -1035,7 +1158,7 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const KV *kcache,
 #pragma unroll
       for (int n = 0; n < NTS; ++n) {
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        const KV *kr = sK + (n * 8 + g) * RS + 2 * c;
+        const Tile *kr = sK + (n * 8 + g) * RS + 2 * c;
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
           const float2 k0 = kv_get2(kr, ks * 16);
@@ -1060,10 +1183,10 @@ __device__ void kv_attend_split_mma(Step a, const float *q, const KV *kcache,
       for (int kk = 0; kk < BP / 16; ++kk) {
         unsigned pf[TERMS][4];
         c_pair_to_a<TERMS>(s[2 * kk], s[2 * kk + 1], pf);
-        const KV *vr = sV + (kk * 16 + 2 * c) * RS + g;
+        const Tile *vr = sV + (kk * 16 + 2 * c) * RS + g;
 #pragma unroll
         for (int n = 0; n < NTO; ++n) {
-          const KV *v = vr + n * 8;
+          const Tile *v = vr + n * 8;
           unsigned b[2][TERMS];
           terms2(kv_get(v, 0), kv_get(v, RS), b[0]);
           terms2(kv_get(v, 8 * RS), kv_get(v, 9 * RS), b[1]);

@@ -145,6 +145,34 @@ __device__ __forceinline__ void fp8x4_to_f32x4(unsigned w, float *out) {
   unpack_bf16x2(b.y, out + 2);
 #endif
 }
+/// v rounded to the nearest E4M3 value, ties to even, |v| <= 448 (the CPU
+/// backend's roundToE4M3, operation for operation: every step is exact).
+__device__ __forceinline__ float round_to_e4m3(float v) {
+  const float m = fabsf(v);
+  if (!(m > 0.0f))
+    return v; // zeros (and NaN) stay
+  int e;
+  frexpf(m, &e); // m = f * 2^e, f in [0.5, 1): unit exponent e - 1
+  const int shift = max(e - 1, -6) - 3; // 3 mantissa bits, subnormals 2^-9
+  return copysignf(fminf(ldexpf(rintf(ldexpf(m, -shift)), shift), 448.0f), v);
+}
+/// The E4M3 code of r, an E4M3 value (round_to_e4m3's; NaN: 0x7f), as the
+/// CPU backend's e4m3Code gives it.
+__device__ __forceinline__ unsigned e4m3_code(float r) {
+  if (r != r)
+    return 0x7fu;
+  const unsigned sign = signbit(r) ? 0x80u : 0u;
+  const float m = fabsf(r);
+  if (m == 0.0f)
+    return sign;
+  int e;
+  frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1): unit exponent e - 1
+  if (e - 1 < -6) // subnormal: mantissa * 2^-9
+    return sign | static_cast<unsigned>(ldexpf(m, 9));
+  const unsigned mant = static_cast<unsigned>(ldexpf(m, -(e - 1)) * 8.0f) - 8u;
+  return sign | (static_cast<unsigned>(e - 1 + 7) << 3) | mant;
+}
+
 __device__ __forceinline__ void load16(const fp8e4m3 *p, float *out) {
   const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
   fp8x4_to_f32x4(v.x, out);

@@ -391,18 +391,6 @@ __device__ void split_rows_bf16(Step a, const float *src, unsigned short *dst) {
   }
 }
 
-/// v rounded to the nearest E4M3 value, ties to even, |v| <= 448 (the CPU
-/// backend's roundToE4M3, operation for operation: every step is exact).
-__device__ __forceinline__ float round_to_e4m3(float v) {
-  const float m = fabsf(v);
-  if (!(m > 0.0f))
-    return v; // zeros (and NaN) stay
-  int e;
-  frexpf(m, &e); // m = f * 2^e, f in [0.5, 1): unit exponent e - 1
-  const int shift = max(e - 1, -6) - 3; // 3 mantissa bits, subnormals 2^-9
-  return copysignf(fminf(ldexpf(rintf(ldexpf(m, -shift)), shift), 448.0f), v);
-}
-
 /// Rows [0, a->num_tokens * RPT) of a [rows, K] f32 activation quantised to
 /// FP8 E4M3 and back to f32, as the CPU backend's fakeQuantE4M3 computes
 /// them (bit for bit): with the static scale *scale, or (scale null) each

@@ -33,10 +33,10 @@
 #     and the checkpoints quantised by ModelOpt (static FP8 activations) and
 #     llm-compressor (dynamic per-token FP8 activations):
 #       tiny-nano-fp8-modelopt, tiny-nano-fp8-dynamic ... --target=cuda:sm_90
-#     and plans whose KV cache stores bf16 (exact; for sm_75, whose PTX runs
-#     the warp and tile attention forms; bf16 GEMM inputs):
-#       tiny-hybrid-kvbf16[-sm75], pydoc-moe-kvbf16,
-#       tiny-hybrid-bf16-kvbf16-bf16in ... --kv-cache-dtype=bf16
+#     and plans whose KV cache stores bf16 or fp8 (exact; for sm_75, whose
+#     PTX runs the warp and tile attention forms; bf16 GEMM inputs):
+#       tiny-hybrid-kv{bf16,fp8}[-sm75], pydoc-moe-kv{bf16,fp8},
+#       tiny-hybrid-bf16-kvbf16-bf16in ... --kv-cache-dtype=bf16|fp8
 #     (NF_CUDA_TARGET overrides "cuda:sm_90".)
 #  3. Copy build/bin/{nfrun,nf-cuda-tests}, build/lib/libnf.so*,
 #     build/lib/libnf_fake_cuda.so, libgomp.so.1 and cpp-httplib (with its
@@ -137,16 +137,19 @@ prepare() {
   compile tiny-hybrid-bf16-fp8-bf16in-sm80 "$(model_dir tiny-hybrid-bf16)" \
     --weights=fp8 --quantize=all --matmul-inputs=bf16
   target="$saved"
-  # KV caches of bf16 (CudaKvBf16Plans): exact, exact for sm_75 (the PTX's
-  # warp and tile forms), head_dim 32, and bf16 GEMM inputs.
-  compile tiny-hybrid-kvbf16 "$(model_dir tiny-hybrid)" --kv-cache-dtype=bf16
-  compile pydoc-moe-kvbf16 "$(model_dir pydoc-moe)" --kv-cache-dtype=bf16
+  # KV caches of bf16 and fp8 (CudaKvStoragePlans): exact, exact for sm_75
+  # (the PTX's warp and tile forms), head_dim 32; bf16 with bf16 inputs.
+  local kv
+  for kv in bf16 fp8; do
+    compile tiny-hybrid-kv$kv "$(model_dir tiny-hybrid)" --kv-cache-dtype=$kv
+    compile pydoc-moe-kv$kv "$(model_dir pydoc-moe)" --kv-cache-dtype=$kv
+    target=cuda:sm_75
+    compile tiny-hybrid-kv$kv-sm75 "$(model_dir tiny-hybrid)" \
+      --kv-cache-dtype=$kv
+    target="$saved"
+  done
   compile tiny-hybrid-bf16-kvbf16-bf16in "$(model_dir tiny-hybrid-bf16)" \
     --kv-cache-dtype=bf16 --matmul-inputs=bf16
-  target=cuda:sm_75
-  compile tiny-hybrid-kvbf16-sm75 "$(model_dir tiny-hybrid)" \
-    --kv-cache-dtype=bf16
-  target="$saved"
   # Checkpoints quantised by ModelOpt and llm-compressor (FP8 activations).
   for m in tiny-nano-fp8-modelopt tiny-nano-fp8-dynamic; do
     compile "$m" "$(model_dir "$m")"

@@ -8,7 +8,7 @@
 //  - cuda_fixture_test.cpp (CudaFixture; and Exactness, the exactness suite
 //    of exactness_suite.h, instantiated there as Cuda/Exactness.*) and
 //    cuda_plans_test.cpp (CudaBf16Plans, CudaPlans, CudaQuantisedPlans) and
-//    cuda_kv_storage_test.cpp (CudaKvBf16Plans): plans compiled with
+//    cuda_kv_storage_test.cpp (CudaKvStoragePlans): plans compiled with
 //    `nfc compile --target=cuda`, on a GPU only.
 // Tests that need a device skip (GTEST_SKIP) without one, or fail with
 // NF_CUDA_REQUIRE=1 (scripts/gpu_check.sh sets it).

@@ -376,11 +376,12 @@ StatusOr<CudaPlanSources> generateCudaSources(const compiler::PlanModel &plan,
                                               const CudaCodegenOptions &opts) {
   for (const compiler::PlanStorage &s : plan.storage)
     if (s.kind == ::nf::plan::StorageKind::KVCache &&
-        s.dtype != ::nf::plan::DType::F32 && s.dtype != ::nf::plan::DType::BF16)
+        s.dtype != ::nf::plan::DType::F32 &&
+        s.dtype != ::nf::plan::DType::BF16 &&
+        s.dtype != ::nf::plan::DType::F8E4M3)
       return Status::error("cuda: KV cache " + s.name + " stores " +
                            ::nf::plan::EnumNameDType(s.dtype) +
-                           "; the CUDA kernels read f32 and bf16 caches "
-                           "(--kv-cache-dtype=f32|bf16)");
+                           "; the CUDA kernels read f32, bf16 and fp8 caches");
   CudaPlanSources out;
   auto prefill = detail::generateStep(plan, plan.prefill, "prefill", opts);
   if (!prefill)

@@ -24,9 +24,23 @@ StatusOr<size_t> KernelEmitter::kvAppend(size_t i) {
     return fail(i, "expects (batch, key, value) rows of the cache's width");
   const std::string kc = kvCachePtr(op, *st, 0), vc = kvCachePtr(op, *st, 1);
   if (kc.empty())
-    return fail(i, "f32 and bf16 KV caches have CUDA kernels, not " +
+    return fail(i, "f32, bf16 and fp8 KV caches have CUDA kernels, not " +
                        std::string(pl::EnumNameDType(st->dtype)));
   includes.insert("nf_attention.cuh");
+  // fp8: a warp per K or V row of a kv head (its scale is the row's max).
+  if (st->dtype == pl::DType::F8E4M3) {
+    constexpr int64_t kWarps = 8;
+    addLaunch(fnName(i, "kv_append"),
+              gridOf(ceilDiv(maxTokens * st->kvHeads * 2, kWarps),
+                     int64_t(opts.smCount) * 8),
+              32 * kWarps,
+              "  nf::kv_append_e4m3<" + num(row) + ", " + num(st->pageSize) +
+                  ", " + num(st->headDim) + ">(a, " + arenaPtr(in[1]) + ", " +
+                  arenaPtr(in[2]) + ", " + kc + ", " + vc + ");\n",
+              "nf_kv.append: E4M3 codes and a scale per (token, kv head) "
+              "row, a warp per row");
+    return size_t(1);
+  }
   addLaunch(fnName(i, "kv_append"), elementGrid(maxTokens * row), 256,
             "  nf::kv_append<" + num(row) + ", " + num(st->pageSize) + ">(a, " +
                 arenaPtr(in[1]) + ", " + arenaPtr(in[2]) + ", " + kc + ", " +
@@ -52,9 +66,10 @@ StatusOr<size_t> KernelEmitter::kvAttend(size_t i) {
                    "head_dim features");
   const std::string kc = kvCachePtr(op, *st, 0), vc = kvCachePtr(op, *st, 1);
   if (kc.empty())
-    return fail(i, "f32 and bf16 KV caches have CUDA kernels, not " +
+    return fail(i, "f32, bf16 and fp8 KV caches have CUDA kernels, not " +
                        std::string(pl::EnumNameDType(st->dtype)));
-  const int64_t kvBytes = st->dtype == pl::DType::F32 ? 4 : 2;
+  // Bytes a value of the decode tiles in shared memory (fp8 widens to f32).
+  const int64_t kvBytes = st->dtype == pl::DType::BF16 ? 2 : 4;
   // nf-cuda-attention-forms' choice; the emitter checks that the target
   // and shapes allow it.
   const std::string form =

@@ -560,7 +560,8 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
         auto v = std::find(pieces.begin(), pieces.end(), ain[2]);
         const int64_t row = st->kvHeads * st->headDim;
         if (k != pieces.end() && v != pieces.end() && V(ain[1]).cols == row &&
-            V(ain[2]).cols == row && !kvCachePtr(ap, *st, 0).empty()) {
+            V(ain[2]).cols == row &&
+            (st->dtype == pl::DType::F32 || st->dtype == pl::DType::BF16)) {
           includes.insert("nf_attention.cuh");
           // The row's cache offset (page table lookups) is the store's
           // row context: GEMM epilogues compute it once per row.

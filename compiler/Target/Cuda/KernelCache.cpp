@@ -67,9 +67,8 @@ void KernelCache::store(const std::string &key, const std::string &ext,
   if (ec)
     return;
   static std::atomic<unsigned> counter{0};
-  const fs::path tmp =
-      final.string() + ".tmp." + std::to_string(::getpid()) + "." +
-      std::to_string(counter.fetch_add(1));
+  const fs::path tmp = final.string() + ".tmp." + std::to_string(::getpid()) +
+                       "." + std::to_string(counter.fetch_add(1));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out)

@@ -445,8 +445,8 @@ private:
   }
   /// The K (part 0) or V (part 1) buffer of op's KV cache `st` as the
   /// kernels take it: f32 storage as it is, bf16 as nf::bf16 values
-  /// (nf_attention.cuh's kv_cache). Empty for element types without
-  /// kernels (fp8).
+  /// (nf_attention.cuh's kv_cache), fp8 as pages of codes and scales
+  /// (kv_cache_e4m3). Empty for other element types.
   std::string kvCachePtr(const PlanOp &op, const PlanStorage &st,
                          int part) const {
     const std::string words =
@@ -455,6 +455,9 @@ private:
       return words;
     if (st.dtype == pl::DType::BF16)
       return "nf::kv_cache<nf::bf16>(" + words + ")";
+    if (st.dtype == pl::DType::F8E4M3)
+      return "nf::kv_cache_e4m3<" + num(st.kvHeads * st.headDim) + ", " +
+             num(st.pageSize) + ", " + num(st.headDim) + ">(" + words + ")";
     return std::string();
   }
   const PlanStorage *storageOf(const PlanOp &op, pl::StorageKind kind) const {

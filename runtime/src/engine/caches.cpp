@@ -7,10 +7,6 @@
 
 namespace nf::cpu {
 
-std::string kvStorageName(KvStorage s) {
-  return s == KvStorage::F32 ? "f32" : s == KvStorage::BF16 ? "bf16" : "f8e4m3";
-}
-
 // ---------------------------------------------------------------------------
 // StateCache
 

@@ -12,7 +12,6 @@
 
 #include <cstdint>
 #include <span>
-#include <string>
 #include <vector>
 
 namespace nf::cpu {
@@ -38,14 +37,6 @@ struct MambaShape {
 /// head_dim values (amax / 448). The CPU backend keeps f32 arrays and rounds
 /// on write, so it holds exactly the values such a cache would.
 enum class KvStorage : uint8_t { F32, BF16, F8E4M3 };
-inline constexpr KvStorage kAllKvStorages[] = {KvStorage::F32, KvStorage::BF16,
-                                               KvStorage::F8E4M3};
-/// Bytes of one cached value (fp8 rows carry an f32 scale besides).
-constexpr int64_t kvStorageBytes(KvStorage s) {
-  return s == KvStorage::F32 ? 4 : s == KvStorage::BF16 ? 2 : 1;
-}
-/// The plan's name of each ("f32", "bf16", "f8e4m3").
-std::string kvStorageName(KvStorage s);
 
 /// One attention layer's cache storage: K and V each [numPages, pageSize,
 /// nkv, hd] f32. A sequence's logical page j (positions j·pageSize ...) lives
@@ -96,6 +87,22 @@ struct KvLayerShape {
   int64_t headDim = 0;
   KvStorage storage = KvStorage::F32;
 };
+
+/// Bytes of one page of a layer's K (or V) cache as the CUDA kernels store
+/// it (kernels/nf_attention.cuh): its values, 4 or 2 bytes each; fp8: a
+/// byte each, then an f32 scale per (position, kv head) row.
+constexpr int64_t kvPageBytes(const KvLayerShape &s, int64_t pageSize) {
+  const int64_t values = pageSize * s.numKvHeads * s.headDim;
+  switch (s.storage) {
+  case KvStorage::F32:
+    return 4 * values;
+  case KvStorage::BF16:
+    return 2 * values;
+  case KvStorage::F8E4M3:
+    return values + 4 * pageSize * s.numKvHeads;
+  }
+  return 0;
+}
 
 /// Paged K/V storage of every attention layer and its page allocator.
 /// Pages are reference-counted: forked sequences share the full pages of

@@ -55,13 +55,12 @@ struct StorageLayout {
 /// Checks the plan's Storage table and applies EngineOptions::maxSequences
 /// and kvPages (sequence slots default to the plan's slots, else
 /// `defaultSlots`). `backendName` names the backend in "not supported"
-/// errors ("CPU", "CUDA"); `kvStorages`: the KV cache element types it
-/// holds (cpu::KvStorage).
+/// errors ("CPU", "CUDA"). Both backends hold every KV cache element type
+/// (cpu::KvStorage).
 StatusOr<StorageLayout> readStorage(const PlanFile &plan,
                                     const EngineOptions &options,
                                     int64_t defaultSlots,
-                                    const char *backendName,
-                                    std::span<const cpu::KvStorage> kvStorages);
+                                    const char *backendName);
 
 // ---------------------------------------------------------------------------
 // Step programs

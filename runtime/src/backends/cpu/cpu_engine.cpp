@@ -38,8 +38,7 @@ namespace cpu_detail {
 Status CpuEngine::initStorage(const EngineOptions &options) {
   StatusOr<StorageLayout> layout =
       // Rounded on write (engine/caches.h).
-      readStorage(*plan_, options, decode_.maxTokens, "CPU",
-                  cpu::kAllKvStorages);
+      readStorage(*plan_, options, decode_.maxTokens, "CPU");
   if (!layout)
     return layout.status();
   storage_ = std::move(layout->entries);

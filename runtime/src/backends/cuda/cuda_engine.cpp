@@ -23,10 +23,6 @@ bool planTargetsCuda(const PlanFile &pf) {
 
 namespace {
 
-/// The KV cache element types the CUDA kernels read (nf_attention.cuh).
-constexpr cpu::KvStorage kCudaKvStorages[] = {cpu::KvStorage::F32,
-                                              cpu::KvStorage::BF16};
-
 int deviceOrdinal(const EngineOptions &options) {
   if (options.cudaDevice >= 0)
     return options.cudaDevice;
@@ -168,8 +164,8 @@ Status CudaEngine::init(const EngineOptions &options) {
     return s;
   budgetPooled_ = options.budgetStepScope ? 1 : 0;
   distinctExpertCap_ = options.distinctExpertCap;
-  StatusOr<StorageLayout> layout = readStorage(
-      *plan_, options, info_.maxDecodeTokens, "CUDA", kCudaKvStorages);
+  StatusOr<StorageLayout> layout =
+      readStorage(*plan_, options, info_.maxDecodeTokens, "CUDA");
   if (!layout)
     return layout.status();
   storage_ = std::move(*layout);
@@ -297,9 +293,7 @@ Status CudaEngine::copyForFork(const cpu::Caches::Fork &fork, int32_t from) {
            fork.slot);
     } else if (fork.pageFrom >= 0) {
       const size_t page =
-          static_cast<size_t>(storage_.cache.pageSize) *
-          static_cast<size_t>(si.kv.numKvHeads * si.kv.headDim) *
-          static_cast<size_t>(cpu::kvStorageBytes(si.kv.storage));
+          static_cast<size_t>(cpu::kvPageBytes(si.kv, storage_.cache.pageSize));
       copy(gpu_->storage[buffer], page, fork.pageFrom, fork.pageTo);
       copy(gpu_->storage[buffer + 1], page, fork.pageFrom, fork.pageTo);
     }

@@ -602,10 +602,9 @@ Status CudaEngine::allocate() {
   for (const StorageInfo &si : storage_.entries) {
     size_t a = 0, b = 0;
     if (si.kind == pl::StorageKind::KVCache) {
-      a = b = static_cast<size_t>(storage_.cache.numPages) *
-              static_cast<size_t>(storage_.cache.pageSize) *
-              static_cast<size_t>(si.kv.numKvHeads * si.kv.headDim) *
-              static_cast<size_t>(cpu::kvStorageBytes(si.kv.storage));
+      a = b =
+          static_cast<size_t>(storage_.cache.numPages) *
+          static_cast<size_t>(cpu::kvPageBytes(si.kv, storage_.cache.pageSize));
     } else {
       a = static_cast<size_t>(slots * si.mamba.convStateSize()) * sizeof(float);
       b = static_cast<size_t>(slots * si.mamba.ssmStateSize()) * sizeof(float);
