@@ -168,6 +168,28 @@ TEST(CudaBackend, CApiBackendParameter) {
             std::string::npos)
       << nf_last_error();
   p.backend = "cpu";
+  // The memory share: in (0, 1], and not beside a page count.
+  EXPECT_EQ(p.gpu_memory_utilization, 0.0);
+  for (double bad : {-0.1, 1.5}) {
+    p.gpu_memory_utilization = bad;
+    EXPECT_EQ(nf_model_load(plan.c_str(), &p, &m), NF_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(nf_last_error())
+                  .find("gpu_memory_utilization must be in (0, 1]"),
+              std::string::npos)
+        << nf_last_error();
+  }
+  p.gpu_memory_utilization = 0.5;
+  p.kv_pages = 8;
+  EXPECT_EQ(nf_model_load(plan.c_str(), &p, &m), NF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(nf_last_error())
+                .find("kv_pages and gpu_memory_utilization both set"),
+            std::string::npos)
+      << nf_last_error();
+  p.kv_pages = 0;
+  // The CPU backend has no device memory to share: the plan's pages.
+  ASSERT_EQ(nf_model_load(plan.c_str(), &p, &m), NF_OK) << nf_last_error();
+  nf_model_free(m);
+  p.gpu_memory_utilization = 0.0;
   ASSERT_EQ(nf_model_load(plan.c_str(), &p, &m), NF_OK) << nf_last_error();
   EXPECT_STREQ(nf_model_backend(m), "cpu");
   EXPECT_NE(std::string(nf_model_info(m)).find("backend: cpu\n"),

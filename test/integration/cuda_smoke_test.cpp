@@ -615,6 +615,55 @@ TEST_P(CudaSmoke, ForkedSequencesContinueFromACopy) {
   EXPECT_TRUE(e->removeSequence(*b).ok());
 }
 
+// EngineOptions::gpuMemoryUtilization: the KV cache gets as many pages as
+// fit in that share of the device's memory once the weights, the arena and
+// the recurrent state are in place (a fake device of 600 MiB: the share
+// less the sizing reserve of 256 MiB is what the engine may fill), and the
+// steps run on them as on the plan's pages. A share that leaves nothing
+// fails the load in one line.
+TEST_P(CudaSmoke, KvCacheFillsTheMemoryShare) {
+  if (GetParam() == "device")
+    GTEST_SKIP() << "the fake device's memory is the test's";
+  struct Env {
+    Env() { setenv("NF_FAKE_CUDA_MEMORY_MIB", "600", 1); }
+    ~Env() { unsetenv("NF_FAKE_CUDA_MEMORY_MIB"); }
+  } env;
+  test::TempDir dir;
+  SmokeSpec spec;
+  spec.state = true;
+  const std::string plan = writeSmokePlan(dir.path(), "state", spec);
+  void *h = dlopen(driver_.c_str(), RTLD_NOW);
+  ASSERT_NE(h, nullptr);
+  auto memInfo = reinterpret_cast<int (*)(size_t *, size_t *)>(
+      dlsym(h, "cuMemGetInfo_v2"));
+  ASSERT_NE(memInfo, nullptr);
+  {
+    EngineOptions o = opts("cuda");
+    o.gpuMemoryUtilization = 0.5;
+    std::unique_ptr<Engine> e = loadEngine(plan, o);
+    ASSERT_NE(e, nullptr);
+    const CacheUsage u = e->cacheUsage();
+    EXPECT_GT(u.kvPages, 96) << "the plan's own count";
+    EXPECT_EQ(e->info().maxContext, u.kvPages * u.kvPageSize);
+    size_t free = 0, total = 0;
+    ASSERT_EQ(memInfo(&free, &total), 0);
+    const int64_t used = static_cast<int64_t>(total - free);
+    const int64_t allowed = static_cast<int64_t>(total / 2);
+    EXPECT_LE(used, allowed);
+    EXPECT_GE(used, allowed - (int64_t{257} << 20)) << "pages left unused";
+    for (int round = 0; round < 2; ++round)
+      checkStateRows(runBatched(*e, kSmokePrompts, 6), kSmokePrompts, 6);
+  }
+  EngineOptions tight = opts("cuda");
+  tight.gpuMemoryUtilization = 0.3; // 180 MiB: less than the reserve
+  StatusOr<std::unique_ptr<Engine>> refused = Engine::load(plan, tight);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("leaves no room for the KV cache"),
+            std::string::npos)
+      << refused.message();
+  dlclose(h);
+}
+
 INSTANTIATE_TEST_SUITE_P(Drivers, CudaSmoke,
                          ::testing::Values("device", "fake"),
                          [](const auto &info) { return info.param; });

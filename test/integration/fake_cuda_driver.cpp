@@ -5,7 +5,10 @@
 //  - one device ("nf fake GPU", sm_90); a context must be current (pushed)
 //    for every call that needs one, as with the real driver;
 //  - device memory is host memory; every copy and memset is checked to stay
-//    inside one live allocation, frees of unknown pointers fail;
+//    inside one live allocation, frees of unknown pointers fail; the device
+//    has 1 GiB, or NF_FAKE_CUDA_MEMORY_MIB, which cuMemGetInfo reports less
+//    what is allocated (allocations beyond it fail only when that variable
+//    is set);
 //  - streams queue their work and run it at cuStreamSynchronize (so that
 //    host code reading results before synchronising, or changing a staging
 //    buffer whose copy is still queued, is caught); stream capture records
@@ -433,8 +436,28 @@ CUresult cuCtxPopCurrent_v2(Context **ctx) {
   tContexts.pop_back();
   return kSuccess;
 }
+/// The device's memory (NF_FAKE_CUDA_MEMORY_MIB, default 1 GiB), and
+/// whether allocations are held to it (only when that variable is set).
+size_t deviceMemory(bool *enforced = nullptr) {
+  const char *mib = std::getenv("NF_FAKE_CUDA_MEMORY_MIB");
+  if (enforced)
+    *enforced = mib && *mib;
+  return mib && *mib
+             ? static_cast<size_t>(std::strtoull(mib, nullptr, 10)) << 20
+             : size_t{1} << 30;
+}
+size_t allocatedBytes() {
+  std::lock_guard<std::mutex> lock(gMutex);
+  size_t n = 0;
+  for (const auto &[base, bytes] : gDevice)
+    n += bytes;
+  return n;
+}
+
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
-  *free = *total = size_t{1} << 30;
+  *total = deviceMemory();
+  const size_t used = allocatedBytes();
+  *free = used < *total ? *total - used : 0;
   return kSuccess;
 }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
@@ -442,6 +465,10 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     return kInvalidContext;
   if (n == 0)
     return kInvalidValue;
+  bool enforced = false;
+  if (const size_t total = deviceMemory(&enforced);
+      enforced && allocatedBytes() + n > total)
+    return kOutOfMemory;
   void *m = std::aligned_alloc(256, (n + 255) / 256 * 256);
   if (!m)
     return kOutOfMemory;

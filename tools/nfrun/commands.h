@@ -84,8 +84,9 @@ struct ServeFlags {
   std::string defaultChatTemplateKwargs;
   /// "" (none) or "nemotron_v3" (reasoning_parser.h).
   std::string reasoningParser;
-  int kvPages = 0;               // KV pages per attention layer; 0: the plan's
-  bool syntheticWeights = false; // --random-weights (soak tests of shapes)
+  int kvPages = 0; // KV pages per attention layer; 0: the plan's
+  double gpuMemoryUtilization = 0; // CUDA: KV pages fill this share; 0: off
+  bool syntheticWeights = false;   // --random-weights (soak tests of shapes)
   uint64_t seed = 0;
   int maxQueue = 256; // requests waiting to be admitted (429 beyond)
   int64_t maxBatchedTokens = 2048; // tokens a step: decodes + prompt chunks

@@ -329,10 +329,9 @@ int runInspect(const std::string &path, bool launches) {
         ++kvLayers;
         kvList += (kvList.empty() ? "" : " ") + std::to_string(s->layer());
         // K and V of a token; fp8 rows carry an f32 scale per kv head.
-        const int64_t perToken =
-            2 * s->kv_heads() *
-            (s->head_dim() * dtypeSize(s->dtype()) +
-             (s->dtype() == pl::DType::F8E4M3 ? 4 : 0));
+        const int64_t perToken = 2 * s->kv_heads() *
+                                 (s->head_dim() * dtypeSize(s->dtype()) +
+                                  (s->dtype() == pl::DType::F8E4M3 ? 4 : 0));
         int64_t b = s->num_pages() * s->page_size() * perToken;
         kvBytes += b;
         char line[256];

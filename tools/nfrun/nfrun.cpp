@@ -299,6 +299,14 @@ int main(int argc, char **argv) {
       ->capture_default_str()
       ->check(nf::cli::Between("0", "1000000000"));
   serveCmd
+      ->add_option("--gpu-memory-utilization", serve.gpuMemoryUtilization,
+                   "CUDA: the share of the GPU's memory to take; the KV "
+                   "cache gets as many pages as fit beside the weights, the "
+                   "arena and the sequences' state (vLLM's; 0: --kv-pages "
+                   "or the plan's)")
+      ->capture_default_str()
+      ->check(nf::cli::Between("0", "1"));
+  serveCmd
       ->add_option("--max-queue", serve.maxQueue,
                    "Requests that may wait for a sequence slot; more get "
                    "HTTP 429 (each waiting request holds an HTTP thread)")

@@ -250,6 +250,7 @@ int runServe(const ServeFlags &f) {
   nf::ModelParams params = modelParams(f.common);
   params.chatTemplatePath = f.chatTemplate;
   params.kvPages = f.kvPages;
+  params.gpuMemoryUtilization = f.gpuMemoryUtilization;
   params.syntheticWeights = f.syntheticWeights;
   params.syntheticSeed = f.seed;
   auto model = nf::Model::load(f.common.plan, params);
@@ -492,6 +493,12 @@ int runServe(const ServeFlags &f) {
                name.c_str(), model->backend().c_str(), maxBatch,
                static_cast<long long>(ep.maxBatchedTokens), f.host.c_str(),
                f.port);
+  if (model->kvPages() > 0)
+    std::fprintf(stderr,
+                 "nfrun serve: KV cache: %lld pages, %lld tokens of context "
+                 "in all\n",
+                 static_cast<long long>(model->kvPages()),
+                 static_cast<long long>(model->maxContext()));
   bool ok = false;
   try { // httplib starts its worker threads here
     ok = server.listen_after_bind();

@@ -154,6 +154,12 @@ typedef struct nf_model_params {
      its tokens; each token runs its candidates among them (at least its
      best one), renormalised. CUDA: as budget_scope. */
   double distinct_expert_cap;
+  /* CUDA: the fraction of the device's memory, in (0, 1], the model may
+     take: the KV-cache pages are as many as fit in it once the weights,
+     the arena and the sequences' recurrent state are in place (vLLM's
+     gpu_memory_utilization); kv_pages then must be 0. 0: kv_pages, or the
+     plan's page count. The CPU backend ignores it. */
+  double gpu_memory_utilization;
 } nf_model_params;
 
 NF_API nf_model_params nf_model_default_params(void);

@@ -42,8 +42,9 @@ struct ModelParams {
   /// model shapes whose weights are not at hand).
   bool syntheticWeights = false;
   uint64_t syntheticSeed = 0;
-  std::string budgetScope;        // "request" (also empty) or "step"
-  double distinctExpertCap = 0.0; // 0: none; see nf_model_params
+  std::string budgetScope;           // "request" (also empty) or "step"
+  double distinctExpertCap = 0.0;    // 0: none; see nf_model_params
+  double gpuMemoryUtilization = 0.0; // CUDA; 0: off; see nf_model_params
 };
 
 /// One message of a conversation (see nf_chat_message).
@@ -138,6 +139,7 @@ public:
     p.synthetic_seed = params.syntheticSeed;
     p.budget_scope = params.budgetScope.c_str();
     p.distinct_expert_cap = params.distinctExpertCap;
+    p.gpu_memory_utilization = params.gpuMemoryUtilization;
     nf_model *m = nullptr;
     if (nf_model_load(planPath.c_str(), &p, &m) != NF_OK)
       return lastError();

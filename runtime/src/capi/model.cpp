@@ -287,6 +287,7 @@ nf_model_params nf_model_default_params(void) {
   p.chat_template_path = nullptr;
   p.budget_scope = nullptr;
   p.distinct_expert_cap = 0.0;
+  p.gpu_memory_utilization = 0.0;
   return p;
 }
 
@@ -313,6 +314,18 @@ nf_status nf_model_load(const char *plan_path, const nf_model_params *params,
     options.numThreads = p.n_threads;
     options.maxSequences = p.max_sequences;
     options.kvPages = p.kv_pages;
+    if (!(p.gpu_memory_utilization >= 0.0 && p.gpu_memory_utilization <= 1.0))
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  std::string(plan_path) +
+                      ": gpu_memory_utilization must be in (0, 1] (0: off), "
+                      "got " +
+                      std::to_string(p.gpu_memory_utilization));
+    if (p.gpu_memory_utilization > 0.0 && p.kv_pages > 0)
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  std::string(plan_path) +
+                      ": kv_pages and gpu_memory_utilization both set: the "
+                      "utilisation sizes the KV cache");
+    options.gpuMemoryUtilization = p.gpu_memory_utilization;
     options.backend = p.backend && *p.backend ? p.backend : "auto";
     options.syntheticWeights = p.synthetic_weights != 0;
     options.syntheticSeed = p.synthetic_seed;

@@ -33,6 +33,10 @@ struct EngineOptions {
   /// sequence holds ceil(length / page size) of them); 0: the plan's
   /// default.
   int32_t kvPages = 0;
+  /// CUDA: the fraction of device memory the engine may take; the KV pages
+  /// fill what the weights, arena and recurrent state leave of it (kvPages
+  /// must be 0). 0: kvPages or the plan's count.
+  double gpuMemoryUtilization = 0.0;
   /// "auto": the CUDA backend when the plan carries binaries for this
   /// machine's GPU (a cubin for its sm_XX, else PTX to JIT), the CUDA driver
   /// (libcuda.so.1, loaded at run time) loads and a device exists; otherwise

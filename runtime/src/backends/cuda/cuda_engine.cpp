@@ -164,24 +164,15 @@ Status CudaEngine::init(const EngineOptions &options) {
     return s;
   budgetPooled_ = options.budgetStepScope ? 1 : 0;
   distinctExpertCap_ = options.distinctExpertCap;
+  gpuMemoryUtilization_ = options.gpuMemoryUtilization;
   StatusOr<StorageLayout> layout =
       readStorage(*plan_, options, info_.maxDecodeTokens, "CUDA");
   if (!layout)
     return layout.status();
   storage_ = std::move(*layout);
   info_.maxSequences = storage_.cache.numSlots;
-  info_.maxContext = storage_.maxContext;
-  {
-    // Bookkeeping only: no Mamba layers, and one KV layer of zero size that
-    // makes the page allocator hand out page ids.
-    std::vector<cpu::KvLayerShape> kv;
-    if (storage_.hasAttention)
-      kv.push_back({0, 0});
-    StatusOr<cpu::Caches> book = cpu::Caches::create({}, kv, storage_.cache);
-    if (!book)
-      return Status::error(plan_->path + ": " + book.message());
-    caches_ = std::move(*book);
-  }
+  if (Status s = createBookkeeping(); !s)
+    return s;
   if (Status s = readPrograms(); !s)
     return s;
 
@@ -212,9 +203,10 @@ Status CudaEngine::init(const EngineOptions &options) {
   info_.topLogits = decode_.top.k;
   info_.topLogitsNoise = decode_.top.k > 0 && decode_.top.noiseOffset >= 0;
   info_.topLogitsTotals = info_.topLogitsNoise && decode_.top.totalsOffset >= 0;
-  if (Status s = allocate(); !s)
-    return s;
+  // The weights first: a KV cache sized to the memory left takes the rest.
   if (Status s = uploadWeights(); !s)
+    return s;
+  if (Status s = allocate(); !s)
     return s;
   if (Status s = bindTensorMaps(); !s)
     return s;
@@ -268,6 +260,21 @@ StatusOr<int32_t> CudaEngine::forkSequence(int32_t sequence) {
                          [this](const cpu::Caches::Fork &f, int32_t from) {
                            return copyForFork(f, from);
                          });
+}
+
+/// The sequences' bookkeeping for storage_.cache (slots, page ids): no Mamba
+/// layers, and one KV layer of zero size that makes the page allocator hand
+/// out page ids; the state itself is on the device.
+Status CudaEngine::createBookkeeping() {
+  info_.maxContext = storage_.maxContext;
+  std::vector<cpu::KvLayerShape> kv;
+  if (storage_.hasAttention)
+    kv.push_back({0, 0});
+  StatusOr<cpu::Caches> book = cpu::Caches::create({}, kv, storage_.cache);
+  if (!book)
+    return Status::error(plan_->path + ": " + book.message());
+  caches_ = std::move(*book);
+  return Status::success();
 }
 
 Status CudaEngine::copyForFork(const cpu::Caches::Fork &fork, int32_t from) {

@@ -196,6 +196,8 @@ private:
                                   std::string where,
                                   const std::string &profileKind);
   Status allocate();
+  Status sizeKvCache();
+  Status createBookkeeping();
   Status uploadWeights();
   Status bindTensorMaps();
   /// A device array of `ptrs` (room for one at least), copied on the stream:
@@ -262,6 +264,7 @@ private:
   // distinct-expert cap); checked against the plan by stepWideSelection.
   int32_t budgetPooled_ = 0;
   double distinctExpertCap_ = 0.0;
+  double gpuMemoryUtilization_ = 0.0; // EngineOptions'
   int32_t maxK_ = 0; // largest k of any select (stats buffer columns)
   // Device objects: the context first, so that it is released last.
   Context ctx_;

@@ -10,6 +10,7 @@
 #include "nf_abi.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -567,6 +568,61 @@ Status CudaEngine::bindTensorMaps() {
   return Status::success();
 }
 
+/// Device memory a KV cache sized by the utilisation leaves besides the
+/// recurrent state and the page tables: the step arguments' other arrays,
+/// statistics, captured graphs.
+constexpr int64_t kKvSizingReserve = int64_t{256} << 20;
+
+/// Sizes the KV cache to the memory the engine may take
+/// (EngineOptions::gpuMemoryUtilization of the device's): once the weights
+/// and the arena are allocated, as many pages as fit beside the recurrent
+/// state of every slot, the page tables' rows and kKvSizingReserve; then
+/// the sequences' bookkeeping for that many pages.
+Status CudaEngine::sizeKvCache() {
+  size_t freeBytes = 0, totalBytes = 0;
+  if (Status s =
+          d_->check(d_->cuMemGetInfo(&freeBytes, &totalBytes), "cuMemGetInfo");
+      !s)
+    return Status::error(where() + ": sizing the KV cache: " + s.message());
+  const int64_t slots = storage_.cache.numSlots, ps = storage_.cache.pageSize;
+  int64_t state = 0, perPage = 0;
+  for (const StorageInfo &si : storage_.entries)
+    if (si.kind == pl::StorageKind::KVCache)
+      perPage += 2 * cpu::kvPageBytes(si.kv, ps); // K and V
+    else
+      state += slots * (si.mamba.convStateSize() + si.mamba.ssmStateSize()) *
+               static_cast<int64_t>(sizeof(float));
+  // Each page adds an entry to every page table row (the step arguments).
+  const int64_t rows =
+      std::min<int64_t>(std::max(prefill_.maxTokens, decode_.maxTokens), slots);
+  perPage += rows * static_cast<int64_t>(sizeof(int32_t));
+  const double gib = 1.0 / (1u << 30);
+  const int64_t total = static_cast<int64_t>(totalBytes);
+  const int64_t used = total - static_cast<int64_t>(freeBytes);
+  const int64_t allowed =
+      static_cast<int64_t>(gpuMemoryUtilization_ * static_cast<double>(total));
+  const int64_t budget = allowed - used - state - kKvSizingReserve;
+  const int64_t pages =
+      std::min<int64_t>(budget / std::max<int64_t>(perPage, 1),
+                        std::numeric_limits<int32_t>::max());
+  if (pages < 1) {
+    char why[320];
+    std::snprintf(why, sizeof why,
+                  ": gpu memory utilization %.2f of %.1f GiB leaves no room "
+                  "for the KV cache: %.1f GiB in use (the weights, the "
+                  "arena, other processes), %.2f GiB for the recurrent state "
+                  "of %lld sequences",
+                  gpuMemoryUtilization_, static_cast<double>(total) * gib,
+                  static_cast<double>(used) * gib,
+                  static_cast<double>(state) * gib,
+                  static_cast<long long>(slots));
+    return Status::error(where() + why);
+  }
+  storage_.cache.numPages = static_cast<int32_t>(pages);
+  storage_.maxContext = pages * ps;
+  return createBookkeeping();
+}
+
 Status CudaEngine::allocate() {
   Gpu &g = *gpu_;
   CUstream stream = g.stream.get();
@@ -595,6 +651,9 @@ Status CudaEngine::allocate() {
       !s)
     return s;
   g.arenaBytes = static_cast<size_t>(std::max<int64_t>(arena, 0));
+  if (gpuMemoryUtilization_ > 0.0 && storage_.hasAttention)
+    if (Status s = sizeKvCache(); !s)
+      return s;
 
   // State: two buffers per storage entry.
   const int64_t slots = storage_.cache.numSlots;
