@@ -202,11 +202,22 @@ int runBench(const BenchFlags &f) {
   p.kv_pages = static_cast<int32_t>(
       std::max(maxB * pagesFor(f.context + timedSteps + 4), pagesFor(longest)) +
       16);
+  if (f.gpuMemoryUtilization > 0.0) {
+    p.kv_pages = 0;
+    p.gpu_memory_utilization = f.gpuMemoryUtilization;
+  }
   p.synthetic_weights = f.syntheticWeights ? 1 : 0;
   p.synthetic_seed = f.seed;
   nf_model *m = nullptr;
   if (int rc = check(nf_model_load(f.common.plan.c_str(), &p, &m)))
     return rc;
+  if (f.gpuMemoryUtilization > 0.0)
+    std::printf("KV cache at gpu memory utilization %.2f: %lld pages, %lld "
+                "tokens of context in all, %d sequence slots\n\n",
+                f.gpuMemoryUtilization,
+                static_cast<long long>(nf_model_kv_pages(m)),
+                static_cast<long long>(nf_model_max_context(m)),
+                nf_model_max_sequences(m));
   shape.topK = nf_model_experts_per_token(m);
   const int32_t V = nf_model_vocab_size(m);
   std::mt19937 rng(static_cast<uint32_t>(f.seed));

@@ -64,6 +64,9 @@ struct BenchFlags {
   double copyBandwidth = 0.0;        // bytes/s, device-to-device (roofline)
   double matmulRate = 0.0;           // FLOP/s, bf16 matmul (roofline)
   std::string expertBudgets; // decode: budgets timed in turn; "": the plan's
+  // CUDA: KV pages fill this share of the GPU's memory (printed); 0: as
+  // many as the measurements need.
+  double gpuMemoryUtilization = 0.0;
   // --sample: timed decode steps also draw each sequence's next token
   // (nf_decode_sample) with these sampler parameters and feed it back.
   bool sample = false;

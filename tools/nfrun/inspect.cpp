@@ -320,6 +320,7 @@ int runInspect(const std::string &path, bool launches) {
   std::printf("storage:\n");
   int kvLayers = 0, mambaLayers = 0;
   int64_t kvBytes = 0, mambaBytes = 0;
+  int64_t kvPerToken = 0, statePerSequence = 0; // every layer's
   std::string kvLine, mambaLine, kvList, mambaList;
   if (plan->storage())
     for (const pl::Storage *s : *plan->storage()) {
@@ -334,6 +335,7 @@ int runInspect(const std::string &path, bool launches) {
                                   (s->dtype() == pl::DType::F8E4M3 ? 4 : 0));
         int64_t b = s->num_pages() * s->page_size() * perToken;
         kvBytes += b;
+        kvPerToken += perToken;
         char line[256];
         std::snprintf(line, sizeof line,
                       "%" PRId64 " pages x %" PRId64 " tokens, %" PRId64
@@ -350,6 +352,7 @@ int runInspect(const std::string &path, bool launches) {
                            s->num_heads() * s->head_dim() * s->state_size()) *
                           4;
         mambaBytes += perSlot * s->slots();
+        statePerSequence += perSlot;
         char line[256];
         std::snprintf(line, sizeof line,
                       "%" PRId64 " slots, conv [%" PRId64 " x %" PRId64
@@ -370,6 +373,10 @@ int runInspect(const std::string &path, bool launches) {
                 bytes(mambaBytes).c_str());
   if (!kvLayers && !mambaLayers)
     std::printf("  none\n");
+  else
+    std::printf("  per sequence: %" PRId64 " B of recurrent state, %" PRId64
+                " B of KV cache a token of context\n",
+                statePerSequence, kvPerToken);
 
   size_t numWeights = 0, numTensors = 0, packed = 0, stacked = 0;
   int64_t weightBytes = 0, elements = 0;

@@ -228,6 +228,12 @@ int main(int argc, char **argv) {
   benchCmd->add_option("--matmul-rate", bench.matmulRate,
                        "bf16 matmul rate measured in the same run, FLOP/s "
                        "(prefill roofline)");
+  benchCmd
+      ->add_option("--gpu-memory-utilization", bench.gpuMemoryUtilization,
+                   "CUDA: give the KV cache what this share of the GPU's "
+                   "memory leaves and print its pages (0: the pages the "
+                   "measurements need)")
+      ->check(nf::cli::Between("0", "1"));
   benchCmd->add_option("--expert-budget", bench.expertBudgets,
                        "Decode: expert budgets to time in turn, e.g. "
                        "1,0.75,0.5 (budget plans; default: the plan's)");
