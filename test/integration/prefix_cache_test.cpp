@@ -74,7 +74,7 @@ Outcome run(nf::ServingEngine &e, const std::vector<int32_t> &prompt,
 /// The engine's counters once the step that ended the last request is in.
 nf_engine_stats settled(nf::ServingEngine &e) {
   nf_engine_stats s = e.stats();
-  for (int i = 0; i < 200 && s.running > 0; ++i) {
+  for (int i = 0; i < 1000 && s.running > 0; ++i) {
     std::this_thread::sleep_for(10ms);
     s = e.stats();
   }

@@ -106,7 +106,7 @@ TEST(ServingEngine, TinyKvPoolCompletesEveryRequestExactly) {
   }
   // The engine publishes its counts after the step that ended the last.
   nf_engine_stats s = engine->stats();
-  for (int i = 0; i < 200 && (s.running > 0 || s.kv_free_pages < 12); ++i) {
+  for (int i = 0; i < 1000 && (s.running > 0 || s.kv_free_pages < 12); ++i) {
     std::this_thread::sleep_for(10ms);
     s = engine->stats();
   }
@@ -349,7 +349,7 @@ TEST(ServingEngine, CancelFreesTheSequence) {
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->finishReason, NF_FINISH_CANCELLED);
   EXPECT_LT(out->completionTokens, 200);
-  for (int i = 0; i < 100 && engine->stats().live_sequences > 0; ++i)
+  for (int i = 0; i < 1000 && engine->stats().live_sequences > 0; ++i)
     std::this_thread::sleep_for(10ms);
   EXPECT_EQ(engine->stats().live_sequences, 0);
   EXPECT_EQ(engine->stats().kv_free_pages, 16);
@@ -385,7 +385,7 @@ TEST(ServingEngine, BoundedQueueAndShutdown) {
   auto r = running->wait();
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->finishReason, NF_FINISH_UNAVAILABLE);
-  for (int i = 0; i < 100 && !engine->stats().drained; ++i)
+  for (int i = 0; i < 1000 && !engine->stats().drained; ++i)
     std::this_thread::sleep_for(10ms);
   EXPECT_TRUE(engine->stats().drained);
 }
@@ -484,7 +484,7 @@ TEST(ServingEngine, ShutdownLetsPreemptedRequestsFinish) {
   }
   EXPECT_GT(finished, 0);
   // The engine publishes its counts after the step that ended the last.
-  for (int i = 0; i < 200 && !engine->stats().drained; ++i)
+  for (int i = 0; i < 1000 && !engine->stats().drained; ++i)
     std::this_thread::sleep_for(10ms);
   EXPECT_TRUE(engine->stats().drained);
 }
