@@ -416,8 +416,8 @@ int main(int argc, char **argv) {
   compileCmd
       ->add_option("--kv-cache-dtype", compile.pipeline.kvCacheDtype,
                    "What the KV cache stores: f32 (exact), bf16, or fp8 "
-                   "(E4M3, a scale per token and kv head); the CPU backend "
-                   "rounds on write, the CUDA target stores f32 only")
+                   "(E4M3, a scale per token and kv head); both backends "
+                   "store what a cache of that type holds")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16", "fp8"}));
   compileCmd
