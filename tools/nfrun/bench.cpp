@@ -131,8 +131,10 @@ bool readShape(const std::string &path, Shape &s, std::string &error) {
   }
   for (const pl::Storage *st : *plan->storage()) {
     if (st->kind() == pl::StorageKind::KVCache) {
-      s.kvBytesPerToken +=
-          2 * st->kv_heads() * st->head_dim() * dtypeBytes(st->dtype());
+      // K and V; an fp8 row has an f32 scale per kv head besides.
+      s.kvBytesPerToken += 2 * st->kv_heads() *
+                           (st->head_dim() * dtypeBytes(st->dtype()) +
+                            (st->dtype() == pl::DType::F8E4M3 ? 4 : 0));
       s.pageSize = st->page_size();
       ++s.attnLayers;
     } else {
