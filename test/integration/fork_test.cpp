@@ -136,7 +136,15 @@ TEST(CachesFork, PagesAreCountedAndFreedWithTheirLastHolder) {
   EXPECT_NE(f->pageTo, partial);
   EXPECT_EQ(layer.k[f->pageTo * 4], 42.0f);
   EXPECT_EQ(c->kv().numFreePages(), 1);
+  // Pages only some slots hold: each its copied page; both, all three.
+  const int32_t source = *s, forked = f->slot;
+  EXPECT_EQ(c->exclusivePages(std::span(&source, 1)), 1);
+  EXPECT_EQ(c->exclusivePages(std::span(&forked, 1)), 1);
+  const int32_t both[] = {source, forked, forked};
+  EXPECT_EQ(c->exclusivePages(both), 3);
+  EXPECT_EQ(c->exclusivePages({}), 0);
   ASSERT_TRUE(c->removeSequence(*s).ok());
+  EXPECT_EQ(c->exclusivePages(std::span(&forked, 1)), 2);
   EXPECT_EQ(c->kv().numFreePages(), 2); // page 0 stays with the fork
   ASSERT_TRUE(c->removeSequence(f->slot).ok());
   EXPECT_EQ(c->kv().numFreePages(), 4);

@@ -134,9 +134,15 @@ TEST(PrefixCache, HitsSkipTokensAndChangeNoToken) {
   EXPECT_EQ(s.prefix_cache_hits, again.cached + next.cached + branch.cached);
   EXPECT_EQ(s.prefix_cache_queries,
             static_cast<int64_t>(2 * n + turn.size() + other.size()));
-  // Every live sequence is a snapshot now.
+  // Every live sequence is a snapshot now: they hold all the pages in use,
+  // and each its recurrent state.
   EXPECT_GT(s.prefix_cache_entries, 0);
   EXPECT_EQ(s.live_sequences, s.prefix_cache_entries);
+  EXPECT_GT(model.sequenceStateBytes(), 0);
+  EXPECT_GT(model.kvPageBytes(), 0);
+  EXPECT_EQ(s.prefix_cache_bytes,
+            s.prefix_cache_entries * model.sequenceStateBytes() +
+                (s.kv_pages - s.kv_free_pages) * model.kvPageBytes());
 }
 
 // A salted request sees only its salt's snapshots.

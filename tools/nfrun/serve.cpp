@@ -328,6 +328,7 @@ int runServe(const ServeFlags &f) {
                       {"running", s.running},
                       {"sequences", s.live_sequences - s.prefix_cache_entries},
                       {"prefix_cache_snapshots", s.prefix_cache_entries},
+                      {"prefix_cache_bytes", s.prefix_cache_bytes},
                       {"max_batch", maxBatch},
                       {"kv_pages", s.kv_pages},
                       {"kv_pages_free", s.kv_free_pages},
@@ -343,7 +344,8 @@ int runServe(const ServeFlags &f) {
         s.kv_pages > 0 ? 1.0 - static_cast<double>(s.kv_free_pages) / s.kv_pages
                        : 0.0);
     metrics.setPrefixCache(s.prefix_cache_queries, s.prefix_cache_hits,
-                           s.prefix_cache_entries);
+                           s.prefix_cache_evictions, s.prefix_cache_entries,
+                           s.prefix_cache_bytes);
     if (model->numMoeLayers() > 0)
       if (auto used = engine->expertUtilization(*model); used)
         metrics.setExpertUtilization(*used);

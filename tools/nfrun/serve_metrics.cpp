@@ -49,6 +49,13 @@ ServeMetrics::ServeMetrics(const std::string &modelName, const MoeShape &moe)
                      .Help("Prefix-cache snapshots held (each a sequence).")
                      .Register(*registry_)
                      .Add(model_)),
+      snapshotBytes_(prometheus::BuildGauge()
+                         .Name("nf:prefix_cache_snapshot_bytes")
+                         .Help("Memory the prefix-cache snapshots hold alone: "
+                               "their recurrent state and the KV pages no "
+                               "running request shares.")
+                         .Register(*registry_)
+                         .Add(model_)),
       cacheQueries_(prometheus::BuildCounter()
                         .Name("vllm:prefix_cache_queries_total")
                         .Help("Context tokens of admitted requests looked up "
@@ -58,6 +65,11 @@ ServeMetrics::ServeMetrics(const std::string &modelName, const MoeShape &moe)
       cacheHits_(prometheus::BuildCounter()
                      .Name("vllm:prefix_cache_hits_total")
                      .Help("Context tokens taken from the prefix cache.")
+                     .Register(*registry_)
+                     .Add(model_)),
+      evictions_(prometheus::BuildCounter()
+                     .Name("nf:prefix_cache_evictions_total")
+                     .Help("Prefix-cache snapshots given up for room.")
                      .Register(*registry_)
                      .Add(model_)),
       promptTokens_(prometheus::BuildCounter()
@@ -225,14 +237,18 @@ void ServeMetrics::setLoad(int running, int waiting, double kvCacheUsage) {
 }
 
 void ServeMetrics::setPrefixCache(int64_t queries, int64_t hits,
-                                  int snapshots) {
+                                  int64_t evictions, int snapshots,
+                                  int64_t bytes) {
   // Counters only go up: add what is new since the last scrape.
   std::lock_guard<std::mutex> lock(expertMu_);
   cacheQueries_.Increment(
       std::max(0.0, static_cast<double>(queries) - cacheQueries_.Value()));
   cacheHits_.Increment(
       std::max(0.0, static_cast<double>(hits) - cacheHits_.Value()));
+  evictions_.Increment(
+      std::max(0.0, static_cast<double>(evictions) - evictions_.Value()));
   snapshots_.Set(snapshots);
+  snapshotBytes_.Set(static_cast<double>(bytes));
 }
 
 std::string ServeMetrics::text() const {

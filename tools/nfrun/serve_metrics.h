@@ -48,8 +48,10 @@ public:
   void httpError(int status);
   void setLoad(int running, int waiting, double kvCacheUsage);
   /// The engine's prefix-cache counters since the start (context tokens
-  /// looked up and taken from snapshots) and the snapshots held.
-  void setPrefixCache(int64_t queries, int64_t hits, int snapshots);
+  /// looked up and taken from snapshots, snapshots given up), the
+  /// snapshots held and the memory they hold alone.
+  void setPrefixCache(int64_t queries, int64_t hits, int64_t evictions,
+                      int snapshots, int64_t bytes);
 
   /// The exposition (text/plain; version=0.0.4).
   std::string text() const;
@@ -57,8 +59,9 @@ public:
 private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Labels model_;
-  prometheus::Gauge &running_, &waiting_, &kvUsage_, &snapshots_;
-  prometheus::Counter &cacheQueries_, &cacheHits_;
+  prometheus::Gauge &running_, &waiting_, &kvUsage_, &snapshots_,
+      &snapshotBytes_;
+  prometheus::Counter &cacheQueries_, &cacheHits_, &evictions_;
   prometheus::Counter &promptTokens_, &generationTokens_, &preemptions_,
       &steps_;
   prometheus::Family<prometheus::Counter> &success_, &refused_, &traffic_;

@@ -226,6 +226,11 @@ NF_API int32_t nf_model_live_sequences(const nf_model *model);
 NF_API int64_t nf_model_kv_pages(const nf_model *model);
 NF_API int64_t nf_model_kv_free_pages(const nf_model *model);
 NF_API int32_t nf_model_kv_page_size(const nf_model *model);
+/* The memory of a sequence as the backend stores it: its recurrent state
+   (every Mamba layer's, whatever its length), and one KV page of every
+   attention layer (K and V; 0 without attention). */
+NF_API int64_t nf_model_sequence_state_bytes(const nf_model *model);
+NF_API int64_t nf_model_kv_page_bytes(const nf_model *model);
 /* The backend running the model: "cpu" or "cuda". */
 NF_API const char *nf_model_backend(const nf_model *model);
 /* Nonzero when a tokenizer was loaded with the model. */
@@ -339,6 +344,12 @@ NF_API nf_status nf_seq_fork(nf_model *model, int32_t seq_id,
 NF_API nf_status nf_seq_remove(nf_model *model, int32_t seq_id);
 /* Tokens the sequence holds so far; -1 for an unknown id. */
 NF_API int64_t nf_seq_length(const nf_model *model, int32_t seq_id);
+/* KV pages that only the `n` given sequences hold (pages they share with
+   other sequences are not counted): what removing them all frees. Unknown
+   ids count nothing. */
+NF_API nf_status nf_seq_exclusive_pages(const nf_model *model,
+                                        const int32_t *seq_ids, int32_t n,
+                                        int64_t *pages);
 
 /* The tokens one sequence contributes to a step. */
 typedef struct nf_seq_input {
@@ -837,6 +848,10 @@ typedef struct nf_engine_stats {
   int64_t prefix_cache_hits;
   int32_t prefix_cache_entries;
   int64_t prefix_cache_evictions;
+  /* The memory the snapshots hold alone (their recurrent state, and KV
+     pages no running request shares), recounted when snapshots or running
+     requests come or go, else at most every 250 ms. */
+  int64_t prefix_cache_bytes;
 } nf_engine_stats;
 
 NF_API nf_status nf_engine_get_stats(nf_engine *engine, nf_engine_stats *out);

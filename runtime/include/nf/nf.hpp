@@ -192,6 +192,10 @@ public:
   /// Storage in use now (see nf_model_live_sequences).
   int32_t liveSequences() const { return nf_model_live_sequences(m_); }
   int64_t kvPages() const { return nf_model_kv_pages(m_); }
+  int64_t sequenceStateBytes() const {
+    return nf_model_sequence_state_bytes(m_);
+  }
+  int64_t kvPageBytes() const { return nf_model_kv_page_bytes(m_); }
   int64_t kvFreePages() const { return nf_model_kv_free_pages(m_); }
   int32_t kvPageSize() const { return nf_model_kv_page_size(m_); }
   bool hasTokenizer() const { return nf_model_has_tokenizer(m_) != 0; }

@@ -570,6 +570,14 @@ int32_t nf_model_kv_page_size(const nf_model *model) {
   return model ? model->engine->cacheUsage().kvPageSize : 0;
 }
 
+int64_t nf_model_sequence_state_bytes(const nf_model *model) {
+  return model ? model->engine->info().stateBytesPerSequence : 0;
+}
+
+int64_t nf_model_kv_page_bytes(const nf_model *model) {
+  return model ? model->engine->info().kvBytesPerPage : 0;
+}
+
 int nf_model_has_tokenizer(const nf_model *model) {
   return model && model->tokenizer.has_value();
 }
@@ -615,6 +623,19 @@ nf_status nf_seq_fork(nf_model *model, int32_t seq_id, int32_t *fork_id) {
     model->liveSequences.insert(*id);
     model->budgetCarry[*id] = model->budgetCarry[seq_id];
     *fork_id = *id;
+    return NF_OK;
+  });
+}
+
+nf_status nf_seq_exclusive_pages(const nf_model *model, const int32_t *seq_ids,
+                                 int32_t n, int64_t *pages) {
+  return guard([&]() -> nf_status {
+    if (!model || !pages || n < 0 || (n > 0 && !seq_ids))
+      return fail(NF_ERR_INVALID_ARGUMENT,
+                  "nf_seq_exclusive_pages: model, seq_ids (for n > 0) and "
+                  "pages must not be NULL, and n >= 0");
+    *pages = model->engine->exclusivePages(
+        std::span<const int32_t>(seq_ids, static_cast<size_t>(n)));
     return NF_OK;
   });
 }

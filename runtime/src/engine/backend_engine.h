@@ -24,6 +24,9 @@ public:
   int64_t sequenceLength(int32_t sequence) const override {
     return sequences_.length(sequence);
   }
+  int64_t exclusivePages(std::span<const int32_t> sequences) const override {
+    return sequences_.exclusivePages(sequences);
+  }
   const std::vector<std::vector<int64_t>> &expertUtilization() const override {
     return utilization_;
   }

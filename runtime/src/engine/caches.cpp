@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <new>
 #include <string>
+#include <unordered_map>
 
 namespace nf::cpu {
 
@@ -285,6 +286,21 @@ int64_t Caches::pagesNeeded(int32_t slot, int64_t numTokens) const {
   const int64_t need = (numTokens + ps - 1) / ps;
   return std::max<int64_t>(
       0, need - static_cast<int64_t>(pageTables_[slot].size()));
+}
+
+int64_t Caches::exclusivePages(std::span<const int32_t> slots) const {
+  std::vector<int32_t> distinct(slots.begin(), slots.end());
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::unordered_map<int32_t, int32_t> held; // page -> tables of `slots`
+  for (int32_t slot : distinct)
+    if (isLive(slot))
+      for (int32_t page : pageTables_[static_cast<size_t>(slot)])
+        ++held[page];
+  int64_t n = 0;
+  for (const auto &[page, tables] : held)
+    n += tables == kv_.pageRefs(page);
+  return n;
 }
 
 Status Caches::advance(int32_t slot, int64_t count) {

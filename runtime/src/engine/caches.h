@@ -124,6 +124,8 @@ public:
   void copyPage(int32_t from, int32_t to);
   int32_t numPages() const { return static_cast<int32_t>(refs_.size()); }
   int32_t numFreePages() const;
+  /// The page tables holding `page` (0: free).
+  int32_t pageRefs(int32_t page) const { return refs_[page]; }
   int32_t pageSize() const { return pageSize_; }
 
   /// Grows `pageTable` with fresh pages until positions [0, numTokens) are
@@ -189,6 +191,9 @@ public:
   Status reserve(int32_t slot, int64_t numTokens);
   /// Pages that reserve(slot, numTokens) would still have to allocate.
   int64_t pagesNeeded(int32_t slot, int64_t numTokens) const;
+  /// KV pages that only the given live slots hold (each page and slot
+  /// counted once): what freeing all of them would give back.
+  int64_t exclusivePages(std::span<const int32_t> slots) const;
   /// Records that `count` more tokens of the sequence were processed (for
   /// executors other than Executor, which advances lengths itself).
   Status advance(int32_t slot, int64_t count);

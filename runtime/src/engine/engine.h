@@ -83,6 +83,11 @@ struct ModelInfo {
   // Tokens a sequence may hold: KV pages * page size, or -1 (unlimited) for
   // attention-free models.
   int64_t maxContext = 0;
+  // Memory a sequence holds as the backend stores it: its recurrent state
+  // (every Mamba layer's), and one KV page of every attention layer (K and
+  // V; 0 without attention).
+  int64_t stateBytesPerSequence = 0;
+  int64_t kvBytesPerPage = 0;
   int32_t topK = 0;         // the model's experts per token (0: no MoE)
   int32_t numMoeLayers = 0; // MoE layers, in layer order
   int32_t numExperts = 0;   // routed experts per MoE layer
@@ -212,6 +217,9 @@ public:
   /// Slots and KV pages in use (a server's admission and preemption read
   /// it between steps).
   virtual CacheUsage cacheUsage() const = 0;
+  /// KV pages that only the given sequences hold (shared pages of other
+  /// sequences not counted): what removing them all would free.
+  virtual int64_t exclusivePages(std::span<const int32_t> sequences) const = 0;
 
   /// Runs one step over the given sequences (each appears at most once,
   /// with at least one token). Uses the decode program when every sequence

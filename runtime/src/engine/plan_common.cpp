@@ -40,6 +40,21 @@ Status readModelInfo(const PlanFile &pf, const BoundWeights &weights,
 // ---------------------------------------------------------------------------
 // Storage
 
+void setSequenceMemory(const StorageLayout &layout, bool typedKv,
+                       ModelInfo &info) {
+  const int64_t ps = layout.cache.pageSize;
+  info.stateBytesPerSequence = 0;
+  info.kvBytesPerPage = 0;
+  for (const StorageInfo &si : layout.entries)
+    if (si.kind == pl::StorageKind::KVCache)
+      info.kvBytesPerPage +=
+          2 * (typedKv ? cpu::kvPageBytes(si.kv, ps)
+                       : ps * si.kv.numKvHeads * si.kv.headDim * 4);
+    else
+      info.stateBytesPerSequence +=
+          (si.mamba.convStateSize() + si.mamba.ssmStateSize()) * 4;
+}
+
 namespace {
 
 std::optional<KvStorage> kvStorageOf(pl::DType d) {
@@ -350,6 +365,14 @@ CacheUsage SequenceTable::usage(bool hasAttention) const {
     u.kvPageSize = caches_.kv().pageSize();
   }
   return u;
+}
+
+int64_t SequenceTable::exclusivePages(std::span<const int32_t> ids) const {
+  std::vector<int32_t> slots;
+  for (int32_t id : ids)
+    if (auto it = slotOf_.find(id); it != slotOf_.end())
+      slots.push_back(it->second);
+  return caches_.exclusivePages(slots);
 }
 
 std::optional<int32_t> SequenceTable::slot(int32_t id) const {

@@ -57,6 +57,12 @@ struct StorageLayout {
 /// `defaultSlots`). `backendName` names the backend in "not supported"
 /// errors ("CPU", "CUDA"). Both backends hold every KV cache element type
 /// (cpu::KvStorage).
+/// ModelInfo's stateBytesPerSequence and kvBytesPerPage for `layout`:
+/// `typedKv`, the KV cache stored in its own type (the CUDA layout,
+/// cpu::kvPageBytes), else f32 values (the CPU backend).
+void setSequenceMemory(const StorageLayout &layout, bool typedKv,
+                       ModelInfo &info);
+
 StatusOr<StorageLayout> readStorage(const PlanFile &plan,
                                     const EngineOptions &options,
                                     int64_t defaultSlots,
@@ -130,6 +136,8 @@ public:
   std::optional<int32_t> slot(int32_t id) const;
   /// Slots and KV pages in use (KV fields 0 without attention).
   CacheUsage usage(bool hasAttention) const;
+  /// KV pages only the given sequences hold (unknown ids are skipped).
+  int64_t exclusivePages(std::span<const int32_t> ids) const;
 
 private:
   cpu::Caches &caches_;

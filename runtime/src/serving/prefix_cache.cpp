@@ -74,4 +74,21 @@ void PrefixCache::clear() {
   entries_.clear();
 }
 
+int64_t PrefixCache::bytes() const {
+  if (entries_.empty())
+    return 0;
+  std::vector<int32_t> seqs;
+  seqs.reserve(entries_.size());
+  for (const Entry &e : entries_)
+    seqs.push_back(e.seq);
+  int64_t pages = 0;
+  if (nf_seq_exclusive_pages(model_, seqs.data(),
+                             static_cast<int32_t>(seqs.size()),
+                             &pages) != NF_OK)
+    pages = 0;
+  return static_cast<int64_t>(seqs.size()) *
+             nf_model_sequence_state_bytes(model_) +
+         pages * nf_model_kv_page_bytes(model_);
+}
+
 } // namespace nf::serving

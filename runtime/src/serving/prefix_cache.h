@@ -70,6 +70,9 @@ public:
 
   size_t size() const { return entries_.size(); }
   int64_t evictions() const { return evictions_; }
+  /// The memory the snapshots hold alone: each one's recurrent state and
+  /// the KV pages no running sequence shares (nf_seq_exclusive_pages).
+  int64_t bytes() const;
 
 private:
   struct Entry {

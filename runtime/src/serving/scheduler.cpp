@@ -445,6 +445,17 @@ void Scheduler::refreshUtilization() {
 }
 
 void Scheduler::updateStats() {
+  if (cache_) {
+    const Clock::time_point now = Clock::now();
+    if (cache_->size() != cacheBytesEntries_ ||
+        running_.size() != cacheBytesRunning_ ||
+        now - cacheBytesAt_ >= std::chrono::milliseconds(250)) {
+      cacheBytes_ = cache_->bytes();
+      cacheBytesEntries_ = cache_->size();
+      cacheBytesRunning_ = running_.size();
+      cacheBytesAt_ = now;
+    }
+  }
   const int64_t pages = pageSize_ > 0 ? nf_model_kv_pages(model_) : 0;
   const int64_t freePages = pageSize_ > 0 ? nf_model_kv_free_pages(model_) : 0;
   const int32_t live = nf_model_live_sequences(model_);
@@ -459,6 +470,7 @@ void Scheduler::updateStats() {
   stats_.prefix_cache_entries =
       cache_ ? static_cast<int32_t>(cache_->size()) : 0;
   stats_.prefix_cache_evictions = cache_ ? cache_->evictions() : 0;
+  stats_.prefix_cache_bytes = cacheBytes_;
 }
 
 void Scheduler::failAll(const std::string &why) {

@@ -253,6 +253,11 @@ private:
   const size_t moeLayers_;
   std::unique_ptr<PrefixCache> cache_;       // null without prefix caching
   int64_t cacheQueries_ = 0, cacheHits_ = 0; // tokens looked up, reused
+  // The snapshots' bytes as last counted (PrefixCache::bytes walks their
+  // page tables), and for how many snapshots and running requests, when.
+  int64_t cacheBytes_ = 0;
+  size_t cacheBytesEntries_ = 0, cacheBytesRunning_ = 0;
+  Clock::time_point cacheBytesAt_;
 
   std::thread worker_; // last: starts after the members it uses
 };

@@ -41,6 +41,7 @@ Status CpuEngine::initStorage(const EngineOptions &options) {
       readStorage(*plan_, options, decode_.maxTokens, "CPU");
   if (!layout)
     return layout.status();
+  setSequenceMemory(*layout, /*typedKv=*/false, info_);
   storage_ = std::move(layout->entries);
   hasAttention_ = layout->hasAttention;
   StatusOr<cpu::Caches> caches =

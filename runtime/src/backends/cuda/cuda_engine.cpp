@@ -170,6 +170,7 @@ Status CudaEngine::init(const EngineOptions &options) {
   if (!layout)
     return layout.status();
   storage_ = std::move(*layout);
+  setSequenceMemory(storage_, /*typedKv=*/true, info_);
   info_.maxSequences = storage_.cache.numSlots;
   if (Status s = createBookkeeping(); !s)
     return s;

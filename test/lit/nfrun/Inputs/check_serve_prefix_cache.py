@@ -79,12 +79,20 @@ if queries != 4 * n or hits != 2 * (n - 1):
         queries, hits, 4 * n, 2 * (n - 1)))
 if health(base)["prefix_cache_snapshots"] < 1:
     fail("/health counts no snapshot: %s" % health(base))
+# The snapshots hold memory of their own (their state, at the least).
+if samples.get(("nf:prefix_cache_snapshot_bytes", ()), 0) <= 0 or \
+        health(base)["prefix_cache_bytes"] <= 0:
+    fail("no snapshot memory reported: %s %s" % (
+        samples.get(("nf:prefix_cache_snapshot_bytes", ())), health(base)))
+if ("nf:prefix_cache_evictions_total", ()) not in samples:
+    fail("metrics: no nf:prefix_cache_evictions_total")
 status, body = serve_client.request(base, "/reset_prefix_cache", {})
 if status != 200:
     fail("/reset_prefix_cache: HTTP %d %s" % (status, body))
 for _ in range(100):
     h = health(base)
-    if h["prefix_cache_snapshots"] == 0 and h["kv_pages_free"] == h["kv_pages"]:
+    if h["prefix_cache_snapshots"] == 0 and h["kv_pages_free"] == h["kv_pages"] \
+            and h["prefix_cache_bytes"] == 0:
         break
     time.sleep(0.05)
 else:
