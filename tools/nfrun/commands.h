@@ -88,8 +88,10 @@ struct ServeFlags {
   /// "" (none) or "nemotron_v3" (reasoning_parser.h).
   std::string reasoningParser;
   int kvPages = 0; // KV pages per attention layer; 0: the plan's
-  double gpuMemoryUtilization = 0; // CUDA: KV pages fill this share; 0: off
-  bool syntheticWeights = false;   // --random-weights (soak tests of shapes)
+  // CUDA: the KV pages fill this share of the GPU (vLLM's default); 0 or
+  // --kv-pages: a page count.
+  double gpuMemoryUtilization = 0.9;
+  bool syntheticWeights = false; // --random-weights (soak tests of shapes)
   uint64_t seed = 0;
   int maxQueue = 256; // requests waiting to be admitted (429 beyond)
   int64_t maxBatchedTokens = 2048; // tokens a step: decodes + prompt chunks

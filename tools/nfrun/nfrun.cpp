@@ -297,21 +297,23 @@ int main(int argc, char **argv) {
                    "Require 'Authorization: Bearer KEY' on /v1/* (401 "
                    "otherwise; /health and /metrics stay open)")
       ->envname("NF_API_KEY");
-  serveCmd
-      ->add_option("--kv-pages", serve.kvPages,
-                   "KV-cache pages per attention layer, shared by the "
-                   "sequences (0: the plan's; nfrun inspect shows their "
-                   "size)")
-      ->capture_default_str()
-      ->check(nf::cli::Between("0", "1000000000"));
+  auto *kvPagesOpt =
+      serveCmd
+          ->add_option("--kv-pages", serve.kvPages,
+                       "KV-cache pages per attention layer, shared by the "
+                       "sequences (0: the plan's; nfrun inspect shows their "
+                       "size)")
+          ->capture_default_str()
+          ->check(nf::cli::Between("0", "1000000000"));
   serveCmd
       ->add_option("--gpu-memory-utilization", serve.gpuMemoryUtilization,
                    "CUDA: the share of the GPU's memory to take; the KV "
                    "cache gets as many pages as fit beside the weights, the "
-                   "arena and the sequences' state (vLLM's; 0: --kv-pages "
-                   "or the plan's)")
+                   "arena and the sequences' state (vLLM's; 0: the plan's "
+                   "pages; not with --kv-pages)")
       ->capture_default_str()
-      ->check(nf::cli::Between("0", "1"));
+      ->check(nf::cli::Between("0", "1"))
+      ->excludes(kvPagesOpt);
   serveCmd
       ->add_option("--max-queue", serve.maxQueue,
                    "Requests that may wait for a sequence slot; more get "

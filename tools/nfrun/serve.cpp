@@ -250,7 +250,7 @@ int runServe(const ServeFlags &f) {
   nf::ModelParams params = modelParams(f.common);
   params.chatTemplatePath = f.chatTemplate;
   params.kvPages = f.kvPages;
-  params.gpuMemoryUtilization = f.gpuMemoryUtilization;
+  params.gpuMemoryUtilization = f.kvPages > 0 ? 0.0 : f.gpuMemoryUtilization;
   params.syntheticWeights = f.syntheticWeights;
   params.syntheticSeed = f.seed;
   auto model = nf::Model::load(f.common.plan, params);

@@ -2,6 +2,7 @@
 #include "engine/caches.h"
 
 #include <algorithm>
+#include <functional>
 #include <new>
 #include <string>
 #include <unordered_map>
@@ -103,6 +104,10 @@ StatusOr<KvCache> KvCache::create(std::span<const KvLayerShape> layers,
       c.layers_.push_back(std::move(s));
     }
     c.refs_.assign(static_cast<size_t>(numPages), 0);
+    // Ascending: already a min-heap.
+    c.free_.resize(static_cast<size_t>(numPages));
+    for (int32_t p = 0; p < numPages; ++p)
+      c.free_[static_cast<size_t>(p)] = p;
     return c;
   } catch (const std::bad_alloc &) {
     return Status::error("kv cache: out of memory for " +
@@ -112,14 +117,15 @@ StatusOr<KvCache> KvCache::create(std::span<const KvLayerShape> layers,
 }
 
 StatusOr<int32_t> KvCache::allocatePage() {
-  for (int32_t p = 0; p < numPages(); ++p)
-    if (refs_[p] == 0) {
-      refs_[p] = 1;
-      ++numUsed_;
-      return p;
-    }
-  return Status::error("kv cache: all " + std::to_string(numPages()) +
-                       " pages are in use");
+  if (free_.empty())
+    return Status::error("kv cache: all " + std::to_string(numPages()) +
+                         " pages are in use");
+  std::pop_heap(free_.begin(), free_.end(), std::greater<>());
+  const int32_t p = free_.back();
+  free_.pop_back();
+  refs_[static_cast<size_t>(p)] = 1;
+  ++numUsed_;
+  return p;
 }
 
 Status KvCache::sharePage(int32_t page) {
@@ -134,8 +140,11 @@ Status KvCache::freePage(int32_t page) {
   if (page < 0 || page >= numPages() || refs_[page] == 0)
     return Status::error("kv cache: page " + std::to_string(page) +
                          " is not in use");
-  if (--refs_[page] == 0)
+  if (--refs_[page] == 0) {
     --numUsed_;
+    free_.push_back(page);
+    std::push_heap(free_.begin(), free_.end(), std::greater<>());
+  }
   return Status::success();
 }
 

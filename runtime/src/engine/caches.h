@@ -147,6 +147,9 @@ private:
   };
   std::vector<Storage> layers_;
   std::vector<int32_t> refs_; // per page: the page tables holding it
+  // The free pages, a min-heap (the lowest first): allocation stays
+  // O(log pages) when a KV cache sized to a GPU has millions.
+  std::vector<int32_t> free_;
   int32_t numUsed_ = 0; // pages in use (a server reads the count per step)
   int32_t pageSize_ = 0;
 };

@@ -8,6 +8,7 @@
 
 #include "engine/plan_common.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -267,7 +268,11 @@ StatusOr<int32_t> CudaEngine::forkSequence(int32_t sequence) {
 /// layers, and one KV layer of zero size that makes the page allocator hand
 /// out page ids; the state itself is on the device.
 Status CudaEngine::createBookkeeping() {
-  info_.maxContext = storage_.maxContext;
+  info_.maxContext =
+      storage_.hasAttention
+          ? std::min<int64_t>(storage_.cache.numPages, kMaxSequencePages) *
+                storage_.cache.pageSize
+          : storage_.maxContext;
   std::vector<cpu::KvLayerShape> kv;
   if (storage_.hasAttention)
     kv.push_back({0, 0});

@@ -265,6 +265,11 @@ private:
   int32_t budgetPooled_ = 0;
   double distinctExpertCap_ = 0.0;
   double gpuMemoryUtilization_ = 0.0; // EngineOptions'
+  /// The most KV pages one sequence holds (1M tokens of 16-token pages):
+  /// the step arguments' page-table rows (device and pinned host memory,
+  /// a row per sequence of a step) are this long at most, whatever the
+  /// page count.
+  static constexpr int64_t kMaxSequencePages = 65536;
   int32_t maxK_ = 0; // largest k of any select (stats buffer columns)
   // Device objects: the context first, so that it is released last.
   Context ctx_;

@@ -576,8 +576,8 @@ constexpr int64_t kKvSizingReserve = int64_t{256} << 20;
 /// Sizes the KV cache to the memory the engine may take
 /// (EngineOptions::gpuMemoryUtilization of the device's): once the weights
 /// and the arena are allocated, as many pages as fit beside the recurrent
-/// state of every slot, the page tables' rows and kKvSizingReserve; then
-/// the sequences' bookkeeping for that many pages.
+/// state of every slot, the page tables' rows (at their longest) and
+/// kKvSizingReserve; then the sequences' bookkeeping for that many pages.
 Status CudaEngine::sizeKvCache() {
   size_t freeBytes = 0, totalBytes = 0;
   if (Status s =
@@ -592,16 +592,17 @@ Status CudaEngine::sizeKvCache() {
     else
       state += slots * (si.mamba.convStateSize() + si.mamba.ssmStateSize()) *
                static_cast<int64_t>(sizeof(float));
-  // Each page adds an entry to every page table row (the step arguments).
+  // The step arguments' page-table rows, at their longest.
   const int64_t rows =
       std::min<int64_t>(std::max(prefill_.maxTokens, decode_.maxTokens), slots);
-  perPage += rows * static_cast<int64_t>(sizeof(int32_t));
+  const int64_t pageTables =
+      rows * kMaxSequencePages * static_cast<int64_t>(sizeof(int32_t));
   const double gib = 1.0 / (1u << 30);
   const int64_t total = static_cast<int64_t>(totalBytes);
   const int64_t used = total - static_cast<int64_t>(freeBytes);
   const int64_t allowed =
       static_cast<int64_t>(gpuMemoryUtilization_ * static_cast<double>(total));
-  const int64_t budget = allowed - used - state - kKvSizingReserve;
+  const int64_t budget = allowed - used - state - pageTables - kKvSizingReserve;
   const int64_t pages =
       std::min<int64_t>(budget / std::max<int64_t>(perPage, 1),
                         std::numeric_limits<int32_t>::max());
@@ -688,7 +689,10 @@ Status CudaEngine::allocate() {
   ArgsLayout &L = layout_;
   L.maxRows = std::max(prefill_.maxTokens, decode_.maxTokens);
   L.maxSeqs = std::min<int64_t>(L.maxRows, slots);
-  L.maxPages = storage_.hasAttention ? storage_.cache.numPages : 1;
+  L.maxPages =
+      storage_.hasAttention
+          ? std::min<int64_t>(storage_.cache.numPages, kMaxSequencePages)
+          : 1;
   size_t at = align256(sizeof(nf_step_args));
   auto take = [&](size_t &off, size_t bytes) {
     off = at;
