@@ -68,61 +68,35 @@ TEST_P(CudaKvStoragePlans, MatchTheCpu) {
   RefFile ref(dir + "/reference.safetensors");
   const std::vector<Prompt> prompts = loadPrompts(ref);
   ASSERT_FALSE(prompts.empty());
-  const int32_t V = cpu->info().vocabSize;
-  const double tol =
-      c.bf16Inputs ? kBf16InputsTol : c.fp8 ? kFp8RowsTol : kCudaTol;
+  const double tol = c.bf16Inputs ? kBf16InputsTol
+                     : c.fp8      ? kFp8RowsTol
+                                  : kCudaTol;
   double worst = 0;
   size_t rows = 0, close = 0;
-  std::vector<int32_t> gs, cs;
-  std::vector<std::vector<int32_t>> tokens;
-  auto step = [&](size_t n) {
-    std::vector<SequenceInput> ig(n), ic(n);
-    for (size_t i = 0; i < n; ++i) {
-      ig[i].sequence = gs[i];
-      ic[i].sequence = cs[i];
-      ig[i].tokens = ic[i].tokens = tokens[i];
-    }
-    std::vector<float> lg, lc;
-    Status sg = gpu->step(ig, LogitsFor::LastTokenPerSequence, lg);
-    Status sc = cpu->step(ic, LogitsFor::LastTokenPerSequence, lc);
-    ASSERT_TRUE(sg.ok()) << sg.message();
-    ASSERT_TRUE(sc.ok()) << sc.message();
-    ASSERT_EQ(lg.size(), n * V);
-    ASSERT_EQ(lc.size(), n * V);
-    for (size_t i = 0; i < n; ++i) {
-      const double e = relError(lg.data() + i * V, lc.data() + i * V, V);
-      EXPECT_LE(e, tol) << "sequence " << i << ", " << tokens[i].size()
-                        << " tokens in the step";
-      worst = std::max(worst, e);
-      close += e <= kCudaTol;
-      ++rows;
-      tokens[i] = {argmax(lc.data() + i * V, V)};
-    }
-  };
+  TwinSteps twins(*gpu, *cpu);
   for (size_t batch : {size_t(20), size_t(5), size_t(1)}) {
-    gs.clear();
-    cs.clear();
-    tokens.clear();
-    std::vector<std::vector<int32_t>> rest;
+    std::vector<std::vector<int32_t>> first, rest;
     for (size_t i = 0; i < batch; ++i) {
-      StatusOr<int32_t> g = gpu->addSequence(), cq = cpu->addSequence();
-      ASSERT_TRUE(g.ok() && cq.ok()) << g.message() << cq.message();
-      gs.push_back(*g);
-      cs.push_back(*cq);
       const std::vector<int32_t> &p = prompts[i % prompts.size()].tokens;
       ASSERT_GE(p.size(), 2u);
       const size_t half = p.size() / 2;
-      tokens.emplace_back(p.begin(), p.begin() + half);
+      first.emplace_back(p.begin(), p.begin() + half);
       rest.emplace_back(p.begin() + half, p.end());
     }
-    step(batch); // the first halves: logits compared, tokens replaced
-    tokens = rest;
-    for (int st = 0; st < 5 && !HasFatalFailure(); ++st)
-      step(batch);
-    for (size_t i = 0; i < batch; ++i) {
-      ASSERT_TRUE(gpu->removeSequence(gs[i]).ok());
-      ASSERT_TRUE(cpu->removeSequence(cs[i]).ok());
+    ASSERT_TRUE(twins.add(first));
+    for (int st = 0; st < 6; ++st) {
+      // The first halves, the second (the cached rows of the first read),
+      // then a token at a time.
+      ASSERT_TRUE(twins.step(st == 1 ? &rest : nullptr));
+      for (size_t i = 0; i < twins.rows().size(); ++i) {
+        const double e = twins.rows()[i];
+        EXPECT_LE(e, tol) << "sequence " << i << ", step " << st;
+        worst = std::max(worst, e);
+        close += e <= kCudaTol;
+        ++rows;
+      }
     }
+    ASSERT_TRUE(twins.clear());
   }
   if (c.fp8)
     EXPECT_GE(close, rows * 9 / 10) << close << " of " << rows;

@@ -342,53 +342,23 @@ TEST_P(CudaQuantisedPlans, MatchTheCpu) {
   RefFile ref(promptDir + "/reference.safetensors");
   const std::vector<Prompt> prompts = loadPrompts(ref);
   ASSERT_FALSE(prompts.empty());
-  const int32_t V = cpu->info().vocabSize;
   double worst = 0;
   size_t rows = 0, close = 0;
-  // One step of the first n sequences (input i: tokens[i]) on both engines;
-  // then each sequence's next token is the CPU's greedy choice.
-  std::vector<int32_t> gs, cs;
-  std::vector<std::vector<int32_t>> tokens;
-  auto step = [&](size_t n) {
-    std::vector<SequenceInput> ig(n), ic(n);
-    for (size_t i = 0; i < n; ++i) {
-      ig[i].sequence = gs[i];
-      ic[i].sequence = cs[i];
-      ig[i].tokens = ic[i].tokens = tokens[i];
-    }
-    std::vector<float> lg, lc;
-    Status sg = gpu->step(ig, LogitsFor::LastTokenPerSequence, lg);
-    Status sc = cpu->step(ic, LogitsFor::LastTokenPerSequence, lc);
-    ASSERT_TRUE(sg.ok()) << sg.message();
-    ASSERT_TRUE(sc.ok()) << sc.message();
-    ASSERT_EQ(lg.size(), lc.size());
-    ASSERT_EQ(lc.size(), n * V);
-    for (size_t i = 0; i < n; ++i) {
-      const double e = relError(lg.data() + i * V, lc.data() + i * V, V);
-      worst = std::max(worst, e);
-      close += e <= kCudaTol;
-      ++rows;
-      tokens[i] = {argmax(lc.data() + i * V, V)};
-    }
-  };
+  TwinSteps twins(*gpu, *cpu);
   for (size_t batch : {size_t(20), size_t(5), size_t(1)}) {
-    gs.clear();
-    cs.clear();
-    tokens.clear();
-    for (size_t i = 0; i < batch; ++i) {
-      StatusOr<int32_t> g = gpu->addSequence(), c = cpu->addSequence();
-      ASSERT_TRUE(g.ok() && c.ok()) << g.message() << c.message();
-      gs.push_back(*g);
-      cs.push_back(*c);
-      tokens.push_back(prompts[i % prompts.size()].tokens);
+    std::vector<std::vector<int32_t>> first;
+    for (size_t i = 0; i < batch; ++i)
+      first.push_back(prompts[i % prompts.size()].tokens);
+    ASSERT_TRUE(twins.add(first));
+    for (int st = 0; st < 5; ++st) {
+      ASSERT_TRUE(twins.step());
+      for (double e : twins.rows()) {
+        worst = std::max(worst, e);
+        close += e <= kCudaTol;
+        ++rows;
+      }
     }
-    step(batch);
-    for (int st = 0; st < 4 && !HasFatalFailure(); ++st)
-      step(batch);
-    for (size_t i = 0; i < batch; ++i) {
-      ASSERT_TRUE(gpu->removeSequence(gs[i]).ok());
-      ASSERT_TRUE(cpu->removeSequence(cs[i]).ok());
-    }
+    ASSERT_TRUE(twins.clear());
   }
   if (fp8Inputs) {
     EXPECT_GE(close, rows * 8 / 10) << close << " of " << rows;

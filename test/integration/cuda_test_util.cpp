@@ -106,4 +106,65 @@ double wideDecodeDifference(Engine &single, const std::string &plan,
   return diff;
 }
 
+TwinSteps::TwinSteps(Engine &gpu, Engine &cpu) : gpu_(gpu), cpu_(cpu) {}
+
+bool TwinSteps::add(const std::vector<std::vector<int32_t>> &prompts) {
+  for (const std::vector<int32_t> &p : prompts) {
+    StatusOr<int32_t> g = gpu_.addSequence(), c = cpu_.addSequence();
+    if (!g.ok() || !c.ok()) {
+      ADD_FAILURE() << "adding a sequence: " << g.message() << c.message();
+      return false;
+    }
+    gs_.push_back(*g);
+    cs_.push_back(*c);
+    tokens_.push_back(p);
+  }
+  return true;
+}
+
+bool TwinSteps::step(const std::vector<std::vector<int32_t>> *inputs) {
+  const size_t n = gs_.size();
+  const std::vector<std::vector<int32_t>> &in = inputs ? *inputs : tokens_;
+  if (in.size() != n) {
+    ADD_FAILURE() << in.size() << " inputs for " << n << " sequences";
+    return false;
+  }
+  std::vector<SequenceInput> ig(n), ic(n);
+  for (size_t i = 0; i < n; ++i) {
+    ig[i].sequence = gs_[i];
+    ic[i].sequence = cs_[i];
+    ig[i].tokens = ic[i].tokens = in[i];
+  }
+  std::vector<float> lg, lc;
+  const Status sg = gpu_.step(ig, LogitsFor::LastTokenPerSequence, lg);
+  const Status sc = cpu_.step(ic, LogitsFor::LastTokenPerSequence, lc);
+  const size_t V = static_cast<size_t>(cpu_.info().vocabSize);
+  if (!sg.ok() || !sc.ok() || lg.size() != n * V || lc.size() != n * V) {
+    ADD_FAILURE() << "step of " << n << " sequences: cuda " << sg.message()
+                  << ", cpu " << sc.message() << " (" << lg.size() << " and "
+                  << lc.size() << " logits)";
+    return false;
+  }
+  rows_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    rows_[i] = ref::relError(lg.data() + i * V, lc.data() + i * V, V);
+    tokens_[i] = {ref::argmax(lc.data() + i * V, static_cast<int64_t>(V))};
+  }
+  return true;
+}
+
+bool TwinSteps::clear() {
+  bool ok = true;
+  for (size_t i = 0; i < gs_.size(); ++i)
+    ok = gpu_.removeSequence(gs_[i]).ok() && cpu_.removeSequence(cs_[i]).ok() &&
+         ok;
+  if (!ok)
+    ADD_FAILURE() << "removing the sequences";
+  gs_.clear();
+  cs_.clear();
+  tokens_.clear();
+  rows_.clear();
+  return ok;
+}
+
 } // namespace nf::test::gpu

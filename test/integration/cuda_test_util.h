@@ -75,6 +75,30 @@ double wideDecodeDifference(Engine &single, const std::string &plan,
                             const std::string &modelDir,
                             const std::vector<ref::Prompt> &prompts);
 
+/// A CUDA engine and a CPU engine of one plan stepping the same sequences,
+/// each sequence's next tokens the CPU's greedy choice, with every step's
+/// last-token logits compared (the quantised and KV-storage plans' tests).
+/// Failures are recorded (ADD_FAILURE) and make the calls return false.
+class TwinSteps {
+public:
+  TwinSteps(Engine &gpu, Engine &cpu);
+  /// Sequences on both engines, input i starting with prompts[i].
+  bool add(const std::vector<std::vector<int32_t>> &prompts);
+  /// One step of every sequence (input i: tokens()[i], or `inputs` when
+  /// given); rows(i) is then sequence i's relative difference of the two
+  /// engines' logits, and tokens()[i] the CPU's greedy choice.
+  bool step(const std::vector<std::vector<int32_t>> *inputs = nullptr);
+  const std::vector<double> &rows() const { return rows_; }
+  /// Removes every sequence from both engines.
+  bool clear();
+
+private:
+  Engine &gpu_, &cpu_;
+  std::vector<int32_t> gs_, cs_;
+  std::vector<std::vector<int32_t>> tokens_;
+  std::vector<double> rows_;
+};
+
 } // namespace nf::test::gpu
 
 /// Skips (or fails, with NF_CUDA_REQUIRE=1) a test without a CUDA device.
