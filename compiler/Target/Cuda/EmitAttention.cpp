@@ -1,8 +1,9 @@
 //===- EmitAttention.cpp - attention -> CUDA ------------------------------===//
 //
-// KernelEmitter's KV-cache ops (kernels/nf_attention.cuh): the cache append
-// and attention (decode: split-context flash decoding, per head, grouped or
-// on tensor cores; prefill: tensor-core or shared-memory tiles).
+// KernelEmitter's KV-cache ops: the cache append (kernels/nf_kv_cache.cuh)
+// and attention (nf_attention.cuh; decode: split-context flash decoding, per
+// head, grouped or on tensor cores; prefill: tensor-core or shared-memory
+// tiles).
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,7 +27,7 @@ StatusOr<size_t> KernelEmitter::kvAppend(size_t i) {
   if (kc.empty())
     return fail(i, "f32, bf16 and fp8 KV caches have CUDA kernels, not " +
                        std::string(pl::EnumNameDType(st->dtype)));
-  includes.insert("nf_attention.cuh");
+  includes.insert("nf_kv_cache.cuh");
   // fp8: a warp per K or V row of a kv head (its scale is the row's max).
   if (st->dtype == pl::DType::F8E4M3) {
     constexpr int64_t kWarps = 8;

@@ -562,7 +562,7 @@ StatusOr<size_t> KernelEmitter::linear(size_t i) {
         if (k != pieces.end() && v != pieces.end() && V(ain[1]).cols == row &&
             V(ain[2]).cols == row &&
             (st->dtype == pl::DType::F32 || st->dtype == pl::DType::BF16)) {
-          includes.insert("nf_attention.cuh");
+          includes.insert("nf_kv_cache.cuh");
           // The row's cache offset (page table lookups) is the store's
           // row context: GEMM epilogues compute it once per row.
           s.rowCtx = "nf::kv_row_offset<" + num(row) + ", " +

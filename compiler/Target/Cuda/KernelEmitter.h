@@ -445,7 +445,7 @@ private:
   }
   /// The K (part 0) or V (part 1) buffer of op's KV cache `st` as the
   /// kernels take it: f32 storage as it is, bf16 as nf::bf16 values
-  /// (nf_attention.cuh's kv_cache), fp8 as pages of codes and scales
+  /// (nf_kv_cache.cuh's kv_cache), fp8 as pages of codes and scales
   /// (kv_cache_e4m3). Empty for other element types.
   std::string kvCachePtr(const PlanOp &op, const PlanStorage &st,
                          int part) const {
