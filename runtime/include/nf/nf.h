@@ -849,8 +849,8 @@ typedef struct nf_engine_stats {
   int32_t prefix_cache_entries;
   int64_t prefix_cache_evictions;
   /* The memory the snapshots hold alone (their recurrent state, and KV
-     pages no running request shares), recounted when snapshots or running
-     requests come or go, else at most every 250 ms. */
+     pages no running request shares), recounted when snapshots come or
+     go and when the last running request ends, else every 250 ms. */
   int64_t prefix_cache_bytes;
 } nf_engine_stats;
 

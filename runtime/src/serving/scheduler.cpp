@@ -447,8 +447,9 @@ void Scheduler::refreshUtilization() {
 void Scheduler::updateStats() {
   if (cache_) {
     const Clock::time_point now = Clock::now();
+    // Not at every step: the count walks every snapshot's page table.
     if (cache_->size() != cacheBytesEntries_ ||
-        running_.size() != cacheBytesRunning_ ||
+        (running_.empty() && cacheBytesRunning_ != 0) ||
         now - cacheBytesAt_ >= std::chrono::milliseconds(250)) {
       cacheBytes_ = cache_->bytes();
       cacheBytesEntries_ = cache_->size();

@@ -254,7 +254,8 @@ private:
   std::unique_ptr<PrefixCache> cache_;       // null without prefix caching
   int64_t cacheQueries_ = 0, cacheHits_ = 0; // tokens looked up, reused
   // The snapshots' bytes as last counted (PrefixCache::bytes walks their
-  // page tables), and for how many snapshots and running requests, when.
+  // page tables): when snapshots come or go, when the last running request
+  // ends, else every 250 ms; for how many snapshots and requests, when.
   int64_t cacheBytes_ = 0;
   size_t cacheBytesEntries_ = 0, cacheBytesRunning_ = 0;
   Clock::time_point cacheBytesAt_;
