@@ -2,7 +2,6 @@
 #include "engine/caches.h"
 
 #include <algorithm>
-#include <functional>
 #include <new>
 #include <string>
 #include <unordered_map>
@@ -104,10 +103,7 @@ StatusOr<KvCache> KvCache::create(std::span<const KvLayerShape> layers,
       c.layers_.push_back(std::move(s));
     }
     c.refs_.assign(static_cast<size_t>(numPages), 0);
-    // Ascending: already a min-heap.
-    c.free_.resize(static_cast<size_t>(numPages));
-    for (int32_t p = 0; p < numPages; ++p)
-      c.free_[static_cast<size_t>(p)] = p;
+    c.pool_ = PagePool(numPages);
     return c;
   } catch (const std::bad_alloc &) {
     return Status::error("kv cache: out of memory for " +
@@ -117,15 +113,12 @@ StatusOr<KvCache> KvCache::create(std::span<const KvLayerShape> layers,
 }
 
 StatusOr<int32_t> KvCache::allocatePage() {
-  if (free_.empty())
+  const std::optional<int32_t> p = pool_.allocate(0);
+  if (!p)
     return Status::error("kv cache: all " + std::to_string(numPages()) +
                          " pages are in use");
-  std::pop_heap(free_.begin(), free_.end(), std::greater<>());
-  const int32_t p = free_.back();
-  free_.pop_back();
-  refs_[static_cast<size_t>(p)] = 1;
-  ++numUsed_;
-  return p;
+  refs_[static_cast<size_t>(*p)] = 1;
+  return *p;
 }
 
 Status KvCache::sharePage(int32_t page) {
@@ -140,11 +133,8 @@ Status KvCache::freePage(int32_t page) {
   if (page < 0 || page >= numPages() || refs_[page] == 0)
     return Status::error("kv cache: page " + std::to_string(page) +
                          " is not in use");
-  if (--refs_[page] == 0) {
-    --numUsed_;
-    free_.push_back(page);
-    std::push_heap(free_.begin(), free_.end(), std::greater<>());
-  }
+  if (--refs_[page] == 0)
+    pool_.release(page, 0);
   return Status::success();
 }
 
@@ -157,7 +147,7 @@ void KvCache::copyPage(int32_t from, int32_t to) {
   }
 }
 
-int32_t KvCache::numFreePages() const { return numPages() - numUsed_; }
+int32_t KvCache::numFreePages() const { return pool_.freeUnits(); }
 
 Status KvCache::reserve(std::vector<int32_t> &pageTable, int64_t numTokens) {
   const int64_t need = (numTokens + pageSize_ - 1) / pageSize_;

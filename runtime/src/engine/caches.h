@@ -8,6 +8,7 @@
 // (backends/cpu/kernels.h) read and write, are defined here for that reason.
 #pragma once
 
+#include "engine/page_pool.h"
 #include "nf/status.h"
 
 #include <cstdint>
@@ -114,7 +115,8 @@ public:
                                   int32_t numPages, int32_t pageSize);
   KvCache() = default;
 
-  /// The lowest free page (one reference).
+  /// A free page (one reference): the lowest one whose buddy is in use,
+  /// else the lowest (page_pool.h).
   StatusOr<int32_t> allocatePage();
   /// One more reference to a page in use.
   Status sharePage(int32_t page);
@@ -147,10 +149,10 @@ private:
   };
   std::vector<Storage> layers_;
   std::vector<int32_t> refs_; // per page: the page tables holding it
-  // The free pages, a min-heap (the lowest first): allocation stays
-  // O(log pages) when a KV cache sized to a GPU has millions.
-  std::vector<int32_t> free_;
-  int32_t numUsed_ = 0; // pages in use (a server reads the count per step)
+  // The free pages: allocation stays O(log pages) when a KV cache sized to
+  // a GPU has millions; the count of free ones is a member (a server reads
+  // it every step).
+  PagePool pool_;
   int32_t pageSize_ = 0;
 };
 
