@@ -25,6 +25,12 @@ std::optional<Phase> parsePhase(const std::string &name) {
   return std::nullopt;
 }
 
+std::string resolvedKvCacheDtype(const PipelineOptions &options) {
+  if (options.kvCacheDtype != "auto")
+    return options.kvCacheDtype;
+  return options.cudaTarget && options.cudaBf16Inputs ? "bf16" : "f32";
+}
+
 void buildPipeline(mlir::PassManager &pm, Phase last,
                    const PipelineOptions &options) {
   if (!options.quantizeWeights.empty()) {
@@ -41,7 +47,7 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
     mixers.maxSequences = options.maxSequences;
     mixers.pageSize = options.pageSize;
     mixers.kvPages = options.kvPages;
-    mixers.kvDtype = options.kvCacheDtype;
+    mixers.kvDtype = resolvedKvCacheDtype(options);
     pm.addPass(createLowerMixers(mixers));
     LowerMoEOptions moe;
     moe.policy = options.expertPolicy;

@@ -22,8 +22,10 @@ struct PipelineOptions {
   int64_t maxSequences = 64; // decode step, and recurrent-state slots
   int64_t pageSize = 16;
   int64_t kvPages = 4096;
-  /// What the KV cache stores: "f32", "bf16" or "fp8".
-  std::string kvCacheDtype = "f32";
+  /// What the KV cache stores: "f32", "bf16" or "fp8"; "auto" is bf16 for
+  /// CUDA targets whose GEMM inputs are bf16 and f32 for exact plans (the
+  /// CPU backend's and exact CUDA plans' tests compare f32 references).
+  std::string kvCacheDtype = "auto";
   // "budget" by default: every plan then honours per-request budgets, and
   // at the default budget (1.0) it computes exactly static top-k.
   std::string expertPolicy = "budget";
@@ -55,6 +57,9 @@ struct PipelineOptions {
   std::string quantizeScope = "experts";
   int64_t quantGroupSize = 128;
 };
+
+/// The KV cache's element type `options` asks for, "auto" resolved.
+std::string resolvedKvCacheDtype(const PipelineOptions &options);
 
 /// Adds the passes of every phase up to and including `last`.
 void buildPipeline(mlir::PassManager &pm, Phase last,

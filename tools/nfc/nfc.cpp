@@ -417,9 +417,10 @@ int main(int argc, char **argv) {
       ->add_option("--kv-cache-dtype", compile.pipeline.kvCacheDtype,
                    "What the KV cache stores: f32 (exact), bf16, or fp8 "
                    "(E4M3, a scale per token and kv head); both backends "
-                   "store what a cache of that type holds")
+                   "store what a cache of that type holds. auto: bf16 for "
+                   "CUDA targets with bf16 matmul inputs, else f32")
       ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "bf16", "fp8"}));
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}));
   compileCmd
       ->add_option("--expert-policy", compile.pipeline.expertPolicy,
                    "Expert selection: topk or budget")
