@@ -48,6 +48,7 @@ void buildPipeline(mlir::PassManager &pm, Phase last,
     mixers.pageSize = options.pageSize;
     mixers.kvPages = options.kvPages;
     mixers.kvDtype = resolvedKvCacheDtype(options);
+    mixers.kvHotWindow = options.kvHotWindow;
     pm.addPass(createLowerMixers(mixers));
     LowerMoEOptions moe;
     moe.policy = options.expertPolicy;

@@ -26,6 +26,8 @@ struct PipelineOptions {
   /// CUDA targets whose GEMM inputs are bf16 and f32 for exact plans (the
   /// CPU backend's and exact CUDA plans' tests compare f32 references).
   std::string kvCacheDtype = "auto";
+  /// fp8 caches: a sequence's last positions whose pages stay bf16 (tiered).
+  int64_t kvHotWindow = 0;
   // "budget" by default: every plan then honours per-request budgets, and
   // at the default budget (1.0) it computes exactly static top-k.
   std::string expertPolicy = "budget";

@@ -110,6 +110,7 @@ Status Builder::storage() {
       s.numPages = t.getNumPages();
       s.kvHeads = t.getKvHeads();
       s.dtype = *dtype;
+      s.hotWindow = c.getHotWindow().value_or(0);
     } else if (auto m = dyn_cast<kv::MambaStateOp>(op)) {
       auto t = m.getType();
       s = storageOf(m, pl::StorageKind::MambaState);

@@ -50,6 +50,7 @@ struct PlanStorage {
   pl::DType dtype = pl::DType::F32;
   // KVCache
   int64_t pageSize = 0, numPages = 0, kvHeads = 0, headDim = 0;
+  int64_t hotWindow = 0; // a tiered cache's bf16 positions (0: none)
   // MambaState (headDim too)
   int64_t slots = 0, convDim = 0, convWindow = 0, numHeads = 0, stateSize = 0;
 };

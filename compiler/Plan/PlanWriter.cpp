@@ -239,7 +239,7 @@ StatusOr<std::vector<uint8_t>> Writer::run(const std::string &generator,
     storage.push_back(pl::CreateStorage(
         b, b.CreateString(s.name), s.kind, s.layer, s.pageSize, s.numPages,
         s.kvHeads, s.headDim, s.dtype, s.slots, s.convDim, s.convWindow,
-        s.numHeads, s.stateSize));
+        s.numHeads, s.stateSize, s.hotWindow));
   // Steps in the module's order.
   fb::Offset<pl::Step> prefill, decode;
   for (auto func : module.getOps<func::FuncOp>()) {

@@ -53,6 +53,11 @@ struct LowerMixersPass : impl::LowerMixersBase<LowerMixersPass> {
                          << kvDtype << "'";
       return signalPassFailure();
     }
+    if (kvHotWindow < 0 || (kvHotWindow > 0 && kvDtype != "fp8")) {
+      module.emitError() << "nf-lower-mixers: kv-hot-window needs kv-dtype "
+                            "fp8 and a positive window";
+      return signalPassFailure();
+    }
     for (auto func : module.getOps<func::FuncOp>()) {
       if (stepPhase(func).empty())
         continue;
@@ -95,8 +100,14 @@ struct LowerMixersPass : impl::LowerMixersBase<LowerMixersPass> {
     OpBuilder b = OpBuilder::atBlockBegin(module.getBody());
     if (auto funcs = module.getOps<func::FuncOp>(); !funcs.empty())
       b.setInsertionPoint(*funcs.begin());
-    StorageOp::create(b, module.getLoc(), b.getStringAttr(name),
-                      TypeAttr::get(type), b.getI64IntegerAttr(layer));
+    if constexpr (std::is_same_v<StorageOp, kv::KVCacheOp>)
+      StorageOp::create(b, module.getLoc(), b.getStringAttr(name),
+                        TypeAttr::get(type), b.getI64IntegerAttr(layer),
+                        kvHotWindow > 0 ? b.getI64IntegerAttr(kvHotWindow)
+                                        : IntegerAttr());
+    else
+      StorageOp::create(b, module.getLoc(), b.getStringAttr(name),
+                        TypeAttr::get(type), b.getI64IntegerAttr(layer));
   }
 
   Value lowerMamba(OpBuilder &b, ModuleOp module, nfir::Mamba2Op op,

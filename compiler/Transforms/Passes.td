@@ -79,6 +79,9 @@ def LowerMixers : Pass<"nf-lower-mixers", "mlir::ModuleOp"> {
     Option<"kvDtype", "kv-dtype", "std::string", /*default=*/"\"f32\"",
            "What the KV cache stores: f32, bf16 or fp8 (E4M3, a scale per "
            "token and kv head)">,
+    Option<"kvHotWindow", "kv-hot-window", "int64_t", /*default=*/"0",
+           "fp8 caches: the last positions of a sequence whose pages stay "
+           "bf16 (a tiered cache); 0: none">,
   ];
   let dependentDialects = ["mlir::nf_kv::NfKvDialect"];
 }

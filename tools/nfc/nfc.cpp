@@ -246,6 +246,14 @@ int runCompile(const CompileFlags &flags) {
   if (flags.pipeline.quantizeWeights == "int4" && cuda)
     return fail("--weights=int4: int4 weights have no CUDA kernels yet; "
                 "compile for the CPU target");
+  if (flags.pipeline.kvHotWindow > 0) {
+    if (flags.pipeline.kvCacheDtype != "fp8")
+      return fail("--kv-hot-window: a tiered KV cache compresses pages to "
+                  "fp8; add --kv-cache-dtype=fp8");
+    if (cuda)
+      return fail("--kv-hot-window: the CUDA target has no tiered KV cache "
+                  "kernels yet; compile for the CPU target");
+  }
   mlir::DialectRegistry registry;
   nf::compiler::registerDialects(registry);
   mlir::MLIRContext context(registry);
@@ -421,6 +429,13 @@ int main(int argc, char **argv) {
                    "CUDA targets with bf16 matmul inputs, else f32")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}));
+  compileCmd
+      ->add_option("--kv-hot-window", compile.pipeline.kvHotWindow,
+                   "With --kv-cache-dtype=fp8: a tiered cache, whose pages "
+                   "holding any of a sequence's last N positions stay bf16 "
+                   "and are compressed to fp8 after (0: every page fp8)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   compileCmd
       ->add_option("--expert-policy", compile.pipeline.expertPolicy,
                    "Expert selection: topk or budget")

@@ -344,6 +344,10 @@ int runInspect(const std::string &path, bool launches) {
                       s->head_dim(), dtypeName(s->dtype()).c_str(),
                       bytes(perToken).c_str(), bytes(b).c_str());
         kvLine = line;
+        if (s->hot_window() > 0)
+          kvLine += "; tiered: the pages holding a sequence's last " +
+                    std::to_string(s->hot_window()) +
+                    " positions store bf16, in two pages' room each";
       } else {
         ++mambaLayers;
         mambaList +=

@@ -154,6 +154,19 @@ template <typename SSMOp> static LogicalResult verifyLimits(SSMOp op) {
   return success();
 }
 
+LogicalResult KVCacheOp::verify() {
+  std::optional<int64_t> window = getHotWindow();
+  if (!window)
+    return success();
+  if (*window <= 0)
+    return emitOpError() << "hot_window must be positive, got " << *window;
+  Type element = getType().getElementType();
+  if (!isa<Float8E4M3FNType>(element))
+    return emitOpError() << "hot_window needs an f8E4M3FN cache, got "
+                         << element;
+  return success();
+}
+
 LogicalResult SSMUpdateOp::verify() { return verifyLimits(*this); }
 LogicalResult SSMUpdateOp::verifySymbolUses(SymbolTableCollection &tables) {
   return verifySSM(*this, tables);

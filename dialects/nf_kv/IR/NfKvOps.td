@@ -67,9 +67,15 @@ class NfKv_Op<string mnemonic, list<Trait> traits = []>
 
 def NfKv_KVCacheOp : NfKv_Op<"kv_cache", [Symbol]> {
   let summary = "Declares the KV cache of one attention layer";
+  let description = [{
+    `hot_window` (fp8 caches only) makes the cache tiered: the pages that
+    hold any of a sequence's last `hot_window` positions keep bf16 values,
+    and the runtime compresses each older page to fp8 between steps.
+  }];
   let arguments = (ins SymbolNameAttr:$sym_name, TypeAttrOf<NfKv_KVCacheType>:$type,
-                       I64Attr:$layer);
+                       I64Attr:$layer, OptionalAttr<I64Attr>:$hot_window);
   let assemblyFormat = "$sym_name `layer` $layer attr-dict `:` $type";
+  let hasVerifier = 1;
 }
 
 def NfKv_MambaStateOp : NfKv_Op<"mamba_state", [Symbol]> {

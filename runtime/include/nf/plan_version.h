@@ -20,7 +20,8 @@ inline constexpr uint32_t kPlanVersionMajor = 1;
 // budget scope and the distinct-expert cap from nf_step_args; 1.10: ops
 // carry their code from nf/plan_ops.def (Op.code); 1.11: quantised weights
 // (Weight.quant, DType.F8E4M3); 1.12: weight files beside the plan
-// (ModelConfig.plan_weight_files: nfc compile --weights).
-inline constexpr uint32_t kPlanVersionMinor = 12;
+// (ModelConfig.plan_weight_files: nfc compile --weights); 1.13: tiered KV
+// caches (Storage.hot_window).
+inline constexpr uint32_t kPlanVersionMinor = 13;
 inline constexpr char kPlanFileIdentifier[] = "NFPL";
 } // namespace nf

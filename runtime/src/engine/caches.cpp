@@ -1,12 +1,30 @@
 // The CPU backend's per-sequence storage (see caches.h).
 #include "engine/caches.h"
 
+#include "weights.h"
+
 #include <algorithm>
+#include <cmath>
 #include <new>
 #include <string>
 #include <unordered_map>
 
 namespace nf::cpu {
+
+void roundKvRow(float *x, int64_t n, KvStorage storage) {
+  if (storage == KvStorage::BF16) {
+    for (int64_t i = 0; i < n; ++i)
+      x[i] = roundToBf16(x[i]);
+  } else if (storage == KvStorage::F8E4M3) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; ++i)
+      amax = std::max(amax, std::fabs(x[i]));
+    const float scale =
+        amax > 0.0f && std::isfinite(amax) ? amax / 448.0f : 1.0f;
+    for (int64_t i = 0; i < n; ++i)
+      x[i] = roundToE4M3(std::clamp(x[i] / scale, -448.0f, 448.0f)) * scale;
+  }
+}
 
 // ---------------------------------------------------------------------------
 // StateCache
@@ -85,12 +103,22 @@ float *StateCache::ssm(int32_t l, int32_t slot) {
 // KvCache
 
 StatusOr<KvCache> KvCache::create(std::span<const KvLayerShape> layers,
-                                  int32_t numPages, int32_t pageSize) {
+                                  int32_t numPages, int32_t pageSize,
+                                  int32_t hotWindow) {
   if (numPages <= 0 || pageSize <= 0)
     return Status::error("kv cache: numPages and pageSize must be positive");
+  if (hotWindow < 0)
+    return Status::error("kv cache: the hot window must not be negative");
+  if (hotWindow > 0)
+    for (const KvLayerShape &shape : layers)
+      if (shape.storage != KvStorage::F8E4M3)
+        return Status::error("kv cache: a hot window needs fp8 layers");
   try {
     KvCache c;
     c.pageSize_ = pageSize;
+    c.hotWindow_ = hotWindow;
+    if (hotWindow > 0)
+      c.hot_.assign(static_cast<size_t>(numPages), 0);
     for (const KvLayerShape &shape : layers) {
       Storage s;
       s.numKvHeads = shape.numKvHeads;
@@ -113,16 +141,47 @@ StatusOr<KvCache> KvCache::create(std::span<const KvLayerShape> layers,
 }
 
 StatusOr<int32_t> KvCache::allocatePage() {
-  const std::optional<int32_t> p = pool_.allocate(0);
+  const std::optional<int32_t> p = pool_.allocate(tiered() ? 1 : 0);
   if (!p)
     return Status::error("kv cache: all " + std::to_string(numPages()) +
                          " pages are in use");
   refs_[static_cast<size_t>(*p)] = 1;
+  if (tiered())
+    hot_[static_cast<size_t>(*p)] = 1;
   return *p;
 }
 
+StatusOr<int32_t> KvCache::compressPage(int32_t page) {
+  if (!isHot(page) || refs_[page] != 1)
+    return Status::error("kv cache: page " + std::to_string(page) +
+                         " is not a hot page of one table");
+  // A free single fills a hole; else the page shrinks where it is.
+  int32_t to = page;
+  if (pool_.freeSingles() > 0)
+    to = *pool_.allocate(0);
+  for (Storage &s : layers_) {
+    const int64_t row = s.numKvHeads * s.headDim;
+    const size_t n = static_cast<size_t>(pageSize_ * row);
+    for (std::vector<float> *kv : {&s.k, &s.v}) {
+      float *dst = kv->data() + static_cast<size_t>(to) * n;
+      std::copy_n(kv->data() + static_cast<size_t>(page) * n, n, dst);
+      for (int64_t r = 0; r < pageSize_ * s.numKvHeads; ++r)
+        roundKvRow(dst + r * s.headDim, s.headDim, KvStorage::F8E4M3);
+    }
+  }
+  hot_[page] = 0;
+  if (to == page) {
+    pool_.release(page + 1, 0);
+  } else {
+    refs_[to] = 1;
+    refs_[page] = 0;
+    pool_.release(page, 1);
+  }
+  return to;
+}
+
 Status KvCache::sharePage(int32_t page) {
-  if (page < 0 || page >= numPages() || refs_[page] == 0)
+  if (page < 0 || page >= numUnits() || refs_[page] == 0)
     return Status::error("kv cache: page " + std::to_string(page) +
                          " is not in use");
   ++refs_[page];
@@ -130,11 +189,14 @@ Status KvCache::sharePage(int32_t page) {
 }
 
 Status KvCache::freePage(int32_t page) {
-  if (page < 0 || page >= numPages() || refs_[page] == 0)
+  if (page < 0 || page >= numUnits() || refs_[page] == 0)
     return Status::error("kv cache: page " + std::to_string(page) +
                          " is not in use");
-  if (--refs_[page] == 0)
-    pool_.release(page, 0);
+  if (--refs_[page] == 0) {
+    pool_.release(page, isHot(page) ? 1 : 0);
+    if (tiered())
+      hot_[page] = 0;
+  }
   return Status::success();
 }
 
@@ -147,7 +209,13 @@ void KvCache::copyPage(int32_t from, int32_t to) {
   }
 }
 
-int32_t KvCache::numFreePages() const { return pool_.freeUnits(); }
+int32_t KvCache::numPages() const {
+  return tiered() ? numUnits() / 2 : numUnits();
+}
+
+int32_t KvCache::numFreePages() const {
+  return tiered() ? pool_.freePairs() : pool_.freeUnits();
+}
 
 Status KvCache::reserve(std::vector<int32_t> &pageTable, int64_t numTokens) {
   const int64_t need = (numTokens + pageSize_ - 1) / pageSize_;
@@ -171,11 +239,12 @@ PagedKvLayer KvCache::layer(int32_t l) {
   PagedKvLayer out;
   out.k = s.k.data();
   out.v = s.v.data();
-  out.numPages = numPages();
+  out.numPages = numUnits();
   out.pageSize = pageSize_;
   out.numKvHeads = s.numKvHeads;
   out.headDim = s.headDim;
-  out.storage = s.storage;
+  // A tiered cache's steps write hot pages: bf16.
+  out.storage = tiered() ? KvStorage::BF16 : s.storage;
   return out;
 }
 
@@ -188,8 +257,8 @@ StatusOr<Caches> Caches::create(std::span<const MambaShape> mambaLayers,
   StatusOr<StateCache> st = StateCache::create(mambaLayers, cfg.numSlots);
   if (!st)
     return st.status();
-  StatusOr<KvCache> kv =
-      KvCache::create(attentionLayers, cfg.numPages, cfg.pageSize);
+  StatusOr<KvCache> kv = KvCache::create(attentionLayers, cfg.numPages,
+                                         cfg.pageSize, cfg.hotWindow);
   if (!kv)
     return kv.status();
   try {
@@ -198,6 +267,7 @@ StatusOr<Caches> Caches::create(std::span<const MambaShape> mambaLayers,
     c.kv_ = std::move(*kv);
     c.pageTables_.resize(static_cast<size_t>(cfg.numSlots));
     c.lengths_.assign(static_cast<size_t>(cfg.numSlots), 0);
+    c.firstHot_.assign(static_cast<size_t>(cfg.numSlots), 0);
     return c;
   } catch (const std::bad_alloc &) {
     return Status::error("caches: out of memory");
@@ -210,6 +280,7 @@ StatusOr<int32_t> Caches::addSequence() {
     return slot;
   pageTables_[*slot].clear();
   lengths_[*slot] = 0;
+  firstHot_[*slot] = 0;
   return slot;
 }
 
@@ -249,6 +320,7 @@ StatusOr<Caches::Fork> Caches::fork(int32_t from) {
   }
   state_.copySlot(from, f.slot);
   lengths_[f.slot] = length;
+  firstHot_[f.slot] = firstHot_[from];
   return f;
 }
 
@@ -308,6 +380,37 @@ Status Caches::advance(int32_t slot, int64_t count) {
                          " is not in use");
   lengths_[slot] += count;
   return Status::success();
+}
+
+int64_t Caches::compress() {
+  if (!kv_.tiered())
+    return 0;
+  const int64_t ps = kv_.pageSize();
+  int64_t done = 0;
+  for (int32_t slot = 0; slot < state_.numSlots(); ++slot) {
+    if (!isLive(slot))
+      continue;
+    std::vector<int32_t> &table = pageTables_[slot];
+    const int64_t cold = std::min<int64_t>(
+        static_cast<int64_t>(table.size()),
+        std::max<int64_t>(0, lengths_[slot] - kv_.hotWindow()) / ps);
+    int64_t &first = firstHot_[slot];
+    bool allCold = true; // pages [first, j) are cold
+    for (int64_t j = first; j < cold; ++j) {
+      int32_t &page = table[static_cast<size_t>(j)];
+      if (kv_.isHot(page) && kv_.pageRefs(page) == 1) {
+        StatusOr<int32_t> to = kv_.compressPage(page);
+        if (to) {
+          page = *to;
+          ++done;
+        }
+      }
+      allCold = allCold && !kv_.isHot(page);
+      if (allCold)
+        first = j + 1;
+    }
+  }
+  return done;
 }
 
 } // namespace nf::cpu

@@ -39,6 +39,10 @@ struct MambaShape {
 /// on write, so it holds exactly the values such a cache would.
 enum class KvStorage : uint8_t { F32, BF16, F8E4M3 };
 
+/// One (token, kv head) row of `n` values rounded as `storage` holds them
+/// (bf16 to nearest even; fp8: E4M3 codes times the row's amax / 448).
+void roundKvRow(float *x, int64_t n, KvStorage storage);
+
 /// One attention layer's cache storage: K and V each [numPages, pageSize,
 /// nkv, hd] f32. A sequence's logical page j (positions j·pageSize ...) lives
 /// in physical page pageTable[j].
@@ -108,12 +112,29 @@ constexpr int64_t kvPageBytes(const KvLayerShape &s, int64_t pageSize) {
 /// Paged K/V storage of every attention layer and its page allocator.
 /// Pages are reference-counted: forked sequences share the full pages of
 /// the prefix they have in common (which neither writes again).
+///
+/// A tiered cache (hotWindow > 0, fp8 layers) allocates every page hot: it
+/// holds bf16 values in two units of storage (PagePool order 1; the CPU
+/// keeps them in the first unit's f32 rows). compressPage turns a hot page
+/// no other table holds into a cold one, fp8 in one unit. Page ids are the
+/// pages' first units.
 class KvCache {
 public:
-  /// One layer per entry of `attentionLayers`, all sharing the page ids.
+  /// One layer per entry of `attentionLayers`, all sharing the page ids;
+  /// `numPages` units of storage.
   static StatusOr<KvCache> create(std::span<const KvLayerShape> attentionLayers,
-                                  int32_t numPages, int32_t pageSize);
+                                  int32_t numPages, int32_t pageSize,
+                                  int32_t hotWindow = 0);
   KvCache() = default;
+
+  bool tiered() const { return hotWindow_ > 0; }
+  int32_t hotWindow() const { return hotWindow_; }
+  bool isHot(int32_t page) const { return !hot_.empty() && hot_[page]; }
+  /// A hot page that only one table holds, its rows rounded to fp8, in a
+  /// free unit if there is one whose buddy is in use (the pair it leaves
+  /// merges), else in its own first unit (the second is freed). Returns
+  /// the cold page's id.
+  StatusOr<int32_t> compressPage(int32_t page);
 
   /// A free page (one reference): the lowest one whose buddy is in use,
   /// else the lowest (page_pool.h).
@@ -124,8 +145,12 @@ public:
   Status freePage(int32_t page);
   /// Copies page `from`'s K/V rows of every layer into page `to`.
   void copyPage(int32_t from, int32_t to);
-  int32_t numPages() const { return static_cast<int32_t>(refs_.size()); }
+  /// Pages the cache holds when every one is as allocated (tiered: hot),
+  /// and those allocatePage can give now.
+  int32_t numPages() const;
   int32_t numFreePages() const;
+  /// Units of storage (page ids are below this).
+  int32_t numUnits() const { return static_cast<int32_t>(refs_.size()); }
   /// The page tables holding `page` (0: free).
   int32_t pageRefs(int32_t page) const { return refs_[page]; }
   int32_t pageSize() const { return pageSize_; }
@@ -149,6 +174,8 @@ private:
   };
   std::vector<Storage> layers_;
   std::vector<int32_t> refs_; // per page: the page tables holding it
+  std::vector<uint8_t> hot_;  // per page of a tiered cache: bf16, two units
+  int32_t hotWindow_ = 0;
   // The free pages: allocation stays O(log pages) when a KV cache sized to
   // a GPU has millions; the count of free ones is a member (a server reads
   // it every step).
@@ -160,6 +187,10 @@ struct CacheConfig {
   int32_t numSlots = 8;  // concurrent sequences
   int32_t numPages = 64; // KV pages shared by all sequences
   int32_t pageSize = 16; // positions per page
+  /// A tiered KV cache (fp8 layers): pages that hold any of a sequence's
+  /// last hotWindow positions stay bf16; Caches::compress turns older ones
+  /// fp8. numPages then counts units (a hot page takes two). 0: no tiers.
+  int32_t hotWindow = 0;
 };
 
 /// Both caches plus per-sequence bookkeeping (page table, length), keyed by
@@ -202,6 +233,11 @@ public:
   /// Records that `count` more tokens of the sequence were processed (for
   /// executors other than Executor, which advances lengths itself).
   Status advance(int32_t slot, int64_t count);
+  /// Tiered cache: compresses every page of every sequence that lies wholly
+  /// before the sequence's last hotWindow positions, unless another table
+  /// also holds it (it is compressed once only one does). Run between
+  /// steps. Returns the pages compressed.
+  int64_t compress();
 
   StateCache &state() { return state_; }
   KvCache &kv() { return kv_; }
@@ -214,6 +250,8 @@ private:
   KvCache kv_;
   std::vector<std::vector<int32_t>> pageTables_; // per slot
   std::vector<int64_t> lengths_;                 // per slot
+  // Tiered cache, per slot: pages before this one are cold.
+  std::vector<int64_t> firstHot_;
 };
 
 } // namespace nf::cpu

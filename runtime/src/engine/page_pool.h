@@ -28,6 +28,8 @@ public:
   /// Units free, and aligned pairs whose both units are free.
   int32_t freeUnits() const { return freeUnits_; }
   int32_t freePairs() const { return freePairs_; }
+  /// Free units whose buddy is in use.
+  int32_t freeSingles() const { return freeSingles_; }
 
 private:
   enum : uint8_t { kUsed, kSingle, kPair }; // kPair: both units of a pair

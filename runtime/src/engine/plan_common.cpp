@@ -78,7 +78,7 @@ StatusOr<StorageLayout> readStorage(const PlanFile &pf,
                                     const char *backendName) {
   const pl::Plan &plan = *pf.plan;
   StorageLayout out;
-  int64_t slots = 0, pageSize = 0, numPages = 0;
+  int64_t slots = 0, pageSize = 0, numPages = 0, hotWindow = 0;
   if (plan.storage()) {
     for (fb::uoffset_t i = 0; i < plan.storage()->size(); ++i) {
       const pl::Storage &s = *plan.storage()->Get(i);
@@ -113,11 +113,18 @@ StatusOr<StorageLayout> readStorage(const PlanFile &pf,
                                " is not supported by the " + backendName +
                                " backend (f32, bf16, f8e4m3)");
         if (pageSize != 0 &&
-            (s.page_size() != pageSize || s.num_pages() != numPages))
+            (s.page_size() != pageSize || s.num_pages() != numPages ||
+             s.hot_window() != hotWindow))
           return Status::error(ctx + ": every kv cache must have the same "
-                                     "page size and page count");
+                                     "page size, page count and hot window");
+        if (s.hot_window() < 0 ||
+            s.hot_window() > s.num_pages() * s.page_size() ||
+            (s.hot_window() > 0 && *storage != KvStorage::F8E4M3))
+          return Status::error(ctx + ": a hot window needs an fp8 kv cache "
+                                     "and at most its positions");
         pageSize = s.page_size();
         numPages = s.num_pages();
+        hotWindow = s.hot_window();
         si.kv = {s.kv_heads(), s.head_dim(), *storage};
         si.pageSize = pageSize;
         si.numPages = numPages;
@@ -143,6 +150,7 @@ StatusOr<StorageLayout> readStorage(const PlanFile &pf,
   out.cache.numSlots = static_cast<int32_t>(numSlots);
   out.cache.numPages = out.hasAttention ? static_cast<int32_t>(numPages) : 1;
   out.cache.pageSize = out.hasAttention ? static_cast<int32_t>(pageSize) : 1;
+  out.cache.hotWindow = static_cast<int32_t>(hotWindow);
   out.maxContext = out.hasAttention ? numPages * pageSize : -1;
   return out;
 }

@@ -3,10 +3,14 @@
 // RUN: nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers="kv-dtype=bf16" | FileCheck %s --check-prefix=BF16
 // RUN: nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers="kv-dtype=fp8" | FileCheck %s --check-prefix=FP8
 // RUN: not nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers="kv-dtype=f16" 2>&1 | FileCheck %s --check-prefix=BADDTYPE
+// RUN: nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers="kv-dtype=fp8 kv-hot-window=64" | FileCheck %s --check-prefix=TIERED
+// RUN: not nf-opt %S/Inputs/hybrid.mlir --nf-outline-steps --nf-lower-mixers="kv-dtype=bf16 kv-hot-window=64" 2>&1 | FileCheck %s --check-prefix=BADWINDOW
 
 // kv-dtype: what the cache stores (the K/V rows stay f32 activations).
 // BF16: nf_kv.kv_cache @kv_cache_1 layer 1 : !nf_kv.kv_cache<{{.*}}elementType = bf16>
 // FP8: nf_kv.kv_cache @kv_cache_1 layer 1 : !nf_kv.kv_cache<{{.*}}elementType = f8E4M3FN>
+// TIERED: nf_kv.kv_cache @kv_cache_1 layer 1 {hot_window = 64 : i64} : !nf_kv.kv_cache<{{.*}}elementType = f8E4M3FN>
+// BADWINDOW: error: nf-lower-mixers: kv-hot-window needs kv-dtype fp8 and a positive window
 // BADDTYPE: error: nf-lower-mixers: kv-dtype must be f32, bf16 or fp8, got 'f16'
 
 // Storage is declared once per layer, before the steps, and shared by them.

@@ -219,6 +219,7 @@ Status CpuEngine::runStep(std::span<const SequenceInput> inputs,
     runProgram(prog, inputs, chunks, which, tokenBase, logits.data(), calls);
     for (const Chunk &c : chunks)
       (void)caches_.advance(slots[c.input], c.count);
+    caches_.compress(); // a tiered cache's pages that left the hot window
   }
   return Status::success();
 }

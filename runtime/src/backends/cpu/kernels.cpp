@@ -351,26 +351,6 @@ void gatedRmsNorm(const float *y, int64_t ldY, const float *z, int64_t ldZ,
 // ---------------------------------------------------------------------------
 // Attention
 
-namespace {
-
-/// One (token, kv head) row of `n` values as the cache stores them.
-void roundKvRow(float *x, int64_t n, KvStorage storage) {
-  if (storage == KvStorage::BF16) {
-    for (int64_t i = 0; i < n; ++i)
-      x[i] = roundToBf16(x[i]);
-  } else if (storage == KvStorage::F8E4M3) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < n; ++i)
-      amax = std::max(amax, std::fabs(x[i]));
-    const float scale = amax > 0.0f && std::isfinite(amax) ? amax / 448.0f
-                                                           : 1.0f;
-    for (int64_t i = 0; i < n; ++i)
-      x[i] = roundToE4M3(std::clamp(x[i] / scale, -448.0f, 448.0f)) * scale;
-  }
-}
-
-} // namespace
-
 void kvAppend(const float *k, int64_t ldK, const float *v, int64_t ldV,
               std::span<const SeqSpan> spans,
               std::span<const std::span<const int32_t>> pageTables,

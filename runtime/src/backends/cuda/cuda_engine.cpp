@@ -171,6 +171,10 @@ Status CudaEngine::init(const EngineOptions &options) {
   if (!layout)
     return layout.status();
   storage_ = std::move(*layout);
+  if (storage_.cache.hotWindow > 0)
+    return Status::error(plan_->path + ": a tiered KV cache (hot window " +
+                         std::to_string(storage_.cache.hotWindow) +
+                         ") has no CUDA kernels yet; run it on the CPU");
   setSequenceMemory(storage_, /*typedKv=*/true, info_);
   info_.maxSequences = storage_.cache.numSlots;
   if (Status s = createBookkeeping(); !s)

@@ -68,3 +68,13 @@ func.func @limits(%b: !nf_kv.batch, %xbc: tensor<?x32xf32>, %dt: tensor<?x4xf32>
   %y = nf_kv.ssm_scan @ssm, %b, %xbc, %dt, %v, %v, %v {chunk_size = 8 : i64, n_groups = 2 : i64, time_step_min = 1.0 : f64, time_step_max = 0.5 : f64} : (!nf_kv.batch, tensor<?x32xf32>, tensor<?x4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<?x16xf32>
   return %y : tensor<?x16xf32>
 }
+
+// -----
+
+// expected-error @below {{hot_window needs an f8E4M3FN cache, got 'bf16'}}
+nf_kv.kv_cache @kv layer 1 {hot_window = 64 : i64} : !nf_kv.kv_cache<pageSize = 16, numPages = 8, kvHeads = 2, headDim = 4, elementType = bf16>
+
+// -----
+
+// expected-error @below {{hot_window must be positive, got 0}}
+nf_kv.kv_cache @kv layer 1 {hot_window = 0 : i64} : !nf_kv.kv_cache<pageSize = 16, numPages = 8, kvHeads = 2, headDim = 4, elementType = f8E4M3FN>

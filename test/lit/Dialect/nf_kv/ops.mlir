@@ -4,6 +4,8 @@
 
 // CHECK: nf_kv.kv_cache @kv layer 1 : !nf_kv.kv_cache<pageSize = 16, numPages = 8, kvHeads = 2, headDim = 4, elementType = f32>
 nf_kv.kv_cache @kv layer 1 : !nf_kv.kv_cache<pageSize = 16, numPages = 8, kvHeads = 2, headDim = 4, elementType = f32>
+// CHECK: nf_kv.kv_cache @tiered layer 3 {hot_window = 128 : i64} : !nf_kv.kv_cache<pageSize = 16, numPages = 8, kvHeads = 2, headDim = 4, elementType = f8E4M3FN>
+nf_kv.kv_cache @tiered layer 3 {hot_window = 128 : i64} : !nf_kv.kv_cache<pageSize = 16, numPages = 8, kvHeads = 2, headDim = 4, elementType = f8E4M3FN>
 // CHECK: nf_kv.mamba_state @ssm layer 0 : !nf_kv.mamba_state<slots = 4, convDim = 32, convWindow = 3, numHeads = 4, headDim = 4, stateSize = 4>
 nf_kv.mamba_state @ssm layer 0 : !nf_kv.mamba_state<slots = 4, convDim = 32, convWindow = 3, numHeads = 4, headDim = 4, stateSize = 4>
 
