@@ -59,6 +59,11 @@ typedef struct nf_step_args {
   // the tokens' candidates name, rounded up).
   int32_t budget_pooled;
   double distinct_expert_cap;
+  // 1.13: a tiered KV cache's pages that leave the hot window before this
+  // step: pairs (hot page's first unit, cold page's unit), applied by every
+  // layer's append before its rows (kernels/nf_kv_cache.cuh).
+  const int32_t *kv_moves;
+  int32_t num_kv_moves;
 } nf_step_args;
 
 /// A TMA tensor map that a module asks the runtime to encode when it loads

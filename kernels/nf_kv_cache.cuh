@@ -51,6 +51,41 @@ __device__ __forceinline__ kv_e4m3<ROW, PS, HD> kv_cache_e4m3(float *storage) {
   return {reinterpret_cast<unsigned char *>(storage), 0};
 }
 
+/// A tiered KV cache (--kv-hot-window) as a pointer to value `at`: storage
+/// units of an fp8 page's bytes (kv_e4m3's kPage); a page-table entry is
+/// unit * 2 + hot. A hot page holds the bf16 values of its PS positions in
+/// its unit and the next (2 * PS * ROW bytes), a cold one kv_e4m3's page of
+/// codes and row scales in its unit. Steps write hot pages only.
+template <int ROW, int PS, int HD> struct kv_tiered {
+  static constexpr long long kCodes = kv_e4m3<ROW, PS, HD>::kCodes;
+  static constexpr long long kUnit = kv_e4m3<ROW, PS, HD>::kPage;
+  unsigned char *base;
+  long long at;
+  __device__ __forceinline__ kv_tiered operator+(long long i) const {
+    return {base, at + i};
+  }
+  __device__ __forceinline__ bool hot(long long e) const {
+    return (e / kCodes) & 1;
+  }
+  __device__ __forceinline__ unsigned char *unit(long long e) const {
+    return base + (e / kCodes >> 1) * kUnit;
+  }
+  __device__ __forceinline__ bf16 *value(long long e) const {
+    return reinterpret_cast<bf16 *>(unit(e)) + e % kCodes;
+  }
+  __device__ __forceinline__ unsigned char *code(long long e) const {
+    return unit(e) + e % kCodes;
+  }
+  __device__ __forceinline__ float *scale(long long e) const {
+    return reinterpret_cast<float *>(unit(e) + kCodes) + e % kCodes / HD;
+  }
+};
+template <int ROW, int PS, int HD>
+__device__ __forceinline__ kv_tiered<ROW, PS, HD>
+kv_cache_tiered(float *storage) {
+  return {reinterpret_cast<unsigned char *>(storage), 0};
+}
+
 /// How a kernel stages a cache's rows: Tile, the type of its values in
 /// shared memory; kBytes, whether those are the cache's own bytes (copied
 /// as they are, cp.async) or widened from it (fp8).
@@ -69,6 +104,8 @@ template <int ROW, int PS, int HD> struct KvTraits<kv_e4m3<ROW, PS, HD>> {
   using Tile = float;
   static constexpr bool kBytes = false;
 };
+template <int ROW, int PS, int HD>
+struct KvTraits<kv_tiered<ROW, PS, HD>> : KvTraits<kv_e4m3<ROW, PS, HD>> {};
 /// Stores v as the cache holds it: f32, or bf16 rounded to nearest even
 /// (what the CPU backend's KvStorage::BF16 keeps).
 __device__ __forceinline__ void kv_put(float *c, long long i, float v) {
@@ -136,6 +173,43 @@ __device__ __forceinline__ float4 kv_get4(const bf16 *c, long long i) {
   return make_float4(f[0], f[1], f[2], f[3]);
 }
 
+template <int ROW, int PS, int HD>
+__device__ __forceinline__ float kv_get(const kv_tiered<ROW, PS, HD> &c,
+                                        long long i) {
+  const long long e = c.at + i;
+  if (c.hot(e))
+    return to_float(*c.value(e));
+  return fp8_e4m3_to_f32(*c.code(e)) * *c.scale(e);
+}
+template <int ROW, int PS, int HD>
+__device__ __forceinline__ float2 kv_get2(const kv_tiered<ROW, PS, HD> &c,
+                                          long long i) {
+  const long long e = c.at + i;
+  float f[4];
+  if (c.hot(e)) {
+    unpack_bf16x2(*reinterpret_cast<const unsigned *>(c.value(e)), f);
+    return make_float2(f[0], f[1]);
+  }
+  const float s = *c.scale(e);
+  fp8x4_to_f32x4(*reinterpret_cast<const unsigned short *>(c.code(e)), f);
+  return make_float2(f[0] * s, f[1] * s);
+}
+template <int ROW, int PS, int HD>
+__device__ __forceinline__ float4 kv_get4(const kv_tiered<ROW, PS, HD> &c,
+                                          long long i) {
+  const long long e = c.at + i;
+  float f[4];
+  if (c.hot(e)) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(c.value(e));
+    unpack_bf16x2(u.x, f);
+    unpack_bf16x2(u.y, f + 2);
+    return make_float4(f[0], f[1], f[2], f[3]);
+  }
+  const float s = *c.scale(e);
+  fp8x4_to_f32x4(*reinterpret_cast<const unsigned *>(c.code(e)), f);
+  return make_float4(f[0] * s, f[1] * s, f[2] * s, f[3] * s);
+}
+
 /// Element offset of position p's cache row, pt the sequence's page table.
 template <int ROW, int PS>
 __device__ __forceinline__ long long kv_position_offset(const int32_t *pt,
@@ -198,6 +272,62 @@ __device__ void kv_append_e4m3(Step a, const float *k, const float *v,
     }
     if (lane == 0)
       *c.scale(e) = scale;
+  }
+}
+
+/// kv_append into a tiered cache. First the step's moves (the host's
+/// Caches::compress, nf_step_args.kv_moves): each turns a hot page, bf16 in
+/// units from and from + 1, into a cold one in unit `to` (from itself, or a
+/// free unit), a block per (move, K or V): the page is staged in shared
+/// memory before any code is written, since the codes may overwrite it; a
+/// warp per (position, kv head) row quantises as kv_append_e4m3 does. Then
+/// the step's rows, bf16, into their (hot) pages. The moves and the rows
+/// touch different units, so neither waits for the other.
+template <int ROW, int PS, int HD>
+__device__ void kv_append_tiered(Step a, const float *k, const float *v,
+                                 kv_tiered<ROW, PS, HD> kcache,
+                                 kv_tiered<ROW, PS, HD> vcache) {
+  using Cache = kv_tiered<ROW, PS, HD>;
+  constexpr long long kCodes = Cache::kCodes;
+  constexpr int kRows = PS * (ROW / HD);
+  __shared__ unsigned short page[kCodes];
+  const int lane = lane_id(), warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int item = blockIdx.x; item < 2 * a->num_kv_moves; item += gridDim.x) {
+    const Cache &c = item & 1 ? vcache : kcache;
+    const long long from = a->kv_moves[item & ~1];
+    const long long to = a->kv_moves[(item & ~1) + 1];
+    const unsigned short *src =
+        reinterpret_cast<const unsigned short *>(c.base + from * Cache::kUnit);
+    for (long long i = threadIdx.x; i < kCodes; i += blockDim.x)
+      page[i] = src[i];
+    __syncthreads();
+    unsigned char *codes = c.base + to * Cache::kUnit;
+    float *scales = reinterpret_cast<float *>(codes + kCodes);
+    for (int r = warp; r < kRows; r += warps) {
+      const unsigned short *x = page + static_cast<long long>(r) * HD;
+      float amax = 0.0f;
+      for (int d = lane; d < HD; d += 32)
+        amax = fmaxf(amax, fabsf(bf16_bits_to_f32(x[d])));
+      amax = warp_max(amax);
+      const float scale =
+          amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, 448.0f) : 1.0f;
+      for (int d = lane; d < HD; d += 32) {
+        float q = __fdiv_rn(bf16_bits_to_f32(x[d]), scale);
+        q = q < -448.0f ? -448.0f : q > 448.0f ? 448.0f : q; // NaN stays
+        codes[static_cast<long long>(r) * HD + d] =
+            static_cast<unsigned char>(e4m3_code(round_to_e4m3(q)));
+      }
+      if (lane == 0)
+        scales[r] = scale;
+    }
+    __syncthreads();
+  }
+  const long long n = static_cast<long long>(a->num_tokens) * ROW;
+  for (long long i = global_thread(); i < n; i += grid_threads()) {
+    const int t = static_cast<int>(i / ROW), c = static_cast<int>(i % ROW);
+    const long long e = kv_row_offset<ROW, PS>(a, t) + c;
+    kcache.value(e)->bits = f32_to_bf16_rn(k[i]);
+    vcache.value(e)->bits = f32_to_bf16_rn(v[i]);
   }
 }
 

@@ -37,6 +37,8 @@
 #     PTX runs the warp and tile attention forms; bf16 GEMM inputs):
 #       tiny-hybrid-kv{bf16,fp8}[-sm75], pydoc-moe-kv{bf16,fp8},
 #       tiny-hybrid-bf16-kvbf16-bf16in ... --kv-cache-dtype=bf16|fp8
+#     and tiered caches (fp8, a bf16 hot window of 16 positions):
+#       tiny-hybrid-kvtiered[-sm75], pydoc-moe-kvtiered
 #     (NF_CUDA_TARGET overrides "cuda:sm_90".)
 #  3. Copy build/bin/{nfrun,nf-cuda-tests}, build/lib/libnf.so*,
 #     build/lib/libnf_fake_cuda.so, libgomp.so.1 and cpp-httplib (with its
@@ -150,6 +152,16 @@ prepare() {
   done
   compile tiny-hybrid-bf16-kvbf16-bf16in "$(model_dir tiny-hybrid-bf16)" \
     --kv-cache-dtype=bf16 --matmul-inputs=bf16
+  # Tiered (fp8 with a bf16 hot window of 16 positions: the tests' prompts
+  # and steps move pages out of it), exact, for sm_90 and sm_75.
+  compile tiny-hybrid-kvtiered "$(model_dir tiny-hybrid)" \
+    --kv-cache-dtype=fp8 --kv-hot-window=16
+  compile pydoc-moe-kvtiered "$(model_dir pydoc-moe)" \
+    --kv-cache-dtype=fp8 --kv-hot-window=16
+  target=cuda:sm_75
+  compile tiny-hybrid-kvtiered-sm75 "$(model_dir tiny-hybrid)" \
+    --kv-cache-dtype=fp8 --kv-hot-window=16
+  target="$saved"
   # Checkpoints quantised by ModelOpt and llm-compressor (FP8 activations).
   for m in tiny-nano-fp8-modelopt tiny-nano-fp8-dynamic; do
     compile "$m" "$(model_dir "$m")"

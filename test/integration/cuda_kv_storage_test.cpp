@@ -11,7 +11,10 @@
 // shared-memory tile prefill, the per-head and grouped-query decode forms),
 // pydoc-moe-kv<dtype> (head_dim 32), and tiny-hybrid-bf16-kvbf16-bf16in
 // (bf16 GEMM inputs: the step's K/V rows copied to bf16 scratch and
-// streamed by cp.async, one-term decode).
+// streamed by cp.async, one-term decode), and tiny-hybrid-kvtiered[-sm75],
+// pydoc-moe-kvtiered (fp8 with a bf16 hot window of 16 positions: the
+// pages that leave it are moved to fp8 by the next step's appends, as the
+// CPU rounds them before the step).
 #include "engine/engine.h"
 
 #include "ReferenceUtil.h"
@@ -114,7 +117,10 @@ INSTANTIATE_TEST_SUITE_P(
         KvCase{"tiny-hybrid-bf16-kvbf16-bf16in", "tiny-hybrid-bf16", true},
         KvCase{"tiny-hybrid-kvfp8", "tiny-hybrid", false, true},
         KvCase{"tiny-hybrid-kvfp8-sm75", "tiny-hybrid", false, true},
-        KvCase{"pydoc-moe-kvfp8", "pydoc-moe", false, true}),
+        KvCase{"pydoc-moe-kvfp8", "pydoc-moe", false, true},
+        KvCase{"tiny-hybrid-kvtiered", "tiny-hybrid", false, true},
+        KvCase{"tiny-hybrid-kvtiered-sm75", "tiny-hybrid", false, true},
+        KvCase{"pydoc-moe-kvtiered", "pydoc-moe", false, true}),
     [](const ::testing::TestParamInfo<KvCase> &info) {
       std::string name = info.param.plan;
       std::replace(name.begin(), name.end(), '-', '_');

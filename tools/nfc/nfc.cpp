@@ -246,14 +246,9 @@ int runCompile(const CompileFlags &flags) {
   if (flags.pipeline.quantizeWeights == "int4" && cuda)
     return fail("--weights=int4: int4 weights have no CUDA kernels yet; "
                 "compile for the CPU target");
-  if (flags.pipeline.kvHotWindow > 0) {
-    if (flags.pipeline.kvCacheDtype != "fp8")
-      return fail("--kv-hot-window: a tiered KV cache compresses pages to "
-                  "fp8; add --kv-cache-dtype=fp8");
-    if (cuda)
-      return fail("--kv-hot-window: the CUDA target has no tiered KV cache "
-                  "kernels yet; compile for the CPU target");
-  }
+  if (flags.pipeline.kvHotWindow > 0 && flags.pipeline.kvCacheDtype != "fp8")
+    return fail("--kv-hot-window: a tiered KV cache compresses pages to "
+                "fp8; add --kv-cache-dtype=fp8");
   mlir::DialectRegistry registry;
   nf::compiler::registerDialects(registry);
   mlir::MLIRContext context(registry);

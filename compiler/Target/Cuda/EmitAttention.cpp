@@ -28,6 +28,22 @@ StatusOr<size_t> KernelEmitter::kvAppend(size_t i) {
     return fail(i, "f32, bf16 and fp8 KV caches have CUDA kernels, not " +
                        std::string(pl::EnumNameDType(st->dtype)));
   includes.insert("nf_kv_cache.cuh");
+  // Tiered: the step's page moves (a block each, the page staged in shared
+  // memory; at least a block an SM, as a step after a long prefill moves
+  // hundreds), then bf16 rows into hot pages.
+  if (st->dtype == pl::DType::F8E4M3 && st->hotWindow > 0) {
+    addLaunch(
+        fnName(i, "kv_append"),
+        gridOf(std::max<int64_t>(ceilDiv(maxTokens * row, 256), opts.smCount),
+               int64_t(opts.smCount) * 8),
+        256,
+        "  nf::kv_append_tiered<" + num(row) + ", " + num(st->pageSize) + ", " +
+            num(st->headDim) + ">(a, " + arenaPtr(in[1]) + ", " +
+            arenaPtr(in[2]) + ", " + kc + ", " + vc + ");\n",
+        "nf_kv.append (tiered): the pages leaving the hot window to "
+        "fp8, then bf16 rows");
+    return size_t(1);
+  }
   // fp8: a warp per K or V row of a kv head (its scale is the row's max).
   if (st->dtype == pl::DType::F8E4M3) {
     constexpr int64_t kWarps = 8;

@@ -446,7 +446,8 @@ private:
   /// The K (part 0) or V (part 1) buffer of op's KV cache `st` as the
   /// kernels take it: f32 storage as it is, bf16 as nf::bf16 values
   /// (nf_kv_cache.cuh's kv_cache), fp8 as pages of codes and scales
-  /// (kv_cache_e4m3). Empty for other element types.
+  /// (kv_cache_e4m3), a tiered cache as units of both (kv_cache_tiered).
+  /// Empty for other element types.
   std::string kvCachePtr(const PlanOp &op, const PlanStorage &st,
                          int part) const {
     const std::string words =
@@ -455,6 +456,9 @@ private:
       return words;
     if (st.dtype == pl::DType::BF16)
       return "nf::kv_cache<nf::bf16>(" + words + ")";
+    if (st.dtype == pl::DType::F8E4M3 && st.hotWindow > 0)
+      return "nf::kv_cache_tiered<" + num(st.kvHeads * st.headDim) + ", " +
+             num(st.pageSize) + ", " + num(st.headDim) + ">(" + words + ")";
     if (st.dtype == pl::DType::F8E4M3)
       return "nf::kv_cache_e4m3<" + num(st.kvHeads * st.headDim) + ", " +
              num(st.pageSize) + ", " + num(st.headDim) + ">(" + words + ")";

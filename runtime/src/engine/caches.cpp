@@ -151,7 +151,7 @@ StatusOr<int32_t> KvCache::allocatePage() {
   return *p;
 }
 
-StatusOr<int32_t> KvCache::compressPage(int32_t page) {
+StatusOr<int32_t> KvCache::compressPage(int32_t page, FreedUnits &freed) {
   if (!isHot(page) || refs_[page] != 1)
     return Status::error("kv cache: page " + std::to_string(page) +
                          " is not a hot page of one table");
@@ -171,13 +171,19 @@ StatusOr<int32_t> KvCache::compressPage(int32_t page) {
   }
   hot_[page] = 0;
   if (to == page) {
-    pool_.release(page + 1, 0);
+    freed.blocks.emplace_back(page + 1, 0);
   } else {
     refs_[to] = 1;
     refs_[page] = 0;
-    pool_.release(page, 1);
+    freed.blocks.emplace_back(page, 1);
   }
   return to;
+}
+
+void KvCache::releaseUnits(FreedUnits &freed) {
+  for (const auto &[unit, order] : freed.blocks)
+    pool_.release(unit, order);
+  freed.blocks.clear();
 }
 
 Status KvCache::sharePage(int32_t page) {
@@ -382,12 +388,14 @@ Status Caches::advance(int32_t slot, int64_t count) {
   return Status::success();
 }
 
-int64_t Caches::compress() {
+int64_t Caches::compress(std::vector<int32_t> *moves) {
   if (!kv_.tiered())
     return 0;
   const int64_t ps = kv_.pageSize();
   int64_t done = 0;
-  for (int32_t slot = 0; slot < state_.numSlots(); ++slot) {
+  KvCache::FreedUnits freed;
+  for (int32_t slot = 0; slot < state_.numSlots() && done < kMaxKvMoves;
+       ++slot) {
     if (!isLive(slot))
       continue;
     std::vector<int32_t> &table = pageTables_[slot];
@@ -396,13 +404,18 @@ int64_t Caches::compress() {
         std::max<int64_t>(0, lengths_[slot] - kv_.hotWindow()) / ps);
     int64_t &first = firstHot_[slot];
     bool allCold = true; // pages [first, j) are cold
-    for (int64_t j = first; j < cold; ++j) {
+    for (int64_t j = first; j < cold && done < kMaxKvMoves; ++j) {
       int32_t &page = table[static_cast<size_t>(j)];
       if (kv_.isHot(page) && kv_.pageRefs(page) == 1) {
-        StatusOr<int32_t> to = kv_.compressPage(page);
+        const int32_t from = page;
+        StatusOr<int32_t> to = kv_.compressPage(from, freed);
         if (to) {
           page = *to;
           ++done;
+          if (moves) {
+            moves->push_back(from);
+            moves->push_back(*to);
+          }
         }
       }
       allCold = allCold && !kv_.isHot(page);
@@ -410,6 +423,7 @@ int64_t Caches::compress() {
         first = j + 1;
     }
   }
+  kv_.releaseUnits(freed);
   return done;
 }
 

@@ -130,11 +130,19 @@ public:
   bool tiered() const { return hotWindow_ > 0; }
   int32_t hotWindow() const { return hotWindow_; }
   bool isHot(int32_t page) const { return !hot_.empty() && hot_[page]; }
+  /// Storage units a compression leaves free, given back by
+  /// releaseUnits once every move of a batch is done (a unit freed by one
+  /// move must not receive another's codes while the device may still read
+  /// it).
+  struct FreedUnits {
+    std::vector<std::pair<int32_t, int>> blocks; // first unit, order
+  };
   /// A hot page that only one table holds, its rows rounded to fp8, in a
   /// free unit if there is one whose buddy is in use (the pair it leaves
   /// merges), else in its own first unit (the second is freed). Returns
-  /// the cold page's id.
-  StatusOr<int32_t> compressPage(int32_t page);
+  /// the cold page's id; the units it left are added to `freed`.
+  StatusOr<int32_t> compressPage(int32_t page, FreedUnits &freed);
+  void releaseUnits(FreedUnits &freed);
 
   /// A free page (one reference): the lowest one whose buddy is in use,
   /// else the lowest (page_pool.h).
@@ -235,9 +243,13 @@ public:
   Status advance(int32_t slot, int64_t count);
   /// Tiered cache: compresses every page of every sequence that lies wholly
   /// before the sequence's last hotWindow positions, unless another table
-  /// also holds it (it is compressed once only one does). Run between
-  /// steps. Returns the pages compressed.
-  int64_t compress();
+  /// also holds it (it is compressed once only one does), at most
+  /// kMaxKvMoves pages a call (the rest in later calls). Engines call it
+  /// before each run. Appends each move (the hot page's first unit, the
+  /// cold page's unit) to `moves` when given: what a device applies before
+  /// the run's appends. Returns the pages compressed.
+  int64_t compress(std::vector<int32_t> *moves = nullptr);
+  static constexpr int64_t kMaxKvMoves = 4096;
 
   StateCache &state() { return state_; }
   KvCache &kv() { return kv_; }

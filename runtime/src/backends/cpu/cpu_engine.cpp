@@ -216,10 +216,10 @@ Status CpuEngine::runStep(std::span<const SequenceInput> inputs,
   Program &prog = allOne ? decode_ : prefill_;
   for (const std::vector<Chunk> &chunks :
        splitIntoRuns(inputs, prog.maxTokens)) {
+    caches_.compress(); // a tiered cache's pages that left the hot window
     runProgram(prog, inputs, chunks, which, tokenBase, logits.data(), calls);
     for (const Chunk &c : chunks)
       (void)caches_.advance(slots[c.input], c.count);
-    caches_.compress(); // a tiered cache's pages that left the hot window
   }
   return Status::success();
 }

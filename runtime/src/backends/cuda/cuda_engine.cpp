@@ -171,10 +171,6 @@ Status CudaEngine::init(const EngineOptions &options) {
   if (!layout)
     return layout.status();
   storage_ = std::move(*layout);
-  if (storage_.cache.hotWindow > 0)
-    return Status::error(plan_->path + ": a tiered KV cache (hot window " +
-                         std::to_string(storage_.cache.hotWindow) +
-                         ") has no CUDA kernels yet; run it on the CPU");
   setSequenceMemory(storage_, /*typedKv=*/true, info_);
   info_.maxSequences = storage_.cache.numSlots;
   if (Status s = createBookkeeping(); !s)
@@ -278,8 +274,10 @@ Status CudaEngine::createBookkeeping() {
                 storage_.cache.pageSize
           : storage_.maxContext;
   std::vector<cpu::KvLayerShape> kv;
-  if (storage_.hasAttention)
-    kv.push_back({0, 0});
+  if (storage_.hasAttention) // a tiered cache's pages need its fp8 type
+    kv.push_back({0, 0,
+                  storage_.cache.hotWindow > 0 ? cpu::KvStorage::F8E4M3
+                                               : cpu::KvStorage::F32});
   StatusOr<cpu::Caches> book = cpu::Caches::create({}, kv, storage_.cache);
   if (!book)
     return Status::error(plan_->path + ": " + book.message());
@@ -309,10 +307,22 @@ Status CudaEngine::copyForFork(const cpu::Caches::Fork &fork, int32_t from) {
            static_cast<size_t>(si.mamba.ssmStateSize()) * sizeof(float), from,
            fork.slot);
     } else if (fork.pageFrom >= 0) {
-      const size_t page =
+      // A tiered cache's hot page (the last, the one copied) spans two
+      // units: copied as one block of twice a unit's bytes.
+      const size_t unit =
           static_cast<size_t>(cpu::kvPageBytes(si.kv, storage_.cache.pageSize));
-      copy(gpu_->storage[buffer], page, fork.pageFrom, fork.pageTo);
-      copy(gpu_->storage[buffer + 1], page, fork.pageFrom, fork.pageTo);
+      const bool hot = caches_.kv().isHot(fork.pageTo);
+      auto copyPage = [&](const DeviceBuffer &buf) {
+        if (st)
+          st = d_->check(
+              d_->cuMemcpyDtoDAsync(
+                  buf.ptr() + static_cast<size_t>(fork.pageTo) * unit,
+                  buf.ptr() + static_cast<size_t>(fork.pageFrom) * unit,
+                  hot ? 2 * unit : unit, gpu_->stream.get()),
+              "cuMemcpyDtoDAsync");
+      };
+      copyPage(gpu_->storage[buffer]);
+      copyPage(gpu_->storage[buffer + 1]);
     }
     buffer += 2;
   }

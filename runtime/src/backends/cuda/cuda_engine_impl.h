@@ -102,7 +102,8 @@ struct Program : StepValues {
 /// same in pinned host staging and in device memory).
 struct ArgsLayout {
   size_t tokens = 0, budget = 0, seqs = 0, tokenSeq = 0, logitRows = 0,
-         pages = 0, end = 0; // pages last: a run uploads [0, pages + used)
+         moves = 0,       // a tiered KV cache's page moves (Caches::compress)
+      pages = 0, end = 0; // pages last: a run uploads [0, pages + used)
   int64_t maxRows = 0, maxSeqs = 0, maxPages = 0;
 };
 
@@ -275,6 +276,7 @@ private:
   Context ctx_;
   std::unique_ptr<Gpu> gpu_;
   std::vector<int32_t> tokenInput_; // per row of the run in progress
+  std::vector<int32_t> kvMoves_;    // the run's tiered-cache page moves
 };
 
 } // namespace nf::engine::cuda_detail

@@ -705,6 +705,9 @@ Status CudaEngine::allocate() {
   take(L.seqs, S * sizeof(nf_seq_desc));
   take(L.tokenSeq, R * sizeof(int32_t));
   take(L.logitRows, R * sizeof(int32_t));
+  take(L.moves, storage_.cache.hotWindow > 0
+                    ? 2 * cpu::Caches::kMaxKvMoves * sizeof(int32_t)
+                    : 0);
   take(L.pages, S * static_cast<size_t>(L.maxPages) * sizeof(int32_t));
   L.end = at;
   if (Status s = alloc(g.args, L.end, "step arguments", true); !s)

@@ -264,6 +264,15 @@ Status CudaEngine::runProgram(const Program &p,
   auto *tokenSeq = reinterpret_cast<int32_t *>(h + L.tokenSeq);
   auto *logitRows = reinterpret_cast<int32_t *>(h + L.logitRows);
   auto *pages = reinterpret_cast<int32_t *>(h + L.pages);
+  // A tiered cache's pages that left the hot window: the run's appends
+  // move them to fp8 before writing its rows (nf_kv_cache.cuh).
+  auto *moves = reinterpret_cast<int32_t *>(h + L.moves);
+  kvMoves_.clear();
+  const bool tiered = caches_.kv().tiered();
+  if (tiered) {
+    caches_.compress(&kvMoves_);
+    std::copy(kvMoves_.begin(), kvMoves_.end(), moves);
+  }
 
   const int64_t numSeqs = static_cast<int64_t>(chunks.size());
   int64_t maxPages = 1;
@@ -300,7 +309,12 @@ Status CudaEngine::runProgram(const Program &p,
       logitRows[numLogitRows++] = static_cast<int32_t>(c.row + c.count - 1);
     const std::vector<int32_t> &pt = caches_.pageTable(slot);
     int32_t *row = pages + ci * maxPages;
-    std::copy(pt.begin(), pt.end(), row);
+    if (tiered) // entries unit * 2 + hot (kv_tiered)
+      std::transform(pt.begin(), pt.end(), row, [&](int32_t page) {
+        return page * 2 + (caches_.kv().isHot(page) ? 1 : 0);
+      });
+    else
+      std::copy(pt.begin(), pt.end(), row);
     std::fill(row + pt.size(), row + maxPages, 0);
   }
   if (T > L.maxRows)
@@ -333,6 +347,8 @@ Status CudaEngine::runProgram(const Program &p,
                         ? nullptr
                         : static_cast<const int32_t *>(devPtr(L.logitRows));
   args.num_logit_rows = numLogitRows;
+  args.kv_moves = static_cast<const int32_t *>(devPtr(L.moves));
+  args.num_kv_moves = static_cast<int32_t>(kvMoves_.size() / 2);
   std::memcpy(h, &args, sizeof args);
   const size_t used =
       L.pages + static_cast<size_t>(numSeqs * maxPages) * sizeof(int32_t);
