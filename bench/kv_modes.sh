@@ -2,9 +2,10 @@
 # KV-cache storage modes on the Nemotron-3-Nano-30B-A3B shape, on the GPU
 # machine, in one go:
 #   1. the device-to-device copy bandwidth (the decode roofline);
-#   2. for each plan CARRY/plans/nano-bf16-kv{f32,bf16,fp8}.nfb (bf16 GEMM
-#      inputs, `nfc compile --kv-cache-dtype=...`): decode tok/s at contexts
-#      8K and 32K, batch 1 and 32 (`nfrun bench --random-weights`);
+#   2. for each plan CARRY/plans/nano-bf16-kv{f32,bf16,fp8,tiered}.nfb (bf16
+#      GEMM inputs, `nfc compile --kv-cache-dtype=...`; tiered: fp8 with
+#      --kv-hot-window=128): decode tok/s at contexts 8K and 32K, batch 1
+#      and 32 (`nfrun bench --random-weights`);
 #   3. for those plans and CARRY/plans/nano-fp8-kvbf16.nfb (FP8 weights), when
 #      present: the KV pages a load at --gpu-memory-utilization 0.9 gets, and
 #      from them and `nfrun inspect`'s per-sequence costs the 8K-context
@@ -44,7 +45,7 @@ print(f"| {plan} | {u} | {pages} | {tokens} | {slots} | {state} | {kv} | {n} |")
 EOF
 }
 
-for kv in f32 bf16 fp8; do
+for kv in f32 bf16 fp8 tiered; do
   plan=nano-bf16-kv$kv
   [ -f "$carry/plans/$plan.nfb" ] || continue
   for ctx in 8192 32768; do
