@@ -270,6 +270,66 @@ TEST(KvStorage, TieredPagesOfTwoTablesStayHotUntilOneIsLeft) {
   EXPECT_GT(expectNearestE4M3(bf16.data(), t.row(8, false), kHeads), 30);
 }
 
+// Many sequences of random lengths growing, forking and ending, compressed
+// before every step as the engines do: hot pages keep finding pairs while
+// units are free in pairs, every table holds live pages of its own tier,
+// and once every sequence has ended the units merge back into whole pairs.
+TEST(KvStorage, TieredCachesDoNotFragment) {
+  const KvLayerShape shape{kHeads, kHeadDim, KvStorage::F8E4M3};
+  CacheConfig cfg;
+  cfg.numSlots = 16;
+  cfg.numPages = 512;
+  cfg.pageSize = kPageSize;
+  cfg.hotWindow = kWindow;
+  StatusOr<Caches> made = Caches::create({}, std::span(&shape, 1), cfg);
+  ASSERT_TRUE(made) << made.message();
+  Caches &c = *made;
+  std::mt19937 rng(7);
+  std::vector<int32_t> live;
+  int64_t compressed = 0;
+  for (int step = 0; step < 4000; ++step) {
+    compressed += c.compress();
+    // Pages that lie wholly before a sequence's window are cold unless
+    // another table holds them; the rest are hot.
+    for (int32_t slot : live) {
+      const std::vector<int32_t> &t = c.pageTable(slot);
+      const int64_t cold =
+          std::max<int64_t>(0, c.length(slot) - kWindow) / kPageSize;
+      for (size_t j = 0; j < t.size(); ++j) {
+        ASSERT_GT(c.kv().pageRefs(t[j]), 0);
+        if (static_cast<int64_t>(j) >= cold)
+          ASSERT_TRUE(c.kv().isHot(t[j])) << "slot " << slot << " page " << j;
+        else if (c.kv().pageRefs(t[j]) == 1)
+          ASSERT_FALSE(c.kv().isHot(t[j])) << "slot " << slot << " page " << j;
+      }
+    }
+    const unsigned r = rng() % 100;
+    if (live.size() < 3 || (r < 10 && live.size() < 12)) {
+      if (StatusOr<int32_t> s = c.addSequence())
+        live.push_back(*s);
+    } else if (r < 14) {
+      StatusOr<Caches::Fork> f = c.fork(live[rng() % live.size()]);
+      if (f)
+        live.push_back(f->slot);
+    } else if (r < 24) {
+      const size_t i = rng() % live.size();
+      ASSERT_TRUE(c.removeSequence(live[i]));
+      live.erase(live.begin() + static_cast<long>(i));
+    } else {
+      const int32_t slot = live[rng() % live.size()];
+      const int64_t n = 1 + rng() % 9;
+      if (c.pagesNeeded(slot, c.length(slot) + n) > c.kv().numFreePages())
+        continue; // as a scheduler would wait
+      ASSERT_TRUE(c.reserve(slot, c.length(slot) + n));
+      ASSERT_TRUE(c.advance(slot, n));
+    }
+  }
+  EXPECT_GT(compressed, 1000);
+  for (int32_t slot : live)
+    ASSERT_TRUE(c.removeSequence(slot));
+  EXPECT_EQ(c.kv().numFreePages(), 256);
+}
+
 TEST(KvStorage, AHotWindowNeedsFp8Layers) {
   const KvLayerShape shape{kHeads, kHeadDim, KvStorage::BF16};
   StatusOr<KvCache> c = KvCache::create(std::span(&shape, 1), 8, 4, 16);
