@@ -264,6 +264,9 @@ TEST(KvStorage, TieredPagesOfTwoTablesStayHotUntilOneIsLeft) {
   ASSERT_TRUE(t.caches.removeSequence(f->slot));
   EXPECT_EQ(t.caches.compress(), 1);
   EXPECT_FALSE(t.caches.kv().isHot(t.caches.pageTable(t.slot)[2]));
+  // Pages 0-2 cold, 3 and 4 (positions 12-19) hot: 3 + 2 x 2 units.
+  const int32_t slots[] = {t.slot};
+  EXPECT_EQ(t.caches.exclusivePages(slots), 7);
   std::vector<float> bf16(t.k.begin() + 8 * kRow, t.k.begin() + 9 * kRow);
   for (float &x : bf16)
     x = nearestBf16(x);

@@ -346,7 +346,9 @@ NF_API nf_status nf_seq_remove(nf_model *model, int32_t seq_id);
 NF_API int64_t nf_seq_length(const nf_model *model, int32_t seq_id);
 /* KV pages that only the `n` given sequences hold (pages they share with
    other sequences are not counted): what removing them all frees. Unknown
-   ids count nothing. */
+   ids count nothing. In a tiered cache (nfc --kv-hot-window) the count is
+   of storage units, nf_model_kv_page_bytes each: a hot (bf16) page is
+   two. */
 NF_API nf_status nf_seq_exclusive_pages(const nf_model *model,
                                         const int32_t *seq_ids, int32_t n,
                                         int64_t *pages);

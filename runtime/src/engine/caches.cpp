@@ -376,7 +376,8 @@ int64_t Caches::exclusivePages(std::span<const int32_t> slots) const {
         ++held[page];
   int64_t n = 0;
   for (const auto &[page, tables] : held)
-    n += tables == kv_.pageRefs(page);
+    if (tables == kv_.pageRefs(page))
+      n += kv_.isHot(page) ? 2 : 1;
   return n;
 }
 

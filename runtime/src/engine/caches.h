@@ -236,7 +236,8 @@ public:
   /// Pages that reserve(slot, numTokens) would still have to allocate.
   int64_t pagesNeeded(int32_t slot, int64_t numTokens) const;
   /// KV pages that only the given live slots hold (each page and slot
-  /// counted once): what freeing all of them would give back.
+  /// counted once): what freeing all of them would give back. A tiered
+  /// cache's hot pages count two (its units).
   int64_t exclusivePages(std::span<const int32_t> slots) const;
   /// Records that `count` more tokens of the sequence were processed (for
   /// executors other than Executor, which advances lengths itself).
