@@ -13,7 +13,8 @@
 #      slots' state counts as room, since --max-sequences sets them):
 #        N = (tokens x KV a token + slots x state) / (state + 8192 x KV a token)
 # Results: $OUT/kv_modes.md (the bench tables) and $OUT/kv_room.md.
-# Usage: OUT=/dir bash bench/kv_modes.sh CARRY
+# Usage: OUT=/dir bash bench/kv_modes.sh CARRY  (bench/prepare_kv_modes.sh
+# makes CARRY)
 set -uo pipefail
 carry=$(cd "$1" && pwd)
 bash scripts/gpu_check.sh unpack "$carry" || exit 1 # plans/*.nfb.xz
