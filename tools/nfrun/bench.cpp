@@ -88,9 +88,23 @@ struct Shape {
   int64_t topK = 0;
   int64_t stateBytesPerSeq = 0;          // Mamba conv + SSM state, f32
   int64_t kvBytesPerToken = 0;           // K and V of every attention layer
+  // A tiered cache (--kv-hot-window): the positions whose pages stay bf16,
+  // and K and V of every layer a token there.
+  int64_t hotWindow = 0, hotBytesPerToken = 0;
   int64_t attnLayers = 0, attnWidth = 0; // nq * hd
   int64_t pageSize = 16;
 };
+
+/// K and V bytes a decode step reads for a sequence of `context` tokens:
+/// a tiered cache's pages that hold its last hotWindow positions (about
+/// hotWindow + half a page) are bf16.
+double kvBytesRead(const Shape &s, int64_t context) {
+  if (s.hotWindow <= 0)
+    return static_cast<double>(context) * s.kvBytesPerToken;
+  const int64_t hot = std::min(context, s.hotWindow + s.pageSize / 2);
+  return static_cast<double>(hot) * s.hotBytesPerToken +
+         static_cast<double>(context - hot) * s.kvBytesPerToken;
+}
 
 bool readShape(const std::string &path, Shape &s, std::string &error) {
   nf::StatusOr<std::string> data = nf::readWholeFile(path, uint64_t{4} << 30);
@@ -136,6 +150,8 @@ bool readShape(const std::string &path, Shape &s, std::string &error) {
                            (st->head_dim() * dtypeBytes(st->dtype()) +
                             (st->dtype() == pl::DType::F8E4M3 ? 4 : 0));
       s.pageSize = st->page_size();
+      s.hotWindow = st->hot_window();
+      s.hotBytesPerToken += 2 * st->kv_heads() * st->head_dim() * 2;
       ++s.attnLayers;
     } else {
       s.stateBytesPerSeq +=
@@ -201,9 +217,13 @@ int runBench(const BenchFlags &f) {
   auto pagesFor = [&](int64_t tokens) {
     return (tokens + shape.pageSize - 1) / shape.pageSize + 1;
   };
+  // A tiered cache's pages are units, and a step allocates its pages hot,
+  // two units each, before the next compresses the older ones.
   p.kv_pages = static_cast<int32_t>(
-      std::max(maxB * pagesFor(f.context + timedSteps + 4), pagesFor(longest)) +
-      16);
+      (std::max(maxB * pagesFor(f.context + timedSteps + 4),
+                pagesFor(longest)) +
+       16) *
+      (shape.hotWindow > 0 ? 2 : 1));
   if (f.gpuMemoryUtilization > 0.0) {
     p.kv_pages = 0;
     p.gpu_memory_utilization = f.gpuMemoryUtilization;
@@ -376,8 +396,8 @@ int runBench(const BenchFlags &f) {
               shape.expertBytes[l];
       const double bytes = static_cast<double>(shape.denseBytes) + expertBytes +
                            2.0 * B * shape.stateBytesPerSeq +
-                           static_cast<double>(B) * (f.context + f.steps / 2) *
-                               shape.kvBytesPerToken +
+                           static_cast<double>(B) *
+                               kvBytesRead(shape, f.context + f.steps / 2) +
                            static_cast<double>(B) * shape.hidden * 2;
       const double roofStep =
           f.copyBandwidth > 0 ? bytes / f.copyBandwidth : 0.0;
