@@ -6,8 +6,9 @@
 #      GEMM inputs, `nfc compile --kv-cache-dtype=...`; tiered: fp8 with
 #      --kv-hot-window=128): decode tok/s at contexts 8K and 32K, batch 1
 #      and 32 (`nfrun bench --random-weights`);
-#   3. for those plans and CARRY/plans/nano-fp8-kvbf16.nfb (FP8 weights), when
-#      present: the KV pages a load at --gpu-memory-utilization 0.9 gets, and
+#   3. for those plans and CARRY/plans/nano-{fp8,int4}-kvbf16.nfb (FP8 and
+#      int4 weights), when present: the KV pages a load at
+#      --gpu-memory-utilization 0.9 gets, and
 #      from them and `nfrun inspect`'s per-sequence costs the 8K-context
 #      sequences that fit (their recurrent state and KV pages; the compiled
 #      slots' state counts as room, since --max-sequences sets them):
@@ -60,10 +61,11 @@ for kv in f32 bf16 fp8 tiered; do
     [ "$ctx" = 32768 ] && room "$plan" "$OUT/$plan-$ctx.txt"
   done
 done
-if [ -f "$carry/plans/nano-fp8-kvbf16.nfb" ]; then
-  "$nfrun" bench "$carry/plans/nano-fp8-kvbf16.nfb" --backend cuda \
+for plan in nano-fp8-kvbf16 nano-int4-kvbf16; do
+  [ -f "$carry/plans/$plan.nfb" ] || continue
+  "$nfrun" bench "$carry/plans/$plan.nfb" --backend cuda \
     --random-weights --seed 1 --batch 1 --context 1024 --prefill "" \
-    --steps 4 --gpu-memory-utilization 0.9 > "$OUT/nano-fp8-kvbf16.txt" 2>&1
-  room nano-fp8-kvbf16 "$OUT/nano-fp8-kvbf16.txt"
-fi
+    --steps 4 --gpu-memory-utilization 0.9 > "$OUT/$plan.txt" 2>&1
+  room "$plan" "$OUT/$plan.txt"
+done
 cat "$OUT/kv_room.md"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A checkpoint directory with the exact shape of Nemotron-3-Nano-30B-A3B.
 
-    make_nano_shape.py OUT_DIR [--layers N] [--set KEY=VALUE ...] [--fp8]
+    make_nano_shape.py OUT_DIR [--layers N] [--set KEY=VALUE ...] [--fp8 | --int4]
 
 Writes OUT_DIR/config.json (the published Nano-30B-A3B configuration, see
 docs of the reference: hidden 2688, 52 layers MEMEM*E..., 128 experts top-6,
@@ -17,7 +17,12 @@ experts top-6 at a size a test can run on the CPU). `--fp8`: every linear
 projection (not the routers, not the LM head) stored as FP8 E4M3 codes with
 an f32 scale per output channel and unquantised activations, in the
 compressed-tensors format that llm-compressor writes ("float-quantized",
-`quantization_config` in config.json), the rest bf16.
+`quantization_config` in config.json), the rest bf16. `--int4`: the same
+projections as int4 codes packed 8 per int32 with an f32 scale per 64 input
+columns, as llm-compressor's W4A16 writes them ("pack-quantized";
+`weight_packed`, `weight_scale`, `weight_shape`): groups of 64, not the
+usual 128, because the routed experts' down projection has 1,856 input
+columns.
 """
 import json
 import os
@@ -124,6 +129,24 @@ FP8_CONFIG = {
 }
 
 
+# compressed-tensors W4A16: int4 weights in groups, activations unquantised.
+INT4_GROUP = 64
+INT4_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 4, "type": "int", "strategy": "group",
+                    "symmetric": True, "dynamic": False,
+                    "group_size": INT4_GROUP},
+        "input_activations": None,
+        "output_activations": None,
+    }},
+    "ignore": ["lm_head"],
+}
+
+
 def quantised(name):
     """Whether --fp8 stores tensor `name` as codes: linear projections."""
     return name.endswith("proj.weight")
@@ -133,6 +156,9 @@ def main():
     out = sys.argv[1]
     cfg = dict(CONFIG)
     fp8 = "--fp8" in sys.argv
+    int4 = "--int4" in sys.argv
+    if fp8 and int4:
+        sys.exit("make_nano_shape: --fp8 or --int4, not both")
     if "--layers" in sys.argv:
         n = int(sys.argv[sys.argv.index("--layers") + 1])
         cfg["hybrid_override_pattern"] = PATTERN[:n]
@@ -145,8 +171,8 @@ def main():
                 sys.exit("make_nano_shape: unknown configuration key " + key)
             cfg[key] = int(value)
     os.makedirs(out, exist_ok=True)
-    if fp8:
-        q = json.loads(json.dumps(FP8_CONFIG))
+    if fp8 or int4:
+        q = json.loads(json.dumps(FP8_CONFIG if fp8 else INT4_CONFIG))
         q["ignore"] += ["backbone.layers.%d.mixer.gate" % i
                         for i, k in enumerate(cfg["hybrid_override_pattern"]) if k == "E"]
         cfg["quantization_config"] = q
@@ -168,6 +194,11 @@ def main():
             params += add(name, "F8_E4M3", 1, shape)
             add(name + "_scale", "F32", 4, [shape[0], 1])
             continue
+        if int4 and quantised(name):
+            params += 8 * add(name + "_packed", "I32", 4, [shape[0], shape[1] // 8])
+            add(name + "_scale", "F32", 4, [shape[0], shape[1] // INT4_GROUP])
+            add(name + "_shape", "I64", 8, [2])
+            continue
         # The correction bias is kept in f32, as in the published checkpoint.
         dtype, size = ("F32", 4) if name.endswith("e_score_correction_bias") else ("BF16", 2)
         params += add(name, dtype, size, shape)
@@ -179,7 +210,7 @@ def main():
         f.write(text)
         f.truncate(8 + len(text) + offset)  # sparse: no data blocks
     print("%s: %d tensors, %d parameters, %.1f GB of (sparse) %s data"
-          % (path, len(header), params, offset / 1e9, "fp8 + bf16" if fp8 else "bf16"))
+          % (path, len(header), params, offset / 1e9, "fp8 + bf16" if fp8 else "int4 + bf16" if int4 else "bf16"))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 # directory that bench/kv_modes.sh runs from on the GPU machine: the
 # binaries and the Nemotron-3-Nano-30B-A3B-shape plans of each KV storage
 # mode (bf16 GEMM inputs): nano-bf16-kv{f32,bf16,fp8,tiered} (tiered: fp8
-# with a 128-position bf16 hot window) and nano-fp8-kvbf16 (FP8 weights).
+# with a 128-position bf16 hot window), nano-fp8-kvbf16 (FP8 weights) and
+# nano-int4-kvbf16 (int4 weights in groups of 64, make_nano_shape.py --int4),
+# which bench/ab_plans.sh also compares with nano-bf16-kvbf16.
 #
 #   bash bench/prepare_kv_modes.sh [CARRY]     (default: build-gpu-kv)
 #
@@ -36,8 +38,13 @@ python3 "$REPO/bench/make_nano_shape.py" "$work/nano-fp8" --fp8 > /dev/null
 "$nfc" import "$work/nano-fp8" -o "$work/nano-fp8.mlir"
 "$nfc" compile "$work/nano-fp8.mlir" "${common[@]}" \
   -o "$CARRY/plans/nano-fp8-kvbf16.nfb" # bf16 cache: --kv-cache-dtype=auto
+python3 "$REPO/bench/make_nano_shape.py" "$work/nano-int4" --int4 > /dev/null
+"$nfc" import "$work/nano-int4" -o "$work/nano-int4.mlir"
+"$nfc" compile "$work/nano-int4.mlir" "${common[@]}" \
+  -o "$CARRY/plans/nano-int4-kvbf16.nfb"
 cp "$build/bin/nfrun" "$CARRY/bin/"
 cp -a "$build"/lib/libnf.so* "$CARRY/lib/"
+strip --strip-unneeded "$CARRY/bin/nfrun" "$CARRY"/lib/libnf.so.*.*
 # The libraries a stock GPU image may lack (as scripts/gpu_check.sh copies).
 for lib in $(ldd "$build/bin/nfrun" |
   awk '/libgomp|libcpp-httplib|libbrotli|libprometheus/ {print $3}'); do

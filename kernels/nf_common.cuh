@@ -30,6 +30,12 @@ struct f16 {
 struct fp8e4m3 {
   unsigned char bits;
 };
+/// Eight int4 codes of a quantised weight (nf_linear_int4.cuh): code i in
+/// bits 4i..4i+3, stored as code + 8; a weight's value is its code times its
+/// group's scale.
+struct int4x8 {
+  unsigned bits;
+};
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(bf16 v) {
@@ -579,8 +585,9 @@ __device__ __forceinline__ const T *weight(Step a, int index) {
   return static_cast<const T *>(a->weights[index]);
 }
 /// A quantised weight's f32 scale per output row ([E, N] for stacked
-/// experts): where the runtime puts them, after its codes (code_bytes) at
-/// the next 256-byte boundary.
+/// experts; int4: per group of each row, [E, N, K / group]): where the
+/// runtime puts them, after its codes (code_bytes) at the next 256-byte
+/// boundary.
 __device__ __forceinline__ const float *
 weight_row_scales(Step a, int index, long long code_bytes) {
   return reinterpret_cast<const float *>(weight<unsigned char>(a, index) +

@@ -16,7 +16,9 @@
 //     weights, K a multiple of 32) on tensor cores with the operands
 //     swapped, a narrow variant for up to 16 tokens and a wide one above;
 //   - nf_linear_feature.cuh, feature_tile_linear: the LM head's wide decode
-//     steps (more than 16 tokens) from the rows' bf16 copy.
+//     steps (more than 16 tokens) from the rows' bf16 copy;
+//   - nf_linear_int4.cuh, int4_linear: every step of int4 weights with group
+//     scales, on CUDA cores.
 // (Dense layers' wide decode steps with bf16 inputs on sm_90 stream by TMA
 // instead: nf_tma.cuh.)
 #ifndef NF_KERNELS_LINEAR_CUH
@@ -34,6 +36,7 @@
 
 #include "nf_linear_feature.cuh"
 #include "nf_linear_gemm.cuh"
+#include "nf_linear_int4.cuh"
 #include "nf_linear_row.cuh"
 #include "nf_linear_skinny.cuh"
 

@@ -31,8 +31,10 @@
 #     (whose PTX the GPU then runs: the prefill GEMMs read widened copies):
 #       tiny-hybrid-bf16-fp8-bf16in[-sm80] ... --matmul-inputs=bf16
 #     and the checkpoints quantised by ModelOpt (static FP8 activations) and
-#     llm-compressor (dynamic per-token FP8 activations):
-#       tiny-nano-fp8-modelopt, tiny-nano-fp8-dynamic ... --target=cuda:sm_90
+#     llm-compressor (dynamic per-token FP8 activations; W4A16):
+#       tiny-nano-fp8-modelopt, tiny-nano-fp8-dynamic, tiny-nano-w4a16
+#     and tiny-nano and tiny-hybrid-bf16 with int4 weights (group scales):
+#       tiny-nano-int4, tiny-hybrid-bf16-int4 ... --weights=int4 --quantize=all
 #     and plans whose KV cache stores bf16 or fp8 (exact; for sm_75, whose
 #     PTX runs the warp and tile attention forms; bf16 GEMM inputs):
 #       tiny-hybrid-kv{bf16,fp8}[-sm75], pydoc-moe-kv{bf16,fp8},
@@ -42,7 +44,7 @@
 #     (NF_CUDA_TARGET overrides "cuda:sm_90".)
 #  3. Copy build/bin/{nfrun,nf-cuda-tests}, build/lib/libnf.so*,
 #     build/lib/libnf_fake_cuda.so, libgomp.so.1 and cpp-httplib (with its
-#     brotli libraries) into CARRY/{bin,lib}, and
+#     brotli libraries) into CARRY/{bin,lib} (binaries stripped), and
 #     write CARRY/MANIFEST (commit, date, nfc --version, plan sizes).
 #  4. Compress the plans (`pack`: plans/<m>.nfb -> plans/<m>.nfb.xz): the
 #     device tool carries at most 64 MiB, and the plans' cubins and PTX,
@@ -163,12 +165,18 @@ prepare() {
     --kv-cache-dtype=fp8 --kv-hot-window=16
   target="$saved"
   # Checkpoints quantised by ModelOpt and llm-compressor (FP8 activations).
-  for m in tiny-nano-fp8-modelopt tiny-nano-fp8-dynamic; do
+  for m in tiny-nano-fp8-modelopt tiny-nano-fp8-dynamic tiny-nano-w4a16; do
     compile "$m" "$(model_dir "$m")"
   done
+  # int4 codes with group scales (codes in plans/<m>-int4.weights.safetensors).
+  compile tiny-nano-int4 "$(model_dir tiny-nano)" --weights=int4 --quantize=all
+  compile tiny-hybrid-bf16-int4 "$(model_dir tiny-hybrid-bf16)" \
+    --weights=int4 --quantize=all
   rm -rf "$CARRY/mlir"
   cp "$build/bin/nfrun" "$build/bin/nf-cuda-tests" "$CARRY/bin/"
   cp -a "$build"/lib/libnf.so* "$build/lib/libnf_fake_cuda.so" "$CARRY/lib/"
+  # Without their symbol tables (1.5 MB less of the device tool's 64 MiB).
+  strip --strip-unneeded "$CARRY"/bin/* "$CARRY"/lib/libnf.so.*.*
   # Libraries a stock GPU image may lack: OpenMP, and cpp-httplib with its
   # brotli libraries (nfrun serve). libssl/libcrypto/libz stay the system's:
   # LD_LIBRARY_PATH also reaches python there.

@@ -80,8 +80,11 @@ StatusOr<int> Builder::weightIndex(nfir::WeightOp op) {
   PlanWeight w;
   w.op = op;
   w.dtype = *dtype;
-  if (quant)
+  if (quant) {
     w.inputQuant = static_cast<pl::ActivationQuant>(quant->getActivations());
+    if (quant->getScheme() == nfir::QuantScheme::Int4)
+      w.int4GroupSize = quant->getGroupSize();
+  }
   w.shape.assign(type.getShape().begin(), type.getShape().end());
   model.weights.push_back(std::move(w));
   return weightKeys[key] = static_cast<int>(model.weights.size() - 1);

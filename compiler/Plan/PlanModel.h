@@ -40,6 +40,8 @@ struct PlanWeight {
   std::vector<int64_t> shape; // logical shape
   /// How a GEMM over it quantises its input rows (#nf.quant activations).
   pl::ActivationQuant inputQuant = pl::ActivationQuant::None;
+  /// int4 codes (#nf.quant scheme int4): the input columns of each scale.
+  int64_t int4GroupSize = 0;
 };
 
 /// Plan.storage[i]: an nf_kv.kv_cache or nf_kv.mamba_state declaration.

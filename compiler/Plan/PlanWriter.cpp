@@ -9,8 +9,8 @@
 
 #include "Plan/PlanWriter.h"
 
-#include "Target/Cuda/CudaBackend.h"
 #include "Plan/PlanModel.h"
+#include "Target/Cuda/CudaBackend.h"
 #include "Transforms/StepUtils.h"
 #include "nf/IR/NfOps.h"
 #include "nf/plan_generated.h"
@@ -301,17 +301,26 @@ StatusOr<std::vector<uint8_t>> writePlan(ModuleOp module,
   if (!cuda)
     return Writer(*model, nullptr).run(generator, defaultExpertBudget);
   // The CUDA kernels read FP8 codes with a scale per output row (and
-  // quantise the activations where the weight says so).
+  // quantise the activations where the weight says so), and int4 codes of
+  // weight-only schemes, eight a word, in groups of whole words.
   for (const PlanWeight &w : model->weights) {
     auto op = cast<nfir::WeightOp>(w.op);
     auto quant = op.getQuant();
     if (!quant)
       continue;
     std::string missing;
-    if (quant->getScheme() == nfir::QuantScheme::Int4)
-      missing = "int4 weights";
-    else if (quant->getGranularity() == nfir::QuantGranularity::PerGroup)
+    const int64_t cols = w.shape.empty() ? 0 : w.shape.back();
+    if (quant->getScheme() == nfir::QuantScheme::Int4) {
+      if (quant->getActivations() != nfir::ActivationQuant::None)
+        missing = "int4 weights with quantised activations";
+      else if (quant->getPack() != 8 ||
+               quant->getGranularity() != nfir::QuantGranularity::PerGroup ||
+               quant->getGroupSize() % 8 != 0 || cols % 8 != 0)
+        missing = "int4 weights other than eight codes a word in groups of "
+                  "a multiple of 8 columns";
+    } else if (quant->getGranularity() == nfir::QuantGranularity::PerGroup) {
       missing = "FP8 weights with group scales";
+    }
     if (!missing.empty())
       return Status::error(
           "plan: " + missing +

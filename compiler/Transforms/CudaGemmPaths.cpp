@@ -2,8 +2,9 @@
 //
 // Marks the ops that run GEMMs over weights with `nf.gemm_paths`
 // (Passes.td): bf16-plane tensor-core tiles outside decode, the skinny
-// tensor-core GEMVs in decode, or another path, and each decode step with
-// the token count up to which its skinny GEMVs run their narrow variants
+// tensor-core GEMVs in decode, int4 codes on CUDA cores, or another path, and
+// each decode step with the token count up to which its skinny GEMVs run their
+// narrow variants
 // (`nf.skinny_narrow_tokens`). nf-cuda-row-formats and the CUDA code
 // generator (compiler/Target/Cuda) read these decisions.
 //
@@ -78,6 +79,11 @@ struct CudaGemmPaths : impl::CudaGemmPathsBase<CudaGemmPaths> {
             else if (decode && k % 32 == 0)
               path = "bf16_skinny";
           }
+          // int4 codes: every step dequantises them in registers, on CUDA
+          // cores (the code generator's int4_linear), the router's aside
+          // (which the code generator refuses).
+          if (isInt4CodesWeight(w) && !isa<moe::RouterOp>(op))
+            path = "int4_rows";
           paths.push_back(b.getStringAttr(path));
         }
         op->setAttr(kGemmPathsAttr, b.getArrayAttr(paths));

@@ -183,6 +183,9 @@ def CudaGemmPaths : Pass<"nf-cuda-gemm-paths", "mlir::ModuleOp"> {
       scaled by its row's scale) and K a multiple of 32: the skinny
       tensor-core GEMVs (weights as mma's A operand), whose wide variants
       may stream a bf16 copy of the rows (not for routers).
+    - `"int4_rows"`: every step of int4 codes with group scales (not for
+      routers), on any target: a warp per item of rows and features on
+      CUDA cores, the codes dequantised in registers.
     - `"other"`: the f32 paths (f32 and f16 weights, and quantised codes
       outside decode), chosen by the code generator;
       also every GEMM of targets before sm_80 (`ampere-or-later` off: the

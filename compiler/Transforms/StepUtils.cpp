@@ -73,6 +73,12 @@ bool isFp8CodesWeight(Value v) {
          isa<Float8E4M3FNType>(w.getResult().getType().getElementType());
 }
 
+bool isInt4CodesWeight(Value v) {
+  auto w = canonicalValue(v).getDefiningOp<nfir::WeightOp>();
+  return w && w.getQuant() &&
+         w.getQuant()->getScheme() == nfir::QuantScheme::Int4;
+}
+
 bool quantisesInput(Value v) {
   auto w = canonicalValue(v).getDefiningOp<nfir::WeightOp>();
   return w && w.getQuant() &&

@@ -106,6 +106,8 @@ bool isBf16Weight(mlir::Value v);
 /// Whether `v` is a weight of FP8 E4M3 codes (#nf.quant, through kernel
 /// boundaries).
 bool isFp8CodesWeight(mlir::Value v);
+/// Whether `v` is a weight of int4 codes (#nf.quant scheme int4).
+bool isInt4CodesWeight(mlir::Value v);
 /// Whether the GEMM over weight `v` quantises its input rows to FP8 first
 /// (#nf.quant activations static_per_tensor or dynamic_per_token).
 bool quantisesInput(mlir::Value v);

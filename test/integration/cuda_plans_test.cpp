@@ -302,7 +302,8 @@ namespace {
 
 // Plans of FP8 weights: quantised at compile time (`nfc compile
 // --weights=fp8 --quantize=all`, plan "<fixture>-fp8": FP8 E4M3 codes, a
-// scale per output channel, in <plan>.weights.safetensors), or checkpoints
+// scale per output channel, in <plan>.weights.safetensors; likewise
+// "<fixture>-int4", int4 codes with group scales), or checkpoints
 // quantised by the tools themselves (tiny-nano-fp8-modelopt: per-tensor
 // scales and static activation scales; tiny-nano-fp8-dynamic: per-channel
 // scales and per-token activation scales), run on tiny-nano's prompts. The
@@ -329,11 +330,14 @@ TEST_P(CudaQuantisedPlans, MatchTheCpu) {
   const std::string name = GetParam();
   const std::string plan = cudaPlan(name);
   NF_REQUIRE_PLAN(plan);
-  const bool compiled = name.size() > 4 && name.ends_with("-fp8");
+  const size_t suffix = name.ends_with("-fp8")    ? 4
+                        : name.ends_with("-int4") ? 5
+                                                  : 0;
+  const bool compiled = suffix > 0;
   const std::string dir =
-      modelDir(compiled ? name.substr(0, name.size() - 4) : name);
+      modelDir(compiled ? name.substr(0, name.size() - suffix) : name);
   const std::string promptDir = compiled ? dir : modelDir("tiny-nano");
-  const bool fp8Inputs = !compiled;
+  const bool fp8Inputs = !compiled && !name.ends_with("-w4a16");
   EngineOptions og = testOptions("cuda", dir), oc = testOptions("cpu", dir);
   og.maxSequences = oc.maxSequences = 20;
   std::unique_ptr<Engine> gpu = loadEngine(plan, og);
@@ -375,6 +379,14 @@ INSTANTIATE_TEST_SUITE_P(Fp8, CudaQuantisedPlans,
                                            "tiny-hybrid-bf16-fp8",
                                            "tiny-nano-fp8-modelopt",
                                            "tiny-nano-fp8-dynamic"),
+                         ParamName());
+// int4 codes with group scales (int4_linear in every step): tiny-nano and
+// tiny-hybrid-bf16 quantised at compile time (groups of 8 to 128 columns),
+// and llm-compressor's W4A16 checkpoint (groups of 8).
+INSTANTIATE_TEST_SUITE_P(Int4, CudaQuantisedPlans,
+                         ::testing::Values("tiny-nano-int4",
+                                           "tiny-hybrid-bf16-int4",
+                                           "tiny-nano-w4a16"),
                          ParamName());
 
 // tiny-hybrid-bf16 with FP8 weights and bf16 inputs: on the sm_90a cubins

@@ -243,9 +243,6 @@ int runCompile(const CompileFlags &flags) {
   } else if (flags.matmulInputs != "exact") {
     return fail("--matmul-inputs needs --target=cuda");
   }
-  if (flags.pipeline.quantizeWeights == "int4" && cuda)
-    return fail("--weights=int4: int4 weights have no CUDA kernels yet; "
-                "compile for the CPU target");
   if (flags.pipeline.kvHotWindow > 0 && flags.pipeline.kvCacheDtype != "fp8")
     return fail("--kv-hot-window: a tiered KV cache compresses pages to "
                 "fp8; add --kv-cache-dtype=fp8");

@@ -121,6 +121,17 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
          << "  __device__ static __forceinline__ const float *row_scales("
             "nf::Step a, int g) {\n"
          << "    (void)g;\n    return " << s.rowScales << ";\n  }\n";
+  const bool int4 = s.path == kInt4Rows;
+  if (int4 != !s.groupScales.empty())
+    internalError = fn + (int4 ? ": the int4 path without group scales"
+                               : ": int4 codes off the int4 path");
+  if (int4 && (quantIn || stored16))
+    internalError = fn + ": the int4 path reads f32 rows, not quantised";
+  if (!s.groupScales.empty())
+    text << "  static constexpr int kGroupSize = " << s.groupSize << ";\n"
+         << "  __device__ static __forceinline__ const float *group_scales("
+            "nf::Step a, int g) {\n"
+         << "    (void)g;\n    return " << s.groupScales << ";\n  }\n";
   if (stored16)
     text << "  static constexpr bool kRowsBf16 = true;\n";
   else
@@ -173,6 +184,10 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
          << "  __device__ static __forceinline__ void store(nf::Step a, int r, "
             "int n, float v) {\n"
          << s.wideStore << "  }\n};\n";
+  if (int4) {
+    emitInt4Linear(fn, spec, s, comment);
+    return;
+  }
   if (quantIn)
     addLaunch(
         fn + "_quantize", gridOf(ceilDiv(inputRows, 8), opts.smCount * 8), 256,
@@ -439,6 +454,40 @@ void KernelEmitter::emitLinear(const std::string &fn, const LinearSpec &s,
             256,
             "  nf::linear<" + spec + ", " + num(opts.matmulTerms) + ">(a);\n",
             comment);
+}
+
+void KernelEmitter::emitInt4Linear(const std::string &fn,
+                                   const std::string &spec, const LinearSpec &s,
+                                   const std::string &comment) {
+  // Items of R rows x 2 features, a warp each (nf_linear_int4.cuh): one row
+  // in one-token steps, whose codes stream once; 8 rows in the other decode
+  // steps and 16 in prefill, so that each word's codes, dequantised once,
+  // serve that many rows (the weights are read again per 8 or 16 rows, from
+  // L2 where they fit).
+  constexpr int64_t kFeatures = 2, kWarps = 8;
+  auto launch = [&](const std::string &name, int64_t rows, uint32_t minT,
+                    uint32_t maxT) {
+    const int64_t lastRows =
+        maxT > 0 ? std::min<int64_t>(s.maxRows, maxT * s.rowsPerToken)
+                 : s.maxRows;
+    const int64_t items = (std::min(s.G, lastRows) + ceilDiv(lastRows, rows)) *
+                          ceilDiv(s.N, kFeatures);
+    addLaunch(name, gridOf(ceilDiv(items, kWarps), int64_t(opts.smCount) * 4),
+              32 * kWarps,
+              "  nf::int4_linear<" + spec + ", " + num(rows) + ", " +
+                  num(kFeatures) + ">(a);\n",
+              comment + " (int4 codes, groups of " + num(s.groupSize) +
+                  ": a warp per " + num(rows) + " row(s) x " + num(kFeatures) +
+                  " features)",
+              minT, maxT);
+  };
+  if (phase != "decode") {
+    launch(fn, 16, 0, 0);
+    return;
+  }
+  launch(fn + "_row", 1, 0, maxTokens > 1 ? 1 : 0);
+  if (maxTokens > 1)
+    launch(fn + "_rows", 8, 2, 0);
 }
 
 void KernelEmitter::emitTmaLinear(const std::string &fn,

@@ -29,6 +29,8 @@ StatusOr<size_t> KernelEmitter::route(size_t i) {
     auto gt = weightType(in[1]), bt = weightType(in[2]);
     if (!gt || !bt || shape.size() != 2 || shape[1] != V(in[0]).cols)
       return fail(i, "gate weight does not match the input");
+    if (int4Weight(in[1]))
+      return fail(i, "int4 router weights have no CUDA kernels");
     E = shape[0];
     H = shape[1];
     if (weightNumel(in[2]) != E || V(out[0]).cols != E || V(out[1]).cols != E)

@@ -55,7 +55,8 @@ using shapes::kStaticSharedAllowance;
 /// of an op): bf16-plane tensor-core tiles (outside decode) and the skinny
 /// tensor-core GEMVs (decode).
 inline constexpr std::string_view kBf16Planes = "bf16_planes",
-                                  kBf16Skinny = "bf16_skinny";
+                                  kBf16Skinny = "bf16_skinny",
+                                  kInt4Rows = "int4_rows";
 /// The path of `op`'s GEMM i, or "" when the op has none.
 inline std::string gemmPath(const PlanOp &op, size_t i) {
   std::vector<std::string> paths = stringListAttr(op, "nf.gemm_paths");
@@ -204,6 +205,11 @@ struct LinearSpec {
   /// (`const nf::fp8e4m3 *`, which the plane path widens to bf16); empty for
   /// others.
   std::string rowScales, codes;
+  /// int4 codes (setQuantised; the "int4_rows" path): an expression of
+  /// `const float *`, group g's scales ([N, K / groupSize]), and the input
+  /// columns of each scale.
+  std::string groupScales;
+  int64_t groupSize = 0;
   /// Quantised activations (setQuantised): "static" (one scale, the
   /// expression inputScale of `const float *`) or "dynamic" (a scale per
   /// row) where the GEMM reads its input rows quantised to FP8 E4M3 and
@@ -341,6 +347,10 @@ private:
       return std::string("nf::f16");
     case pl::DType::F8E4M3:
       return std::string("nf::fp8e4m3");
+    case pl::DType::I32:
+      if (w->int4GroupSize > 0)
+        return std::string("nf::int4x8");
+      return std::nullopt;
     default:
       return std::nullopt;
     }
@@ -419,8 +429,23 @@ private:
   /// from row `row0` (an expression: the expert's first row for stacked
   /// experts) of the scales the runtime puts after the codes
   /// (nf::weight_row_scales).
+  ///
+  /// Where it holds int4 codes: s.weight (words; group g's from row `row0`)
+  /// and s.groupScales from row `row0` of the group scales the runtime puts
+  /// after the codes.
   void setQuantised(LinearSpec &s, int v, const std::string &row0 = "") const {
     const PlanWeight *w = weightOf(v);
+    if (w && w->int4GroupSize > 0) {
+      const int64_t K = w->shape.empty() ? 0 : w->shape.back();
+      const std::string at = row0.empty() ? "" : " + (" + row0 + ") * ";
+      s.weight = weightPtr(v) + (row0.empty() ? "" : at + num(K / 8) + "ll");
+      s.groupScales =
+          "nf::weight_row_scales(a, " + num(V(v).weight) + ", " +
+          num(weightNumel(v) / 2) + "ll)" +
+          (row0.empty() ? "" : at + num(K / w->int4GroupSize) + "ll");
+      s.groupSize = w->int4GroupSize;
+      return;
+    }
     if (!w || w->dtype != pl::DType::F8E4M3)
       return;
     s.codes = weightPtr(v);
@@ -437,6 +462,11 @@ private:
     } else if (w->inputQuant == pl::ActivationQuant::DynamicPerToken) {
       s.inputQuant = "dynamic";
     }
+  }
+  /// Whether weight v holds int4 codes (only linears read them).
+  bool int4Weight(int v) const {
+    const PlanWeight *w = weightOf(v);
+    return w && w->int4GroupSize > 0;
   }
   /// Whether a GEMM over weight v quantises its input rows (setQuantised).
   bool quantisesInput(int v) const {
@@ -770,6 +800,9 @@ private:
                          num(boxOuter) + "}}");
     return tensorMaps.size() - 1;
   }
+  /// Every step's launches of a linear over int4 codes (nf_linear_int4.cuh).
+  void emitInt4Linear(const std::string &fn, const std::string &spec,
+                      const LinearSpec &s, const std::string &comment);
   /// The wide decode variants of a dense linear on TMA (nf_tma.cuh).
   void emitTmaLinear(const std::string &fn, const std::string &spec,
                      const LinearSpec &s, const std::string &comment);

@@ -50,17 +50,17 @@ struct BoundWeight {
   } input;
   bool quantised = false;
   /// Quantised weights bound as QuantForm::Codes (`view` and `experts` are
-  /// then invalid): the codes of each part ([rows, C]; stacked experts: one
-  /// part per expert) in row order, and the f32 scale of every row of the
-  /// logical weight ([E * N] for stacked experts).
+  /// then invalid): the codes of each part ([rows, C], int4: [rows, C / 8]
+  /// words; stacked experts: one part per expert) in row order, and the f32
+  /// scale of every row of the logical weight ([E * N] for stacked
+  /// experts), int4: of every group of every row ([E * N, C / group]).
   std::vector<WeightView> codeParts;
   std::vector<float> rowScales;
 };
 
 /// How quantised weights are bound: dequantised to f32 values, which the
 /// CPU backend's ops read as they read f32 weights, or as their codes with
-/// a scale per output row, which the CUDA kernels read (FP8 codes with
-/// per-tensor or per-channel scales and unquantised activations only).
+/// a scale per output row or group, which the CUDA kernels read.
 enum class QuantForm { Dequantised, Codes };
 
 /// The checkpoint files of a plan, mapped, and every plan Weight bound.

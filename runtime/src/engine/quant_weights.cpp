@@ -113,19 +113,24 @@ Status dequantisePart(const WeightFinder &finder, const pl::WeightQuant &q,
   return Status::success();
 }
 
-/// QuantForm::Codes: part p's FP8 codes ([R, C]) and the scale of each of
-/// its rows, appended to `out`.
+/// QuantForm::Codes: part p's codes appended to `out`, FP8 ([R, C]) with
+/// the scale of each of its rows, or int4 ([R, C / 8] words) with the scale
+/// of each group of each row.
 Status bindPartCodes(const WeightFinder &finder, const pl::WeightQuant &q,
                      const Part &p, int64_t C, BoundWeight &out) {
-  auto codes = finder.get(p.codes, nf::DType::F8E4M3, {p.rows, C});
+  const bool int4 = q.scheme() == pl::QuantScheme::Int4;
+  auto codes = int4 ? finder.get(p.codes, nf::DType::I32, {p.rows, C / 8})
+                    : finder.get(p.codes, nf::DType::F8E4M3, {p.rows, C});
   if (!codes)
     return codes.status();
   StatusOr<PartScales> scales = partScales(finder, q, p, C);
   if (!scales)
     return scales.status();
   out.codeParts.push_back(*codes);
+  const int64_t step = int4 ? q.group_size() : C;
   for (int64_t r = 0; r < p.rows; ++r)
-    out.rowScales.push_back(scales->at(r, 0));
+    for (int64_t c = 0; c < C; c += step)
+      out.rowScales.push_back(scales->at(r, c));
   return Status::success();
 }
 
@@ -234,13 +239,20 @@ Status bindQuantisedWeight(const WeightFinder &finder, const pl::Weight &w,
   const bool isStatic = q.activations() == pl::ActivationQuant::StaticPerTensor;
   if (form == QuantForm::Codes) {
     // The CUDA kernels' form (the compiler refuses the others for CUDA).
-    if (q.scheme() != pl::QuantScheme::Fp8E4M3 ||
-        q.granularity() == pl::QuantGranularity::PerGroup)
+    const bool int4 = q.scheme() == pl::QuantScheme::Int4;
+    const bool fits = int4
+                          ? q.granularity() == pl::QuantGranularity::PerGroup &&
+                                q.pack() == 8 && q.group_size() % 8 == 0 &&
+                                shape.back() % 8 == 0 &&
+                                q.activations() == pl::ActivationQuant::None
+                          : q.granularity() != pl::QuantGranularity::PerGroup;
+    if (!fits)
       return Status::error(
           ctx + ": " + pl::EnumNameQuantScheme(q.scheme()) + " " +
           pl::EnumNameQuantGranularity(q.granularity()) +
           " weights have no CUDA kernels (FP8 weights with per-tensor or "
-          "per-channel scales do)");
+          "per-channel scales do, and weight-only int4 in groups of a "
+          "multiple of 8 columns)");
     for (const Part &p : parts) {
       if (Status s = bindPartCodes(finder, q, p, shape.back(), out); !s)
         return s;

@@ -9,6 +9,9 @@
 // RUN: nfc compile %t.f32.mlir --weights=fp8 --quantize=all --compile-to fuse -o %t.fp8.mlir
 // RUN: nf-opt %t.fp8.mlir --nf-cuda-gemm-paths | FileCheck %s --check-prefix=FP8
 // RUN: nf-opt %t.fp8.mlir --nf-cuda-gemm-paths=ampere-or-later=0 | FileCheck %s --check-prefix=FP8-PRE-AMPERE
+// RUN: nfc compile %t.f32.mlir --weights=int4 --quantize=all --compile-to fuse -o %t.int4.mlir
+// RUN: nf-opt %t.int4.mlir --nf-cuda-gemm-paths | FileCheck %s --check-prefix=INT4
+// RUN: nf-opt %t.int4.mlir --nf-cuda-gemm-paths=ampere-or-later=0 | FileCheck %s --check-prefix=INT4
 
 // tiny-hybrid-bf16 (hidden 64, bf16 weights; the shared expert's
 // intermediate 48). Prefill: every GEMM over bf16 weights with K a multiple
@@ -65,3 +68,17 @@
 // Before sm_80 the codes take the other path (f32 tiles and GEMVs).
 // FP8-PRE-AMPERE-NOT: bf16_planes
 // FP8-PRE-AMPERE-NOT: bf16_skinny
+
+// tiny-hybrid's projections quantised to int4 codes with group scales: every
+// step, on every target, runs them on the int4 path (dequantised in
+// registers on CUDA cores); routers and the f32 LM head take the other path.
+// INT4-LABEL: func.func @prefill
+// INT4: nf.linear {{.*}}nf.gemm_paths = ["int4_rows"]
+// INT4: nf_moe.router {{.*}}nf.gemm_paths = ["other"]
+// INT4: nf_moe.expert_up {{.*}}nf.gemm_paths = ["int4_rows"]
+// INT4: nf_moe.shared_expert {{.*}}nf.gemm_paths = ["int4_rows", "int4_rows"]
+// INT4: nf.lm_head {{.*}}nf.gemm_paths = ["other"]
+// INT4-LABEL: func.func @decode
+// INT4: nf.linear {{.*}}nf.gemm_paths = ["int4_rows"]
+// INT4: nf_moe.shared_expert {{.*}}nf.gemm_paths = ["int4_rows", "int4_rows"]
+// INT4: nf_moe.expert_down {{.*}}nf.gemm_paths = ["int4_rows"]

@@ -24,11 +24,12 @@ namespace nf::engine::cuda_detail {
 
 namespace {
 
-/// A quantised weight's scales on the device: the scale of each row
-/// (nf::weight_row_scales), then for static FP8 activations one input scale,
-/// the largest of the parts' (the CUDA GEMMs quantise a linear's input rows
-/// once; ModelOpt gives q, k and v, which read the same rows, equal scales,
-/// and the routed experts of a layer one; vLLM takes the largest likewise).
+/// A quantised weight's scales on the device: the scale of each row, or of
+/// each group of each row for int4 (nf::weight_row_scales), then for static FP8
+/// activations one input scale, the largest of the parts' (the CUDA GEMMs
+/// quantise a linear's input rows once; ModelOpt gives q, k and v, which read
+/// the same rows, equal scales, and the routed experts of a layer one; vLLM
+/// takes the largest likewise).
 std::vector<float> deviceScales(const BoundWeight &w) {
   std::vector<float> out = w.rowScales;
   if (w.input.kind == pl::ActivationQuant::StaticPerTensor &&
