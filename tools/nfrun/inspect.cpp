@@ -396,14 +396,21 @@ int runInspect(const std::string &path, bool launches) {
       int64_t n = product(w->shape());
       elements += n;
       // Quantised weights' shapes count codes: fp8 one byte each, int4 8
-      // to an i32 word along each row (scales not counted).
+      // to an i32 word along each row; and their f32 scales as the CUDA
+      // backend stores them, one a row (fp8) or a row's group (int4).
       int64_t b = n * dtypeSize(w->dtype());
       std::string kind = dtypeName(w->dtype());
       if (w->quant() && w->shape() && w->shape()->size() > 0) {
-        const bool int4 = w->quant()->scheme() == pl::QuantScheme::Int4;
+        const pl::WeightQuant &q = *w->quant();
+        const bool int4 = q.scheme() == pl::QuantScheme::Int4;
         const int64_t cols = w->shape()->Get(w->shape()->size() - 1);
-        b = int4 && cols > 0 ? n / cols * ((cols + 7) / 8) * 4 : n;
+        const int64_t rows = cols > 0 ? n / cols : 0;
+        b = int4 && cols > 0 ? rows * ((cols + 7) / 8) * 4 : n;
         kind = int4 ? "int4" : "f8e4m3";
+        const int64_t scales =
+            int4 && q.group_size() > 0 ? rows * (cols / q.group_size()) : rows;
+        weightBytes += 4 * scales;
+        byDtype["scales"] += 4 * scales;
       }
       weightBytes += b;
       byDtype[kind] += b;
