@@ -9,6 +9,9 @@
 set -uo pipefail
 carry=$(cd "$1" && pwd)
 bash scripts/gpu_check.sh unpack "$carry" || exit 1
+m="$carry/modelopt/model.safetensors"
+[ -f "$m" ] || python3 -c "import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as f, open(sys.argv[2], 'wb') as o: shutil.copyfileobj(f, o)" "$m.xz" "$m" || exit 1
 export LD_LIBRARY_PATH="$carry/lib:${LD_LIBRARY_PATH:-}"
 nfrun="$carry/bin/nfrun"
 {
