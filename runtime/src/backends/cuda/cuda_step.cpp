@@ -264,16 +264,6 @@ Status CudaEngine::runProgram(const Program &p,
   auto *tokenSeq = reinterpret_cast<int32_t *>(h + L.tokenSeq);
   auto *logitRows = reinterpret_cast<int32_t *>(h + L.logitRows);
   auto *pages = reinterpret_cast<int32_t *>(h + L.pages);
-  // A tiered cache's pages that left the hot window: the run's appends
-  // move them to fp8 before writing its rows (nf_kv_cache.cuh).
-  auto *moves = reinterpret_cast<int32_t *>(h + L.moves);
-  kvMoves_.clear();
-  const bool tiered = caches_.kv().tiered();
-  if (tiered) {
-    caches_.compress(&kvMoves_);
-    std::copy(kvMoves_.begin(), kvMoves_.end(), moves);
-  }
-
   const int64_t numSeqs = static_cast<int64_t>(chunks.size());
   int64_t maxPages = 1;
   for (const Chunk &c : chunks)
@@ -286,6 +276,17 @@ Status CudaEngine::runProgram(const Program &p,
     return Status::error("internal: run of " + std::to_string(numSeqs) +
                          " sequences / " + std::to_string(maxPages) +
                          " pages exceeds the argument buffers");
+  // A tiered cache's pages that left the hot window: the run's appends
+  // move them to fp8 before writing its rows (nf_kv_cache.cuh). After the
+  // checks above, so that a refused run leaves the page tables as they
+  // are on the device (compression renumbers pages, never adds any).
+  auto *moves = reinterpret_cast<int32_t *>(h + L.moves);
+  kvMoves_.clear();
+  const bool tiered = caches_.kv().tiered();
+  if (tiered) {
+    caches_.compress(&kvMoves_);
+    std::copy(kvMoves_.begin(), kvMoves_.end(), moves);
+  }
   tokenInput_.clear();
   int64_t T = 0;
   int32_t numLogitRows = 0; // the rows copied back below
