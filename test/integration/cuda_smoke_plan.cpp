@@ -464,14 +464,32 @@ float headValue(int64_t v, int64_t h) {
   return static_cast<float>((v * 3 + h) % 5 - 2);
 }
 
-/// w.safetensors: "embed" and "head", f32 [32, 8].
-void writeSmokeWeights(const std::string &dir) {
+/// w.safetensors: "embed" and "head", f32 [32, 8]; with `quantised`, the
+/// codes and scales of "q4" and "q8" (SmokeSpec::quantisedWeights).
+void writeSmokeWeights(const std::string &dir, bool quantised) {
   nlohmann::json header;
   const uint64_t n = kV * kH * 4;
   header["embed"] = {
       {"dtype", "F32"}, {"shape", {kV, kH}}, {"data_offsets", {0, n}}};
   header["head"] = {
       {"dtype", "F32"}, {"shape", {kV, kH}}, {"data_offsets", {n, 2 * n}}};
+  // q4.weight [4, 16] i32 words (4 x 128 codes), q4.weight_scale [4, 4]
+  // f32 (groups of 32), q8.weight [4, 128] e4m3 codes, q8.weight_scale
+  // [4, 1] f32.
+  const uint64_t q = 2 * n;
+  if (quantised) {
+    header["q4.weight"] = {
+        {"dtype", "I32"}, {"shape", {4, 16}}, {"data_offsets", {q, q + 256}}};
+    header["q4.weight_scale"] = {{"dtype", "F32"},
+                                 {"shape", {4, 4}},
+                                 {"data_offsets", {q + 256, q + 320}}};
+    header["q8.weight"] = {{"dtype", "F8_E4M3"},
+                           {"shape", {4, 128}},
+                           {"data_offsets", {q + 320, q + 832}}};
+    header["q8.weight_scale"] = {{"dtype", "F32"},
+                                 {"shape", {4, 1}},
+                                 {"data_offsets", {q + 832, q + 848}}};
+  }
   std::string text = header.dump();
   while (text.size() % 8)
     text += ' ';
@@ -485,6 +503,22 @@ void writeSmokeWeights(const std::string &dir) {
       data.push_back(headValue(v, h));
   bytes.append(reinterpret_cast<const char *>(data.data()),
                data.size() * sizeof(float));
+  if (quantised) {
+    std::vector<uint32_t> words(64);
+    std::vector<float> scales(16);
+    for (size_t i = 0; i < words.size(); ++i)
+      words[i] = 0x01234567u * static_cast<uint32_t>(i + 1);
+    for (size_t i = 0; i < scales.size(); ++i)
+      scales[i] = 0.25f * static_cast<float>(i + 1);
+    bytes.append(reinterpret_cast<const char *>(words.data()),
+                 4 * words.size());
+    bytes.append(reinterpret_cast<const char *>(scales.data()),
+                 4 * scales.size());
+    for (int i = 0; i < 512; ++i)
+      bytes.push_back(static_cast<char>(0x30 + i % 16)); // finite E4M3 codes
+    const float rowScales[4] = {0.5f, 1.0f, 2.0f, 4.0f};
+    bytes.append(reinterpret_cast<const char *>(rowScales), sizeof rowScales);
+  }
   test::writeFile(dir + "/w.safetensors", bytes);
 }
 
@@ -506,7 +540,7 @@ std::vector<float> denseRow(int32_t token) {
 /// Writes <dir>/<name>.nfb (and the weights) and returns its path.
 std::string writeSmokePlan(const std::string &dir, const std::string &name,
                            const SmokeSpec &spec) {
-  writeSmokeWeights(dir);
+  writeSmokeWeights(dir, spec.quantisedWeights);
   flatbuffers::FlatBufferBuilder b;
   using flatbuffers::Offset;
   auto kernel = [&](const char *kname, std::vector<Offset<pl::Op>> ops,
@@ -604,6 +638,24 @@ std::string writeSmokePlan(const std::string &dir, const std::string &name,
     std::vector<int64_t> shape = {kV, kH};
     weights.push_back(pl::CreateWeightDirect(b, &names, false, nullptr,
                                              pl::DType::F32, &shape));
+  }
+  if (spec.quantisedWeights) {
+    std::vector<int64_t> shape = {4, 128};
+    for (const bool int4 : {true, false}) {
+      const std::string t = int4 ? "q4.weight" : "q8.weight";
+      std::vector<Offset<flatbuffers::String>> names = {b.CreateString(t)},
+                                               scales = {b.CreateString(
+                                                   t + "_scale")};
+      auto q = pl::CreateWeightQuantDirect(
+          b, int4 ? pl::QuantScheme::Int4 : pl::QuantScheme::Fp8E4M3,
+          int4 ? 8 : 1,
+          int4 ? pl::QuantGranularity::PerGroup
+               : pl::QuantGranularity::PerChannel,
+          int4 ? 32 : 0, &scales);
+      weights.push_back(pl::CreateWeightDirect(
+          b, &names, false, nullptr, int4 ? pl::DType::I32 : pl::DType::F8E4M3,
+          &shape, q));
+    }
   }
   std::vector<Offset<pl::Storage>> storage;
   if (spec.state) {

@@ -47,6 +47,10 @@ struct SmokeSpec {
   // Dense plan: the LM head as two launch variants (up to 2 tokens, 3 and
   // more) and a launch for >= 1000 tokens that fails whenever it runs.
   bool rangedLmHead = false;
+  // Weights no kernel reads, for the upload: an int4 one ("q4": 4 x 128
+  // codes, eight a word, a scale per 32 columns) and an FP8 one ("q8":
+  // 4 x 128 codes, a scale per row).
+  bool quantisedWeights = false;
 };
 
 /// Writes <dir>/<name>.nfb (and the weights, <dir>/w.safetensors) and

@@ -144,6 +144,24 @@ const std::vector<std::vector<int32_t>> kSmokePrompts = {
     {4, 8, 15, 16, 23, 31},
     {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 9}};
 
+// Quantised weights go to the device as the kernels read them (the codes
+// as stored, int4 eight to a word, then every row's or group's scale): a
+// plan with an int4 and an FP8 weight loads, and runs as without them.
+TEST_P(CudaSmoke, QuantisedWeightsUpload) {
+  test::TempDir dir;
+  SmokeSpec spec;
+  spec.quantisedWeights = true;
+  std::unique_ptr<Engine> gpu =
+      loadEngine(writeSmokePlan(dir.path(), "quantised", spec), opts("cuda"));
+  ASSERT_TRUE(gpu);
+  auto rows = runBatched(*gpu, {kSmokePrompts[1]}, 1);
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_EQ(rows[0].size(), 2u);
+  EXPECT_EQ(
+      maxAbsDiff(rows[0][0].data(), denseRow(kSmokePrompts[1][0]).data(), kV),
+      0.0);
+}
+
 TEST_P(CudaSmoke, DenseMatchesTheCpuExactly) {
   test::TempDir dir;
   const std::string plan = writeSmokePlan(dir.path(), "dense", {});

@@ -374,11 +374,15 @@ Status CudaEngine::uploadWeights() {
     sizes[i] =
         n * dtypeSize(toDType(
                 plan.weights()->Get(static_cast<fb::uoffset_t>(i))->dtype()));
-    // Quantised: the codes, then at the next 256 bytes the f32 scale of
-    // each row (nf::weight_row_scales), then a static input scale.
+    // Quantised: the codes as stored (FP8 a byte each, int4 eight to a
+    // 4-byte word), then at the next 256 bytes the f32 scale of each row or
+    // group (nf::weight_row_scales), then a static input scale.
     if (ws[i].quantised) {
+      size_t codeBytes = 0;
+      for (const WeightView &v : ws[i].codeParts)
+        codeBytes += static_cast<size_t>(v.numElements()) * v.elementSize();
       scales[i] = deviceScales(ws[i]);
-      sizes[i] = align256(sizes[i]) + scales[i].size() * sizeof(float);
+      sizes[i] = align256(codeBytes) + scales[i].size() * sizeof(float);
     }
     offsets[i] = total;
     total += align256(sizes[i]);
