@@ -316,8 +316,10 @@ StatusOr<std::vector<uint8_t>> writePlan(ModuleOp module,
       else if (quant->getPack() != 8 ||
                quant->getGranularity() != nfir::QuantGranularity::PerGroup ||
                quant->getGroupSize() % 8 != 0 || cols % 8 != 0)
-        missing = "int4 weights other than eight codes a word in groups of "
-                  "a multiple of 8 columns";
+        missing = "int4 weights in groups of " +
+                  std::to_string(quant->getGroupSize()) + " of " +
+                  std::to_string(cols) +
+                  " columns (a word of eight codes must lie in one group)";
     } else if (quant->getGranularity() == nfir::QuantGranularity::PerGroup) {
       missing = "FP8 weights with group scales";
     }
