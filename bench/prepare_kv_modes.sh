@@ -42,13 +42,6 @@ python3 "$REPO/bench/make_nano_shape.py" "$work/nano-int4" --int4 > /dev/null
 "$nfc" import "$work/nano-int4" -o "$work/nano-int4.mlir"
 "$nfc" compile "$work/nano-int4.mlir" "${common[@]}" \
   -o "$CARRY/plans/nano-int4-kvbf16.nfb"
-cp "$build/bin/nfrun" "$CARRY/bin/"
-cp -a "$build"/lib/libnf.so* "$CARRY/lib/"
-strip --strip-unneeded "$CARRY/bin/nfrun" "$CARRY"/lib/libnf.so.*.*
-# The libraries a stock GPU image may lack (as scripts/gpu_check.sh copies).
-for lib in $(ldd "$build/bin/nfrun" |
-  awk '/libgomp|libcpp-httplib|libbrotli|libprometheus/ {print $3}'); do
-  cp -L "$lib" "$CARRY/lib/"
-done
+bash "$REPO/scripts/gpu_check.sh" runtime "$CARRY" # nfrun, libraries
 bash "$REPO/scripts/gpu_check.sh" pack "$CARRY"
 du -sh "$CARRY"

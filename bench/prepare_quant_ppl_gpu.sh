@@ -37,13 +37,7 @@ compile() { # name checkpoint [nfc compile options]
 compile modelopt "$CARRY/modelopt"
 compile pydoc-moe "$REPO/examples/pydoc-moe"
 compile pydoc-moe-int4 "$REPO/examples/pydoc-moe" --weights=int4 --quantize=all
-cp "$build/bin/nfrun" "$CARRY/bin/"
-cp -a "$build"/lib/libnf.so* "$CARRY/lib/"
-strip --strip-unneeded "$CARRY/bin/nfrun" "$CARRY"/lib/libnf.so.*.*
-for lib in $(ldd "$build/bin/nfrun" |
-  awk '/libgomp|libcpp-httplib|libbrotli|libprometheus/ {print $3}'); do
-  cp -L "$lib" "$CARRY/lib/"
-done
+bash "$REPO/scripts/gpu_check.sh" runtime "$CARRY" # nfrun, libraries
 bash "$REPO/scripts/gpu_check.sh" pack "$CARRY"
 xz -T0 -6 -f "$CARRY/modelopt/model.safetensors" # 12.4 -> 9.7 MB
 du -sh "$CARRY"

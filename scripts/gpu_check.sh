@@ -4,6 +4,7 @@
 #   scripts/gpu_check.sh prepare [CARRY]   here: build, compile plans, copy
 #   scripts/gpu_check.sh run [CARRY]       on the GPU machine; results in $OUT
 #   scripts/gpu_check.sh pack|unpack [CARRY]  plans to / from .nfb.xz
+#   scripts/gpu_check.sh runtime [CARRY]      nfrun and its libraries only
 #
 # CARRY (default: build-gpu-carry, under the repository root) holds what the
 # GPU machine cannot make itself: it has nvcc 13, CMake, ninja and PyTorch
@@ -173,18 +174,10 @@ prepare() {
   compile tiny-hybrid-bf16-int4 "$(model_dir tiny-hybrid-bf16)" \
     --weights=int4 --quantize=all
   rm -rf "$CARRY/mlir"
-  cp "$build/bin/nfrun" "$build/bin/nf-cuda-tests" "$CARRY/bin/"
-  cp -a "$build"/lib/libnf.so* "$build/lib/libnf_fake_cuda.so" "$CARRY/lib/"
-  # Without their symbol tables (1.5 MB less of the device tool's 64 MiB).
-  strip --strip-unneeded "$CARRY"/bin/* "$CARRY"/lib/libnf.so.*.*
-  # Libraries a stock GPU image may lack: OpenMP, and cpp-httplib with its
-  # brotli libraries (nfrun serve). libssl/libcrypto/libz stay the system's:
-  # LD_LIBRARY_PATH also reaches python there.
-  local lib
-  for lib in $(ldd "$build/bin/nfrun" |
-    awk '/libgomp|libcpp-httplib|libbrotli|libprometheus/ {print $3}'); do
-    cp -L "$lib" "$CARRY/lib/"
-  done
+  runtime
+  cp "$build/bin/nf-cuda-tests" "$CARRY/bin/"
+  cp "$build/lib/libnf_fake_cuda.so" "$CARRY/lib/"
+  strip --strip-unneeded "$CARRY/bin/nf-cuda-tests"
   {
     echo "commit: $(git -C "$REPO" rev-parse HEAD 2>/dev/null)"
     echo "dirty: $(git -C "$REPO" status --porcelain 2>/dev/null | wc -l) files"
@@ -197,6 +190,24 @@ prepare() {
   set +e
   du -sh "$CARRY"
   echo "carry directory ready: $CARRY (device tool: carry=[\"${CARRY#"$REPO"/}\"])"
+}
+
+# nfrun and the libraries it needs on the GPU machine into CARRY/{bin,lib}
+# (prepare, and the bench/prepare_*.sh scripts: `gpu_check.sh runtime CARRY`).
+runtime() {
+  local build="${NF_BUILD_DIR:-$REPO/build}" lib
+  mkdir -p "$CARRY/bin" "$CARRY/lib"
+  cp "$build/bin/nfrun" "$CARRY/bin/"
+  cp -a "$build"/lib/libnf.so* "$CARRY/lib/"
+  # Without their symbol tables (1.5 MB less of the device tool's 64 MiB).
+  strip --strip-unneeded "$CARRY/bin/nfrun" "$CARRY"/lib/libnf.so.*.*
+  # Libraries a stock GPU image may lack: OpenMP, and cpp-httplib with its
+  # brotli libraries (nfrun serve). libssl/libcrypto/libz stay the system's:
+  # LD_LIBRARY_PATH also reaches python there.
+  for lib in $(ldd "$build/bin/nfrun" |
+    awk '/libgomp|libcpp-httplib|libbrotli|libprometheus/ {print $3}'); do
+    cp -L "$lib" "$CARRY/lib/"
+  done
 }
 
 # Plans to and from xz (the device tool's carry limit; see prepare).
@@ -458,6 +469,7 @@ prepare) prepare ;;
 run) run ;;
 pack) pack ;;
 unpack) unpack ;;
+runtime) runtime ;;
 *)
   sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
